@@ -1,0 +1,292 @@
+/*
+ * fattn.h - fused attention for NVIDIA Hopper GPUs, with a CPU engine that
+ * computes the same function anywhere.
+ *
+ *   O = softmax(Q K^T * softmax_scale [+ causal mask]) V
+ *
+ * computed without ever writing the seqlen_q x seqlen_k score matrix to memory
+ * (the running-softmax loop of FlashAttention; see docs/design.md).
+ *
+ * This header is the documentation of the public API: if it is not written
+ * here, it is not API.  Everything is plain C99; the header also compiles as
+ * C++.
+ *
+ * Conventions
+ * -----------
+ * - Every call returns a fattn_status.  FATTN_OK is 0.  On failure the
+ *   context's fattn_last_error() holds a one-line detail message.  Nothing in
+ *   the library aborts, exits or prints.
+ * - Every argument is checked before any work starts.  A rejected call writes
+ *   nothing to its outputs.
+ * - Pointers live where the context computes: host memory for a CPU context,
+ *   device memory of the context's device for a CUDA context (this includes
+ *   cu_seqlens arrays, LSE and quantisation scales).
+ * - Sizes are int32_t, strides are int64_t and counted in ELEMENTS (not bytes).
+ *   Index arithmetic inside the library is 64-bit; sizes whose products do not
+ *   fit the engine's limits are rejected with FATTN_ERROR_INVALID_ARGUMENT.
+ * - Tensors are 4-D [batch, seqlen, heads, head_dim] ("BSHD") with the head
+ *   dimension contiguous.  Any other layout whose head dim is contiguous
+ *   (e.g. BHSD) is described through strides.
+ */
+#ifndef FATTN_H
+#define FATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32) && defined(FATTN_BUILD_SHARED)
+#define FATTN_API __declspec(dllexport)
+#elif defined(__GNUC__)
+#define FATTN_API __attribute__((visibility("default")))
+#else
+#define FATTN_API
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Version                                                                  */
+/* ------------------------------------------------------------------------ */
+
+#define FATTN_VERSION_MAJOR 0
+#define FATTN_VERSION_MINOR 1
+#define FATTN_VERSION_PATCH 0
+#define FATTN_VERSION_NUMBER \
+    (FATTN_VERSION_MAJOR * 10000 + FATTN_VERSION_MINOR * 100 + FATTN_VERSION_PATCH)
+
+/* Version of the library actually linked, e.g. "0.1.0". Static storage. */
+FATTN_API const char *fattn_version_string(void);
+/* FATTN_VERSION_NUMBER of the library actually linked. */
+FATTN_API int fattn_version_number(void);
+
+/* ------------------------------------------------------------------------ */
+/* Status codes (stable numeric values)                                     */
+/* ------------------------------------------------------------------------ */
+
+typedef enum fattn_status {
+    FATTN_OK = 0,
+    /* A null pointer, a size <= 0, inconsistent sizes or strides, an
+     * unaligned pointer, int32 overflow of a size product, ... */
+    FATTN_ERROR_INVALID_ARGUMENT = 1,
+    /* A valid request this build, engine or device cannot serve (a head dim or
+     * dtype the kernel lacks, a CUDA context on a non-Hopper GPU, ...). */
+    FATTN_ERROR_UNSUPPORTED = 2,
+    /* FATTN_BACKEND_CUDA asked for, but no usable CUDA device (or the library
+     * was built without CUDA). */
+    FATTN_ERROR_NO_DEVICE = 3,
+    FATTN_ERROR_OUT_OF_MEMORY = 4,
+    /* The CUDA runtime or driver reported an error; see fattn_last_error. */
+    FATTN_ERROR_CUDA = 5,
+    FATTN_ERROR_INTERNAL = 6
+} fattn_status;
+
+/* Static text for a status ("invalid argument", ...). Never NULL. */
+FATTN_API const char *fattn_status_string(fattn_status status);
+
+/* ------------------------------------------------------------------------ */
+/* Context                                                                  */
+/* ------------------------------------------------------------------------ */
+
+typedef enum fattn_backend {
+    FATTN_BACKEND_AUTO = 0, /* CUDA when a supported GPU is present, else CPU */
+    FATTN_BACKEND_CPU = 1,
+    FATTN_BACKEND_CUDA = 2
+} fattn_backend;
+
+typedef struct fattn_ctx fattn_ctx;
+
+/*
+ * Create a context.  `device` is the CUDA device ordinal (ignored for the CPU
+ * backend).  AUTO picks CUDA when the library was built with CUDA and device
+ * `device` is a Hopper GPU (sm_90), otherwise the CPU.
+ * Fails with INVALID_ARGUMENT (ctx NULL, unknown backend, device < 0),
+ * NO_DEVICE (CUDA asked for and unavailable), UNSUPPORTED (CUDA asked for on a
+ * GPU other than sm_90), OUT_OF_MEMORY.
+ * *ctx is set to NULL on failure.  Failure details of ctx creation are
+ * available through fattn_last_error(NULL) (thread-local).
+ */
+FATTN_API fattn_status fattn_ctx_create(fattn_ctx **ctx, fattn_backend backend, int device);
+
+/* Free a context and its workspace.  fattn_ctx_free(NULL) does nothing. */
+FATTN_API void fattn_ctx_free(fattn_ctx *ctx);
+
+/* The backend a context actually computes on (never AUTO). */
+FATTN_API fattn_backend fattn_ctx_backend(const fattn_ctx *ctx);
+
+/* CUDA contexts: the cudaStream_t (passed as void*) that later calls are
+ * enqueued on; NULL = the legacy default stream.  Calls on a CUDA context are
+ * asynchronous with respect to the host unless stated otherwise.
+ * CPU contexts: INVALID_ARGUMENT unless stream is NULL. */
+FATTN_API fattn_status fattn_ctx_set_stream(fattn_ctx *ctx, void *stream);
+
+/* CPU contexts: number of worker threads (0 = number of online CPUs, the
+ * default).  CUDA contexts: ignored, returns FATTN_OK. */
+FATTN_API fattn_status fattn_ctx_set_threads(fattn_ctx *ctx, int threads);
+
+/* Detail of the last failure on `ctx` (or, for ctx NULL, of the last failed
+ * fattn_ctx_create on this thread).  "" when the last call succeeded.
+ * Valid until the next call on the same context. */
+FATTN_API const char *fattn_last_error(const fattn_ctx *ctx);
+
+/* ------------------------------------------------------------------------ */
+/* Tensors                                                                  */
+/* ------------------------------------------------------------------------ */
+
+typedef enum fattn_dtype {
+    FATTN_DTYPE_F32 = 0,
+    FATTN_DTYPE_F16 = 1,
+    FATTN_DTYPE_BF16 = 2,
+    FATTN_DTYPE_E4M3 = 3 /* float8 e4m3fn (OCP), saturating, max 448 */
+} fattn_dtype;
+
+/* Size of one element in bytes (0 for an unknown dtype). */
+FATTN_API size_t fattn_dtype_size(fattn_dtype dtype);
+/* "f32", "f16", "bf16", "e4m3"; "?" for an unknown dtype. */
+FATTN_API const char *fattn_dtype_name(fattn_dtype dtype);
+
+/*
+ * A 4-D tensor [batch, seqlen, heads, head_dim], head_dim contiguous.
+ * Strides are in elements.  All three strides 0 means packed BSHD:
+ *   stride_head = head_dim, stride_seq = heads * head_dim,
+ *   stride_batch = seqlen * heads * head_dim.
+ * For BHSD pass stride_batch = heads*seqlen*d, stride_head = seqlen*d,
+ * stride_seq = d.
+ * In variable-length mode (cu_seqlens given) tensors are packed
+ * [total_tokens, heads, head_dim]; stride_batch is ignored.
+ *
+ * e4m3 tensors carry dequantisation scales: real value = code * scale.
+ * `scale` points to float32 [batch, heads, ceil(seqlen / scale_block)]
+ * (varlen: [1, heads, ceil(total_tokens / scale_block)], blocks counted over
+ * the packed token index).  Row r of batch b, head h uses
+ * scale[(b * heads + h) * nblocks + r / scale_block].  Unused for other dtypes.
+ */
+typedef struct fattn_tensor {
+    void *data;
+    fattn_dtype dtype;
+    int64_t stride_batch;
+    int64_t stride_seq;
+    int64_t stride_head;
+    float *scale;         /* e4m3 only */
+    int32_t scale_block;  /* e4m3 only: rows per scale, >= 1 */
+} fattn_tensor;
+
+/* Shorthand: a packed BSHD tensor with no scales. */
+FATTN_API fattn_tensor fattn_tensor_bshd(void *data, fattn_dtype dtype);
+
+/* ------------------------------------------------------------------------ */
+/* The attention problem                                                    */
+/* ------------------------------------------------------------------------ */
+
+typedef struct fattn_problem {
+    int32_t batch;      /* >= 1 */
+    int32_t seqlen_q;   /* >= 1; varlen: max over the batch (>= 0 allowed) */
+    int32_t seqlen_k;   /* >= 1; varlen: max over the batch (>= 0 allowed) */
+    int32_t heads_q;    /* >= 1 */
+    int32_t heads_kv;   /* >= 1, heads_q % heads_kv == 0 (GQA; 1 = MQA) */
+    int32_t head_dim;   /* of Q and K */
+    int32_t head_dim_v; /* of V and O; 0 = head_dim */
+    float softmax_scale;/* 0 = 1 / sqrt(head_dim) */
+    int32_t causal;     /* nonzero: key j is visible to query i iff
+                           j <= i + seqlen_k - seqlen_q (bottom-right aligned,
+                           as FlashAttention); rows that see no key get
+                           O = 0 and LSE = -inf */
+    /* Variable-length batches: both NULL, or both int32[batch + 1],
+     * non-decreasing, starting at 0.  Sequence b has
+     * cu_seqlens_q[b+1] - cu_seqlens_q[b] queries (0 allowed). */
+    const int32_t *cu_seqlens_q;
+    const int32_t *cu_seqlens_k;
+} fattn_problem;
+
+/*
+ * Forward.
+ *   q:  [batch, seqlen_q, heads_q,  head_dim]    f32 | f16 | bf16 | e4m3
+ *   k:  [batch, seqlen_k, heads_kv, head_dim]    same dtype as q
+ *   v:  [batch, seqlen_k, heads_kv, head_dim_v]  same dtype as q
+ *   o:  [batch, seqlen_q, heads_q,  head_dim_v]  f32 | f16 | bf16
+ *       (16-bit and f32 inputs: o.dtype == q.dtype; e4m3 inputs: o f16/bf16/f32)
+ *   lse: optional float32 [batch, heads_q, seqlen_q] (varlen: [heads_q, total_q]),
+ *        natural-log log-sum-exp of each row of scaled scores; -inf for a row
+ *        that sees no key.
+ * Engines: CPU: all dtypes, head_dim and head_dim_v 1..512.
+ *          CUDA (Hopper): f16/bf16, head_dim == head_dim_v in {64, 128, 256},
+ *          data pointers 16-byte aligned, strides multiples of 8 elements.
+ */
+typedef struct fattn_fwd_args {
+    fattn_problem p;
+    fattn_tensor q, k, v, o;
+    float *lse;
+} fattn_fwd_args;
+
+FATTN_API fattn_status fattn_fwd(fattn_ctx *ctx, const fattn_fwd_args *args);
+
+/*
+ * Backward: dq, dk, dv from q, k, v, o, dout and the forward's lse.
+ *   q, k, v, o, lse as in fattn_fwd (lse required); dout like o;
+ *   dq like q, dk like k, dv like v (same dtype as q; f32/f16/bf16 only).
+ *   deterministic: nonzero asks for bitwise-reproducible results (the CPU
+ *   engine always is).
+ */
+typedef struct fattn_bwd_args {
+    fattn_problem p;
+    fattn_tensor q, k, v, o, dout, dq, dk, dv;
+    const float *lse;
+    int32_t deterministic;
+} fattn_bwd_args;
+
+FATTN_API fattn_status fattn_bwd(fattn_ctx *ctx, const fattn_bwd_args *args);
+
+/* ------------------------------------------------------------------------ */
+/* FP8 quantisation                                                         */
+/* ------------------------------------------------------------------------ */
+
+typedef enum fattn_quant_granularity {
+    /* One scale per block of `block_rows` rows of each (batch, head). */
+    FATTN_QUANT_BLOCK = 0,
+    /* One scale for the whole tensor (the per-tensor baseline); it is still
+     * written to every entry of out.scale so that attention reads it the
+     * same way. */
+    FATTN_QUANT_TENSOR = 1
+} fattn_quant_granularity;
+
+/*
+ * Quantise a 16-bit or f32 tensor [batch, seqlen, heads, head_dim] to e4m3.
+ *   in:  f32 | f16 | bf16, any strides (head_dim contiguous)
+ *   out: e4m3; out.scale must point to float32
+ *        [batch, heads, ceil(seqlen / block_rows)] which receives
+ *        scale = amax / 448 of each block (1 for an all-zero block);
+ *        out.scale_block is ignored on input (block_rows is used).
+ *   rotate: nonzero first multiplies each row by M = diag(signs) H / sqrt(d)
+ *        (the incoherent processing of FlashAttention-3): signs are +-1 drawn
+ *        from `seed`, H is the Walsh-Hadamard matrix; head_dim must be a power
+ *        of two (64, 128, 256 ...).  Apply it to Q and K with the same seed
+ *        (never to V): Q M (K M)^T = Q K^T.
+ * Conversion rounds to nearest even and saturates to +-448 (NaN stays NaN).
+ */
+typedef struct fattn_quantize_args {
+    fattn_tensor in;
+    fattn_tensor out;
+    int32_t batch, seqlen, heads, head_dim;
+    fattn_quant_granularity granularity;
+    int32_t block_rows; /* >= 1 (for FATTN_QUANT_TENSOR it only sets the
+                           layout of out.scale) */
+    int32_t rotate;
+    uint64_t seed;
+} fattn_quantize_args;
+
+FATTN_API fattn_status fattn_quantize(fattn_ctx *ctx, const fattn_quantize_args *args);
+
+/* Host-side scalar conversions, identical to the device's saturating
+ * round-to-nearest-even cvt.rn.satfinite.e4m3x2.f32 (NaN -> 0x7F). */
+FATTN_API uint8_t fattn_f32_to_e4m3(float x);
+FATTN_API float fattn_e4m3_to_f32(uint8_t code);
+
+/* The +-1 signs of the rotation for a seed: signs[i] = +1 or -1, i < n. */
+FATTN_API fattn_status fattn_rotation_signs(uint64_t seed, int32_t n, float *signs);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FATTN_H */
