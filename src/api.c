@@ -1,0 +1,591 @@
+/* api.c - the public entry points: version, status text, contexts, and the
+ * complete argument check of every call before it reaches an engine.
+ *
+ * Every call works on a private copy of its arguments: defaults are resolved
+ * in the copy (packed strides, head_dim_v, softmax_scale) and the caller's
+ * structs and buffers are never written until every check has passed. */
+#include "internal.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Offsets must stay addressable in bytes (x 8 bytes per element at most, with
+ * head room), so the largest element offset allowed is 2^59. */
+#define FATTN_MAX_ELEMENT_OFFSET (INT64_C(1) << 59)
+/* The CUDA kernels index rows (batch * heads * seqlen) with int32. */
+#define FATTN_MAX_ROWS (INT64_C(1) << 31)
+/* The CPU engine keeps a few rows of head_dim floats on the stack. */
+#define FATTN_CPU_MAX_HEAD_DIM 512
+
+/* ------------------------------------------------------------------------ */
+/* Version, status text, errors                                             */
+/* ------------------------------------------------------------------------ */
+
+#define FATTN_STR2(x) #x
+#define FATTN_STR(x) FATTN_STR2(x)
+
+const char *fattn_version_string(void) {
+    return FATTN_STR(FATTN_VERSION_MAJOR) "." FATTN_STR(FATTN_VERSION_MINOR) "." FATTN_STR(
+        FATTN_VERSION_PATCH);
+}
+
+int fattn_version_number(void) { return FATTN_VERSION_NUMBER; }
+
+const char *fattn_status_string(fattn_status status) {
+    switch (status) {
+    case FATTN_OK: return "ok";
+    case FATTN_ERROR_INVALID_ARGUMENT: return "invalid argument";
+    case FATTN_ERROR_UNSUPPORTED: return "unsupported";
+    case FATTN_ERROR_NO_DEVICE: return "no device";
+    case FATTN_ERROR_OUT_OF_MEMORY: return "out of memory";
+    case FATTN_ERROR_CUDA: return "CUDA error";
+    case FATTN_ERROR_INTERNAL: return "internal error";
+    }
+    return "unknown status";
+}
+
+/* Failures that have no context to hold them (ctx creation, NULL ctx). */
+static _Thread_local char tls_err[FATTN_ERRMSG_LEN];
+
+fattn_status fattn_fail(fattn_ctx *ctx, fattn_status status, const char *fmt, ...) {
+    char *buf = ctx ? ctx->err : tls_err;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, FATTN_ERRMSG_LEN, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+const char *fattn_last_error(const fattn_ctx *ctx) { return ctx ? ctx->err : tls_err; }
+
+/* ------------------------------------------------------------------------ */
+/* Contexts                                                                 */
+/* ------------------------------------------------------------------------ */
+
+fattn_status fattn_ctx_create(fattn_ctx **out, fattn_backend backend, int device) {
+    tls_err[0] = '\0';
+    if (!out) return fattn_fail(NULL, FATTN_ERROR_INVALID_ARGUMENT, "ctx is NULL");
+    *out = NULL;
+    if (backend != FATTN_BACKEND_AUTO && backend != FATTN_BACKEND_CPU &&
+        backend != FATTN_BACKEND_CUDA)
+        return fattn_fail(NULL, FATTN_ERROR_INVALID_ARGUMENT,
+                          "backend %d is not FATTN_BACKEND_AUTO, _CPU or _CUDA", (int)backend);
+    if (device < 0)
+        return fattn_fail(NULL, FATTN_ERROR_INVALID_ARGUMENT, "device %d must be >= 0", device);
+
+    fattn_backend chosen = backend;
+    if (backend == FATTN_BACKEND_AUTO)
+        chosen = fattn_cuda_available(device) ? FATTN_BACKEND_CUDA : FATTN_BACKEND_CPU;
+
+    fattn_ctx *ctx = (fattn_ctx *)calloc(1, sizeof *ctx);
+    if (!ctx)
+        return fattn_fail(NULL, FATTN_ERROR_OUT_OF_MEMORY, "cannot allocate a context (%zu bytes)",
+                          sizeof *ctx);
+    ctx->backend = chosen;
+    ctx->device = device;
+    if (chosen == FATTN_BACKEND_CUDA) {
+        fattn_status st = fattn_cuda_ctx_init(ctx);
+        if (st != FATTN_OK) {
+            /* The engine wrote its reason into ctx->err; creation errors live
+             * in the thread-local buffer. */
+            snprintf(tls_err, sizeof tls_err, "%s", ctx->err[0] ? ctx->err : "CUDA context init failed");
+            fattn_cuda_ctx_free(ctx);
+            free(ctx);
+            return st;
+        }
+    }
+    ctx->err[0] = '\0';
+    *out = ctx;
+    return FATTN_OK;
+}
+
+void fattn_ctx_free(fattn_ctx *ctx) {
+    if (!ctx) return;
+    if (ctx->backend == FATTN_BACKEND_CUDA) fattn_cuda_ctx_free(ctx);
+    free(ctx);
+}
+
+fattn_backend fattn_ctx_backend(const fattn_ctx *ctx) {
+    return ctx ? ctx->backend : FATTN_BACKEND_AUTO;
+}
+
+fattn_status fattn_ctx_set_stream(fattn_ctx *ctx, void *stream) {
+    if (!ctx) return fattn_fail(NULL, FATTN_ERROR_INVALID_ARGUMENT, "ctx is NULL");
+    ctx->err[0] = '\0';
+    if (ctx->backend == FATTN_BACKEND_CPU && stream != NULL)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                          "stream %p given to a CPU context (only NULL is allowed)", stream);
+    ctx->stream = stream;
+    return FATTN_OK;
+}
+
+fattn_status fattn_ctx_set_threads(fattn_ctx *ctx, int threads) {
+    if (!ctx) return fattn_fail(NULL, FATTN_ERROR_INVALID_ARGUMENT, "ctx is NULL");
+    ctx->err[0] = '\0';
+    if (threads < 0)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "threads %d must be >= 0", threads);
+    ctx->threads = threads;
+    return FATTN_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Tensors                                                                  */
+/* ------------------------------------------------------------------------ */
+
+size_t fattn_dtype_size(fattn_dtype dtype) {
+    switch (dtype) {
+    case FATTN_DTYPE_F32: return 4;
+    case FATTN_DTYPE_F16: return 2;
+    case FATTN_DTYPE_BF16: return 2;
+    case FATTN_DTYPE_E4M3: return 1;
+    }
+    return 0;
+}
+
+const char *fattn_dtype_name(fattn_dtype dtype) {
+    switch (dtype) {
+    case FATTN_DTYPE_F32: return "f32";
+    case FATTN_DTYPE_F16: return "f16";
+    case FATTN_DTYPE_BF16: return "bf16";
+    case FATTN_DTYPE_E4M3: return "e4m3";
+    }
+    return "?";
+}
+
+fattn_tensor fattn_tensor_bshd(void *data, fattn_dtype dtype) {
+    fattn_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = data;
+    t.dtype = dtype;
+    return t;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Argument checks                                                          */
+/* ------------------------------------------------------------------------ */
+
+static int dtype_valid(fattn_dtype d) {
+    return d == FATTN_DTYPE_F32 || d == FATTN_DTYPE_F16 || d == FATTN_DTYPE_BF16 ||
+           d == FATTN_DTYPE_E4M3;
+}
+
+static int mul_ok(int64_t a, int64_t b, int64_t *r) { return !__builtin_mul_overflow(a, b, r); }
+static int add_ok(int64_t a, int64_t b, int64_t *r) { return !__builtin_add_overflow(a, b, r); }
+
+/* Shape of one 4-D tensor as seen by a call.  In varlen mode `seqlen` is the
+ * packed token count and there is no batch dimension. */
+typedef struct shape4 {
+    const char *name;
+    int64_t batch, seqlen, heads, dim;
+    const char *seqlen_name, *heads_name, *dim_name;
+    int varlen;
+} shape4;
+
+/* Checks the pointer, strides and extent of `t` against `s` and replaces the
+ * "all strides 0" default by packed strides (in the private copy). */
+static fattn_status check_tensor(fattn_ctx *ctx, fattn_tensor *t, const shape4 *s) {
+    if (!t->data) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "%s.data is NULL", s->name);
+    if (t->stride_batch < 0)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "%s.stride_batch %lld is negative",
+                          s->name, (long long)t->stride_batch);
+    if (t->stride_seq < 0)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "%s.stride_seq %lld is negative",
+                          s->name, (long long)t->stride_seq);
+    if (t->stride_head < 0)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "%s.stride_head %lld is negative",
+                          s->name, (long long)t->stride_head);
+
+    /* Rows: the GPU engine indexes (batch, head, token) rows with int32. */
+    int64_t rows = 0;
+    int64_t b = s->varlen ? 1 : s->batch;
+    if (!mul_ok(b, s->seqlen, &rows) || !mul_ok(rows, s->heads, &rows) || rows >= FATTN_MAX_ROWS)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                          "%s: batch * %s * %s = %lld * %lld * %lld rows exceeds the engine "
+                          "limit of 2^31 - 1",
+                          s->name, s->seqlen_name, s->heads_name, (long long)b,
+                          (long long)s->seqlen, (long long)s->heads);
+
+    int defaulted = t->stride_batch == 0 && t->stride_seq == 0 && t->stride_head == 0;
+    if (defaulted) {
+        int64_t sh = s->dim, ss, sb = 0;
+        if (!mul_ok(s->heads, s->dim, &ss) || (!s->varlen && !mul_ok(ss, s->seqlen, &sb)))
+            return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                              "%s: %s * %s * %s overflows the 64-bit index range", s->name,
+                              s->seqlen_name, s->heads_name, s->dim_name);
+        t->stride_head = sh;
+        t->stride_seq = ss;
+        t->stride_batch = sb;
+    } else {
+        /* Only layouts that obviously overlap are rejected: with more than
+         * one head (token, batch), consecutive ones must be at least a row
+         * of head_dim apart. */
+        if (s->heads > 1 && t->stride_head < s->dim)
+            return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                              "%s.stride_head %lld is smaller than %s %lld (heads would overlap)",
+                              s->name, (long long)t->stride_head, s->dim_name, (long long)s->dim);
+        if (s->seqlen > 1 && t->stride_seq < s->dim)
+            return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                              "%s.stride_seq %lld is smaller than %s %lld (tokens would overlap)",
+                              s->name, (long long)t->stride_seq, s->dim_name, (long long)s->dim);
+        if (!s->varlen && s->batch > 1 && t->stride_batch < s->dim)
+            return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                              "%s.stride_batch %lld is smaller than %s %lld (batches would overlap)",
+                              s->name, (long long)t->stride_batch, s->dim_name, (long long)s->dim);
+    }
+    if (s->varlen) t->stride_batch = 0; /* ignored in varlen mode */
+
+    /* Largest element offset the engine will touch. */
+    if (rows > 0) {
+        int64_t off = s->dim - 1, x;
+        int ok = 1;
+        if (!s->varlen) ok = ok && mul_ok(s->batch - 1, t->stride_batch, &x) && add_ok(off, x, &off);
+        ok = ok && mul_ok(s->seqlen - 1, t->stride_seq, &x) && add_ok(off, x, &off);
+        ok = ok && mul_ok(s->heads - 1, t->stride_head, &x) && add_ok(off, x, &off);
+        if (!ok || off >= FATTN_MAX_ELEMENT_OFFSET)
+            return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                              "%s: the largest element offset (batch %lld, %s %lld, %s %lld, %s "
+                              "%lld with strides %lld, %lld, %lld) overflows the 64-bit index range",
+                              s->name, (long long)s->batch, s->seqlen_name, (long long)s->seqlen,
+                              s->heads_name, (long long)s->heads, s->dim_name, (long long)s->dim,
+                              (long long)t->stride_batch, (long long)t->stride_seq,
+                              (long long)t->stride_head);
+    }
+    return FATTN_OK;
+}
+
+static fattn_status check_e4m3_scale(fattn_ctx *ctx, const fattn_tensor *t, const char *name) {
+    if (t->dtype != FATTN_DTYPE_E4M3) return FATTN_OK;
+    if (!t->scale)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                          "%s.scale is NULL (e4m3 tensors need dequantisation scales)", name);
+    if (t->scale_block < 1)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "%s.scale_block %d must be >= 1",
+                          name, (int)t->scale_block);
+    return FATTN_OK;
+}
+
+/* Sizes and flags of the problem; fills the defaults in `p`. */
+static fattn_status check_problem(fattn_ctx *ctx, fattn_problem *p) {
+    int varlen = p->cu_seqlens_q != NULL || p->cu_seqlens_k != NULL;
+    if ((p->cu_seqlens_q == NULL) != (p->cu_seqlens_k == NULL))
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                          "%s is NULL but %s is not (give both or neither)",
+                          p->cu_seqlens_q ? "cu_seqlens_k" : "cu_seqlens_q",
+                          p->cu_seqlens_q ? "cu_seqlens_q" : "cu_seqlens_k");
+    if (p->batch < 1)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "batch %d must be >= 1", (int)p->batch);
+    if (varlen) {
+        if (p->seqlen_q < 0)
+            return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                              "seqlen_q %d must be >= 0 (varlen: the maximum length)",
+                              (int)p->seqlen_q);
+        if (p->seqlen_k < 0)
+            return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                              "seqlen_k %d must be >= 0 (varlen: the maximum length)",
+                              (int)p->seqlen_k);
+    } else {
+        if (p->seqlen_q < 1)
+            return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "seqlen_q %d must be >= 1",
+                              (int)p->seqlen_q);
+        if (p->seqlen_k < 1)
+            return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "seqlen_k %d must be >= 1",
+                              (int)p->seqlen_k);
+    }
+    if (p->heads_q < 1)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "heads_q %d must be >= 1",
+                          (int)p->heads_q);
+    if (p->heads_kv < 1)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "heads_kv %d must be >= 1",
+                          (int)p->heads_kv);
+    if (p->heads_q % p->heads_kv != 0)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                          "heads_q %d is not a multiple of heads_kv %d", (int)p->heads_q,
+                          (int)p->heads_kv);
+    if (p->head_dim < 1)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "head_dim %d must be >= 1",
+                          (int)p->head_dim);
+    if (p->head_dim_v < 0)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                          "head_dim_v %d must be >= 1 (or 0 for head_dim)", (int)p->head_dim_v);
+    if (p->head_dim_v == 0) p->head_dim_v = p->head_dim;
+    if (!isfinite(p->softmax_scale) || p->softmax_scale < 0.0f)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                          "softmax_scale %g must be finite and >= 0 (0 = 1/sqrt(head_dim))",
+                          (double)p->softmax_scale);
+    if (p->softmax_scale == 0.0f) p->softmax_scale = (float)(1.0 / sqrt((double)p->head_dim));
+    p->causal = p->causal != 0; /* the header defines any nonzero value as causal */
+    return FATTN_OK;
+}
+
+/* Reads cu_seqlens (from the device on CUDA contexts) and checks them.  On
+ * success *total is cu[batch]. */
+static fattn_status check_cu_seqlens(fattn_ctx *ctx, const int32_t *cu, int32_t batch,
+                                     int32_t maxlen, const char *name, const char *max_name,
+                                     int64_t *total) {
+    size_t n = (size_t)batch + 1;
+    const int32_t *h = cu;
+    int32_t *copy = NULL;
+    if (ctx->backend == FATTN_BACKEND_CUDA) {
+        copy = (int32_t *)malloc(n * sizeof *copy);
+        if (!copy)
+            return fattn_fail(ctx, FATTN_ERROR_OUT_OF_MEMORY,
+                              "cannot allocate %zu bytes to check %s", n * sizeof *copy, name);
+        fattn_status st = fattn_cuda_copy_to_host(ctx, copy, cu, n * sizeof *copy);
+        if (st != FATTN_OK) {
+            free(copy);
+            return st;
+        }
+        h = copy;
+    }
+    fattn_status st = FATTN_OK;
+    if (h[0] != 0) {
+        st = fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "%s[0] is %d, must be 0", name, (int)h[0]);
+    } else {
+        for (int32_t b = 0; b < batch; b++) {
+            int64_t len = (int64_t)h[b + 1] - h[b];
+            if (len < 0) {
+                st = fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                                "%s decreases at index %d (%d -> %d)", name, (int)(b + 1),
+                                (int)h[b], (int)h[b + 1]);
+                break;
+            }
+            if (len > maxlen) {
+                st = fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                                "%s: sequence %d has length %lld > %s %d", name, (int)b,
+                                (long long)len, max_name, (int)maxlen);
+                break;
+            }
+        }
+    }
+    if (st == FATTN_OK) *total = h[batch];
+    free(copy);
+    return st;
+}
+
+typedef struct tensor_shapes {
+    shape4 q, k, v, o;
+    int64_t total_q, total_k;
+    int varlen;
+} tensor_shapes;
+
+static fattn_status problem_shapes(fattn_ctx *ctx, const fattn_problem *p, tensor_shapes *ts) {
+    ts->varlen = p->cu_seqlens_q != NULL;
+    ts->total_q = p->seqlen_q;
+    ts->total_k = p->seqlen_k;
+    if (ts->varlen) {
+        fattn_status st = check_cu_seqlens(ctx, p->cu_seqlens_q, p->batch, p->seqlen_q,
+                                           "cu_seqlens_q", "seqlen_q", &ts->total_q);
+        if (st != FATTN_OK) return st;
+        st = check_cu_seqlens(ctx, p->cu_seqlens_k, p->batch, p->seqlen_k, "cu_seqlens_k",
+                              "seqlen_k", &ts->total_k);
+        if (st != FATTN_OK) return st;
+    }
+    int64_t sq = ts->varlen ? ts->total_q : p->seqlen_q;
+    int64_t sk = ts->varlen ? ts->total_k : p->seqlen_k;
+    const char *sqn = ts->varlen ? "total_q" : "seqlen_q";
+    const char *skn = ts->varlen ? "total_k" : "seqlen_k";
+    shape4 q = {"q", p->batch, sq, p->heads_q, p->head_dim, sqn, "heads_q", "head_dim", ts->varlen};
+    shape4 k = {"k", p->batch, sk, p->heads_kv, p->head_dim, skn, "heads_kv", "head_dim", ts->varlen};
+    shape4 v = {"v", p->batch, sk, p->heads_kv, p->head_dim_v, skn, "heads_kv", "head_dim_v",
+                ts->varlen};
+    shape4 o = {"o", p->batch, sq, p->heads_q, p->head_dim_v, sqn, "heads_q", "head_dim_v",
+                ts->varlen};
+    ts->q = q;
+    ts->k = k;
+    ts->v = v;
+    ts->o = o;
+    return FATTN_OK;
+}
+
+static fattn_status check_cpu_limits(fattn_ctx *ctx, const fattn_problem *p) {
+    if (ctx->backend != FATTN_BACKEND_CPU) return FATTN_OK;
+    if (p->head_dim > FATTN_CPU_MAX_HEAD_DIM)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "head_dim %d is not supported by the CPU engine (1..%d)",
+                          (int)p->head_dim, FATTN_CPU_MAX_HEAD_DIM);
+    if (p->head_dim_v > FATTN_CPU_MAX_HEAD_DIM)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "head_dim_v %d is not supported by the CPU engine (1..%d)",
+                          (int)p->head_dim_v, FATTN_CPU_MAX_HEAD_DIM);
+    return FATTN_OK;
+}
+
+#define CHECK(x)                                                                                   \
+    do {                                                                                           \
+        fattn_status st_ = (x);                                                                    \
+        if (st_ != FATTN_OK) return st_;                                                           \
+    } while (0)
+
+static fattn_status check_dtype(fattn_ctx *ctx, fattn_dtype d, const char *name) {
+    if (!dtype_valid(d))
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "%s.dtype %d is not a fattn_dtype",
+                          name, (int)d);
+    return FATTN_OK;
+}
+
+static fattn_status check_same_dtype(fattn_ctx *ctx, const fattn_tensor *t, const char *name,
+                                     fattn_dtype want, const char *ref) {
+    if (t->dtype != want)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "%s.dtype %s differs from %s.dtype %s",
+                          name, fattn_dtype_name(t->dtype), ref, fattn_dtype_name(want));
+    return FATTN_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Forward                                                                  */
+/* ------------------------------------------------------------------------ */
+
+fattn_status fattn_fwd(fattn_ctx *ctx, const fattn_fwd_args *args) {
+    if (!ctx) return fattn_fail(NULL, FATTN_ERROR_INVALID_ARGUMENT, "ctx is NULL");
+    ctx->err[0] = '\0';
+    if (!args) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "args is NULL");
+    fattn_fwd_args a = *args;
+
+    CHECK(check_problem(ctx, &a.p));
+
+    CHECK(check_dtype(ctx, a.q.dtype, "q"));
+    CHECK(check_dtype(ctx, a.k.dtype, "k"));
+    CHECK(check_dtype(ctx, a.v.dtype, "v"));
+    CHECK(check_dtype(ctx, a.o.dtype, "o"));
+    CHECK(check_same_dtype(ctx, &a.k, "k", a.q.dtype, "q"));
+    CHECK(check_same_dtype(ctx, &a.v, "v", a.q.dtype, "q"));
+    if (a.q.dtype == FATTN_DTYPE_E4M3) {
+        if (a.o.dtype == FATTN_DTYPE_E4M3)
+            return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                              "o.dtype e4m3 is not an output dtype (e4m3 inputs: o is f32, f16 "
+                              "or bf16)");
+    } else {
+        CHECK(check_same_dtype(ctx, &a.o, "o", a.q.dtype, "q"));
+    }
+    CHECK(check_e4m3_scale(ctx, &a.q, "q"));
+    CHECK(check_e4m3_scale(ctx, &a.k, "k"));
+    CHECK(check_e4m3_scale(ctx, &a.v, "v"));
+
+    /* Null data pointers before anything reads cu_seqlens. */
+    if (!a.q.data) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "q.data is NULL");
+    if (!a.k.data) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "k.data is NULL");
+    if (!a.v.data) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "v.data is NULL");
+    if (!a.o.data) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "o.data is NULL");
+
+    tensor_shapes ts;
+    CHECK(problem_shapes(ctx, &a.p, &ts));
+    CHECK(check_tensor(ctx, &a.q, &ts.q));
+    CHECK(check_tensor(ctx, &a.k, &ts.k));
+    CHECK(check_tensor(ctx, &a.v, &ts.v));
+    CHECK(check_tensor(ctx, &a.o, &ts.o));
+    CHECK(check_cpu_limits(ctx, &a.p));
+
+    if (ctx->backend == FATTN_BACKEND_CUDA) return fattn_cuda_fwd(ctx, &a);
+    return fattn_cpu_fwd(ctx, &a);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Backward                                                                 */
+/* ------------------------------------------------------------------------ */
+
+fattn_status fattn_bwd(fattn_ctx *ctx, const fattn_bwd_args *args) {
+    if (!ctx) return fattn_fail(NULL, FATTN_ERROR_INVALID_ARGUMENT, "ctx is NULL");
+    ctx->err[0] = '\0';
+    if (!args) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "args is NULL");
+    fattn_bwd_args a = *args;
+
+    CHECK(check_problem(ctx, &a.p));
+
+    struct {
+        fattn_tensor *t;
+        const char *name;
+    } all[] = {{&a.q, "q"},       {&a.k, "k"},   {&a.v, "v"},   {&a.o, "o"},
+               {&a.dout, "dout"}, {&a.dq, "dq"}, {&a.dk, "dk"}, {&a.dv, "dv"}};
+    const int n = (int)(sizeof all / sizeof all[0]);
+    for (int i = 0; i < n; i++) CHECK(check_dtype(ctx, all[i].t->dtype, all[i].name));
+    if (a.q.dtype == FATTN_DTYPE_E4M3)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                          "q.dtype e4m3 is not supported by the backward (f32, f16, bf16 only)");
+    for (int i = 1; i < n; i++) CHECK(check_same_dtype(ctx, all[i].t, all[i].name, a.q.dtype, "q"));
+    for (int i = 0; i < n; i++)
+        if (!all[i].t->data)
+            return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "%s.data is NULL", all[i].name);
+    if (!a.lse)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                          "lse is NULL (the backward needs the forward's log-sum-exp)");
+    a.deterministic = a.deterministic != 0;
+
+    tensor_shapes ts;
+    CHECK(problem_shapes(ctx, &a.p, &ts));
+    shape4 sdout = ts.o, sdq = ts.q, sdk = ts.k, sdv = ts.v;
+    sdout.name = "dout";
+    sdq.name = "dq";
+    sdk.name = "dk";
+    sdv.name = "dv";
+    CHECK(check_tensor(ctx, &a.q, &ts.q));
+    CHECK(check_tensor(ctx, &a.k, &ts.k));
+    CHECK(check_tensor(ctx, &a.v, &ts.v));
+    CHECK(check_tensor(ctx, &a.o, &ts.o));
+    CHECK(check_tensor(ctx, &a.dout, &sdout));
+    CHECK(check_tensor(ctx, &a.dq, &sdq));
+    CHECK(check_tensor(ctx, &a.dk, &sdk));
+    CHECK(check_tensor(ctx, &a.dv, &sdv));
+    CHECK(check_cpu_limits(ctx, &a.p));
+
+    if (ctx->backend == FATTN_BACKEND_CUDA) return fattn_cuda_bwd(ctx, &a);
+    return fattn_cpu_bwd(ctx, &a);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Quantisation                                                             */
+/* ------------------------------------------------------------------------ */
+
+fattn_status fattn_quantize(fattn_ctx *ctx, const fattn_quantize_args *args) {
+    if (!ctx) return fattn_fail(NULL, FATTN_ERROR_INVALID_ARGUMENT, "ctx is NULL");
+    ctx->err[0] = '\0';
+    if (!args) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "args is NULL");
+    fattn_quantize_args a = *args;
+
+    if (a.batch < 1)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "batch %d must be >= 1", (int)a.batch);
+    if (a.seqlen < 1)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "seqlen %d must be >= 1",
+                          (int)a.seqlen);
+    if (a.heads < 1)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "heads %d must be >= 1", (int)a.heads);
+    if (a.head_dim < 1)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "head_dim %d must be >= 1",
+                          (int)a.head_dim);
+    if (a.granularity != FATTN_QUANT_BLOCK && a.granularity != FATTN_QUANT_TENSOR)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                          "granularity %d is not FATTN_QUANT_BLOCK or FATTN_QUANT_TENSOR",
+                          (int)a.granularity);
+    if (a.block_rows < 1)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "block_rows %d must be >= 1",
+                          (int)a.block_rows);
+    CHECK(check_dtype(ctx, a.in.dtype, "in"));
+    CHECK(check_dtype(ctx, a.out.dtype, "out"));
+    if (a.in.dtype == FATTN_DTYPE_E4M3)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                          "in.dtype e4m3 cannot be quantised (f32, f16 or bf16 only)");
+    if (a.out.dtype != FATTN_DTYPE_E4M3)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "out.dtype %s must be e4m3",
+                          fattn_dtype_name(a.out.dtype));
+    if (!a.out.scale)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                          "out.scale is NULL (it receives the scales)");
+    a.out.scale_block = a.block_rows;
+    a.rotate = a.rotate != 0;
+
+    shape4 sin = {"in", a.batch, a.seqlen, a.heads, a.head_dim, "seqlen", "heads", "head_dim", 0};
+    shape4 sout = sin;
+    sout.name = "out";
+    CHECK(check_tensor(ctx, &a.in, &sin));
+    CHECK(check_tensor(ctx, &a.out, &sout));
+
+    if (a.rotate && (a.head_dim & (a.head_dim - 1)) != 0)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "rotate needs a power-of-two head_dim (Walsh-Hadamard); head_dim is %d",
+                          (int)a.head_dim);
+
+    if (ctx->backend == FATTN_BACKEND_CUDA) return fattn_cuda_quantize(ctx, &a);
+    return fattn_cpu_quantize(ctx, &a);
+}

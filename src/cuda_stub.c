@@ -1,0 +1,36 @@
+/* cuda_stub.c - the CUDA engine entry points for builds without CUDA.
+ * CMakeLists.txt leaves this file out when the CUDA engine is compiled. */
+#include "internal.h"
+
+#define FATTN_NO_CUDA_MSG "fattn was built without the CUDA engine"
+
+int fattn_cuda_available(int device) {
+    (void)device;
+    return 0;
+}
+
+fattn_status fattn_cuda_ctx_init(fattn_ctx *ctx) {
+    return fattn_fail(ctx, FATTN_ERROR_NO_DEVICE, FATTN_NO_CUDA_MSG);
+}
+
+void fattn_cuda_ctx_free(fattn_ctx *ctx) { (void)ctx; }
+
+fattn_status fattn_cuda_fwd(fattn_ctx *ctx, const fattn_fwd_args *a) {
+    (void)a;
+    return fattn_fail(ctx, FATTN_ERROR_NO_DEVICE, FATTN_NO_CUDA_MSG);
+}
+
+fattn_status fattn_cuda_bwd(fattn_ctx *ctx, const fattn_bwd_args *a) {
+    (void)a;
+    return fattn_fail(ctx, FATTN_ERROR_NO_DEVICE, FATTN_NO_CUDA_MSG);
+}
+
+fattn_status fattn_cuda_quantize(fattn_ctx *ctx, const fattn_quantize_args *a) {
+    (void)a;
+    return fattn_fail(ctx, FATTN_ERROR_NO_DEVICE, FATTN_NO_CUDA_MSG);
+}
+
+fattn_status fattn_cuda_copy_to_host(fattn_ctx *ctx, void *dst, const void *src, size_t n) {
+    (void)dst; (void)src; (void)n;
+    return fattn_fail(ctx, FATTN_ERROR_NO_DEVICE, FATTN_NO_CUDA_MSG);
+}
