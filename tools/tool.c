@@ -1,0 +1,398 @@
+/* tool.c - helpers shared by the `fattn` subcommands (see tool.h). */
+#define _POSIX_C_SOURCE 200809L
+#include "tool.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "cpu/half.h"
+
+#ifdef FATTN_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+void tool_usage_error(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    fprintf(stderr, "%s: ", cmd);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, " (see '%s --help')\n", cmd);
+    exit(TOOL_EXIT_USAGE);
+}
+
+void tool_die(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    fprintf(stderr, "%s: ", cmd);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    exit(1);
+}
+
+const char *tool_opt(const char *cmd, int argc, char **argv, int *i, const char *name) {
+    const char *arg = argv[*i];
+    size_t n = strlen(name);
+    if (strncmp(arg, name, n) != 0) return NULL;
+    if (arg[n] == '=') return arg + n + 1;
+    if (arg[n] != '\0') return NULL;
+    if (*i + 1 >= argc) tool_usage_error(cmd, "option %s needs a value", name);
+    *i += 1;
+    return argv[*i];
+}
+
+int32_t tool_parse_int(const char *cmd, const char *opt, const char *s, int32_t min, int32_t max) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end != '\0')
+        tool_usage_error(cmd, "%s: '%s' is not an integer", opt, s);
+    if (v < min || v > max)
+        tool_usage_error(cmd, "%s: %lld is out of range [%d, %d]", opt, v, (int)min, (int)max);
+    return (int32_t)v;
+}
+
+uint64_t tool_parse_u64(const char *cmd, const char *opt, const char *s) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 0);
+    if (errno || end == s || *end != '\0' || s[0] == '-')
+        tool_usage_error(cmd, "%s: '%s' is not a non-negative integer", opt, s);
+    return (uint64_t)v;
+}
+
+fattn_dtype tool_parse_dtype(const char *cmd, const char *s) {
+    if (!strcmp(s, "f32") || !strcmp(s, "fp32")) return FATTN_DTYPE_F32;
+    if (!strcmp(s, "f16") || !strcmp(s, "fp16")) return FATTN_DTYPE_F16;
+    if (!strcmp(s, "bf16")) return FATTN_DTYPE_BF16;
+    tool_usage_error(cmd, "--dtype: '%s' is not one of f32, f16, bf16", s);
+}
+
+fattn_backend tool_parse_backend(const char *cmd, const char *s) {
+    if (!strcmp(s, "auto")) return FATTN_BACKEND_AUTO;
+    if (!strcmp(s, "cpu")) return FATTN_BACKEND_CPU;
+    if (!strcmp(s, "cuda") || !strcmp(s, "gpu")) return FATTN_BACKEND_CUDA;
+    tool_usage_error(cmd, "--backend: '%s' is not one of auto, cpu, cuda", s);
+}
+
+int tool_parse_list(const char *cmd, const char *opt, const char *s, int32_t *out, int max) {
+    int n = 0;
+    const char *p = s;
+    char item[32];
+    while (*p) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if (len == 0 || len >= sizeof item) tool_usage_error(cmd, "%s: bad list '%s'", opt, s);
+        if (n == max) tool_usage_error(cmd, "%s: more than %d values", opt, max);
+        memcpy(item, p, len);
+        item[len] = '\0';
+        out[n++] = tool_parse_int(cmd, opt, item, 1, INT32_MAX);
+        p += len;
+        if (*p == ',') p++;
+    }
+    if (n == 0) tool_usage_error(cmd, "%s: empty list", opt);
+    return n;
+}
+
+const char *tool_backend_name(fattn_backend b) {
+    return b == FATTN_BACKEND_CUDA ? "cuda" : b == FATTN_BACKEND_CPU ? "cpu" : "auto";
+}
+
+fattn_ctx *tool_ctx(const char *cmd, fattn_backend backend, int threads) {
+    fattn_ctx *ctx = NULL;
+    fattn_status st = fattn_ctx_create(&ctx, backend, 0);
+    if (st != FATTN_OK)
+        tool_die(cmd, "cannot create a %s context: %s: %s", tool_backend_name(backend),
+                 fattn_status_string(st), fattn_last_error(NULL));
+    if (threads > 0) {
+        st = fattn_ctx_set_threads(ctx, threads);
+        if (st != FATTN_OK) tool_die(cmd, "set_threads: %s", fattn_last_error(ctx));
+    }
+    return ctx;
+}
+
+static int on_gpu(const fattn_ctx *ctx) { return fattn_ctx_backend(ctx) == FATTN_BACKEND_CUDA; }
+
+#ifdef FATTN_WITH_CUDA
+#define CUDA_OK(cmd, call)                                                                        \
+    do {                                                                                          \
+        cudaError_t e_ = (call);                                                                  \
+        if (e_ != cudaSuccess)                                                                    \
+            tool_die(cmd, "%s:%d: %s: %s", __FILE__, __LINE__, #call, cudaGetErrorString(e_));    \
+    } while (0)
+#endif
+
+void *tool_alloc(const char *cmd, const fattn_ctx *ctx, size_t bytes) {
+    void *p = NULL;
+    if (bytes == 0) bytes = 1;
+    if (on_gpu(ctx)) {
+#ifdef FATTN_WITH_CUDA
+        CUDA_OK(cmd, cudaMalloc(&p, bytes));
+#endif
+    } else {
+        p = malloc(bytes);
+    }
+    if (!p) tool_die(cmd, "cannot allocate %zu bytes", bytes);
+    return p;
+}
+
+void tool_free(const fattn_ctx *ctx, void *p) {
+    if (!p) return;
+    if (on_gpu(ctx)) {
+#ifdef FATTN_WITH_CUDA
+        cudaFree(p);
+#endif
+    } else {
+        free(p);
+    }
+}
+
+void tool_upload(const char *cmd, const fattn_ctx *ctx, void *dst, const void *src, size_t bytes) {
+    (void)cmd;
+    if (on_gpu(ctx)) {
+#ifdef FATTN_WITH_CUDA
+        CUDA_OK(cmd, cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+#endif
+    } else {
+        memcpy(dst, src, bytes);
+    }
+}
+
+void tool_download(const char *cmd, const fattn_ctx *ctx, void *dst, const void *src, size_t bytes) {
+    (void)cmd;
+    if (on_gpu(ctx)) {
+#ifdef FATTN_WITH_CUDA
+        CUDA_OK(cmd, cudaDeviceSynchronize());
+        CUDA_OK(cmd, cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+#endif
+    } else {
+        memcpy(dst, src, bytes);
+    }
+}
+
+void tool_poison(const char *cmd, const fattn_ctx *ctx, void *p, size_t bytes) {
+    (void)cmd;
+    if (on_gpu(ctx)) {
+#ifdef FATTN_WITH_CUDA
+        CUDA_OK(cmd, cudaMemset(p, 0xFF, bytes));
+#endif
+    } else {
+        memset(p, 0xFF, bytes); /* NaN in every float format */
+    }
+}
+
+/* splitmix64: small, seedable, good enough for test inputs. */
+static uint64_t mix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double uniform01(uint64_t *s) { return ((double)(mix64(s) >> 11) + 0.5) * 0x1.0p-53; }
+
+void tool_fill_random(void *dst, fattn_dtype dtype, size_t n, uint64_t seed) {
+    uint64_t s = seed * 0x2545f4914f6cdd1dull + 1;
+    for (size_t i = 0; i < n; i += 2) {
+        double u1 = uniform01(&s), u2 = uniform01(&s);
+        double r = sqrt(-2.0 * log(u1));
+        float x[2] = {(float)(r * cos(6.283185307179586 * u2)),
+                      (float)(r * sin(6.283185307179586 * u2))};
+        for (size_t j = 0; j < 2 && i + j < n; j++) {
+            switch (dtype) {
+            case FATTN_DTYPE_F16: ((uint16_t *)dst)[i + j] = fattn_f32_to_f16(x[j]); break;
+            case FATTN_DTYPE_BF16: ((uint16_t *)dst)[i + j] = fattn_f32_to_bf16(x[j]); break;
+            default: ((float *)dst)[i + j] = x[j]; break;
+            }
+        }
+    }
+}
+
+double tool_load(const void *p, fattn_dtype dtype, size_t i) {
+    switch (dtype) {
+    case FATTN_DTYPE_F16: return fattn_f16_to_f32(((const uint16_t *)p)[i]);
+    case FATTN_DTYPE_BF16: return fattn_bf16_to_f32(((const uint16_t *)p)[i]);
+    default: return ((const float *)p)[i];
+    }
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double tool_median(double *x, int n) {
+    qsort(x, (size_t)n, sizeof *x, cmp_double);
+    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+static void fwd_or_die(const char *cmd, fattn_ctx *ctx, const fattn_fwd_args *a) {
+    fattn_status st = fattn_fwd(ctx, a);
+    if (st != FATTN_OK)
+        tool_die(cmd, "fattn_fwd: %s: %s", fattn_status_string(st), fattn_last_error(ctx));
+}
+
+double tool_time_fwd(const char *cmd, fattn_ctx *ctx, const fattn_fwd_args *a, int warmup,
+                     int iters) {
+    double *t = (double *)malloc(sizeof(double) * (size_t)iters);
+    if (!t) tool_die(cmd, "out of memory");
+    for (int i = 0; i < warmup; i++) fwd_or_die(cmd, ctx, a);
+    if (on_gpu(ctx)) {
+#ifdef FATTN_WITH_CUDA
+        cudaStream_t stream = NULL; /* the tool never sets a stream */
+        cudaEvent_t e0, e1;
+        CUDA_OK(cmd, cudaEventCreate(&e0));
+        CUDA_OK(cmd, cudaEventCreate(&e1));
+        for (int i = 0; i < iters; i++) {
+            CUDA_OK(cmd, cudaEventRecord(e0, stream));
+            fwd_or_die(cmd, ctx, a);
+            CUDA_OK(cmd, cudaEventRecord(e1, stream));
+            CUDA_OK(cmd, cudaEventSynchronize(e1));
+            float ms = 0;
+            CUDA_OK(cmd, cudaEventElapsedTime(&ms, e0, e1));
+            t[i] = ms;
+        }
+        cudaEventDestroy(e0);
+        cudaEventDestroy(e1);
+#endif
+    } else {
+        for (int i = 0; i < iters; i++) {
+            double t0 = now_ms();
+            fwd_or_die(cmd, ctx, a);
+            t[i] = now_ms() - t0;
+        }
+    }
+    double m = tool_median(t, iters);
+    free(t);
+    return m;
+}
+
+double tool_fwd_flops(const fattn_problem *p) {
+    double f = 4.0 * p->batch * p->heads_q * (double)p->seqlen_q * p->seqlen_k * p->head_dim;
+    if (p->causal && p->seqlen_q == p->seqlen_k) f *= 0.5;
+    return f;
+}
+
+double tool_peak_rss_mib(void) {
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return -1;
+    return ru.ru_maxrss / 1024.0; /* Linux: KiB */
+}
+
+void tool_problem_init(const char *cmd, fattn_ctx *ctx, tool_problem *tp, const fattn_problem *p,
+                       fattn_dtype dtype, uint64_t seed) {
+    memset(tp, 0, sizeof *tp);
+    int32_t dv = p->head_dim_v ? p->head_dim_v : p->head_dim;
+    tp->nq = (size_t)p->batch * p->seqlen_q * p->heads_q * p->head_dim;
+    tp->nk = (size_t)p->batch * p->seqlen_k * p->heads_kv * p->head_dim;
+    tp->nv = (size_t)p->batch * p->seqlen_k * p->heads_kv * dv;
+    tp->no = (size_t)p->batch * p->seqlen_q * p->heads_q * dv;
+    size_t es = fattn_dtype_size(dtype);
+    tp->hq = malloc(tp->nq * es);
+    tp->hk = malloc(tp->nk * es);
+    tp->hv = malloc(tp->nv * es);
+    if (!tp->hq || !tp->hk || !tp->hv) tool_die(cmd, "cannot allocate the host inputs");
+    tool_fill_random(tp->hq, dtype, tp->nq, seed * 3 + 0);
+    tool_fill_random(tp->hk, dtype, tp->nk, seed * 3 + 1);
+    tool_fill_random(tp->hv, dtype, tp->nv, seed * 3 + 2);
+
+    fattn_fwd_args *a = &tp->a;
+    a->p = *p;
+    a->q = fattn_tensor_bshd(tool_alloc(cmd, ctx, tp->nq * es), dtype);
+    a->k = fattn_tensor_bshd(tool_alloc(cmd, ctx, tp->nk * es), dtype);
+    a->v = fattn_tensor_bshd(tool_alloc(cmd, ctx, tp->nv * es), dtype);
+    a->o = fattn_tensor_bshd(tool_alloc(cmd, ctx, tp->no * es), dtype);
+    a->lse = NULL;
+    tool_upload(cmd, ctx, a->q.data, tp->hq, tp->nq * es);
+    tool_upload(cmd, ctx, a->k.data, tp->hk, tp->nk * es);
+    tool_upload(cmd, ctx, a->v.data, tp->hv, tp->nv * es);
+    tool_poison(cmd, ctx, a->o.data, tp->no * es);
+}
+
+void tool_problem_free(fattn_ctx *ctx, tool_problem *tp) {
+    tool_free(ctx, tp->a.q.data);
+    tool_free(ctx, tp->a.k.data);
+    tool_free(ctx, tp->a.v.data);
+    tool_free(ctx, tp->a.o.data);
+    free(tp->hq);
+    free(tp->hk);
+    free(tp->hv);
+    memset(tp, 0, sizeof *tp);
+}
+
+void tool_check_rows(const char *cmd, fattn_ctx *ctx, const tool_problem *tp, int nsamples,
+                     uint64_t seed, double *rel_fro, double *max_abs) {
+    const fattn_problem *p = &tp->a.p;
+    const fattn_dtype dt = tp->a.q.dtype;
+    const int64_t D = p->head_dim, DV = p->head_dim_v ? p->head_dim_v : p->head_dim;
+    const int64_t SQ = p->seqlen_q, SK = p->seqlen_k, HQ = p->heads_q, HK = p->heads_kv;
+    const double scale = p->softmax_scale != 0.0f ? (double)p->softmax_scale : 1.0 / sqrt((double)D);
+    size_t es = fattn_dtype_size(dt);
+    void *ho = malloc(tp->no * es);
+    double *s = (double *)malloc(sizeof(double) * (size_t)SK);
+    double *ref = (double *)malloc(sizeof(double) * (size_t)DV);
+    if (!ho || !s || !ref) tool_die(cmd, "cannot allocate the reference buffers");
+    tool_download(cmd, ctx, ho, tp->a.o.data, tp->no * es);
+
+    uint64_t rs = seed ^ 0x5eed;
+    double err2 = 0, ref2 = 0, maxe = 0;
+    for (int n = 0; n < nsamples; n++) {
+        /* The first and last rows of the problem always, random rows between. */
+        int64_t b, h, i;
+        if (n == 0) {
+            b = 0, h = 0, i = 0;
+        } else if (n == 1) {
+            b = p->batch - 1, h = HQ - 1, i = SQ - 1;
+        } else {
+            b = (int64_t)(mix64(&rs) % (uint64_t)p->batch);
+            h = (int64_t)(mix64(&rs) % (uint64_t)HQ);
+            i = (int64_t)(mix64(&rs) % (uint64_t)SQ);
+        }
+        int64_t hk = h / (HQ / HK);
+        int64_t last = p->causal ? i + SK - SQ : SK - 1; /* last visible key */
+        if (last > SK - 1) last = SK - 1;
+        double m = -INFINITY;
+        for (int64_t j = 0; j <= last; j++) {
+            double acc = 0;
+            size_t qo = (size_t)(((b * SQ + i) * HQ + h) * D);
+            size_t ko = (size_t)(((b * SK + j) * HK + hk) * D);
+            for (int64_t d = 0; d < D; d++)
+                acc += tool_load(tp->hq, dt, qo + (size_t)d) * tool_load(tp->hk, dt, ko + (size_t)d);
+            s[j] = acc * scale;
+            if (s[j] > m) m = s[j];
+        }
+        double l = 0;
+        for (int64_t j = 0; j <= last; j++) l += (s[j] = exp(s[j] - m));
+        for (int64_t d = 0; d < DV; d++) ref[d] = 0;
+        for (int64_t j = 0; j <= last; j++) {
+            size_t vo = (size_t)(((b * SK + j) * HK + hk) * DV);
+            for (int64_t d = 0; d < DV; d++) ref[d] += s[j] / l * tool_load(tp->hv, dt, vo + (size_t)d);
+        }
+        size_t oo = (size_t)(((b * SQ + i) * HQ + h) * DV);
+        for (int64_t d = 0; d < DV; d++) {
+            double got = tool_load(ho, dt, oo + (size_t)d);
+            double e = got - ref[d];
+            if (!(fabs(e) <= maxe)) maxe = isnan(e) ? INFINITY : fabs(e);
+            err2 += isnan(e) ? INFINITY : e * e;
+            ref2 += ref[d] * ref[d];
+        }
+    }
+    *rel_fro = ref2 > 0 ? sqrt(err2 / ref2) : sqrt(err2);
+    *max_abs = maxe;
+    free(ho);
+    free(s);
+    free(ref);
+}

@@ -1,0 +1,81 @@
+/* tool.h - what the `fattn` subcommands share: option parsing, buffers on
+ * the host or the GPU, random inputs, timing and the FP64 reference. */
+#ifndef FATTN_TOOL_H
+#define FATTN_TOOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fattn.h"
+
+/* Exit status for a bad command line. */
+#define TOOL_EXIT_USAGE 2
+
+/* One-line error on stderr, exit 2. */
+void tool_usage_error(const char *cmd, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3), noreturn))
+#endif
+    ;
+/* One-line error on stderr, exit 1. */
+void tool_die(const char *cmd, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3), noreturn))
+#endif
+    ;
+
+/* "--name value" or "--name=value": returns the value and advances *i, or
+ * NULL when argv[*i] is not that option. */
+const char *tool_opt(const char *cmd, int argc, char **argv, int *i, const char *name);
+int32_t tool_parse_int(const char *cmd, const char *opt, const char *s, int32_t min, int32_t max);
+uint64_t tool_parse_u64(const char *cmd, const char *opt, const char *s);
+fattn_dtype tool_parse_dtype(const char *cmd, const char *s);
+fattn_backend tool_parse_backend(const char *cmd, const char *s);
+/* Comma-separated list of ints; returns the count (at most max). */
+int tool_parse_list(const char *cmd, const char *opt, const char *s, int32_t *out, int max);
+
+/* Context for the requested backend (AUTO: GPU when present). */
+fattn_ctx *tool_ctx(const char *cmd, fattn_backend backend, int threads);
+const char *tool_backend_name(fattn_backend b);
+
+/* Buffers where ctx computes. */
+void *tool_alloc(const char *cmd, const fattn_ctx *ctx, size_t bytes);
+void tool_free(const fattn_ctx *ctx, void *p);
+void tool_upload(const char *cmd, const fattn_ctx *ctx, void *dst, const void *src, size_t bytes);
+void tool_download(const char *cmd, const fattn_ctx *ctx, void *dst, const void *src, size_t bytes);
+void tool_poison(const char *cmd, const fattn_ctx *ctx, void *p, size_t bytes);
+
+/* Random N(0,1) values converted to dtype (f32/f16/bf16). */
+void tool_fill_random(void *dst, fattn_dtype dtype, size_t n, uint64_t seed);
+double tool_load(const void *p, fattn_dtype dtype, size_t i);
+
+/* Runs fattn_fwd `iters` times and returns the median time in ms (GPU: CUDA
+ * events on the context's stream; CPU: wall clock).  `warmup` runs first. */
+double tool_time_fwd(const char *cmd, fattn_ctx *ctx, const fattn_fwd_args *a, int warmup,
+                     int iters);
+/* FLOPs of a forward as DESIGN.md section 7 counts them. */
+double tool_fwd_flops(const fattn_problem *p);
+/* Median of n doubles (sorts in place). */
+double tool_median(double *x, int n);
+
+/* Peak resident set size of this process in MiB (getrusage). */
+double tool_peak_rss_mib(void);
+
+/* Problem on packed BSHD buffers, inputs random, with host copies of q, k, v
+ * for the reference. */
+typedef struct tool_problem {
+    fattn_fwd_args a;
+    void *hq, *hk, *hv; /* host copies (dtype) */
+    size_t nq, nk, nv, no;
+} tool_problem;
+
+void tool_problem_init(const char *cmd, fattn_ctx *ctx, tool_problem *tp, const fattn_problem *p,
+                       fattn_dtype dtype, uint64_t seed);
+void tool_problem_free(fattn_ctx *ctx, tool_problem *tp);
+
+/* Error of the output on `nsamples` sampled rows against an FP64 reference:
+ * relative Frobenius error of those rows and the max absolute error. */
+void tool_check_rows(const char *cmd, fattn_ctx *ctx, const tool_problem *tp, int nsamples,
+                     uint64_t seed, double *rel_fro, double *max_abs);
+
+#endif
