@@ -1,0 +1,36 @@
+/* fp8_internal.h - FP8 numerics and the Hadamard rotation shared inside the
+ * library (CPU attention engine, CPU quantiser, tools).  Not installed. */
+#ifndef FATTN_CPU_FP8_INTERNAL_H
+#define FATTN_CPU_FP8_INTERNAL_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Value of every e4m3 code (fattn_e4m3_to_f32 as a table, for inner loops). */
+extern const float fattn_e4m3_table[256];
+
+/* Largest finite e4m3 value. */
+#define FATTN_E4M3_MAX 448.0f
+
+/* 1 if n is a power of two >= 1. */
+static inline int fattn_is_pow2(int64_t n) { return n > 0 && (n & (n - 1)) == 0; }
+
+/* In-place fast Walsh-Hadamard transform of x[0..n), n a power of two,
+ * normalised by 1/sqrt(n) so that it is orthogonal (and its own inverse).
+ * Sylvester ordering: y[i] = sum_j (-1)^popcount(i & j) x[j] / sqrt(n). */
+void fattn_fwht(float *x, int32_t n);
+
+/* The incoherent-processing rotation of one row, in place:
+ *   x <- (x * signs) H / sqrt(n)          (x M with M = diag(signs) H / sqrt(n))
+ * fattn_unrotate_row applies M^T = M^-1:  x <- (x H / sqrt(n)) * signs. */
+void fattn_rotate_row(float *x, const float *signs, int32_t n);
+void fattn_unrotate_row(float *x, const float *signs, int32_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
