@@ -1,0 +1,49 @@
+# install_test.cmake - ctest install_consumer: installs the build tree into a
+# scratch prefix, then builds examples/minimal.c against it with
+# find_package(fattn) (shared and static) and with pkg-config, and runs them.
+#   cmake -DBUILD_DIR=... -DSOURCE_DIR=... -DWORK_DIR=... -P install_test.cmake
+foreach(v BUILD_DIR SOURCE_DIR WORK_DIR)
+  if(NOT DEFINED ${v})
+    message(FATAL_ERROR "install_test.cmake: ${v} not set")
+  endif()
+endforeach()
+
+file(REMOVE_RECURSE "${WORK_DIR}")
+set(prefix "${WORK_DIR}/prefix")
+
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    string(REPLACE ";" " " cmd "${ARGN}")
+    message(FATAL_ERROR "failed (${rc}): ${cmd}\n${out}\n${err}")
+  endif()
+  set(run_out "${out}" PARENT_SCOPE)
+endfunction()
+
+run(${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${prefix}")
+
+run(${CMAKE_COMMAND} -S "${SOURCE_DIR}/tests/consumer" -B "${WORK_DIR}/consumer"
+    "-DCMAKE_PREFIX_PATH=${prefix}" "-DFATTN_EXAMPLE=${SOURCE_DIR}/examples/minimal.c")
+run(${CMAKE_COMMAND} --build "${WORK_DIR}/consumer")
+run("${WORK_DIR}/consumer/minimal_shared")
+message(STATUS "find_package, shared: ${run_out}")
+run("${WORK_DIR}/consumer/minimal_static")
+message(STATUS "find_package, static: ${run_out}")
+
+# pkg-config, when present: shared library through the .pc file.
+find_program(PKG_CONFIG pkg-config)
+find_program(CC NAMES cc gcc clang)
+if(PKG_CONFIG AND CC)
+  set(ENV{PKG_CONFIG_PATH} "")
+  file(GLOB pcdir "${prefix}/lib*/pkgconfig")
+  set(ENV{PKG_CONFIG_PATH} "${pcdir}")
+  run(${PKG_CONFIG} --cflags --libs fattn)
+  string(STRIP "${run_out}" flags)
+  separate_arguments(flags UNIX_COMMAND "${flags}")
+  run(${CC} "${SOURCE_DIR}/examples/minimal.c" ${flags} -lm -o "${WORK_DIR}/minimal_pc")
+  file(GLOB libdir "${prefix}/lib*")
+  set(ENV{LD_LIBRARY_PATH} "${libdir}")
+  run("${WORK_DIR}/minimal_pc")
+  message(STATUS "pkg-config: ${run_out}")
+endif()
+file(REMOVE_RECURSE "${WORK_DIR}")
