@@ -28,7 +28,7 @@
 
 /* code -> value for all 256 codes (exact: each has at most 4 significant
  * bits). */
-const float fattn_e4m3_table[256] = {
+const float fattn_e4m3_values[256] = {
     0.0f, 0x1p-9f, 0x1p-8f, 0x1.8p-8f, 0x1p-7f, 0x1.4p-7f, 0x1.8p-7f, 0x1.cp-7f,
     0x1p-6f, 0x1.2p-6f, 0x1.4p-6f, 0x1.6p-6f, 0x1.8p-6f, 0x1.ap-6f, 0x1.cp-6f, 0x1.ep-6f,
     0x1p-5f, 0x1.2p-5f, 0x1.4p-5f, 0x1.6p-5f, 0x1.8p-5f, 0x1.ap-5f, 0x1.cp-5f, 0x1.ep-5f,
@@ -63,7 +63,7 @@ const float fattn_e4m3_table[256] = {
     -0x1p+8f, -0x1.2p+8f, -0x1.4p+8f, -0x1.6p+8f, -0x1.8p+8f, -0x1.ap+8f, -0x1.cp+8f, FATTN_E4M3_NAN,
 };
 
-float fattn_e4m3_to_f32(uint8_t code) { return fattn_e4m3_table[code]; }
+float fattn_e4m3_to_f32(uint8_t code) { return fattn_e4m3_values[code]; }
 
 uint8_t fattn_f32_to_e4m3(float x) {
     uint32_t u;

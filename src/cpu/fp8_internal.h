@@ -10,7 +10,7 @@ extern "C" {
 #endif
 
 /* Value of every e4m3 code (fattn_e4m3_to_f32 as a table, for inner loops). */
-extern const float fattn_e4m3_table[256];
+extern const float fattn_e4m3_values[256];
 
 /* Largest finite e4m3 value. */
 #define FATTN_E4M3_MAX 448.0f
