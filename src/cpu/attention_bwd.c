@@ -1,0 +1,315 @@
+/* attention_bwd.c - CPU backward attention.
+ *
+ * Pass 0, over (batch, q-head, query block): D_i = rowsum(dO_i * O_i).
+ * Pass 1, over (batch, kv-head, key block): for every query head of the GQA
+ *   group and every query block that sees the key block, recompute
+ *   S = Q K^T, P = exp(S * scale - lse), then dV += P^T dO, dP = dO V^T,
+ *   dS = P * (dP - D) * scale, dK += dS^T Q.
+ * Pass 2, over (batch, q-head, query block): loop over the visible key blocks,
+ *   recompute P and dS the same way, dQ += dS K.
+ * Every output row is accumulated by one task in a fixed order: deterministic
+ * and independent of the thread count.  Scratch is O(block * head_dim) per
+ * worker plus D (one float per query row and head). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/attention_common.h"
+#include "cpu/kernels.h"
+#include "cpu/load.h"
+#include "cpu/threads.h"
+#include "internal.h"
+
+typedef struct bwd_job {
+    const fattn_bwd_args *a;
+    fattn_tasks qtasks; /* (b, h_q, query block) */
+    fattn_tasks ktasks; /* (b, h_kv, key block) */
+    fattn_cpu_kernels kern;
+    int64_t d, dv, dp, dvp;
+    int64_t rows_q, rows_k;
+    int64_t group;
+    float *dbuf;        /* D, laid out like lse */
+    size_t scratch_floats;
+    float *scratch;
+} bwd_job;
+
+typedef struct bwd_scratch {
+    float *q;   /* [BM x dp] */
+    float *dO;  /* [BM x dvp] */
+    float *kt;  /* [d x BN] */
+    float *k;   /* [BN x dp]  (pass 2) */
+    float *vt;  /* [dv x BN] */
+    float *s;   /* [BM x BN] S, then P, then dS */
+    float *dP;  /* [BM x BN] */
+    float *pt;  /* [BN x BM] P^T, then dS^T (pass 1) */
+    float *acc1; /* pass 1: dK [BN x dp]; pass 2: dQ [BM x dp] */
+    float *acc2; /* pass 1: dV [BN x dvp] */
+    float *lse; /* [BM] */
+    float *D;   /* [BM] */
+    float *row; /* [max(d, dv)] */
+} bwd_scratch;
+
+static size_t bwd_scratch_layout(const bwd_job *j, float *base, bwd_scratch *s) {
+    const int64_t BM = FATTN_CPU_BM, BN = FATTN_CPU_BN;
+    const int64_t BX = BM > BN ? BM : BN;
+    size_t off = 0;
+#define TAKE(field, n)                                   \
+    do {                                                 \
+        if (s) s->field = base + off;                    \
+        off += (size_t)fattn_round_up((int64_t)(n), 16); \
+    } while (0)
+    TAKE(q, BM * j->dp);
+    TAKE(dO, BM * j->dvp);
+    TAKE(kt, j->d * BN);
+    TAKE(k, BN * j->dp);
+    TAKE(vt, j->dv * BN);
+    TAKE(s, BM * BN);
+    TAKE(dP, BM * BN);
+    TAKE(pt, BN * BM);
+    TAKE(acc1, BX * j->dp);
+    TAKE(acc2, BN * j->dvp);
+    TAKE(lse, BM);
+    TAKE(D, BM);
+    TAKE(row, (j->d > j->dv ? j->d : j->dv));
+#undef TAKE
+    return off;
+}
+
+static int64_t imin64(int64_t x, int64_t y) { return x < y ? x : y; }
+static int64_t imax64(int64_t x, int64_t y) { return x > y ? x : y; }
+
+/* ---- pass 0: D ---------------------------------------------------------- */
+
+static void bwd_d_task(void *arg, int64_t task, int worker) {
+    const bwd_job *j = (const bwd_job *)arg;
+    const fattn_bwd_args *a = j->a;
+    const fattn_problem *p = &a->p;
+    bwd_scratch w;
+    bwd_scratch_layout(j, j->scratch + (size_t)worker * j->scratch_floats, &w);
+    int64_t b, h, qb;
+    fattn_tasks_decode(&j->qtasks, task, &b, &h, &qb);
+    const fattn_seq sq = fattn_seq_get(p, b);
+    const int64_t i0 = qb * FATTN_CPU_BM;
+    const int64_t rows = imin64(sq.qlen - i0, FATTN_CPU_BM);
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t tr = sq.q0 + i0 + r;
+        fattn_load_row(&a->o, fattn_row_offset(&a->o, sq.tb, tr, h), (int)j->dv, 1.0f, NULL, w.dO);
+        fattn_load_row(&a->dout, fattn_row_offset(&a->dout, sq.tb, tr, h), (int)j->dv, 1.0f, NULL,
+                       w.row);
+        float acc = 0.0f;
+        for (int64_t t = 0; t < j->dv; t++) acc += w.dO[t] * w.row[t];
+        j->dbuf[fattn_lse_index(p, &sq, b, h, i0 + r)] = acc;
+    }
+}
+
+/* ---- shared pieces ----------------------------------------------------- */
+
+/* Load a query block of head h: q, dO, lse, D; zero the padding rows. */
+static void load_q_block(const bwd_job *j, bwd_scratch *w, const fattn_seq *sq, int64_t b,
+                         int64_t h, int64_t i0, int64_t rows) {
+    const fattn_bwd_args *a = j->a;
+    const fattn_problem *p = &a->p;
+    const int64_t rows4 = fattn_round_up(rows, 4);
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t tr = sq->q0 + i0 + r;
+        fattn_load_row(&a->q, fattn_row_offset(&a->q, sq->tb, tr, h), (int)j->d, 1.0f, NULL,
+                       w->q + r * j->dp);
+        fattn_load_row(&a->dout, fattn_row_offset(&a->dout, sq->tb, tr, h), (int)j->dv, 1.0f, NULL,
+                       w->dO + r * j->dvp);
+        int64_t li = fattn_lse_index(p, sq, b, h, i0 + r);
+        w->lse[r] = a->lse[li];
+        w->D[r] = j->dbuf[li];
+    }
+    for (int64_t r = rows; r < rows4; r++) {
+        memset(w->q + r * j->dp, 0, sizeof(float) * (size_t)j->dp);
+        memset(w->dO + r * j->dvp, 0, sizeof(float) * (size_t)j->dvp);
+        w->lse[r] = -INFINITY;
+        w->D[r] = 0.0f;
+    }
+}
+
+/* Load K^T (and K row-major if want_k) and V^T of keys [j0, j0 + jn) of
+ * kv head hk; zero the padding columns up to a multiple of 16. */
+static void load_k_block(const bwd_job *j, bwd_scratch *w, const fattn_seq *sq, int64_t hk,
+                         int64_t j0, int64_t jn, int want_k) {
+    const fattn_bwd_args *a = j->a;
+    const int64_t BN = FATTN_CPU_BN;
+    const int64_t jn16 = fattn_round_up(jn, 16);
+    for (int64_t c = 0; c < jn; c++) {
+        int64_t tr = sq->k0 + j0 + c;
+        float *kr = want_k ? w->k + c * j->dp : w->row;
+        fattn_load_row(&a->k, fattn_row_offset(&a->k, sq->tb, tr, hk), (int)j->d, 1.0f, NULL, kr);
+        for (int64_t t = 0; t < j->d; t++) w->kt[t * BN + c] = kr[t];
+        fattn_load_row(&a->v, fattn_row_offset(&a->v, sq->tb, tr, hk), (int)j->dv, 1.0f, NULL,
+                       w->row);
+        for (int64_t t = 0; t < j->dv; t++) w->vt[t * BN + c] = w->row[t];
+    }
+    if (jn < jn16) {
+        for (int64_t t = 0; t < j->d; t++)
+            memset(w->kt + t * BN + jn, 0, sizeof(float) * (size_t)(jn16 - jn));
+        for (int64_t t = 0; t < j->dv; t++)
+            memset(w->vt + t * BN + jn, 0, sizeof(float) * (size_t)(jn16 - jn));
+    }
+}
+
+/* S, P, dP, dS for the loaded (query block i0.., key block j0..) tile.
+ * Leaves P in w->s (pass 1 needs it, copied to pt by the caller first) and
+ * dS * scale in w->s on return; P^T is written to w->pt when want_pt. */
+static void tile_ds(const bwd_job *j, bwd_scratch *w, const fattn_seq *sq, int64_t i0,
+                    int64_t rows, int64_t j0, int64_t jn, int want_pt) {
+    const fattn_problem *p = &j->a->p;
+    const int64_t BM = FATTN_CPU_BM, BN = FATTN_CPU_BN;
+    const int64_t rows4 = fattn_round_up(rows, 4);
+    const int64_t jn16 = fattn_round_up(jn, 16);
+    const float scale = p->softmax_scale;
+
+    j->kern.gemm((int)rows4, (int)jn16, (int)j->d, w->q, j->dp, w->kt, BN, w->s, BN, 0);
+    j->kern.gemm((int)rows4, (int)jn16, (int)j->dv, w->dO, j->dvp, w->vt, BN, w->dP, BN, 0);
+    for (int64_t r = 0; r < rows4; r++) {
+        float *srow = w->s + r * BN;
+        if (r >= rows || w->lse[r] == -INFINITY) {
+            memset(srow, 0, sizeof(float) * (size_t)jn16);
+            continue;
+        }
+        int64_t vis = imin64(imax64(fattn_last_key(p, sq, i0 + r) - j0 + 1, 0), jn);
+        for (int64_t c = 0; c < vis; c++) srow[c] *= scale;
+        for (int64_t c = vis; c < jn16; c++) srow[c] = -INFINITY;
+        j->kern.exp_sub(srow, (int)jn16, w->lse[r]);
+    }
+    if (want_pt)
+        for (int64_t r = 0; r < rows4; r++)
+            for (int64_t c = 0; c < jn16; c++) w->pt[c * BM + r] = w->s[r * BN + c];
+    for (int64_t r = 0; r < rows4; r++) {
+        float *srow = w->s + r * BN;
+        const float *dprow = w->dP + r * BN;
+        const float Dr = w->D[r];
+        for (int64_t c = 0; c < jn16; c++) srow[c] = srow[c] * (dprow[c] - Dr) * scale;
+    }
+}
+
+/* ---- pass 1: dK, dV ---------------------------------------------------- */
+
+static void bwd_kv_task(void *arg, int64_t task, int worker) {
+    const bwd_job *j = (const bwd_job *)arg;
+    const fattn_bwd_args *a = j->a;
+    const fattn_problem *p = &a->p;
+    const int64_t BM = FATTN_CPU_BM, BN = FATTN_CPU_BN;
+    bwd_scratch w;
+    bwd_scratch_layout(j, j->scratch + (size_t)worker * j->scratch_floats, &w);
+    int64_t b, hk, kb;
+    fattn_tasks_decode(&j->ktasks, task, &b, &hk, &kb);
+    const fattn_seq sq = fattn_seq_get(p, b);
+    const int64_t j0 = kb * BN;
+    const int64_t jn = imin64(sq.klen - j0, BN);
+    const int64_t jn4 = fattn_round_up(jn, 4);
+    const int64_t jn16 = fattn_round_up(jn, 16);
+
+    memset(w.acc1, 0, sizeof(float) * (size_t)(jn4 * j->dp));
+    memset(w.acc2, 0, sizeof(float) * (size_t)(jn4 * j->dvp));
+    load_k_block(j, &w, &sq, hk, j0, jn, 0);
+
+    /* First query that sees key j0: i + klen - qlen >= j0. */
+    const int64_t ifirst = p->causal ? imax64(j0 - (sq.klen - sq.qlen), 0) : 0;
+    for (int64_t g = 0; g < j->group; g++) {
+        const int64_t h = hk * j->group + g;
+        for (int64_t i0 = ifirst / BM * BM; i0 < sq.qlen; i0 += BM) {
+            const int64_t rows = imin64(sq.qlen - i0, BM);
+            load_q_block(j, &w, &sq, b, h, i0, rows);
+            tile_ds(j, &w, &sq, i0, rows, j0, jn, 1);
+            /* dV += P^T dO */
+            j->kern.gemm((int)jn4, (int)j->dvp, (int)rows, w.pt, BM, w.dO, j->dvp, w.acc2, j->dvp, 1);
+            /* dK += dS^T Q */
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t c = 0; c < jn16; c++) w.pt[c * BM + r] = w.s[r * BN + c];
+            j->kern.gemm((int)jn4, (int)j->dp, (int)rows, w.pt, BM, w.q, j->dp, w.acc1, j->dp, 1);
+        }
+    }
+    for (int64_t c = 0; c < jn; c++) {
+        int64_t tr = sq.k0 + j0 + c;
+        fattn_store_row(&a->dk, fattn_row_offset(&a->dk, sq.tb, tr, hk), (int)j->d,
+                        w.acc1 + c * j->dp);
+        fattn_store_row(&a->dv, fattn_row_offset(&a->dv, sq.tb, tr, hk), (int)j->dv,
+                        w.acc2 + c * j->dvp);
+    }
+}
+
+/* ---- pass 2: dQ -------------------------------------------------------- */
+
+static void bwd_q_task(void *arg, int64_t task, int worker) {
+    const bwd_job *j = (const bwd_job *)arg;
+    const fattn_bwd_args *a = j->a;
+    const fattn_problem *p = &a->p;
+    const int64_t BM = FATTN_CPU_BM, BN = FATTN_CPU_BN;
+    bwd_scratch w;
+    bwd_scratch_layout(j, j->scratch + (size_t)worker * j->scratch_floats, &w);
+    int64_t b, h, qb;
+    fattn_tasks_decode(&j->qtasks, task, &b, &h, &qb);
+    if (p->causal) qb = j->qtasks.nblk[b] - 1 - qb;
+    const fattn_seq sq = fattn_seq_get(p, b);
+    const int64_t hk = h / j->group;
+    const int64_t i0 = qb * BM;
+    const int64_t rows = imin64(sq.qlen - i0, BM);
+    const int64_t rows4 = fattn_round_up(rows, 4);
+
+    load_q_block(j, &w, &sq, b, h, i0, rows);
+    memset(w.acc1, 0, sizeof(float) * (size_t)(rows4 * j->dp));
+    const int64_t kend = imin64(fattn_last_key(p, &sq, i0 + rows - 1) + 1, sq.klen);
+    for (int64_t j0 = 0; j0 < kend; j0 += BN) {
+        const int64_t jn = imin64(kend - j0, BN);
+        load_k_block(j, &w, &sq, hk, j0, jn, 1);
+        tile_ds(j, &w, &sq, i0, rows, j0, jn, 0);
+        /* dQ += dS K */
+        j->kern.gemm((int)rows4, (int)j->dp, (int)jn, w.s, BN, w.k, j->dp, w.acc1, j->dp, 1);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t tr = sq.q0 + i0 + r;
+        fattn_store_row(&a->dq, fattn_row_offset(&a->dq, sq.tb, tr, h), (int)j->d,
+                        w.acc1 + r * j->dp);
+    }
+}
+
+fattn_status fattn_cpu_bwd(fattn_ctx *ctx, const fattn_bwd_args *a) {
+    const fattn_problem *p = &a->p;
+    bwd_job j;
+    memset(&j, 0, sizeof j);
+    j.a = a;
+    j.kern = fattn_cpu_kernels_get();
+    j.d = p->head_dim;
+    j.dv = p->head_dim_v > 0 ? p->head_dim_v : p->head_dim;
+    j.dp = fattn_round_up(j.d, 16);
+    j.dvp = fattn_round_up(j.dv, 16);
+    j.rows_q = fattn_rows_q(p);
+    j.rows_k = fattn_rows_k(p);
+    j.group = p->heads_q / p->heads_kv;
+
+    if (fattn_tasks_init(&j.qtasks, p, p->heads_q, 1, FATTN_CPU_BM) != 0)
+        return fattn_fail(ctx, FATTN_ERROR_OUT_OF_MEMORY, "cpu bwd: out of memory (task list)");
+    if (fattn_tasks_init(&j.ktasks, p, p->heads_kv, 0, FATTN_CPU_BN) != 0) {
+        fattn_tasks_free(&j.qtasks);
+        return fattn_fail(ctx, FATTN_ERROR_OUT_OF_MEMORY, "cpu bwd: out of memory (task list)");
+    }
+    const int64_t nq = fattn_tasks_count(&j.qtasks), nk = fattn_tasks_count(&j.ktasks);
+    int nthreads = fattn_cpu_thread_count(ctx ? ctx->threads : 0);
+    const int64_t most = nq > nk ? nq : nk;
+    if ((int64_t)nthreads > most) nthreads = most > 0 ? (int)most : 1;
+
+    const size_t nd = (size_t)(p->heads_q * fattn_rows_q(p) * (p->cu_seqlens_q ? 1 : p->batch));
+    j.dbuf = fattn_falloc(nd);
+    j.scratch_floats = bwd_scratch_layout(&j, NULL, NULL);
+    j.scratch = fattn_falloc(j.scratch_floats * (size_t)nthreads);
+    if (!j.dbuf || !j.scratch) {
+        free(j.dbuf);
+        free(j.scratch);
+        fattn_tasks_free(&j.qtasks);
+        fattn_tasks_free(&j.ktasks);
+        return fattn_fail(ctx, FATTN_ERROR_OUT_OF_MEMORY, "cpu bwd: cannot allocate scratch");
+    }
+    fattn_parallel_for(nthreads, nq, bwd_d_task, &j);
+    fattn_parallel_for(nthreads, nk, bwd_kv_task, &j);
+    fattn_parallel_for(nthreads, nq, bwd_q_task, &j);
+    free(j.dbuf);
+    free(j.scratch);
+    fattn_tasks_free(&j.qtasks);
+    fattn_tasks_free(&j.ktasks);
+    return FATTN_OK;
+}

@@ -1,0 +1,129 @@
+/* attention_common.h - shared by the CPU forward and backward engines. */
+#ifndef FATTN_CPU_ATTENTION_COMMON_H
+#define FATTN_CPU_ATTENTION_COMMON_H
+
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "fattn.h"
+
+/* Block sizes: BM query rows x BN keys per tile.  BN is a multiple of 16 (the
+ * GEMM micro-kernel's column granule). */
+#define FATTN_CPU_BM 64
+#define FATTN_CPU_BN 64
+
+static inline int64_t fattn_round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+/* One batch entry: where its rows live and how many there are. */
+typedef struct fattn_seq {
+    int64_t tb;      /* batch index used in tensor offsets (0 in varlen mode) */
+    int64_t q0, k0;  /* first row index in the tensors (packed offset in varlen mode) */
+    int64_t qlen, klen;
+} fattn_seq;
+
+static inline fattn_seq fattn_seq_get(const fattn_problem *p, int64_t b) {
+    fattn_seq s;
+    if (p->cu_seqlens_q) {
+        s.tb = 0;
+        s.q0 = p->cu_seqlens_q[b];
+        s.k0 = p->cu_seqlens_k[b];
+        s.qlen = p->cu_seqlens_q[b + 1] - s.q0;
+        s.klen = p->cu_seqlens_k[b + 1] - s.k0;
+    } else {
+        s.tb = b;
+        s.q0 = s.k0 = 0;
+        s.qlen = p->seqlen_q;
+        s.klen = p->seqlen_k;
+    }
+    return s;
+}
+
+/* Total row counts of the Q and K tensors per batch entry (for e4m3 scale
+ * block counts and the varlen LSE layout). */
+static inline int64_t fattn_rows_q(const fattn_problem *p) {
+    return p->cu_seqlens_q ? p->cu_seqlens_q[p->batch] : p->seqlen_q;
+}
+static inline int64_t fattn_rows_k(const fattn_problem *p) {
+    return p->cu_seqlens_k ? p->cu_seqlens_k[p->batch] : p->seqlen_k;
+}
+
+/* Index of the LSE of query row i (within its sequence) of (b, h). */
+static inline int64_t fattn_lse_index(const fattn_problem *p, const fattn_seq *s, int64_t b,
+                                      int64_t h, int64_t i) {
+    if (p->cu_seqlens_q) return h * (int64_t)p->cu_seqlens_q[p->batch] + s->q0 + i;
+    return (b * p->heads_q + h) * (int64_t)p->seqlen_q + i;
+}
+
+/* Causal: the last key visible to query i is i + klen - qlen (may be < 0). */
+static inline int64_t fattn_last_key(const fattn_problem *p, const fattn_seq *s, int64_t i) {
+    return p->causal ? i + s->klen - s->qlen : s->klen - 1;
+}
+
+/* A 64-byte aligned zeroed float buffer (NULL on failure). */
+static inline float *fattn_falloc(size_t n) {
+    size_t bytes = (n * sizeof(float) + 63) / 64 * 64;
+    if (bytes == 0) bytes = 64;
+    void *ptr = aligned_alloc(64, bytes);
+    if (ptr) {
+        float *f = (float *)ptr;
+        for (size_t i = 0; i < bytes / sizeof(float); i++) f[i] = 0.0f;
+    }
+    return (float *)ptr;
+}
+
+/* Task list over (batch entry, head, block): block counts per batch entry
+ * and prefix sums, so task t -> (b, h, blk) is a binary search. */
+typedef struct fattn_tasks {
+    int64_t *base;  /* [batch + 1] first task of each batch entry */
+    int64_t *nblk;  /* [batch] blocks per head in batch entry b */
+    int64_t heads;
+    int64_t batch;
+} fattn_tasks;
+
+/* rows_of_b: 1 -> blocks over queries, 0 -> over keys. */
+static inline int fattn_tasks_init(fattn_tasks *t, const fattn_problem *p, int64_t heads,
+                                   int over_queries, int64_t block) {
+    t->batch = p->batch;
+    t->heads = heads;
+    t->base = (int64_t *)malloc(sizeof(int64_t) * (size_t)(p->batch + 1));
+    t->nblk = (int64_t *)malloc(sizeof(int64_t) * (size_t)(p->batch + 1));
+    if (!t->base || !t->nblk) {
+        free(t->base);
+        free(t->nblk);
+        t->base = t->nblk = NULL;
+        return -1;
+    }
+    t->base[0] = 0;
+    for (int64_t b = 0; b < p->batch; b++) {
+        fattn_seq s = fattn_seq_get(p, b);
+        int64_t len = over_queries ? s.qlen : s.klen;
+        t->nblk[b] = (len + block - 1) / block;
+        t->base[b + 1] = t->base[b] + heads * t->nblk[b];
+    }
+    return 0;
+}
+
+static inline void fattn_tasks_free(fattn_tasks *t) {
+    free(t->base);
+    free(t->nblk);
+}
+
+static inline int64_t fattn_tasks_count(const fattn_tasks *t) { return t->base[t->batch]; }
+
+static inline void fattn_tasks_decode(const fattn_tasks *t, int64_t task, int64_t *b, int64_t *h,
+                                      int64_t *blk) {
+    int64_t lo = 0, hi = t->batch - 1;
+    while (lo < hi) { /* last b with base[b] <= task */
+        int64_t mid = (lo + hi + 1) / 2;
+        if (t->base[mid] <= task) lo = mid;
+        else hi = mid - 1;
+    }
+    /* skip empty batch entries sharing the same base */
+    while (lo + 1 <= t->batch - 1 && t->base[lo + 1] <= task) lo++;
+    int64_t r = task - t->base[lo];
+    *b = lo;
+    *h = r / t->nblk[lo];
+    *blk = r % t->nblk[lo];
+}
+
+#endif

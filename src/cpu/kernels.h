@@ -1,0 +1,29 @@
+/* kernels.h - the CPU engine's inner loops: a register-blocked f32 GEMM
+ * micro-kernel and a vectorised exp, compiled for several x86 ISA levels
+ * (AVX-512, AVX2+FMA, baseline) and chosen at run time (cpuid). */
+#ifndef FATTN_CPU_KERNELS_H
+#define FATTN_CPU_KERNELS_H
+
+#include <stdint.h>
+
+/* C[m x n] = (accumulate ? C : 0) + A[m x k] * B[k x n], all row-major f32
+ * with row strides lda, ldb, ldc (elements).  m must be a multiple of 4 and n a
+ * multiple of 16 (callers pad with zeros); k >= 0. */
+typedef void (*fattn_gemm_fn)(int m, int n, int k, const float *A, int64_t lda, const float *B,
+                              int64_t ldb, float *C, int64_t ldc, int accumulate);
+
+/* x[i] = exp(x[i] - sub) for i < n, |rel err| <= ~2 ulp; arguments below
+ * -87 (including -inf) give exactly 0; the sum of the results is returned
+ * (accumulated in a fixed order). */
+typedef float (*fattn_exp_fn)(float *x, int n, float sub);
+
+typedef struct fattn_cpu_kernels {
+    fattn_gemm_fn gemm;
+    fattn_exp_fn exp_sub;
+    const char *isa; /* "avx512", "avx2", "generic" */
+} fattn_cpu_kernels;
+
+/* The best kernels for this CPU (cached after the first call; thread-safe). */
+fattn_cpu_kernels fattn_cpu_kernels_get(void);
+
+#endif

@@ -1,0 +1,25 @@
+/* threads.h - a tiny deterministic parallel-for over pthreads (CPU engine).
+ *
+ * fattn_parallel_for runs fn(arg, task, worker) for every task in
+ * [0, ntasks) on `nthreads` workers (the calling thread is worker 0).  Tasks
+ * are handed out dynamically (an atomic counter), so the assignment of tasks
+ * to workers varies between runs; callers keep results deterministic by
+ * making every task write a disjoint set of outputs and compute them in a
+ * fixed order that does not depend on the worker (per-worker scratch is
+ * reinitialised by each task). */
+#ifndef FATTN_CPU_THREADS_H
+#define FATTN_CPU_THREADS_H
+
+#include <stdint.h>
+
+typedef void (*fattn_task_fn)(void *arg, int64_t task, int worker);
+
+/* Worker count for a request: requested > 0 is used as is, 0 means the number
+ * of online CPUs (at least 1). */
+int fattn_cpu_thread_count(int requested);
+
+/* Runs every task; returns 0.  When threads cannot be started the remaining
+ * work runs on the calling thread (results are the same). */
+int fattn_parallel_for(int nthreads, int64_t ntasks, fattn_task_fn fn, void *arg);
+
+#endif

@@ -1,0 +1,155 @@
+/* test_cpu_bwd.c - CPU backward (dq, dk, dv) vs the FP64 oracle. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/oracle.h"
+#include "common/testutil.h"
+#include "fattn.h"
+
+typedef struct bcase {
+    const char *name;
+    int batch, sq, sk, hq, hkv, d, dv, causal;
+    fattn_dtype dt;
+    tu_layout layout;
+    const int32_t *cuq, *cuk;
+    double tol; /* relative Frobenius error of each of dq, dk, dv */
+} bcase;
+
+#define TOL_F32 1e-4
+/* 16-bit: the oracle runs on the same rounded inputs; what remains is the
+ * rounding of the stored gradients (and of O, which enters D = rowsum(dO*O)):
+ * one ulp of the storage type is 2^-11 ~ 4.9e-4 (f16) / 2^-8 ~ 3.9e-3 (bf16)
+ * relative; the tolerances allow 4 ulps. */
+#define TOL_F16 2e-3
+#define TOL_BF16 1.6e-2
+
+static void run_case(fattn_ctx *ctx, tu_rng *rng, const bcase *c) {
+    const int varlen = c->cuq != NULL;
+    const int tb = varlen ? 1 : c->batch;
+    const int tsq = varlen ? c->cuq[c->batch] : c->sq;
+    const int tsk = varlen ? c->cuk[c->batch] : c->sk;
+    const int dv = c->dv ? c->dv : c->d;
+    int sq = c->sq, sk = c->sk;
+    if (varlen) {
+        sq = sk = 0;
+        for (int b = 0; b < c->batch; b++) {
+            if (c->cuq[b + 1] - c->cuq[b] > sq) sq = c->cuq[b + 1] - c->cuq[b];
+            if (c->cuk[b + 1] - c->cuk[b] > sk) sk = c->cuk[b + 1] - c->cuk[b];
+        }
+    }
+    tu_tensor q, k, v, o, dO, dq, dk, dvt;
+    tu_tensor_alloc(&q, c->dt, tb, tsq, c->hq, c->d, c->layout, 1);
+    tu_tensor_alloc(&k, c->dt, tb, tsk, c->hkv, c->d, c->layout, 1);
+    tu_tensor_alloc(&v, c->dt, tb, tsk, c->hkv, dv, c->layout, 1);
+    tu_tensor_alloc(&o, c->dt, tb, tsq, c->hq, dv, c->layout, 1);
+    tu_tensor_alloc(&dO, c->dt, tb, tsq, c->hq, dv, c->layout, 1);
+    tu_tensor_alloc(&dq, c->dt, tb, tsq, c->hq, c->d, c->layout, 1);
+    tu_tensor_alloc(&dk, c->dt, tb, tsk, c->hkv, c->d, c->layout, 1);
+    tu_tensor_alloc(&dvt, c->dt, tb, tsk, c->hkv, dv, c->layout, 1);
+    const size_t nlse = (size_t)tb * c->hq * tsq;
+    float *lse = (float *)tu_malloc(sizeof(float) * (nlse ? nlse : 1));
+    tu_poison(lse, sizeof(float) * nlse);
+
+    const size_t nin = q.count + k.count + v.count + dO.count;
+    double *src = (double *)tu_malloc(sizeof(double) * (nin + 1));
+    double *h_q = (double *)tu_malloc(sizeof(double) * (q.count + 1));
+    double *h_k = (double *)tu_malloc(sizeof(double) * (k.count + 1));
+    double *h_v = (double *)tu_malloc(sizeof(double) * (v.count + 1));
+    double *h_do = (double *)tu_malloc(sizeof(double) * (dO.count + 1));
+    double *r_dq = (double *)tu_malloc(sizeof(double) * (dq.count + 1));
+    double *r_dk = (double *)tu_malloc(sizeof(double) * (dk.count + 1));
+    double *r_dv = (double *)tu_malloc(sizeof(double) * (dvt.count + 1));
+    double *g = (double *)tu_malloc(sizeof(double) * (dq.count + dk.count + dvt.count + 1));
+    tu_fill_normal(rng, src, nin);
+    tu_tensor_set(&q, src, h_q);
+    tu_tensor_set(&k, src + q.count, h_k);
+    tu_tensor_set(&v, src + q.count + k.count, h_v);
+    tu_tensor_set(&dO, src + q.count + k.count + v.count, h_do);
+
+    oracle_problem op = {c->batch, sq, sk, c->hq, c->hkv, c->d, dv, 0.0, c->causal, c->cuq, c->cuk};
+    oracle_bwd(&op, h_q, h_k, h_v, h_do, r_dq, r_dk, r_dv);
+
+    fattn_problem p;
+    memset(&p, 0, sizeof p);
+    p.batch = c->batch;
+    p.seqlen_q = sq;
+    p.seqlen_k = sk;
+    p.heads_q = c->hq;
+    p.heads_kv = c->hkv;
+    p.head_dim = c->d;
+    p.head_dim_v = c->dv;
+    p.causal = c->causal;
+    p.cu_seqlens_q = c->cuq;
+    p.cu_seqlens_k = c->cuk;
+    printf("%s\n", c->name);
+    fattn_fwd_args fa;
+    memset(&fa, 0, sizeof fa);
+    fa.p = p;
+    fa.q = q.t; fa.k = k.t; fa.v = v.t; fa.o = o.t;
+    fa.lse = lse;
+    fattn_status st = fattn_fwd(ctx, &fa);
+    TU_CHECK(st == FATTN_OK, "fattn_fwd: %s (%s)", fattn_status_string(st), fattn_last_error(ctx));
+    fattn_bwd_args ba;
+    memset(&ba, 0, sizeof ba);
+    ba.p = p;
+    ba.q = q.t; ba.k = k.t; ba.v = v.t; ba.o = o.t; ba.dout = dO.t;
+    ba.dq = dq.t; ba.dk = dk.t; ba.dv = dvt.t;
+    ba.lse = lse;
+    ba.deterministic = 1;
+    if (st == FATTN_OK) {
+        st = fattn_bwd(ctx, &ba);
+        TU_CHECK(st == FATTN_OK, "fattn_bwd: %s (%s)", fattn_status_string(st),
+                 fattn_last_error(ctx));
+    }
+    if (st == FATTN_OK) {
+        const tu_tensor *outs[3] = {&dq, &dk, &dvt};
+        const double *refs[3] = {r_dq, r_dk, r_dv};
+        const char *names[3] = {"dQ rel err", "dK rel err", "dV rel err"};
+        for (int t = 0; t < 3; t++) {
+            tu_tensor_get(outs[t], g);
+            size_t bad = tu_count_nonfinite(g, outs[t]->count);
+            TU_CHECK(bad == 0, "%s: %zu entries not written/finite", names[t], bad);
+            TU_EXPECT_LE(tu_rel_err(g, refs[t], outs[t]->count), c->tol, names[t]);
+        }
+    }
+    free(src); free(h_q); free(h_k); free(h_v); free(h_do);
+    free(r_dq); free(r_dk); free(r_dv); free(g); free(lse);
+    tu_tensor_free(&q); tu_tensor_free(&k); tu_tensor_free(&v); tu_tensor_free(&o);
+    tu_tensor_free(&dO); tu_tensor_free(&dq); tu_tensor_free(&dk); tu_tensor_free(&dvt);
+}
+
+int main(void) {
+    tu_rng rng;
+    tu_rng_init(&rng, (uint64_t)tu_seed());
+    fattn_ctx *ctx = NULL;
+    TU_EXPECT_OK(fattn_ctx_create(&ctx, FATTN_BACKEND_CPU, 0));
+    if (!ctx) return 1;
+
+    static const int32_t cuq[] = {0, 5, 5, 40}, cuk[] = {0, 7, 7, 50};
+    const fattn_dtype F32 = FATTN_DTYPE_F32, F16 = FATTN_DTYPE_F16, BF16 = FATTN_DTYPE_BF16;
+    const bcase cases[] = {
+        /* name                                 b   sq    sk  hq hkv   d  dv cau dt */
+        {"f32 1x1 d64",                          1,   1,    1, 2, 2,  64,  0, 0, F32, TU_BSHD, 0, 0, TOL_F32},
+        {"f32 2x2 causal d32",                   1,   2,    2, 2, 2,  32,  0, 1, F32, TU_BSHD, 0, 0, TOL_F32},
+        {"f32 17x17 causal d32",                 2,  17,   17, 2, 2,  32,  0, 1, F32, TU_BSHD, 0, 0, TOL_F32},
+        {"f32 129x129 d96",                      1, 129,  129, 2, 2,  96,  0, 0, F32, TU_BSHD, 0, 0, TOL_F32},
+        {"f32 129x129 causal d128 batch 2",      2, 129,  129, 2, 1, 128,  0, 1, F32, TU_BSHD, 0, 0, TOL_F32},
+        {"f32 q17 k129 causal GQA 4:1 d64",      1,  17,  129, 8, 2,  64,  0, 1, F32, TU_BSHD, 0, 0, TOL_F32},
+        {"f32 q129 k17 causal (empty rows) MQA", 1, 129,   17, 4, 1,  64,  0, 1, F32, TU_BSHD, 0, 0, TOL_F32},
+        {"f32 1000x1000 causal d64",             1,1000, 1000, 2, 1,  64,  0, 1, F32, TU_BSHD, 0, 0, TOL_F32},
+        {"f32 100x150 d256",                     1, 100,  150, 1, 1, 256,  0, 0, F32, TU_BSHD, 0, 0, TOL_F32},
+        {"f32 d64 dv32 causal",                  1,  70,   90, 2, 2,  64, 32, 1, F32, TU_BSHD, 0, 0, TOL_F32},
+        {"f32 d32 dv96",                         1,  33,   65, 2, 1,  32, 96, 0, F32, TU_BSHD, 0, 0, TOL_F32},
+        {"f32 d5 (odd head dim) causal",         1,  20,   31, 1, 1,   5,  0, 1, F32, TU_BSHD, 0, 0, TOL_F32},
+        {"f32 BHSD batch 3 causal GQA",          3,  77,  100, 4, 2,  64,  0, 1, F32, TU_BHSD, 0, 0, TOL_F32},
+        {"f32 varlen {0,5,5,40}/{0,7,7,50} causal", 3, 0,   0, 4, 2,  64,  0, 1, F32, TU_BSHD, cuq, cuk, TOL_F32},
+        {"f32 varlen {0,5,5,40}/{0,7,7,50}",     3,   0,    0, 2, 1,  32,  0, 0, F32, TU_BSHD, cuq, cuk, TOL_F32},
+        {"f16 129x129 causal d128",              1, 129,  129, 2, 2, 128,  0, 1, F16, TU_BSHD, 0, 0, TOL_F16},
+        {"bf16 100x60 causal GQA d64 BHSD",      2, 100,   60, 4, 2,  64,  0, 1, BF16, TU_BHSD, 0, 0, TOL_BF16},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(ctx, &rng, &cases[i]);
+    fattn_ctx_free(ctx);
+    return tu_finish("test_cpu_bwd");
+}

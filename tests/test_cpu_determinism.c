@@ -1,0 +1,161 @@
+/* test_cpu_determinism.c - the CPU engine is bitwise reproducible: the same
+ * call twice, and with 1, 2 and 3 worker threads, gives identical bytes for
+ * O, LSE, dQ, dK and dV. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/testutil.h"
+#include "fattn.h"
+
+typedef struct dcase {
+    const char *name;
+    int batch, sq, sk, hq, hkv, d, causal;
+    fattn_dtype dt;
+    const int32_t *cuq, *cuk;
+} dcase;
+
+typedef struct outputs {
+    tu_tensor o, dq, dk, dv;
+    float *lse;
+    size_t nlse;
+} outputs;
+
+static int run(fattn_ctx *ctx, const fattn_problem *p, tu_tensor *q, tu_tensor *k, tu_tensor *v,
+               tu_tensor *dO, outputs *out) {
+    tu_tensor_poison(&out->o);
+    tu_tensor_poison(&out->dq);
+    tu_tensor_poison(&out->dk);
+    tu_tensor_poison(&out->dv);
+    tu_poison(out->lse, sizeof(float) * out->nlse);
+    fattn_fwd_args fa;
+    memset(&fa, 0, sizeof fa);
+    fa.p = *p;
+    fa.q = q->t; fa.k = k->t; fa.v = v->t; fa.o = out->o.t;
+    fa.lse = out->lse;
+    fattn_status st = fattn_fwd(ctx, &fa);
+    TU_CHECK(st == FATTN_OK, "fattn_fwd: %s", fattn_last_error(ctx));
+    if (st != FATTN_OK) return 0;
+    fattn_bwd_args ba;
+    memset(&ba, 0, sizeof ba);
+    ba.p = *p;
+    ba.q = q->t; ba.k = k->t; ba.v = v->t; ba.o = out->o.t; ba.dout = dO->t;
+    ba.dq = out->dq.t; ba.dk = out->dk.t; ba.dv = out->dv.t;
+    ba.lse = out->lse;
+    ba.deterministic = 1;
+    st = fattn_bwd(ctx, &ba);
+    TU_CHECK(st == FATTN_OK, "fattn_bwd: %s", fattn_last_error(ctx));
+    return st == FATTN_OK;
+}
+
+static int same(const outputs *a, const outputs *b) {
+    return memcmp(a->o.t.data, b->o.t.data, a->o.bytes) == 0 &&
+           memcmp(a->dq.t.data, b->dq.t.data, a->dq.bytes) == 0 &&
+           memcmp(a->dk.t.data, b->dk.t.data, a->dk.bytes) == 0 &&
+           memcmp(a->dv.t.data, b->dv.t.data, a->dv.bytes) == 0 &&
+           memcmp(a->lse, b->lse, sizeof(float) * a->nlse) == 0;
+}
+
+static void run_case(tu_rng *rng, const dcase *c) {
+    const int varlen = c->cuq != NULL;
+    const int tb = varlen ? 1 : c->batch;
+    const int tsq = varlen ? c->cuq[c->batch] : c->sq;
+    const int tsk = varlen ? c->cuk[c->batch] : c->sk;
+    tu_tensor q, k, v, dO;
+    tu_tensor_alloc(&q, c->dt, tb, tsq, c->hq, c->d, TU_BSHD, 1);
+    tu_tensor_alloc(&k, c->dt, tb, tsk, c->hkv, c->d, TU_BSHD, 1);
+    tu_tensor_alloc(&v, c->dt, tb, tsk, c->hkv, c->d, TU_BSHD, 1);
+    tu_tensor_alloc(&dO, c->dt, tb, tsq, c->hq, c->d, TU_BSHD, 1);
+    size_t n = q.count + k.count + v.count + dO.count;
+    double *src = (double *)tu_malloc(sizeof(double) * n);
+    tu_fill_normal(rng, src, n);
+    tu_tensor_set(&q, src, NULL);
+    tu_tensor_set(&k, src + q.count, NULL);
+    tu_tensor_set(&v, src + q.count + k.count, NULL);
+    tu_tensor_set(&dO, src + q.count + k.count + v.count, NULL);
+    free(src);
+
+    fattn_problem p;
+    memset(&p, 0, sizeof p);
+    p.batch = c->batch;
+    p.seqlen_q = c->sq;
+    p.seqlen_k = c->sk;
+    p.heads_q = c->hq;
+    p.heads_kv = c->hkv;
+    p.head_dim = c->d;
+    p.causal = c->causal;
+    p.cu_seqlens_q = c->cuq;
+    p.cu_seqlens_k = c->cuk;
+
+    outputs out[4];
+    for (int i = 0; i < 4; i++) {
+        tu_tensor_alloc(&out[i].o, c->dt, tb, tsq, c->hq, c->d, TU_BSHD, 1);
+        tu_tensor_alloc(&out[i].dq, c->dt, tb, tsq, c->hq, c->d, TU_BSHD, 1);
+        tu_tensor_alloc(&out[i].dk, c->dt, tb, tsk, c->hkv, c->d, TU_BSHD, 1);
+        tu_tensor_alloc(&out[i].dv, c->dt, tb, tsk, c->hkv, c->d, TU_BSHD, 1);
+        out[i].nlse = (size_t)tb * c->hq * tsq;
+        out[i].lse = (float *)tu_malloc(sizeof(float) * (out[i].nlse + 1));
+    }
+    printf("%s\n", c->name);
+    /* out[0], out[1]: default threads twice; out[2], out[3]: 1 and 3 threads;
+     * then 2 threads into out[1] again. */
+    const int threads[4] = {0, 0, 1, 3};
+    int ok = 1, r0 = 0;
+    for (int i = 0; i < 4; i++) {
+        fattn_ctx *ctx = NULL;
+        TU_EXPECT_OK(fattn_ctx_create(&ctx, FATTN_BACKEND_CPU, 0));
+        if (!ctx) return;
+        TU_EXPECT_OK(fattn_ctx_set_threads(ctx, threads[i]));
+        ok &= run(ctx, &p, &q, &k, &v, &dO, &out[i]);
+        if (i == 1) r0 = same(&out[0], &out[1]);
+        if (i == 3) {
+            TU_EXPECT_OK(fattn_ctx_set_threads(ctx, 2));
+            ok &= run(ctx, &p, &q, &k, &v, &dO, &out[1]);
+        }
+        fattn_ctx_free(ctx);
+    }
+    if (ok) {
+        int r1 = same(&out[0], &out[1]), r2 = same(&out[0], &out[2]), r3 = same(&out[0], &out[3]);
+        printf("  [%s] same input twice: %s\n", r0 ? "ok" : "FAIL",
+               r0 ? "bitwise identical" : "DIFFERENT");
+        printf("  [%s] threads 2 vs default: %s\n", r1 ? "ok" : "FAIL",
+               r1 ? "bitwise identical" : "DIFFERENT");
+        printf("  [%s] threads 1 vs default: %s\n", r2 ? "ok" : "FAIL",
+               r2 ? "bitwise identical" : "DIFFERENT");
+        printf("  [%s] threads 3 vs default: %s\n", r3 ? "ok" : "FAIL",
+               r3 ? "bitwise identical" : "DIFFERENT");
+        TU_CHECK(r0 && r1 && r2 && r3, "%s: outputs differ", c->name);
+    }
+    for (int i = 0; i < 4; i++) {
+        tu_tensor_free(&out[i].o);
+        tu_tensor_free(&out[i].dq);
+        tu_tensor_free(&out[i].dk);
+        tu_tensor_free(&out[i].dv);
+        free(out[i].lse);
+    }
+    tu_tensor_free(&q); tu_tensor_free(&k); tu_tensor_free(&v); tu_tensor_free(&dO);
+}
+
+int main(void) {
+    tu_rng rng;
+    tu_rng_init(&rng, (uint64_t)tu_seed());
+    static const int32_t cuq[] = {0, 5, 5, 40, 200}, cuk[] = {0, 7, 7, 50, 180};
+    const dcase cases[] = {
+        {"f32 batch 2 q300 k257 causal GQA 2:1 d64", 2, 300, 257, 4, 2, 64, 1, FATTN_DTYPE_F32, 0, 0},
+        {"f32 q129 k400 d128", 1, 129, 400, 3, 3, 128, 0, FATTN_DTYPE_F32, 0, 0},
+        {"bf16 q200 k200 causal MQA d64", 1, 200, 200, 4, 1, 64, 1, FATTN_DTYPE_BF16, 0, 0},
+        {"f16 varlen causal d32", 4, 0, 0, 2, 1, 32, 1, FATTN_DTYPE_F16, cuq, cuk},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        dcase c = cases[i];
+        if (c.cuq) { /* max lengths */
+            c.sq = c.sk = 0;
+            for (int b = 0; b < c.batch; b++) {
+                if (c.cuq[b + 1] - c.cuq[b] > c.sq) c.sq = c.cuq[b + 1] - c.cuq[b];
+                if (c.cuk[b + 1] - c.cuk[b] > c.sk) c.sk = c.cuk[b + 1] - c.cuk[b];
+            }
+        }
+        run_case(&rng, &c);
+    }
+    return tu_finish("test_cpu_determinism");
+}
