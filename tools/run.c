@@ -135,6 +135,7 @@ int fattn_cmd_run(int argc, char **argv) {
         printf("  %-18s %.1f GFLOP/s\n", "throughput", rate * 1e-9);
     printf("  %-18s %.2e (%d sampled rows vs FP64)\n", "rel. Frobenius err", rel, samples);
     printf("  %-18s %.2e\n", "max abs err", maxabs);
+    printf("  %-18s %.1f MiB (whole process, host)\n", "peak memory", tool_peak_rss_mib());
 
     tool_problem_free(ctx, &tp);
     fattn_ctx_free(ctx);
