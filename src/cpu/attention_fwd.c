@@ -1,7 +1,7 @@
 /* attention_fwd.c - CPU forward attention (DESIGN.md §1, tiled).
  *
- * Work is split into tasks (batch entry, query head, block of FATTN_CPU_BM
- * query rows).  A task loads its query block (times softmax_scale) to f32,
+ * Work is split into tasks (batch entry, query head, block of 64..256 query
+ * rows).  A task loads its query block (times softmax_scale) to f32,
  * then streams the visible keys in blocks of FATTN_CPU_BN: K^T and V of the
  * block are converted to f32 scratch, S = Q K^T by the register-blocked GEMM,
  * the running max / sum / output are updated, O += P V by the same GEMM.
@@ -18,6 +18,8 @@
 #include "cpu/threads.h"
 #include "internal.h"
 
+#define FATTN_CPU_FWD_BM_MAX 256
+
 typedef struct fwd_job {
     const fattn_fwd_args *a;
     fattn_tasks tasks;
@@ -26,6 +28,7 @@ typedef struct fwd_job {
     int64_t d, dv, dp, dvp; /* head dims and their padded widths */
     int64_t rows_q, rows_k; /* tensor rows per batch entry (e4m3 scale layout) */
     int64_t group;          /* heads_q / heads_kv */
+    int64_t bm;             /* query rows per task (64..FATTN_CPU_FWD_BM_MAX) */
     size_t scratch_floats;
     float *scratch;         /* per worker */
 } fwd_job;
@@ -43,7 +46,7 @@ typedef struct fwd_scratch {
 } fwd_scratch;
 
 static size_t fwd_scratch_layout(const fwd_job *j, float *base, fwd_scratch *s) {
-    const int64_t BM = FATTN_CPU_BM, BN = FATTN_CPU_BN;
+    const int64_t BM = j->bm, BN = FATTN_CPU_BN;
     size_t off = 0;
 #define TAKE(field, n)                                   \
     do {                                                 \
@@ -66,7 +69,7 @@ static void fwd_task(void *arg, int64_t task, int worker) {
     const fwd_job *j = (const fwd_job *)arg;
     const fattn_fwd_args *a = j->a;
     const fattn_problem *p = &a->p;
-    const int64_t BM = FATTN_CPU_BM, BN = FATTN_CPU_BN;
+    const int64_t BM = j->bm, BN = FATTN_CPU_BN;
     const int64_t d = j->d, dv = j->dv, dp = j->dp, dvp = j->dvp;
     fwd_scratch w;
     fwd_scratch_layout(j, j->scratch + (size_t)worker * j->scratch_floats, &w);
@@ -195,10 +198,20 @@ fattn_status fattn_cpu_fwd(fattn_ctx *ctx, const fattn_fwd_args *a) {
         j.lut = lut;
     }
 
-    if (fattn_tasks_init(&j.tasks, p, p->heads_q, 1, FATTN_CPU_BM) != 0)
-        return fattn_fail(ctx, FATTN_ERROR_OUT_OF_MEMORY, "cpu fwd: out of memory (task list)");
-    const int64_t ntasks = fattn_tasks_count(&j.tasks);
+    /* Query rows per task: as many as keep >= 4 tasks per worker (each task
+     * streams all visible K/V once, so taller blocks mean less K/V traffic).
+     * Every row's arithmetic is independent of the block height, so this
+     * choice (which depends on the thread count) never changes results. */
     int nthreads = fattn_cpu_thread_count(ctx ? ctx->threads : 0);
+    j.bm = FATTN_CPU_FWD_BM_MAX;
+    for (;;) {
+        if (fattn_tasks_init(&j.tasks, p, p->heads_q, 1, j.bm) != 0)
+            return fattn_fail(ctx, FATTN_ERROR_OUT_OF_MEMORY, "cpu fwd: out of memory (task list)");
+        if (j.bm <= FATTN_CPU_BM || fattn_tasks_count(&j.tasks) >= 4 * (int64_t)nthreads) break;
+        fattn_tasks_free(&j.tasks);
+        j.bm /= 2;
+    }
+    const int64_t ntasks = fattn_tasks_count(&j.tasks);
     if ((int64_t)nthreads > ntasks) nthreads = ntasks > 0 ? (int)ntasks : 1;
 
     j.scratch_floats = fwd_scratch_layout(&j, NULL, NULL);
