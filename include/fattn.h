@@ -125,6 +125,23 @@ FATTN_API fattn_status fattn_ctx_set_stream(fattn_ctx *ctx, void *stream);
  * default).  CUDA contexts: ignored, returns FATTN_OK. */
 FATTN_API fattn_status fattn_ctx_set_threads(fattn_ctx *ctx, int threads);
 
+/* EXPERIMENTAL: kernel knobs for experiments such as the paper's ablation.
+ * Values are 0 (default) or 1.  Knobs a backend does not use are accepted and
+ * ignored.  May change between releases. */
+typedef enum fattn_option {
+    /* CUDA forward: turn off the intra-warpgroup overlap of softmax with the
+     * GEMMs (bf16, non-causal kernels; others always run the full design). */
+    FATTN_OPTION_DISABLE_OVERLAP = 0,
+    /* CUDA forward: turn off pingpong scheduling of the consumer warpgroups
+     * (bf16, non-causal kernels). */
+    FATTN_OPTION_DISABLE_PINGPONG = 1,
+    FATTN_OPTION_COUNT_ = 2
+} fattn_option;
+
+/* Set an experimental option; INVALID_ARGUMENT for an unknown option or a
+ * value other than 0 or 1. */
+FATTN_API fattn_status fattn_ctx_set_option(fattn_ctx *ctx, fattn_option option, int value);
+
 /* Detail of the last failure on `ctx` (or, for ctx NULL, of the last failed
  * fattn_ctx_create on this thread).  "" when the last call succeeded.
  * Valid until the next call on the same context. */

@@ -16,6 +16,7 @@ struct fattn_ctx {
     void *stream;          /* cudaStream_t */
     int threads;           /* CPU worker threads, 0 = all online CPUs */
     void *cuda;            /* engine state owned by src/cuda (NULL on CPU) */
+    int options[FATTN_OPTION_COUNT_]; /* fattn_ctx_set_option, 0 = default */
     char err[FATTN_ERRMSG_LEN];
 };
 

@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Side-by-side forward benchmark: fattn vs torch SDPA (cuDNN and FlashAttention-2
+backends), measured in one process on the same inputs (DESIGN.md §7).
+
+    python3 bench/compare.py [--dtypes bf16,fp16] [--head-dims 64,128,256]
+        [--seqlens 512,...,16384] [--causal both|0|1] [--iters 30]
+        [--json out.json] [--png out.png] [--ablation]
+
+FLOPs = 4 * batch * heads * seqlen^2 * head_dim (halved for causal);
+TFLOPs/s = FLOPs / median kernel time (CUDA events around each call).
+16k tokens in total (batch = 16384 / seqlen), hidden 2048 (heads = 2048 / d),
+so every input tensor is 64 MiB, larger than the 60 MB L2.
+--ablation runs the paper's setting (batch 4, seqlen 8448, 16 heads, d 128,
+bf16, non-causal) with the overlap and/or pingpong turned off.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import fattn  # noqa: E402
+
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+
+def time_fn(fn, iters, warmup=5):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for i in range(iters):
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e-3
+
+
+def flops(b, h, sq, sk, d, causal):
+    f = 4.0 * b * h * sq * sk * d
+    return f / 2 if causal and sq == sk else f
+
+
+def bench_case(ctx, dtype, b, s, h, d, causal, iters, peers=True):
+    g = torch.Generator(device="cuda").manual_seed(1234 + s + d)
+    q = torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g)
+    k = torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g)
+    v = torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g)
+    o = torch.empty_like(q)
+    lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
+    ctx.set_stream(torch.cuda.current_stream().cuda_stream)
+    args = ctx.fwd_args(q, k, v, o, lse, causal)
+    fl = flops(b, h, s, s, d, causal)
+    res = {"dtype": str(dtype).split(".")[-1], "batch": b, "seqlen": s, "heads": h, "head_dim": d,
+           "causal": bool(causal)}
+    res["fattn"] = fl / time_fn(lambda: ctx.fwd_raw(args), iters) / 1e12
+    if peers:
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # [b, h, s, d] views, as SDPA takes them
+        for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
+            try:
+                with sdpa_kernel([be]):
+                    fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))  # noqa: E731
+                    fn()
+                    res[name] = fl / time_fn(fn, iters) / 1e12
+            except Exception as e:  # a backend that cannot run this shape
+                res[name] = None
+                res[name + "_error"] = str(e).splitlines()[0][:120]
+    del q, k, v, o, lse
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dtypes", default="bf16,fp16")
+    ap.add_argument("--head-dims", default="64,128,256")
+    ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
+    ap.add_argument("--causal", default="both", choices=["both", "0", "1"])
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--json")
+    ap.add_argument("--png")
+    ap.add_argument("--ablation", action="store_true")
+    a = ap.parse_args()
+    dts = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    ctx = fattn.Context(fattn.BACKEND_CUDA, 0)
+    print("device: %s, torch %s, cuDNN %s, fattn %s" % (torch.cuda.get_device_name(), torch.__version__,
+                                                        torch.backends.cudnn.version(), fattn.__version__))
+    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "cudnn": torch.backends.cudnn.version(), "results": [], "ablation": []}
+
+    if a.ablation:
+        print("\nablation: batch 4, seqlen 8448, 16 heads, head dim 128, bf16, non-causal (TFLOPs/s)")
+        for name, ov, pp in (("overlap off, pingpong off", 0, 0), ("pingpong only", 0, 1),
+                             ("overlap only", 1, 0), ("full design", 1, 1)):
+            ctx.set_option(fattn.OPTION_DISABLE_OVERLAP, 1 - ov)
+            ctx.set_option(fattn.OPTION_DISABLE_PINGPONG, 1 - pp)
+            r = bench_case(ctx, torch.bfloat16, 4, 8448, 16, 128, False, a.iters, peers=(ov and pp))
+            r["variant"] = name
+            out["ablation"].append(r)
+            extra = "" if r.get("cudnn") is None else "   cuDNN %.0f  FA2 %.0f" % (r["cudnn"], r["fa2"] or 0)
+            print("  %-28s %6.0f%s" % (name, r["fattn"], extra), flush=True)
+        ctx.set_option(fattn.OPTION_DISABLE_OVERLAP, 0)
+        ctx.set_option(fattn.OPTION_DISABLE_PINGPONG, 0)
+
+    causals = [False, True] if a.causal == "both" else [a.causal == "1"]
+    hdr = "%-5s %4s %-6s %6s | %7s %7s %7s | %8s %8s" % ("dtype", "d", "mask", "seqlen", "fattn", "cuDNN", "FA2",
+                                                        "x cuDNN", "x FA2")
+    print("\n" + hdr + "\n" + "-" * len(hdr))
+    for dn in a.dtypes.split(","):
+        for d in [int(x) for x in a.head_dims.split(",")]:
+            for causal in causals:
+                for s in [int(x) for x in a.seqlens.split(",")]:
+                    b, h = max(1, a.tokens // s), a.hidden // d
+                    r = bench_case(ctx, dts[dn], b, s, h, d, causal, a.iters)
+                    out["results"].append(r)
+                    rc = r["fattn"] / r["cudnn"] if r.get("cudnn") else float("nan")
+                    rf = r["fattn"] / r["fa2"] if r.get("fa2") else float("nan")
+                    print("%-5s %4d %-6s %6d | %7.1f %7s %7s | %8.3f %8.3f" % (
+                        dn, d, "causal" if causal else "none", s, r["fattn"],
+                        "%.1f" % r["cudnn"] if r.get("cudnn") else "n/a",
+                        "%.1f" % r["fa2"] if r.get("fa2") else "n/a", rc, rf), flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+    if a.png and out["results"]:
+        plot(out["results"], a.png)
+
+
+def plot(results, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    dims = sorted({r["head_dim"] for r in results})
+    masks = sorted({r["causal"] for r in results})
+    dtypes = sorted({r["dtype"] for r in results})
+    fig, axes = plt.subplots(len(masks) * len(dtypes), len(dims), figsize=(5 * len(dims), 3.6 * len(masks) * len(dtypes)),
+                             squeeze=False)
+    for i, (dt, m) in enumerate([(dt, m) for dt in dtypes for m in masks]):
+        for j, d in enumerate(dims):
+            ax = axes[i][j]
+            rs = sorted([r for r in results if r["dtype"] == dt and r["causal"] == m and r["head_dim"] == d],
+                        key=lambda r: r["seqlen"])
+            xs = [r["seqlen"] for r in rs]
+            for key, label in (("fattn", "fattn"), ("cudnn", "cuDNN (torch SDPA)"), ("fa2", "FA2 (torch SDPA)")):
+                ys = [r.get(key) or float("nan") for r in rs]
+                ax.plot(xs, ys, marker="o", label=label)
+            ax.set_xscale("log", base=2)
+            ax.set_title("%s, head dim %d, %s" % (dt, d, "causal" if m else "non-causal"))
+            ax.set_xlabel("seqlen")
+            ax.set_ylabel("TFLOPs/s")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+if __name__ == "__main__":
+    main()

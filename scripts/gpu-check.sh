@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# gpu-check.sh LOGDIR [quick|full]
+# On a machine with a Hopper GPU: build what is missing, check the kernels'
+# resources and SASS, run the GPU tests, compute-sanitizer on small shapes, and
+# the side-by-side benchmark.  Logs land in LOGDIR (at most 8 files).
+set -u
+LOG=${1:?usage: scripts/gpu-check.sh LOGDIR [quick|full]}
+MODE=${2:-full}
+mkdir -p "$LOG"
+cd "$(dirname "$0")/.."
+BUILD=${FATTN_GPU_BUILD:-build-gpu}
+step() { echo "== $* ($(date +%T))" | tee -a "$LOG/summary.txt"; }
+
+step build
+{ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release && cmake --build "$BUILD" -j"$(nproc)"; } >"$LOG/build.log" 2>&1 \
+  || { tail -40 "$LOG/build.log"; echo "BUILD FAILED" | tee -a "$LOG/summary.txt"; exit 1; }
+
+step "resources (ptxas) and SASS"
+{
+  for f in src/cuda/hopper/fwd_sm90_hdim*.cu; do
+    nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 --use_fast_math -Iinclude -Isrc \
+      -Xptxas=-v,--warn-on-spills -c "$f" -o /dev/null 2>&1 | grep -E "Used|spill|warn" | sort | uniq -c
+  done
+  echo "SASS instruction counts in libfattn:"
+  cuobjdump -sass "$BUILD/libfattn.so" | grep -oE "HGMMA\.[0-9x]+\.F32(\.BF16)?|UTMALDG\.[0-9]D|USETMAXREG\.[A-Z.]+" | sort | uniq -c
+} >"$LOG/sass.txt" 2>&1
+cat "$LOG/sass.txt" | tail -12
+
+step "GPU tests"
+( cd "$BUILD" && timeout 900 ctest -L gpu --output-on-failure ) >"$LOG/tests.log" 2>&1
+rc=$?; grep -E "tests passed|Passed|Failed|FAIL|Skipped|\*\*\*" "$LOG/tests.log" | tail -25
+echo "ctest gpu rc=$rc" | tee -a "$LOG/summary.txt"
+
+step "compute-sanitizer (small shapes)"
+{
+  for tool in memcheck racecheck synccheck; do
+    echo "--- $tool"
+    FATTN_TEST_SMALL=1 timeout 600 compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/tests/gpu_test_fwd" 2>&1 | tail -6
+    echo "$tool rc=${PIPESTATUS[0]}"
+  done
+  if [ -x "$BUILD/tests/gpu_test_primitives" ]; then
+    echo "--- racecheck primitives"
+    timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 "$BUILD/tests/gpu_test_primitives" 2>&1 | tail -4
+  fi
+} >"$LOG/sanitizer.log" 2>&1
+grep -E "rc=|ERROR SUMMARY" "$LOG/sanitizer.log" | tee -a "$LOG/summary.txt"
+
+step benchmark
+export PYTHONUNBUFFERED=1 FATTN_LIBRARY="$PWD/$BUILD/libfattn.so"
+if [ "$MODE" = quick ]; then
+  timeout 500 python3 bench/compare.py --dtypes bf16 --seqlens 1024,4096,8192 --iters 15 --ablation \
+    --json "$LOG/compare.json" --png "$LOG/compare.png" >"$LOG/compare.log" 2>&1
+else
+  timeout 900 python3 bench/compare.py --ablation --json "$LOG/compare.json" --png "$LOG/compare.png" >"$LOG/compare.log" 2>&1
+fi
+echo "compare rc=$?" | tee -a "$LOG/summary.txt"
+cat "$LOG/compare.log"

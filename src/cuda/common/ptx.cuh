@@ -1,0 +1,100 @@
+/* ptx.cuh - the Hopper instructions <cuda/ptx> does not wrap, each a few
+ * lines of inline PTX (see ../shared/HOPPER-PTX.md for the sources), plus thin
+ * named helpers over <cuda/ptx> for TMA and mbarriers so kernel code reads as
+ * a sequence of tile operations. */
+#pragma once
+#include <stdint.h>
+#include <cuda.h>
+#include <cuda/ptx>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "wgmma_gen.cuh"
+
+namespace ptx = cuda::ptx;
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* ---- register reallocation (setmaxnreg) --------------------------------- */
+template <int N> __device__ __forceinline__ void regs_dealloc() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N> __device__ __forceinline__ void regs_alloc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+/* ---- named barriers (bar.sync / bar.arrive) ----------------------------- */
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+/* ---- wgmma bookkeeping --------------------------------------------------- */
+/* wgmma.fence: order register accesses to accumulators / A fragments before a
+ * following wgmma that uses them. */
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* Compiler-level fence on an accumulator array: keeps the compiler from
+ * moving reads/writes of these registers across an async wgmma window. */
+template <int N> __device__ __forceinline__ void reg_fence(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int N> __device__ __forceinline__ void reg_fence(uint32_t (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
+
+/* Shared-memory matrix descriptor, 128-byte swizzle (HOPPER-PTX §2).
+ * lbo/sbo in bytes.  Tiles must sit on 1024-byte boundaries (base offset 0). */
+__device__ __forceinline__ uint64_t smem_desc_sw128(const void *p, uint32_t lbo, uint32_t sbo) {
+    uint64_t d = 0;
+    d |= (uint64_t)((smem_u32(p) & 0x3FFFF) >> 4);
+    d |= (uint64_t)((lbo >> 4) & 0x3FFF) << 16;
+    d |= (uint64_t)((sbo >> 4) & 0x3FFF) << 32;
+    d |= (uint64_t)1 << 62; /* 128B swizzle */
+    return d;
+}
+/* Advance a descriptor's start address by `bytes` (multiple of 16). */
+__device__ __forceinline__ uint64_t desc_add(uint64_t d, uint32_t bytes) { return d + (uint64_t)(bytes >> 4); }
+
+/* ---- mbarriers (via <cuda/ptx>) ------------------------------------------ */
+__device__ __forceinline__ void mbar_init(uint64_t *bar, uint32_t count) { ptx::mbarrier_init(bar, count); }
+__device__ __forceinline__ void mbar_expect_tx_arrive(uint64_t *bar, uint32_t bytes) {
+    (void)ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, bar, bytes);
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) { (void)ptx::mbarrier_arrive(bar); }
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
+    while (!ptx::mbarrier_try_wait_parity(bar, parity)) {
+    }
+}
+
+/* ---- TMA (via <cuda/ptx>) ------------------------------------------------ */
+/* 4-D tiled load [d, seq, head, batch] -> shared, completing on `bar`. */
+__device__ __forceinline__ void tma_load_4d(void *dst, const CUtensorMap *map, int c0, int c1, int c2, int c3,
+                                            uint64_t *bar) {
+    const int32_t coords[4] = {c0, c1, c2, c3};
+    ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, dst, map, coords, bar);
+}
+__device__ __forceinline__ void tma_prefetch_desc(const CUtensorMap *map) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
+}
+/* Make generic-proxy shared-memory writes visible to the async proxy
+ * (wgmma operand reads, TMA stores). */
+__device__ __forceinline__ void fence_async_shared() { ptx::fence_proxy_async(ptx::space_shared); }
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}

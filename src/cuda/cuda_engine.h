@@ -1,0 +1,26 @@
+/* cuda_engine.h - what the CUDA engine's host files share. */
+#pragma once
+#include <cuda.h>
+#include <stdlib.h>
+
+#include "../internal.h"
+
+struct fattn_cuda_state {
+    int num_sms;
+    void *encode_tiled; /* PFN_cuTensorMapEncodeTiled, from the driver */
+};
+
+fattn_status cuda_check_device_ptr(fattn_ctx *ctx, const void *ptr, const char *name);
+fattn_status cuda_make_tensor_map(fattn_ctx *ctx, CUtensorMap *map, const fattn_tensor *t, int64_t dim, int64_t seq,
+                                  int64_t heads, int64_t batch, int box_rows, const char *name);
+
+/* Hopper 16-bit forward: picks the kernel instance for the problem. */
+fattn_status fwd_sm90_launch(fattn_ctx *ctx, const fattn_fwd_args *a);
+
+/* Kernel variant knobs (the paper's ablation), from fattn_ctx_set_option. */
+struct fwd_variant {
+    bool bf16, causal, overlap, pingpong;
+};
+fattn_status fwd_sm90_hdim64(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_variant v);
+fattn_status fwd_sm90_hdim128(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_variant v);
+fattn_status fwd_sm90_hdim256(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_variant v);

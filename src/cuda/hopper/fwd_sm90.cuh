@@ -1,0 +1,395 @@
+/* fwd_sm90.cuh - Hopper (sm_90a) 16-bit attention forward, FlashAttention-3 style.
+ *
+ * One persistent CTA per SM.  Warpgroup 0 is the producer: it gives registers
+ * away and one thread issues TMA loads of the Q tile and of K and V tiles into
+ * a STAGES-deep ring, each stage guarded by full/empty mbarriers.  Warpgroups
+ * 1..NC are consumers, each owning 64 query rows of the BM = 64*NC row tile:
+ *   S = Q K^T        wgmma, both operands in shared memory (SS)
+ *   online softmax   registers, exp2 with scale*log2(e) folded in
+ *   O += P V         wgmma with P from registers (RS), V MN-major (trans-b)
+ * OVERLAP (paper §3.2, intra-warpgroup): S_{j} = Q K_j^T is issued together
+ *   with O += P_{j-1} V_{j-1}; the softmax of block j runs while the PV GEMM
+ *   is still in flight.
+ * PINGPONG (paper §3.1, inter-warpgroup): consumers take turns issuing their
+ *   GEMMs, ordered by named barriers, so one warpgroup's softmax hides under
+ *   the other's GEMMs.
+ * Key blocks are visited from the last to the first, so the blocks that need
+ * a mask (seqlen_k tail, causal diagonal) come first and the rest run unmasked.
+ *
+ * Shared tiles use the 128-byte swizzle: a head_dim-D tile is D/64 "slabs" of
+ * rows x 64 elements (128 bytes per row), each written by one TMA box.
+ */
+#pragma once
+#include <math.h>
+#include <stdint.h>
+
+#include "../common/ptx.cuh"
+
+struct FwdParams {
+    void *o;
+    float *lse;
+    int64_t o_sb, o_ss, o_sh; /* O strides, elements */
+    int batch, heads_q, heads_kv, group; /* group = heads_q / heads_kv */
+    int seqlen_q, seqlen_k;
+    int causal_offset; /* seqlen_k - seqlen_q */
+    int num_m_blocks, num_tiles;
+    float softmax_scale, scale_log2;
+};
+
+template <int D_, int BN_, int NC_, int STAGES_, bool CAUSAL_, bool BF16_, bool OVERLAP_, bool PINGPONG_>
+struct FwdCfg {
+    static constexpr int D = D_, BN = BN_, NC = NC_, STAGES = STAGES_;
+    static constexpr bool CAUSAL = CAUSAL_, BF16 = BF16_, OVERLAP = OVERLAP_, PINGPONG = PINGPONG_ && NC_ > 1;
+    static constexpr int BM = 64 * NC;
+    static constexpr int THREADS = 128 * (NC + 1);
+    static constexpr int SLABS = D / 64;
+    static constexpr int Q_BYTES = BM * D * 2;
+    static constexpr int KV_BYTES = BN * D * 2;
+    /* Shared layout (offsets from a 1024-aligned base). */
+    static constexpr int OFF_Q = 0;
+    static constexpr int OFF_K = OFF_Q + Q_BYTES;
+    static constexpr int OFF_V = OFF_K + STAGES * KV_BYTES;
+    static constexpr int OFF_BAR = OFF_V + STAGES * KV_BYTES;
+    static constexpr int NUM_BARS = 4 * STAGES + 2;
+    static constexpr int SMEM_BYTES = OFF_BAR + NUM_BARS * 8 + 1024; /* + alignment slack */
+    /* Registers per thread after setmaxnreg (FA3's split, HOPPER-PTX §6). */
+    static constexpr int REGS_PRODUCER = NC == 2 ? 24 : 32;
+    static constexpr int REGS_CONSUMER = NC == 2 ? 240 : 160;
+    static_assert(D % 64 == 0 && BN % 16 == 0 && BN <= 256 && D <= 256, "tile shape");
+    static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
+};
+
+/* Tile t -> (m_block, head, batch).  Non-causal: m fastest, so the CTAs in
+ * flight share the K/V of one or two heads in L2.  Causal: longest rows
+ * (largest m) first, so the tail of the persistent schedule is short tiles. */
+template <bool CAUSAL>
+__device__ __forceinline__ void fwd_tile_decode(const FwdParams &p, int t, int &m, int &h, int &b) {
+    int bh;
+    if (CAUSAL) {
+        int nbh = p.batch * p.heads_q;
+        m = p.num_m_blocks - 1 - t / nbh;
+        bh = t % nbh;
+    } else {
+        m = t % p.num_m_blocks;
+        bh = t / p.num_m_blocks;
+    }
+    h = bh % p.heads_q;
+    b = bh / p.heads_q;
+}
+
+/* Number of key blocks tile m must visit (0 when every row is masked). */
+template <class C>
+__device__ __forceinline__ int fwd_num_n_blocks(const FwdParams &p, int m) {
+    int n = (p.seqlen_k + C::BN - 1) / C::BN;
+    if (C::CAUSAL) {
+        /* last visible key of the tile's last row: (m+1)*BM - 1 + offset */
+        int last = (m + 1) * C::BM - 1 + p.causal_offset;
+        int nc = last < 0 ? 0 : last / C::BN + 1;
+        n = nc < n ? nc : n;
+    }
+    return n;
+}
+
+template <class C>
+__global__ void __launch_bounds__(C::THREADS, 1)
+    fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                    const __grid_constant__ CUtensorMap tm_v, const FwdParams p) {
+    constexpr int D = C::D, BN = C::BN, BM = C::BM, NC = C::NC, STAGES = C::STAGES;
+    using WG = wgmma_op<BN, C::BF16>;  /* S = Q K^T: m64 n=BN k16 */
+    using WGO = wgmma_op<D, C::BF16>;  /* O += P V:  m64 n=D  k16 */
+
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *sQ = smem + C::OFF_Q;
+    uint8_t *sK = smem + C::OFF_K;
+    uint8_t *sV = smem + C::OFF_V;
+    uint64_t *bars = (uint64_t *)(smem + C::OFF_BAR);
+    uint64_t *full_k = bars, *empty_k = bars + STAGES, *full_v = bars + 2 * STAGES, *empty_v = bars + 3 * STAGES;
+    uint64_t *full_q = bars + 4 * STAGES, *empty_q = full_q + 1;
+
+    const int warpgroup = threadIdx.x / 128;
+    const int tid = threadIdx.x % 128;
+    const int warp = tid / 32, lane = tid % 32;
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(&full_k[s], 1);
+            mbar_init(&full_v[s], 1);
+            /* one arrival per consumer warp, after its wgmma reads are waited for */
+            mbar_init(&empty_k[s], 4 * NC);
+            mbar_init(&empty_v[s], 4 * NC);
+        }
+        mbar_init(full_q, 1);
+        mbar_init(empty_q, 4 * NC);
+        ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        /* ------------------------------ producer ------------------------------ */
+        regs_dealloc<C::REGS_PRODUCER>();
+        if (warp != 0 || lane != 0) return;
+        tma_prefetch_desc(&tm_q);
+        tma_prefetch_desc(&tm_k);
+        tma_prefetch_desc(&tm_v);
+        int it = 0, q_iter = 0;
+        for (int t = blockIdx.x; t < p.num_tiles; t += gridDim.x) {
+            int m, h, b;
+            fwd_tile_decode<C::CAUSAL>(p, t, m, h, b);
+            const int nblocks = fwd_num_n_blocks<C>(p, m);
+            if (nblocks == 0) continue;
+            const int hk = h / p.group;
+            if (q_iter > 0) mbar_wait(empty_q, (q_iter - 1) & 1);
+            mbar_expect_tx_arrive(full_q, C::Q_BYTES);
+            for (int c = 0; c < C::SLABS; ++c)
+                tma_load_4d(sQ + c * BM * 128, &tm_q, c * 64, m * BM, h, b, full_q);
+            ++q_iter;
+            for (int n = nblocks - 1; n >= 0; --n, ++it) {
+                const int s = it % STAGES;
+                const uint32_t ph = (it / STAGES) & 1;
+                mbar_wait(&empty_k[s], ph ^ 1);
+                mbar_expect_tx_arrive(&full_k[s], C::KV_BYTES);
+                for (int c = 0; c < C::SLABS; ++c)
+                    tma_load_4d(sK + s * C::KV_BYTES + c * BN * 128, &tm_k, c * 64, n * BN, hk, b, &full_k[s]);
+                mbar_wait(&empty_v[s], ph ^ 1);
+                mbar_expect_tx_arrive(&full_v[s], C::KV_BYTES);
+                for (int c = 0; c < C::SLABS; ++c)
+                    tma_load_4d(sV + s * C::KV_BYTES + c * BN * 128, &tm_v, c * 64, n * BN, hk, b, &full_v[s]);
+            }
+        }
+        return;
+    }
+
+    /* ------------------------------ consumers ------------------------------ */
+    regs_alloc<C::REGS_CONSUMER>();
+    const int wg = warpgroup - 1;
+    const int r0 = 16 * warp + lane / 4; /* accumulator rows r0 and r0 + 8 (HOPPER-PTX §3) */
+    const int q4 = lane % 4;
+    const float c2 = p.scale_log2;
+    const int bar_self = 8 + wg, bar_next = 8 + (wg + 1) % NC;
+
+    float sacc[BN / 2];
+    float oacc[D / 2];
+    uint32_t pfrag[BN / 16][4];
+
+    int it = 0, q_iter = 0;
+    for (int t = blockIdx.x; t < p.num_tiles; t += gridDim.x) {
+        int m, h, b;
+        fwd_tile_decode<C::CAUSAL>(p, t, m, h, b);
+        const int nblocks = fwd_num_n_blocks<C>(p, m);
+        const int row_base = m * BM + wg * 64; /* first query row of this warpgroup */
+
+        if (nblocks > 0) {
+            float row_max[2] = {-INFINITY, -INFINITY};
+            float row_sum[2] = {0.f, 0.f};
+            mbar_wait(full_q, q_iter & 1);
+            ++q_iter;
+
+            const uint64_t desc_q = smem_desc_sw128(sQ + wg * 64 * 128, 16, 1024);
+
+            /* S = Q K_n^T into sacc (issue only). */
+            auto issue_qk = [&](int s) {
+                const uint64_t desc_k = smem_desc_sw128(sK + s * C::KV_BYTES, 16, 1024);
+#pragma unroll
+                for (int kk = 0; kk < D / 16; ++kk) {
+                    const uint32_t off_q = (kk / 4) * BM * 128 + (kk % 4) * 32;
+                    const uint32_t off_k = (kk / 4) * BN * 128 + (kk % 4) * 32;
+                    WG::ss(sacc, desc_add(desc_q, off_q), desc_add(desc_k, off_k), kk > 0);
+                }
+            };
+            /* O += P V_s (issue only). */
+            auto issue_pv = [&](int s, int accumulate) {
+                const uint64_t desc_v = smem_desc_sw128(sV + s * C::KV_BYTES, BN * 128, 1024);
+#pragma unroll
+                for (int ks = 0; ks < BN / 16; ++ks)
+                    WGO::rs(oacc, pfrag[ks], desc_add(desc_v, ks * 2048), accumulate || ks > 0);
+            };
+            auto release = [&](uint64_t *bar) {
+                __syncwarp();
+                if (lane == 0) mbar_arrive(bar);
+            };
+            /* Mask, new running max, p = exp2(s*c - m*c) in place, partial row
+             * sums; returns the factor the old O and l must be scaled by. */
+            auto softmax_step = [&](int n, float (&alpha)[2]) {
+                const int col0 = n * BN;
+                const bool need_mask =
+                    col0 + BN > p.seqlen_k || (C::CAUSAL && col0 + BN - 1 > m * BM + p.causal_offset);
+                if (need_mask) {
+#pragma unroll
+                    for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const int col = col0 + 8 * i + 2 * q4 + (e & 1);
+                            const int row = row_base + r0 + (e >> 1) * 8;
+                            bool ok = col < p.seqlen_k;
+                            if (C::CAUSAL) ok = ok && col <= row + p.causal_offset;
+                            if (!ok) sacc[4 * i + e] = -INFINITY;
+                        }
+                }
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    float mx = row_max[r];
+#pragma unroll
+                    for (int i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(sacc[4 * i + 2 * r], sacc[4 * i + 2 * r + 1]));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+                    /* rows that have seen no key keep max -inf: use 0 so exp2 gives 0, not NaN */
+                    const float mscaled = mx == -INFINITY ? 0.f : mx * c2;
+                    alpha[r] = exp2f(row_max[r] * c2 - mscaled);
+                    row_max[r] = mx;
+                    float sum = 0.f;
+#pragma unroll
+                    for (int i = 0; i < BN / 8; ++i) {
+                        float a = exp2f(fmaf(sacc[4 * i + 2 * r], c2, -mscaled));
+                        float bb = exp2f(fmaf(sacc[4 * i + 2 * r + 1], c2, -mscaled));
+                        sacc[4 * i + 2 * r] = a;
+                        sacc[4 * i + 2 * r + 1] = bb;
+                        sum += a + bb;
+                    }
+                    row_sum[r] = row_sum[r] * alpha[r] + sum;
+                }
+            };
+            /* S accumulator -> bf16/f16 A fragments of the PV GEMM (HOPPER-PTX §3:
+             * the layouts coincide, no data movement across threads). */
+            auto convert_p = [&]() {
+#pragma unroll
+                for (int ks = 0; ks < BN / 16; ++ks)
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        const float lo = sacc[8 * ks + 2 * j], hi = sacc[8 * ks + 2 * j + 1];
+                        pfrag[ks][j] = C::BF16 ? pack_bf16x2(lo, hi) : pack_f16x2(lo, hi);
+                    }
+            };
+            auto rescale_o = [&](const float (&alpha)[2]) {
+#pragma unroll
+                for (int i = 0; i < D / 8; ++i) {
+                    oacc[4 * i + 0] *= alpha[0];
+                    oacc[4 * i + 1] *= alpha[0];
+                    oacc[4 * i + 2] *= alpha[1];
+                    oacc[4 * i + 3] *= alpha[1];
+                }
+            };
+            auto pp_sync = [&]() {
+                if (C::PINGPONG) named_bar_sync(bar_self, 256);
+            };
+            auto pp_arrive = [&](bool last) {
+                /* the last warpgroup skips its final hand-over: it was given
+                 * in advance by the tile's initial arrive below */
+                if (C::PINGPONG && !(last && wg == NC - 1)) named_bar_arrive(bar_next, 256);
+            };
+            if (C::PINGPONG && wg == NC - 1) named_bar_arrive(8, 256); /* warpgroup 0 goes first */
+
+            float alpha[2];
+            int n = nblocks - 1;
+            int s = it % STAGES;
+            uint32_t ph = (it / STAGES) & 1;
+            /* peeled first block: S, softmax (no PV yet) */
+            pp_sync();
+            mbar_wait(&full_k[s], ph);
+            wgmma_fence();
+            issue_qk(s);
+            wgmma_commit();
+            pp_arrive(false);
+            wgmma_wait<0>();
+            reg_fence(sacc);
+            release(&empty_k[s]);
+            if (n == 0) release(empty_q);
+            softmax_step(n, alpha);
+            convert_p();
+            int prev_s = s;
+            uint32_t prev_ph = ph;
+            bool first_pv = true;
+            ++it;
+
+            for (--n; n >= 0; --n, ++it) {
+                s = it % STAGES;
+                ph = (it / STAGES) & 1;
+                if (C::OVERLAP) {
+                    pp_sync();
+                    mbar_wait(&full_k[s], ph);
+                    wgmma_fence();
+                    issue_qk(s);
+                    wgmma_commit();
+                    mbar_wait(&full_v[prev_s], prev_ph);
+                    issue_pv(prev_s, !first_pv);
+                    wgmma_commit();
+                    pp_arrive(false);
+                    wgmma_wait<1>(); /* S done, PV may still run */
+                    reg_fence(sacc);
+                    release(&empty_k[s]);
+                    if (n == 0) release(empty_q);
+                    softmax_step(n, alpha); /* under the PV GEMM */
+                    wgmma_wait<0>();
+                    reg_fence(oacc);
+                    release(&empty_v[prev_s]);
+                    rescale_o(alpha);
+                    convert_p();
+                } else {
+                    /* PV of the previous block, then S of this one, each waited for */
+                    pp_sync();
+                    mbar_wait(&full_v[prev_s], prev_ph);
+                    wgmma_fence();
+                    issue_pv(prev_s, !first_pv);
+                    wgmma_commit();
+                    mbar_wait(&full_k[s], ph);
+                    issue_qk(s);
+                    wgmma_commit();
+                    pp_arrive(false);
+                    wgmma_wait<0>();
+                    reg_fence(sacc);
+                    reg_fence(oacc);
+                    release(&empty_v[prev_s]);
+                    release(&empty_k[s]);
+                    if (n == 0) release(empty_q);
+                    softmax_step(n, alpha);
+                    rescale_o(alpha);
+                    convert_p();
+                }
+                first_pv = false;
+                prev_s = s;
+                prev_ph = ph;
+            }
+            /* last PV */
+            pp_sync();
+            mbar_wait(&full_v[prev_s], prev_ph);
+            wgmma_fence();
+            issue_pv(prev_s, !first_pv);
+            wgmma_commit();
+            pp_arrive(true);
+            wgmma_wait<0>();
+            reg_fence(oacc);
+            release(&empty_v[prev_s]);
+
+            /* epilogue: O / l and LSE */
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                float l = row_sum[r];
+                l += __shfl_xor_sync(0xffffffff, l, 1);
+                l += __shfl_xor_sync(0xffffffff, l, 2);
+                const float inv = l > 0.f ? 1.f / l : 0.f;
+                const int row = row_base + r0 + 8 * r;
+                if (p.lse && q4 == 0 && row < p.seqlen_q)
+                    p.lse[((int64_t)b * p.heads_q + h) * p.seqlen_q + row] =
+                        l > 0.f ? row_max[r] * p.softmax_scale + logf(l) : -INFINITY;
+                if (row < p.seqlen_q) {
+                    uint8_t *orow = (uint8_t *)p.o + 2 * (b * p.o_sb + (int64_t)row * p.o_ss + h * p.o_sh);
+#pragma unroll
+                    for (int i = 0; i < D / 8; ++i) {
+                        const float lo = oacc[4 * i + 2 * r] * inv, hi = oacc[4 * i + 2 * r + 1] * inv;
+                        *(uint32_t *)(orow + 2 * (8 * i + 2 * q4)) = C::BF16 ? pack_bf16x2(lo, hi) : pack_f16x2(lo, hi);
+                    }
+                }
+            }
+        } else {
+            /* every row of this tile sees no key: O = 0, LSE = -inf */
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int row = row_base + r0 + 8 * r;
+                if (row >= p.seqlen_q) continue;
+                if (p.lse && q4 == 0) p.lse[((int64_t)b * p.heads_q + h) * p.seqlen_q + row] = -INFINITY;
+                uint8_t *orow = (uint8_t *)p.o + 2 * (b * p.o_sb + (int64_t)row * p.o_ss + h * p.o_sh);
+                for (int i = 0; i < D / 8; ++i) *(uint32_t *)(orow + 2 * (8 * i + 2 * q4)) = 0u;
+            }
+        }
+    }
+}

@@ -1,0 +1,24 @@
+/* fwd_sm90_dispatch.cu - choose the forward kernel instance for a problem. */
+#include <cuda_runtime.h>
+
+#include "../cuda_engine.h"
+
+fattn_status fwd_sm90_launch(fattn_ctx *ctx, const fattn_fwd_args *a) {
+    fwd_variant v;
+    v.bf16 = a->q.dtype == FATTN_DTYPE_BF16;
+    v.causal = a->p.causal != 0;
+    v.overlap = !ctx->options[FATTN_OPTION_DISABLE_OVERLAP];
+    v.pingpong = !ctx->options[FATTN_OPTION_DISABLE_PINGPONG];
+    int cur = -1;
+    if (cudaGetDevice(&cur) != cudaSuccess) return fattn_fail(ctx, FATTN_ERROR_CUDA, "cudaGetDevice failed");
+    if (cur != ctx->device && cudaSetDevice(ctx->device) != cudaSuccess)
+        return fattn_fail(ctx, FATTN_ERROR_CUDA, "cudaSetDevice(%d) failed", ctx->device);
+    fattn_status s;
+    switch (a->p.head_dim) {
+    case 64: s = fwd_sm90_hdim64(ctx, a, v); break;
+    case 128: s = fwd_sm90_hdim128(ctx, a, v); break;
+    default: s = fwd_sm90_hdim256(ctx, a, v); break;
+    }
+    if (cur != ctx->device) cudaSetDevice(cur);
+    return s;
+}

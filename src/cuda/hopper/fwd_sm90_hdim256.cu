@@ -1,0 +1,8 @@
+/* fwd_sm90_hdim256.cu - forward kernel instances for head dim 256 (one file per
+ * head dim so they compile in parallel).  Tile choices: docs/perf-notes.md. */
+#include "fwd_sm90_launch.cuh"
+
+fattn_status fwd_sm90_hdim256(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_variant v) {
+    /* D, BN (non-causal), BN (causal), consumer warpgroups, K/V stages */
+    FWD_SM90_DISPATCH(256, 80, 80, 2, 2)
+}

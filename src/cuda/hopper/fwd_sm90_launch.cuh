@@ -1,0 +1,61 @@
+/* fwd_sm90_launch.cuh - host side of one forward kernel instance: tensor
+ * maps, parameters, persistent grid, launch. */
+#pragma once
+#include <cuda_runtime.h>
+
+#include "../cuda_engine.h"
+#include "fwd_sm90.cuh"
+
+template <class C>
+fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
+    const fattn_problem *pr = &a->p;
+    CUtensorMap tq, tk, tv;
+    fattn_status s;
+    if ((s = cuda_make_tensor_map(ctx, &tq, &a->q, C::D, pr->seqlen_q, pr->heads_q, pr->batch, C::BM, "q")) != FATTN_OK)
+        return s;
+    if ((s = cuda_make_tensor_map(ctx, &tk, &a->k, C::D, pr->seqlen_k, pr->heads_kv, pr->batch, C::BN, "k")) != FATTN_OK)
+        return s;
+    if ((s = cuda_make_tensor_map(ctx, &tv, &a->v, C::D, pr->seqlen_k, pr->heads_kv, pr->batch, C::BN, "v")) != FATTN_OK)
+        return s;
+    FwdParams p;
+    p.o = a->o.data;
+    p.lse = a->lse;
+    p.o_sb = a->o.stride_batch;
+    p.o_ss = a->o.stride_seq;
+    p.o_sh = a->o.stride_head;
+    p.batch = pr->batch;
+    p.heads_q = pr->heads_q;
+    p.heads_kv = pr->heads_kv;
+    p.group = pr->heads_q / pr->heads_kv;
+    p.seqlen_q = pr->seqlen_q;
+    p.seqlen_k = pr->seqlen_k;
+    p.causal_offset = pr->seqlen_k - pr->seqlen_q;
+    p.num_m_blocks = (pr->seqlen_q + C::BM - 1) / C::BM;
+    p.num_tiles = p.num_m_blocks * pr->heads_q * pr->batch;
+    p.softmax_scale = pr->softmax_scale;
+    p.scale_log2 = pr->softmax_scale * 1.4426950408889634f;
+
+    const fattn_cuda_state *st = (const fattn_cuda_state *)ctx->cuda;
+    int grid = p.num_tiles < st->num_sms ? p.num_tiles : st->num_sms;
+    auto kern = fwd_sm90_kernel<C>;
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM_BYTES);
+    if (e != cudaSuccess) return fattn_fail(ctx, FATTN_ERROR_CUDA, "cudaFuncSetAttribute: %s", cudaGetErrorString(e));
+    kern<<<grid, C::THREADS, C::SMEM_BYTES, (cudaStream_t)ctx->stream>>>(tq, tk, tv, p);
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return fattn_fail(ctx, FATTN_ERROR_CUDA, "forward kernel launch: %s", cudaGetErrorString(e));
+    return FATTN_OK;
+}
+
+/* Instantiate and dispatch the variants of one head dim. */
+#define FWD_SM90_DISPATCH(D, BN, BN_CAUSAL, NC, STAGES)                                                        \
+    if (v.causal) {                                                                                            \
+        if (v.bf16) return fwd_sm90_run<FwdCfg<D, BN_CAUSAL, NC, STAGES, true, true, true, true>>(ctx, a);     \
+        return fwd_sm90_run<FwdCfg<D, BN_CAUSAL, NC, STAGES, true, false, true, true>>(ctx, a);                \
+    }                                                                                                          \
+    if (v.bf16) {                                                                                              \
+        if (v.overlap && v.pingpong) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, true, true>>(ctx, a); \
+        if (v.overlap) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, true, false>>(ctx, a);       \
+        if (v.pingpong) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, false, true>>(ctx, a);      \
+        return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, false, false>>(ctx, a);                     \
+    }                                                                                                          \
+    return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, false, true, true>>(ctx, a);

@@ -1,0 +1,13 @@
+/* options.c - experimental per-context knobs (fattn_ctx_set_option). */
+#include "internal.h"
+
+fattn_status fattn_ctx_set_option(fattn_ctx *ctx, fattn_option option, int value) {
+    if (!ctx) return fattn_fail(NULL, FATTN_ERROR_INVALID_ARGUMENT, "ctx is NULL");
+    ctx->err[0] = '\0';
+    if ((int)option < 0 || (int)option >= FATTN_OPTION_COUNT_)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "unknown option %d", (int)option);
+    if (value != 0 && value != 1)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "option %d: value %d must be 0 or 1", (int)option, value);
+    ctx->options[option] = value;
+    return FATTN_OK;
+}

@@ -1,0 +1,181 @@
+/* test_fwd.cu - the Hopper 16-bit forward against the FP64 oracle.
+ *
+ * Fresh random inputs every run (seed printed; FATTN_TEST_SEED reproduces),
+ * O and LSE poisoned with NaN bytes before each call, every element checked.
+ * The oracle runs on the exact 16-bit values the kernel sees, so the error
+ * measured is the kernel's own: fp32 accumulation, P rounded to 16 bits before
+ * the PV GEMM, and the final rounding of O.
+ *
+ * Tolerances (relative Frobenius error of O):
+ *   bf16: 1e-2.  One rounding of O to bf16 alone gives ~2^-9 / sqrt(3) ~ 1.1e-3
+ *         RMS relative; P in bf16 adds a comparable term; measured errors are
+ *         ~3-4e-3 and torch's cuDNN SDPA lands in the same place
+ *         (tests/gpu/test_vs_cudnn.py records both).  1e-2 is ~2.5x headroom
+ *         and still catches any layout/masking bug (those give errors > 0.1).
+ *   f16:  2e-3 (8x finer mantissa than bf16).
+ *   LSE:  max abs error 1e-3 (fp32 sums of exp2; the approximate ex2 has
+ *         ~2 ulp error; errors seen are ~1e-5, the bound catches mask bugs).
+ * Exit 77 (ctest: skipped) when no Hopper GPU is present. */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/oracle.h"
+#include "common/testutil.h"
+#include "fattn.h"
+
+#define CK(x)                                                                                     \
+    do {                                                                                          \
+        cudaError_t e_ = (x);                                                                     \
+        if (e_ != cudaSuccess) {                                                                  \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));   \
+            exit(1);                                                                              \
+        }                                                                                         \
+    } while (0)
+
+struct fwd_case {
+    int batch, sq, sk, hq, hkv, d, causal;
+    fattn_dtype dt;
+    tu_layout layout;
+};
+
+static int run_case(fattn_ctx *ctx, tu_rng *rng, const fwd_case &c) {
+    const int fails_before = tu_failures;
+    tu_tensor q, k, v, o;
+    tu_tensor_alloc(&q, c.dt, c.batch, c.sq, c.hq, c.d, c.layout, 1);
+    tu_tensor_alloc(&k, c.dt, c.batch, c.sk, c.hkv, c.d, c.layout, 1);
+    tu_tensor_alloc(&v, c.dt, c.batch, c.sk, c.hkv, c.d, c.layout, 1);
+    tu_tensor_alloc(&o, c.dt, c.batch, c.sq, c.hq, c.d, c.layout, 1);
+    double *hq = (double *)tu_malloc(q.count * 8), *hk = (double *)tu_malloc(k.count * 8);
+    double *hv = (double *)tu_malloc(v.count * 8), *ref = (double *)tu_malloc(o.count * 8);
+    double *got = (double *)tu_malloc(o.count * 8);
+    size_t nlse = (size_t)c.batch * c.hq * c.sq;
+    double *ref_lse = (double *)tu_malloc(nlse * 8);
+    float *lse = (float *)tu_malloc(nlse * 4);
+    tu_fill_normal(rng, hq, q.count);
+    tu_fill_normal(rng, hk, k.count);
+    tu_fill_normal(rng, hv, v.count);
+    tu_tensor_set(&q, hq, hq);
+    tu_tensor_set(&k, hk, hk);
+    tu_tensor_set(&v, hv, hv);
+
+    void *dq, *dk, *dv, *dout;
+    float *dlse;
+    CK(cudaMalloc(&dq, q.bytes));
+    CK(cudaMalloc(&dk, k.bytes));
+    CK(cudaMalloc(&dv, v.bytes));
+    CK(cudaMalloc(&dout, o.bytes));
+    CK(cudaMalloc(&dlse, nlse * 4));
+    CK(cudaMemcpy(dq, q.t.data, q.bytes, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dk, k.t.data, k.bytes, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dv, v.t.data, v.bytes, cudaMemcpyHostToDevice));
+    CK(cudaMemset(dout, 0xFF, o.bytes));
+    CK(cudaMemset(dlse, 0xFF, nlse * 4));
+
+    fattn_fwd_args a;
+    memset(&a, 0, sizeof a);
+    a.p.batch = c.batch;
+    a.p.seqlen_q = c.sq;
+    a.p.seqlen_k = c.sk;
+    a.p.heads_q = c.hq;
+    a.p.heads_kv = c.hkv;
+    a.p.head_dim = c.d;
+    a.p.causal = c.causal;
+    a.q = q.t; a.q.data = dq;
+    a.k = k.t; a.k.data = dk;
+    a.v = v.t; a.v.data = dv;
+    a.o = o.t; a.o.data = dout;
+    a.lse = dlse;
+    fattn_status st = fattn_fwd(ctx, &a);
+    if (st != FATTN_OK) {
+        fprintf(stderr, "fattn_fwd: %s: %s\n", fattn_status_string(st), fattn_last_error(ctx));
+        tu_failures++;
+    }
+    cudaError_t e = cudaDeviceSynchronize();
+    TU_CHECK(e == cudaSuccess, "kernel failed: %s", cudaGetErrorString(e));
+    if (e != cudaSuccess) exit(1);
+    CK(cudaMemcpy(o.t.data, dout, o.bytes, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(lse, dlse, nlse * 4, cudaMemcpyDeviceToHost));
+    tu_tensor_get(&o, got);
+
+    oracle_problem op;
+    memset(&op, 0, sizeof op);
+    op.batch = c.batch; op.seqlen_q = c.sq; op.seqlen_k = c.sk; op.heads_q = c.hq; op.heads_kv = c.hkv;
+    op.head_dim = c.d; op.head_dim_v = c.d; op.causal = c.causal;
+    oracle_fwd(&op, hq, hk, hv, ref, ref_lse);
+
+    const double tol = c.dt == FATTN_DTYPE_BF16 ? 1e-2 : 2e-3;
+    char what[256];
+    snprintf(what, sizeof what, "%s b%d sq%d sk%d h%d/%d d%d %s%s O rel err", fattn_dtype_name(c.dt), c.batch, c.sq,
+             c.sk, c.hq, c.hkv, c.d, c.causal ? "causal " : "", c.layout == TU_BHSD ? "BHSD" : "BSHD");
+    TU_CHECK(tu_count_nonfinite(got, o.count) == 0, "%s: %zu non-finite outputs", what, tu_count_nonfinite(got, o.count));
+    TU_EXPECT_LE(tu_rel_err(got, ref, o.count), tol, what);
+    double lse_err = 0;
+    size_t lse_bad = 0;
+    for (size_t i = 0; i < nlse; ++i) {
+        if (isinf(ref_lse[i])) {
+            if (!(isinf(lse[i]) && lse[i] < 0)) lse_bad++;
+        } else if (!isfinite(lse[i])) {
+            lse_bad++;
+        } else {
+            double d = fabs(lse[i] - ref_lse[i]);
+            if (d > lse_err) lse_err = d;
+        }
+    }
+    TU_CHECK(lse_bad == 0, "%s: %zu LSE entries wrong in kind (-inf / finite / NaN)", what, lse_bad);
+    snprintf(what + strlen(what) - strlen("O rel err"), 32, "LSE max abs err");
+    TU_EXPECT_LE(lse_err, 1e-3, what);
+
+    cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dout); cudaFree(dlse);
+    tu_tensor_free(&q); tu_tensor_free(&k); tu_tensor_free(&v); tu_tensor_free(&o);
+    free(hq); free(hk); free(hv); free(ref); free(got); free(ref_lse); free(lse);
+    return tu_failures == fails_before;
+}
+
+int main(void) {
+    fattn_ctx *ctx = NULL;
+    fattn_status st = fattn_ctx_create(&ctx, FATTN_BACKEND_CUDA, 0);
+    if (st == FATTN_ERROR_NO_DEVICE || st == FATTN_ERROR_UNSUPPORTED) {
+        printf("SKIP: no Hopper GPU (%s)\n", fattn_last_error(NULL));
+        return 77;
+    }
+    TU_EXPECT_OK(st);
+    if (st != FATTN_OK) return tu_finish("gpu fwd");
+    tu_rng rng;
+    tu_rng_init(&rng, (uint64_t)tu_seed());
+    const fattn_dtype B = FATTN_DTYPE_BF16, H = FATTN_DTYPE_F16;
+    const fwd_case cases[] = {
+        /* batch sq sk hq hkv d causal dtype layout */
+        {1, 1, 1, 1, 1, 64, 0, B, TU_BSHD},
+        {1, 17, 17, 2, 2, 128, 0, B, TU_BSHD},
+        {1, 17, 17, 2, 2, 128, 1, H, TU_BSHD},
+        {2, 128, 128, 2, 1, 64, 0, H, TU_BSHD},
+        {2, 128, 128, 2, 2, 256, 1, B, TU_BSHD},
+        {1, 1000, 1000, 2, 2, 64, 1, B, TU_BSHD},
+        {1, 1000, 1000, 2, 2, 128, 0, H, TU_BHSD},
+        {1, 1000, 1000, 1, 1, 256, 0, H, TU_BSHD},
+        {1, 1000, 1000, 2, 2, 256, 1, H, TU_BHSD},
+        {1, 4097, 4097, 1, 1, 128, 1, B, TU_BSHD},
+        {1, 4097, 4097, 1, 1, 64, 0, H, TU_BSHD},
+        {1, 4097, 4097, 1, 1, 256, 0, B, TU_BSHD},
+        /* unequal lengths, causal bottom-right aligned (rows with no key when sq > sk) */
+        {1, 300, 1000, 2, 1, 128, 1, B, TU_BSHD},
+        {1, 1000, 300, 2, 1, 128, 1, B, TU_BSHD},
+        {2, 129, 17, 2, 2, 64, 1, H, TU_BSHD},
+        {1, 17, 700, 2, 2, 256, 0, B, TU_BHSD},
+        /* GQA 8:1 and MQA */
+        {2, 513, 513, 8, 1, 128, 0, B, TU_BSHD},
+        {1, 333, 777, 16, 2, 64, 1, H, TU_BSHD},
+        {2, 200, 200, 8, 1, 256, 0, H, TU_BSHD},
+        {3, 257, 257, 4, 2, 128, 1, H, TU_BHSD},
+    };
+    const int only = getenv("FATTN_TEST_SMALL") ? 1 : 0; /* sanitizer runs: small shapes only */
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+        if (only && (long)cases[i].sq * cases[i].sk > 300 * 300) continue;
+        run_case(ctx, &rng, cases[i]);
+    }
+    fattn_ctx_free(ctx);
+    return tu_finish("gpu fwd");
+}
