@@ -59,15 +59,22 @@ def main():
         sys.exit("cpu_torch_compare.py: torch is not installed (pip install torch)")
     torch.set_num_threads(args.threads)
 
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "fattn.json")
-        cmd = [args.fattn, "bench", "--backend", "cpu", "--dtype", "f32",
-               "--tokens", str(args.tokens), "--seqlens", args.seqlens,
-               "--head-dims", args.head_dims, "--causal", args.causal,
-               "--iters", str(args.iters), "--threads", str(args.threads), "--json", out]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        with open(out) as f:
-            fattn = json.load(f)
+    seqlens = [int(x) for x in args.seqlens.split(",")]
+    hdims = [int(x) for x in args.head_dims.split(",")]
+    causals = [0, 1] if args.causal == "both" else [int(args.causal)]
+
+    def fattn_case(seqlen, hdim, causal):
+        # One case per fattn process, measured right before torch's, so that
+        # load from other processes hits both alike.
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "fattn.json")
+            cmd = [args.fattn, "bench", "--backend", "cpu", "--dtype", "f32",
+                   "--tokens", str(args.tokens), "--seqlens", str(seqlen),
+                   "--head-dims", str(hdim), "--causal", str(causal),
+                   "--iters", str(args.iters), "--threads", str(args.threads), "--json", out]
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            with open(out) as f:
+                return json.load(f)["cases"][0]
 
     print(f"CPU forward, fp32, {args.tokens} tokens, hidden 2048, {args.threads} threads, "
           f"median of {args.iters}; torch {torch.__version__}")
@@ -75,15 +82,18 @@ def main():
     print("| causal | head dim | seqlen | batch | heads | fattn GFLOP/s | torch SDPA GFLOP/s | fattn / torch |")
     print("|--------|----------|--------|-------|-------|---------------|--------------------|---------------|")
     ratios = []
-    for c in fattn["cases"]:
-        tms = torch_time(torch, c["batch"], c["seqlen"], c["heads"], c["head_dim"], c["causal"],
-                         args.iters)
-        tg = c["flops"] / (tms * 1e-3) * 1e-9
-        r = c["gflops"] / tg
-        ratios.append(r)
-        print(f"| {'yes' if c['causal'] else 'no':>6} | {c['head_dim']:8d} | {c['seqlen']:6d} "
-              f"| {c['batch']:5d} | {c['heads']:5d} | {c['gflops']:13.1f} | {tg:18.1f} | {r:13.2f} |",
-              flush=True)
+    for causal in causals:
+        for hdim in hdims:
+            for seqlen in seqlens:
+                c = fattn_case(seqlen, hdim, causal)
+                tms = torch_time(torch, c["batch"], c["seqlen"], c["heads"], c["head_dim"],
+                                 c["causal"], args.iters)
+                tg = c["flops"] / (tms * 1e-3) * 1e-9
+                r = c["gflops"] / tg
+                ratios.append(r)
+                print(f"| {'yes' if causal else 'no':>6} | {hdim:8d} | {seqlen:6d} "
+                      f"| {c['batch']:5d} | {c['heads']:5d} | {c['gflops']:13.1f} | {tg:18.1f} "
+                      f"| {r:13.2f} |", flush=True)
     geo = 1.0
     for r in ratios:
         geo *= r
