@@ -30,6 +30,8 @@ step "GPU tests"
 ( cd "$BUILD" && timeout 900 ctest -L gpu --output-on-failure ) >"$LOG/tests.log" 2>&1
 rc=$?; grep -E "tests passed|Passed|Failed|FAIL|Skipped|\*\*\*" "$LOG/tests.log" | tail -25
 echo "ctest gpu rc=$rc" | tee -a "$LOG/summary.txt"
+echo "--- fattn vs cuDNN error table (tests/gpu/test_vs_cudnn.py)" >>"$LOG/tests.log"
+FATTN_LIBRARY="$PWD/$BUILD/libfattn.so" python3 tests/gpu/test_vs_cudnn.py >>"$LOG/tests.log" 2>&1
 
 step "compute-sanitizer (small shapes)"
 {
@@ -40,7 +42,7 @@ step "compute-sanitizer (small shapes)"
   done
   if [ -x "$BUILD/tests/gpu_test_primitives" ]; then
     echo "--- racecheck primitives"
-    timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 "$BUILD/tests/gpu_test_primitives" 2>&1 | tail -4
+    timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 "$BUILD/tests/gpu_test_primitives" 2>&1 | tail -40
   fi
 } >"$LOG/sanitizer.log" 2>&1
 grep -E "rc=|ERROR SUMMARY" "$LOG/sanitizer.log" | tee -a "$LOG/summary.txt"
@@ -48,7 +50,7 @@ grep -E "rc=|ERROR SUMMARY" "$LOG/sanitizer.log" | tee -a "$LOG/summary.txt"
 step benchmark
 export PYTHONUNBUFFERED=1 FATTN_LIBRARY="$PWD/$BUILD/libfattn.so"
 if [ "$MODE" = quick ]; then
-  timeout 500 python3 bench/compare.py --dtypes bf16 --seqlens 1024,4096,8192 --iters 15 --ablation \
+  timeout 500 python3 bench/compare.py --dtypes bf16 --seqlens 1024,4096,8192 --ablation \
     --json "$LOG/compare.json" --png "$LOG/compare.png" >"$LOG/compare.log" 2>&1
 else
   timeout 900 python3 bench/compare.py --ablation --json "$LOG/compare.json" --png "$LOG/compare.png" >"$LOG/compare.log" 2>&1

@@ -305,12 +305,15 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                 s = it % STAGES;
                 ph = (it / STAGES) & 1;
                 if (C::OVERLAP) {
+                    /* V_{j-1} landed before K_j: waiting for both before the
+                     * fence keeps ptxas from injecting a second warpgroup.arrive
+                     * (C7519) between the two GEMMs */
+                    mbar_wait(&full_v[prev_s], prev_ph);
                     pp_sync();
                     mbar_wait(&full_k[s], ph);
                     wgmma_fence();
                     issue_qk(s);
                     wgmma_commit();
-                    mbar_wait(&full_v[prev_s], prev_ph);
                     issue_pv(prev_s, !first_pv);
                     wgmma_commit();
                     pp_arrive(false);
@@ -326,12 +329,12 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                     convert_p();
                 } else {
                     /* PV of the previous block, then S of this one, each waited for */
-                    pp_sync();
                     mbar_wait(&full_v[prev_s], prev_ph);
+                    pp_sync();
+                    mbar_wait(&full_k[s], ph);
                     wgmma_fence();
                     issue_pv(prev_s, !first_pv);
                     wgmma_commit();
-                    mbar_wait(&full_k[s], ph);
                     issue_qk(s);
                     wgmma_commit();
                     pp_arrive(false);
@@ -350,8 +353,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                 prev_ph = ph;
             }
             /* last PV */
-            pp_sync();
             mbar_wait(&full_v[prev_s], prev_ph);
+            pp_sync();
             wgmma_fence();
             issue_pv(prev_s, !first_pv);
             wgmma_commit();

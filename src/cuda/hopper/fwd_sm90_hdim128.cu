@@ -1,8 +1,20 @@
 /* fwd_sm90_hdim128.cu - forward kernel instances for head dim 128 (one file per
- * head dim so they compile in parallel).  Tile choices: docs/perf-notes.md. */
+ * head dim so they compile in parallel).  Tile choices and their measurements:
+ * docs/perf-notes.md (2026-11-29 variant sweep): non-causal 128 x 176 beat
+ * 128 x 128 by 4% at seqlen 8192; causal 128 x 176 wins at long seqlens (+6%
+ * at 8192) but loses at short ones (-11% at 1024), so causal switches on
+ * seqlen_k. */
 #include "fwd_sm90_launch.cuh"
 
 fattn_status fwd_sm90_hdim128(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_variant v) {
-    /* D, BN (non-causal), BN (causal), consumer warpgroups, K/V stages */
-    FWD_SM90_DISPATCH(128, 128, 128, 2, 2)
+    if (v.causal) {
+        if (a->p.seqlen_k >= 4096) {
+            if (v.bf16) return fwd_sm90_run<FwdCfg<128, 176, 2, 2, true, true, true, true>>(ctx, a);
+            return fwd_sm90_run<FwdCfg<128, 176, 2, 2, true, false, true, true>>(ctx, a);
+        }
+        if (v.bf16) return fwd_sm90_run<FwdCfg<128, 128, 2, 2, true, true, true, true>>(ctx, a);
+        return fwd_sm90_run<FwdCfg<128, 128, 2, 2, true, false, true, true>>(ctx, a);
+    }
+    /* D, BN (non-causal), BN (causal, unused here), consumer warpgroups, K/V stages */
+    FWD_SM90_DISPATCH(128, 176, 128, 2, 2)
 }

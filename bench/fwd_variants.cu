@@ -1,0 +1,99 @@
+/* fwd_variants.cu - tile-size experiments for the Hopper forward (llm.c style:
+ * each variant is one FwdCfg, checked against variant 0 and timed).
+ * Build (from the repo root, after the library is built into build-gpu/):
+ *   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 --use_fast_math -Iinclude -Isrc \
+ *        bench/fwd_variants.cu build-gpu/libfattn.a -o build-gpu/fwd_variants -lcuda? (not needed)
+ * Run: build-gpu/fwd_variants   (prints TFLOPs/s per variant and shape) */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../src/cuda/hopper/fwd_sm90_launch.cuh"
+#include "fattn.h"
+
+typedef fattn_status (*run_fn)(fattn_ctx *, const fattn_fwd_args *);
+struct variant {
+    const char *name;
+    int d, causal;
+    run_fn fn;
+};
+#define V(name, D, BN, NC, ST, CAUSAL) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, true, true>>}
+static const variant variants[] = {
+    V("d128 BN128 NC2 (v1)", 128, 128, 2, 2, false),
+    V("d128 BN176 NC2", 128, 176, 2, 2, false),
+    V("d128 BN192 NC2", 128, 192, 2, 2, false),
+    V("d128 BN160 NC2", 128, 160, 2, 2, false),
+    V("d128c BN128 NC2 (v1)", 128, 128, 2, 2, true),
+    V("d128c BN176 NC2", 128, 176, 2, 2, true),
+    V("d256 BN80 NC2 (v1)", 256, 80, 2, 2, false),
+    V("d256 BN64 NC2", 256, 64, 2, 2, false),
+    V("d256c BN80 NC2 (v1)", 256, 80, 2, 2, true),
+    V("d256c BN64 NC2", 256, 64, 2, 2, true),
+    V("d64 BN128 NC3 (v1)", 64, 128, 3, 2, false),
+    V("d64 BN128 NC2", 64, 128, 2, 2, false),
+    V("d64 BN192 NC2", 64, 192, 2, 2, false),
+    V("d64c BN128 NC3 (v1)", 64, 128, 3, 2, true),
+    V("d64c BN128 NC2", 64, 128, 2, 2, true),
+    V("d64c BN192 NC2", 64, 192, 2, 2, true),
+};
+
+static float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+
+int main() {
+    fattn_ctx *ctx;
+    if (fattn_ctx_create(&ctx, FATTN_BACKEND_CUDA, 0) != FATTN_OK) { printf("SKIP: no GPU\n"); return 77; }
+    const int seqlens[] = {1024, 8192};
+    const size_t maxel = (size_t)16384 * 2048;
+    uint16_t *q, *k, *v, *o, *o0;
+    cudaMalloc(&q, maxel * 2); cudaMalloc(&k, maxel * 2); cudaMalloc(&v, maxel * 2);
+    cudaMalloc(&o, maxel * 2); cudaMalloc(&o0, maxel * 2);
+    uint16_t *h = (uint16_t *)malloc(maxel * 2);
+    srand(5);
+    for (size_t i = 0; i < maxel; ++i) { float f = (float)rand() / RAND_MAX * 2 - 1; uint32_t u; memcpy(&u, &f, 4); h[i] = u >> 16; }
+    cudaMemcpy(q, h, maxel * 2, cudaMemcpyHostToDevice);
+    for (size_t i = 0; i < maxel; ++i) h[i] ^= 0x0001;
+    cudaMemcpy(k, h, maxel * 2, cudaMemcpyHostToDevice);
+    for (size_t i = 0; i < maxel; ++i) h[i] ^= 0x8000;
+    cudaMemcpy(v, h, maxel * 2, cudaMemcpyHostToDevice);
+    uint16_t *ha = (uint16_t *)malloc(maxel * 2), *hb = (uint16_t *)malloc(maxel * 2);
+    cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
+    printf("%-24s %6s %9s %9s\n", "variant", "seqlen", "TFLOPs/s", "maxdiff");
+    int base = -1;
+    for (size_t vi = 0; vi < sizeof variants / sizeof variants[0]; ++vi) {
+        const variant &va = variants[vi];
+        if (vi == 0 || variants[vi].d != variants[vi - 1].d || variants[vi].causal != variants[vi - 1].causal) base = (int)vi;
+        for (int si = 0; si < 2; ++si) {
+            int s = seqlens[si], b = 16384 / s, hh = 2048 / va.d;
+            fattn_fwd_args a; memset(&a, 0, sizeof a);
+            a.p.batch = b; a.p.seqlen_q = a.p.seqlen_k = s; a.p.heads_q = a.p.heads_kv = hh;
+            a.p.head_dim = a.p.head_dim_v = va.d; a.p.softmax_scale = 1.f / sqrtf((float)va.d); a.p.causal = va.causal;
+            fattn_tensor t = {q, FATTN_DTYPE_BF16, (int64_t)s * hh * va.d, (int64_t)hh * va.d, va.d, NULL, 0};
+            a.q = t; a.k = t; a.k.data = k; a.v = t; a.v.data = v; a.o = t; a.o.data = o;
+            const size_t n = (size_t)b * s * hh * va.d;
+            cudaMemset(o, 0xFF, n * 2);
+            if (va.fn(ctx, &a) != FATTN_OK) { printf("%s: %s\n", va.name, fattn_last_error(ctx)); continue; }
+            cudaDeviceSynchronize();
+            float md = 0;
+            if ((int)vi == base) cudaMemcpy(o0, o, n * 2, cudaMemcpyDeviceToDevice);
+            else {
+                cudaMemcpy(ha, o, n * 2, cudaMemcpyDeviceToHost); cudaMemcpy(hb, o0, n * 2, cudaMemcpyDeviceToHost);
+                for (size_t i = 0; i < n; ++i) { float d = fabsf(bf16f(ha[i]) - bf16f(hb[i])); if (!(d <= md)) md = d; }
+            }
+            float ts[20];
+            for (int w = 0; w < 3; ++w) va.fn(ctx, &a);
+            for (int r = 0; r < 20; ++r) {
+                cudaEventRecord(e0); va.fn(ctx, &a); cudaEventRecord(e1); cudaEventSynchronize(e1);
+                cudaEventElapsedTime(&ts[r], e0, e1);
+            }
+            for (int i = 0; i < 20; ++i) for (int j = i + 1; j < 20; ++j) if (ts[j] < ts[i]) { float x = ts[i]; ts[i] = ts[j]; ts[j] = x; }
+            double fl = 4.0 * b * hh * (double)s * s * va.d * (va.causal ? 0.5 : 1.0);
+            printf("%-24s %6d %9.1f %9.2e\n", va.name, s, fl / (ts[10] * 1e-3) / 1e12, md);
+            fflush(stdout);
+        }
+    }
+    cudaError_t e = cudaDeviceSynchronize();
+    printf("final: %s\n", cudaGetErrorString(e));
+    return 0;
+}
