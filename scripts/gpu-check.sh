@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# gpu-check.sh LOGDIR [quick|full]
+# gpu-check.sh LOGDIR [quick|causal|full]
 # On a machine with a Hopper GPU: build what is missing, check the kernels'
 # resources and SASS, run the GPU tests, compute-sanitizer on small shapes, and
 # the side-by-side benchmark.  Logs land in LOGDIR (at most 8 files).
 set -u
-LOG=${1:?usage: scripts/gpu-check.sh LOGDIR [quick|full]}
+LOG=${1:?usage: scripts/gpu-check.sh LOGDIR [quick|causal|full]}
 MODE=${2:-full}
 mkdir -p "$LOG"
 cd "$(dirname "$0")/.."
@@ -49,7 +49,10 @@ grep -E "rc=|ERROR SUMMARY" "$LOG/sanitizer.log" | tee -a "$LOG/summary.txt"
 
 step benchmark
 export PYTHONUNBUFFERED=1 FATTN_LIBRARY="$PWD/$BUILD/libfattn.so"
-if [ "$MODE" = quick ]; then
+if [ "$MODE" = causal ]; then
+  timeout 500 python3 bench/compare.py --causal 1 \
+    --json "$LOG/compare.json" --png "$LOG/compare.png" >"$LOG/compare.log" 2>&1
+elif [ "$MODE" = quick ]; then
   timeout 500 python3 bench/compare.py --dtypes bf16 --seqlens 1024,4096,8192 --ablation \
     --json "$LOG/compare.json" --png "$LOG/compare.png" >"$LOG/compare.log" 2>&1
 else

@@ -33,6 +33,7 @@ struct FwdParams {
     int seqlen_q, seqlen_k;
     int causal_offset; /* seqlen_k - seqlen_q */
     int num_m_blocks, num_tiles;
+    int head_group; /* causal schedule: (batch, head) pairs whose K/V share L2 */
     float softmax_scale, scale_log2;
 };
 
@@ -60,15 +61,19 @@ struct FwdCfg {
 };
 
 /* Tile t -> (m_block, head, batch).  Non-causal: m fastest, so the CTAs in
- * flight share the K/V of one or two heads in L2.  Causal: longest rows
- * (largest m) first, so the tail of the persistent schedule is short tiles. */
+ * flight share the K/V of one or two heads in L2.  Causal: heads are taken in
+ * groups of p.head_group whose K and V fit in L2 together; inside a group the
+ * longest rows (largest m) come first, so each group's tail is short tiles. */
 template <bool CAUSAL>
 __device__ __forceinline__ void fwd_tile_decode(const FwdParams &p, int t, int &m, int &h, int &b) {
     int bh;
     if (CAUSAL) {
-        int nbh = p.batch * p.heads_q;
-        m = p.num_m_blocks - 1 - t / nbh;
-        bh = t % nbh;
+        const int nbh = p.batch * p.heads_q;
+        const int per_group = p.head_group * p.num_m_blocks;
+        const int g = t / per_group, within = t - g * per_group;
+        const int gsize = min(p.head_group, nbh - g * p.head_group);
+        m = p.num_m_blocks - 1 - within / gsize;
+        bh = g * p.head_group + within % gsize;
     } else {
         m = t % p.num_m_blocks;
         bh = t / p.num_m_blocks;

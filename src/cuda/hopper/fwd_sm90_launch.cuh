@@ -32,6 +32,16 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
     p.causal_offset = pr->seqlen_k - pr->seqlen_q;
     p.num_m_blocks = (pr->seqlen_q + C::BM - 1) / C::BM;
     p.num_tiles = p.num_m_blocks * pr->heads_q * pr->batch;
+    {
+        /* K + V bytes of one head; aim for ~24 MB of the 50 MB L2 (H100/H200),
+         * counting GQA heads that share a kv head once */
+        const double kv_bytes = 2.0 * pr->seqlen_k * C::D * 2;
+        const int group = p.group;
+        long hg = (long)(24.0e6 / kv_bytes) * group;
+        if (hg < 1) hg = 1;
+        const long nbh = (long)pr->batch * pr->heads_q;
+        p.head_group = (int)(hg < nbh ? hg : nbh);
+    }
     p.softmax_scale = pr->softmax_scale;
     p.scale_log2 = pr->softmax_scale * 1.4426950408889634f;
 
