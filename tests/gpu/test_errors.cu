@@ -1,0 +1,95 @@
+/* test_errors.cu - requests the Hopper kernel cannot serve return a status and
+ * a message naming the problem, and leave O and LSE untouched (checked byte
+ * for byte against a sentinel).  Exit 77 without a Hopper GPU. */
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/testutil.h"
+#include "fattn.h"
+
+enum { B = 1, S = 64, H = 2, D = 128, N = B * S * H * 256 + 64 };
+
+static uint8_t *dq, *dk, *dv, *dout;
+static float *dlse;
+static uint8_t sentinel[N * 2];
+
+static fattn_fwd_args base_args(void) {
+    fattn_fwd_args a;
+    memset(&a, 0, sizeof a);
+    a.p.batch = B; a.p.seqlen_q = S; a.p.seqlen_k = S; a.p.heads_q = H; a.p.heads_kv = H; a.p.head_dim = D;
+    a.q = fattn_tensor_bshd(dq, FATTN_DTYPE_BF16);
+    a.k = fattn_tensor_bshd(dk, FATTN_DTYPE_BF16);
+    a.v = fattn_tensor_bshd(dv, FATTN_DTYPE_BF16);
+    a.o = fattn_tensor_bshd(dout, FATTN_DTYPE_BF16);
+    a.lse = dlse;
+    return a;
+}
+
+static void expect(fattn_ctx *ctx, const fattn_fwd_args *a, fattn_status want, const char *needle, const char *what) {
+    if (cudaMemcpy(dout, sentinel, N * 2, cudaMemcpyHostToDevice) != cudaSuccess ||
+        cudaMemcpy(dlse, sentinel, B * H * S * 4, cudaMemcpyHostToDevice) != cudaSuccess) exit(1);
+    fattn_status st = fattn_fwd(ctx, a);
+    cudaDeviceSynchronize();
+    const char *msg = fattn_last_error(ctx);
+    static uint8_t back[N * 2];
+    cudaMemcpy(back, dout, N * 2, cudaMemcpyDeviceToHost);
+    int untouched = memcmp(back, sentinel, N * 2) == 0;
+    cudaMemcpy(back, dlse, B * H * S * 4, cudaMemcpyDeviceToHost);
+    untouched = untouched && memcmp(back, sentinel, B * H * S * 4) == 0;
+    int ok = st == want && strstr(msg, needle) != NULL && untouched;
+    if (!ok) tu_failures++;
+    printf("  [%s] %s: status %d (want %d), \"%s\"%s\n", ok ? "ok" : "FAIL", what, (int)st, (int)want, msg,
+           untouched ? "" : ", OUTPUT WRITTEN");
+}
+
+int main(void) {
+    fattn_ctx *ctx = NULL;
+    fattn_status st = fattn_ctx_create(&ctx, FATTN_BACKEND_CUDA, 0);
+    if (st == FATTN_ERROR_NO_DEVICE || st == FATTN_ERROR_UNSUPPORTED) {
+        printf("SKIP: no Hopper GPU (%s)\n", fattn_last_error(NULL));
+        return 77;
+    }
+    TU_EXPECT_OK(st);
+    if (st != FATTN_OK) return tu_finish("gpu errors");
+    for (int i = 0; i < N * 2; ++i) sentinel[i] = (uint8_t)(0xA5 ^ i);
+    if (cudaMalloc(&dq, N * 2) || cudaMalloc(&dk, N * 2) || cudaMalloc(&dv, N * 2) || cudaMalloc(&dout, N * 2) ||
+        cudaMalloc(&dlse, B * H * S * 4)) return 1;
+    cudaMemset(dq, 0, N * 2); cudaMemset(dk, 0, N * 2); cudaMemset(dv, 0, N * 2);
+    const fattn_fwd_args good = base_args();
+    fattn_fwd_args a;
+
+    a = good; a.p.head_dim = 96;
+    expect(ctx, &a, FATTN_ERROR_UNSUPPORTED, "head_dim 96", "head dim 96");
+    a = good; a.p.head_dim_v = 64;
+    expect(ctx, &a, FATTN_ERROR_UNSUPPORTED, "head_dim_v", "head_dim != head_dim_v");
+    a = good; a.q.data = dq + 2; a.k.data = dk; /* 2-byte offset: bf16-aligned, not 16-byte */
+    expect(ctx, &a, FATTN_ERROR_INVALID_ARGUMENT, "16-byte aligned", "q misaligned for TMA");
+    a = good; a.q.stride_head = 132; a.q.stride_seq = 2 * 132; a.q.stride_batch = (int64_t)S * 2 * 132;
+    expect(ctx, &a, FATTN_ERROR_UNSUPPORTED, "multiples of 8", "q stride not a multiple of 8 elements");
+    static uint8_t host_buf[N * 2];
+    a = good; a.k.data = host_buf;
+    expect(ctx, &a, FATTN_ERROR_INVALID_ARGUMENT, "k", "host pointer given to a CUDA context");
+    a = good; a.q.dtype = a.k.dtype = a.v.dtype = a.o.dtype = FATTN_DTYPE_F32;
+    expect(ctx, &a, FATTN_ERROR_UNSUPPORTED, "f32", "f32 inputs on the CUDA engine");
+    int32_t *cu;
+    cudaMalloc(&cu, 8);
+    int32_t hcu[2] = {0, S};
+    cudaMemcpy(cu, hcu, 8, cudaMemcpyHostToDevice);
+    a = good; a.p.cu_seqlens_q = cu; a.p.cu_seqlens_k = cu;
+    expect(ctx, &a, FATTN_ERROR_UNSUPPORTED, "variable-length", "varlen on the CUDA engine");
+    a = good; a.p.heads_kv = 3;
+    expect(ctx, &a, FATTN_ERROR_INVALID_ARGUMENT, "heads_kv", "heads_q not a multiple of heads_kv");
+    a = good; a.p.seqlen_q = 0;
+    expect(ctx, &a, FATTN_ERROR_INVALID_ARGUMENT, "seqlen_q", "seqlen_q 0");
+    a = good; a.o.data = NULL;
+    expect(ctx, &a, FATTN_ERROR_INVALID_ARGUMENT, "o", "o NULL");
+    /* and the unchanged request works (the checks above are not over-eager) */
+    st = fattn_fwd(ctx, &good);
+    TU_CHECK(st == FATTN_OK && cudaDeviceSynchronize() == cudaSuccess, "valid call failed: %s", fattn_last_error(ctx));
+    printf("  [%s] the same arguments, corrected, run\n", st == FATTN_OK ? "ok" : "FAIL");
+    cudaFree(cu);
+    fattn_ctx_free(ctx);
+    return tu_finish("gpu errors");
+}
