@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/testutil.h"
+#include "gpu/gpu_testutil.h"
 #include "fattn.h"
 
 enum { B = 1, S = 64, H = 2, D = 128, N = B * S * H * 256 + 64 };
@@ -45,14 +45,8 @@ static void expect(fattn_ctx *ctx, const fattn_fwd_args *a, fattn_status want, c
 }
 
 int main(void) {
-    fattn_ctx *ctx = NULL;
-    fattn_status st = fattn_ctx_create(&ctx, FATTN_BACKEND_CUDA, 0);
-    if (st == FATTN_ERROR_NO_DEVICE || st == FATTN_ERROR_UNSUPPORTED) {
-        printf("SKIP: no Hopper GPU (%s)\n", fattn_last_error(NULL));
-        return 77;
-    }
-    TU_EXPECT_OK(st);
-    if (st != FATTN_OK) return tu_finish("gpu errors");
+    fattn_ctx *ctx = gpu_ctx_or_skip();
+    fattn_status st;
     for (int i = 0; i < N * 2; ++i) sentinel[i] = (uint8_t)(0xA5 ^ i);
     if (cudaMalloc(&dq, N * 2) || cudaMalloc(&dk, N * 2) || cudaMalloc(&dv, N * 2) || cudaMalloc(&dout, N * 2) ||
         cudaMalloc(&dlse, B * H * S * 4)) return 1;

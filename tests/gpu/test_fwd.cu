@@ -23,17 +23,9 @@
 #include <string.h>
 
 #include "common/oracle.h"
-#include "common/testutil.h"
+#include "gpu/gpu_testutil.h"
 #include "fattn.h"
 
-#define CK(x)                                                                                     \
-    do {                                                                                          \
-        cudaError_t e_ = (x);                                                                     \
-        if (e_ != cudaSuccess) {                                                                  \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));   \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
 
 struct fwd_case {
     int batch, sq, sk, hq, hkv, d, causal;
@@ -135,14 +127,7 @@ static int run_case(fattn_ctx *ctx, tu_rng *rng, const fwd_case &c) {
 }
 
 int main(void) {
-    fattn_ctx *ctx = NULL;
-    fattn_status st = fattn_ctx_create(&ctx, FATTN_BACKEND_CUDA, 0);
-    if (st == FATTN_ERROR_NO_DEVICE || st == FATTN_ERROR_UNSUPPORTED) {
-        printf("SKIP: no Hopper GPU (%s)\n", fattn_last_error(NULL));
-        return 77;
-    }
-    TU_EXPECT_OK(st);
-    if (st != FATTN_OK) return tu_finish("gpu fwd");
+    fattn_ctx *ctx = gpu_ctx_or_skip();
     tu_rng rng;
     tu_rng_init(&rng, (uint64_t)tu_seed());
     const fattn_dtype B = FATTN_DTYPE_BF16, H = FATTN_DTYPE_F16;

@@ -16,18 +16,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "common/testutil.h"
+#include "gpu/gpu_testutil.h"
 #include "cuda/common/ptx.cuh"
 #include "cpu/half.h"
 
-#define CK(x)                                                                                   \
-    do {                                                                                        \
-        cudaError_t e_ = (x);                                                                   \
-        if (e_ != cudaSuccess) {                                                                \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                            \
-        }                                                                                       \
-    } while (0)
 
 enum { M = 64, N = 128, KD = 128, A_ROWS = 50 /* < M: rows 50..63 are out of bounds */ };
 
