@@ -25,9 +25,7 @@ typedef struct bwd_job {
     fattn_tasks qtasks; /* (b, h_q, query block) */
     fattn_tasks ktasks; /* (b, h_kv, key block) */
     fattn_cpu_kernels kern;
-    int64_t d, dv, dp, dvp;
-    int64_t rows_q, rows_k;
-    int64_t group;
+    fattn_cpu_dims m; /* sizes derived from the problem */
     float *dbuf;        /* D, laid out like lse */
     size_t scratch_floats;
     float *scratch;
@@ -58,19 +56,19 @@ static size_t bwd_scratch_layout(const bwd_job *j, float *base, bwd_scratch *s) 
         if (s) s->field = base + off;                    \
         off += (size_t)fattn_round_up((int64_t)(n), 16); \
     } while (0)
-    TAKE(q, BM * j->dp);
-    TAKE(dO, BM * j->dvp);
-    TAKE(kt, j->d * BN);
-    TAKE(k, BN * j->dp);
-    TAKE(vt, j->dv * BN);
+    TAKE(q, BM * j->m.dp);
+    TAKE(dO, BM * j->m.dvp);
+    TAKE(kt, j->m.d * BN);
+    TAKE(k, BN * j->m.dp);
+    TAKE(vt, j->m.dv * BN);
     TAKE(s, BM * BN);
     TAKE(dP, BM * BN);
     TAKE(pt, BN * BM);
-    TAKE(acc1, BX * j->dp);
-    TAKE(acc2, BN * j->dvp);
+    TAKE(acc1, BX * j->m.dp);
+    TAKE(acc2, BN * j->m.dvp);
     TAKE(lse, BM);
     TAKE(D, BM);
-    TAKE(row, (j->d > j->dv ? j->d : j->dv));
+    TAKE(row, (j->m.d > j->m.dv ? j->m.d : j->m.dv));
 #undef TAKE
     return off;
 }
@@ -93,11 +91,11 @@ static void bwd_d_task(void *arg, int64_t task, int worker) {
     const int64_t rows = imin64(sq.qlen - i0, FATTN_CPU_BM);
     for (int64_t r = 0; r < rows; r++) {
         int64_t tr = sq.q0 + i0 + r;
-        fattn_load_row(&a->o, fattn_row_offset(&a->o, sq.tb, tr, h), (int)j->dv, 1.0f, NULL, w.dO);
-        fattn_load_row(&a->dout, fattn_row_offset(&a->dout, sq.tb, tr, h), (int)j->dv, 1.0f, NULL,
+        fattn_load_row(&a->o, fattn_row_offset(&a->o, sq.tb, tr, h), (int)j->m.dv, 1.0f, NULL, w.dO);
+        fattn_load_row(&a->dout, fattn_row_offset(&a->dout, sq.tb, tr, h), (int)j->m.dv, 1.0f, NULL,
                        w.row);
         float acc = 0.0f;
-        for (int64_t t = 0; t < j->dv; t++) acc += w.dO[t] * w.row[t];
+        for (int64_t t = 0; t < j->m.dv; t++) acc += w.dO[t] * w.row[t];
         j->dbuf[fattn_lse_index(p, &sq, b, h, i0 + r)] = acc;
     }
 }
@@ -112,17 +110,17 @@ static void load_q_block(const bwd_job *j, bwd_scratch *w, const fattn_seq *sq, 
     const int64_t rows4 = fattn_round_up(rows, 4);
     for (int64_t r = 0; r < rows; r++) {
         int64_t tr = sq->q0 + i0 + r;
-        fattn_load_row(&a->q, fattn_row_offset(&a->q, sq->tb, tr, h), (int)j->d, 1.0f, NULL,
-                       w->q + r * j->dp);
-        fattn_load_row(&a->dout, fattn_row_offset(&a->dout, sq->tb, tr, h), (int)j->dv, 1.0f, NULL,
-                       w->dO + r * j->dvp);
+        fattn_load_row(&a->q, fattn_row_offset(&a->q, sq->tb, tr, h), (int)j->m.d, 1.0f, NULL,
+                       w->q + r * j->m.dp);
+        fattn_load_row(&a->dout, fattn_row_offset(&a->dout, sq->tb, tr, h), (int)j->m.dv, 1.0f, NULL,
+                       w->dO + r * j->m.dvp);
         int64_t li = fattn_lse_index(p, sq, b, h, i0 + r);
         w->lse[r] = a->lse[li];
         w->D[r] = j->dbuf[li];
     }
     for (int64_t r = rows; r < rows4; r++) {
-        memset(w->q + r * j->dp, 0, sizeof(float) * (size_t)j->dp);
-        memset(w->dO + r * j->dvp, 0, sizeof(float) * (size_t)j->dvp);
+        memset(w->q + r * j->m.dp, 0, sizeof(float) * (size_t)j->m.dp);
+        memset(w->dO + r * j->m.dvp, 0, sizeof(float) * (size_t)j->m.dvp);
         w->lse[r] = -INFINITY;
         w->D[r] = 0.0f;
     }
@@ -137,17 +135,17 @@ static void load_k_block(const bwd_job *j, bwd_scratch *w, const fattn_seq *sq, 
     const int64_t jn16 = fattn_round_up(jn, 16);
     for (int64_t c = 0; c < jn; c++) {
         int64_t tr = sq->k0 + j0 + c;
-        float *kr = want_k ? w->k + c * j->dp : w->row;
-        fattn_load_row(&a->k, fattn_row_offset(&a->k, sq->tb, tr, hk), (int)j->d, 1.0f, NULL, kr);
-        for (int64_t t = 0; t < j->d; t++) w->kt[t * BN + c] = kr[t];
-        fattn_load_row(&a->v, fattn_row_offset(&a->v, sq->tb, tr, hk), (int)j->dv, 1.0f, NULL,
+        float *kr = want_k ? w->k + c * j->m.dp : w->row;
+        fattn_load_row(&a->k, fattn_row_offset(&a->k, sq->tb, tr, hk), (int)j->m.d, 1.0f, NULL, kr);
+        for (int64_t t = 0; t < j->m.d; t++) w->kt[t * BN + c] = kr[t];
+        fattn_load_row(&a->v, fattn_row_offset(&a->v, sq->tb, tr, hk), (int)j->m.dv, 1.0f, NULL,
                        w->row);
-        for (int64_t t = 0; t < j->dv; t++) w->vt[t * BN + c] = w->row[t];
+        for (int64_t t = 0; t < j->m.dv; t++) w->vt[t * BN + c] = w->row[t];
     }
     if (jn < jn16) {
-        for (int64_t t = 0; t < j->d; t++)
+        for (int64_t t = 0; t < j->m.d; t++)
             memset(w->kt + t * BN + jn, 0, sizeof(float) * (size_t)(jn16 - jn));
-        for (int64_t t = 0; t < j->dv; t++)
+        for (int64_t t = 0; t < j->m.dv; t++)
             memset(w->vt + t * BN + jn, 0, sizeof(float) * (size_t)(jn16 - jn));
     }
 }
@@ -163,8 +161,8 @@ static void tile_ds(const bwd_job *j, bwd_scratch *w, const fattn_seq *sq, int64
     const int64_t jn16 = fattn_round_up(jn, 16);
     const float scale = p->softmax_scale;
 
-    j->kern.gemm((int)rows4, (int)jn16, (int)j->d, w->q, j->dp, w->kt, BN, w->s, BN, 0);
-    j->kern.gemm((int)rows4, (int)jn16, (int)j->dv, w->dO, j->dvp, w->vt, BN, w->dP, BN, 0);
+    j->kern.gemm((int)rows4, (int)jn16, (int)j->m.d, w->q, j->m.dp, w->kt, BN, w->s, BN, 0);
+    j->kern.gemm((int)rows4, (int)jn16, (int)j->m.dv, w->dO, j->m.dvp, w->vt, BN, w->dP, BN, 0);
     for (int64_t r = 0; r < rows4; r++) {
         float *srow = w->s + r * BN;
         if (r >= rows || w->lse[r] == -INFINITY) {
@@ -204,32 +202,32 @@ static void bwd_kv_task(void *arg, int64_t task, int worker) {
     const int64_t jn4 = fattn_round_up(jn, 4);
     const int64_t jn16 = fattn_round_up(jn, 16);
 
-    memset(w.acc1, 0, sizeof(float) * (size_t)(jn4 * j->dp));
-    memset(w.acc2, 0, sizeof(float) * (size_t)(jn4 * j->dvp));
+    memset(w.acc1, 0, sizeof(float) * (size_t)(jn4 * j->m.dp));
+    memset(w.acc2, 0, sizeof(float) * (size_t)(jn4 * j->m.dvp));
     load_k_block(j, &w, &sq, hk, j0, jn, 0);
 
     /* First query that sees key j0: i + klen - qlen >= j0. */
     const int64_t ifirst = p->causal ? imax64(j0 - (sq.klen - sq.qlen), 0) : 0;
-    for (int64_t g = 0; g < j->group; g++) {
-        const int64_t h = hk * j->group + g;
+    for (int64_t g = 0; g < j->m.group; g++) {
+        const int64_t h = hk * j->m.group + g;
         for (int64_t i0 = ifirst / BM * BM; i0 < sq.qlen; i0 += BM) {
             const int64_t rows = imin64(sq.qlen - i0, BM);
             load_q_block(j, &w, &sq, b, h, i0, rows);
             tile_ds(j, &w, &sq, i0, rows, j0, jn, 1);
             /* dV += P^T dO */
-            j->kern.gemm((int)jn4, (int)j->dvp, (int)rows, w.pt, BM, w.dO, j->dvp, w.acc2, j->dvp, 1);
+            j->kern.gemm((int)jn4, (int)j->m.dvp, (int)rows, w.pt, BM, w.dO, j->m.dvp, w.acc2, j->m.dvp, 1);
             /* dK += dS^T Q */
             for (int64_t r = 0; r < rows; r++)
                 for (int64_t c = 0; c < jn16; c++) w.pt[c * BM + r] = w.s[r * BN + c];
-            j->kern.gemm((int)jn4, (int)j->dp, (int)rows, w.pt, BM, w.q, j->dp, w.acc1, j->dp, 1);
+            j->kern.gemm((int)jn4, (int)j->m.dp, (int)rows, w.pt, BM, w.q, j->m.dp, w.acc1, j->m.dp, 1);
         }
     }
     for (int64_t c = 0; c < jn; c++) {
         int64_t tr = sq.k0 + j0 + c;
-        fattn_store_row(&a->dk, fattn_row_offset(&a->dk, sq.tb, tr, hk), (int)j->d,
-                        w.acc1 + c * j->dp);
-        fattn_store_row(&a->dv, fattn_row_offset(&a->dv, sq.tb, tr, hk), (int)j->dv,
-                        w.acc2 + c * j->dvp);
+        fattn_store_row(&a->dk, fattn_row_offset(&a->dk, sq.tb, tr, hk), (int)j->m.d,
+                        w.acc1 + c * j->m.dp);
+        fattn_store_row(&a->dv, fattn_row_offset(&a->dv, sq.tb, tr, hk), (int)j->m.dv,
+                        w.acc2 + c * j->m.dvp);
     }
 }
 
@@ -246,25 +244,25 @@ static void bwd_q_task(void *arg, int64_t task, int worker) {
     fattn_tasks_decode(&j->qtasks, task, &b, &h, &qb);
     if (p->causal) qb = j->qtasks.nblk[b] - 1 - qb;
     const fattn_seq sq = fattn_seq_get(p, b);
-    const int64_t hk = h / j->group;
+    const int64_t hk = h / j->m.group;
     const int64_t i0 = qb * BM;
     const int64_t rows = imin64(sq.qlen - i0, BM);
     const int64_t rows4 = fattn_round_up(rows, 4);
 
     load_q_block(j, &w, &sq, b, h, i0, rows);
-    memset(w.acc1, 0, sizeof(float) * (size_t)(rows4 * j->dp));
+    memset(w.acc1, 0, sizeof(float) * (size_t)(rows4 * j->m.dp));
     const int64_t kend = imin64(fattn_last_key(p, &sq, i0 + rows - 1) + 1, sq.klen);
     for (int64_t j0 = 0; j0 < kend; j0 += BN) {
         const int64_t jn = imin64(kend - j0, BN);
         load_k_block(j, &w, &sq, hk, j0, jn, 1);
         tile_ds(j, &w, &sq, i0, rows, j0, jn, 0);
         /* dQ += dS K */
-        j->kern.gemm((int)rows4, (int)j->dp, (int)jn, w.s, BN, w.k, j->dp, w.acc1, j->dp, 1);
+        j->kern.gemm((int)rows4, (int)j->m.dp, (int)jn, w.s, BN, w.k, j->m.dp, w.acc1, j->m.dp, 1);
     }
     for (int64_t r = 0; r < rows; r++) {
         int64_t tr = sq.q0 + i0 + r;
-        fattn_store_row(&a->dq, fattn_row_offset(&a->dq, sq.tb, tr, h), (int)j->d,
-                        w.acc1 + r * j->dp);
+        fattn_store_row(&a->dq, fattn_row_offset(&a->dq, sq.tb, tr, h), (int)j->m.d,
+                        w.acc1 + r * j->m.dp);
     }
 }
 
@@ -274,13 +272,7 @@ fattn_status fattn_cpu_bwd(fattn_ctx *ctx, const fattn_bwd_args *a) {
     memset(&j, 0, sizeof j);
     j.a = a;
     j.kern = fattn_cpu_kernels_get();
-    j.d = p->head_dim;
-    j.dv = p->head_dim_v > 0 ? p->head_dim_v : p->head_dim;
-    j.dp = fattn_round_up(j.d, 16);
-    j.dvp = fattn_round_up(j.dv, 16);
-    j.rows_q = fattn_rows_q(p);
-    j.rows_k = fattn_rows_k(p);
-    j.group = p->heads_q / p->heads_kv;
+    j.m = fattn_cpu_dims_of(p);
 
     if (fattn_tasks_init(&j.qtasks, p, p->heads_q, 1, FATTN_CPU_BM) != 0)
         return fattn_fail(ctx, FATTN_ERROR_OUT_OF_MEMORY, "cpu bwd: out of memory (task list)");

@@ -47,6 +47,27 @@ static inline int64_t fattn_rows_k(const fattn_problem *p) {
     return p->cu_seqlens_k ? p->cu_seqlens_k[p->batch] : p->seqlen_k;
 }
 
+/* Sizes both passes derive from the problem (api.c has already resolved
+ * head_dim_v): head dims, their widths padded for the micro-kernels, tensor
+ * rows per batch entry (e4m3 scale layout) and the GQA group size. */
+typedef struct fattn_cpu_dims {
+    int64_t d, dv, dp, dvp;
+    int64_t rows_q, rows_k;
+    int64_t group; /* heads_q / heads_kv */
+} fattn_cpu_dims;
+
+static inline fattn_cpu_dims fattn_cpu_dims_of(const fattn_problem *p) {
+    fattn_cpu_dims m;
+    m.d = p->head_dim;
+    m.dv = p->head_dim_v > 0 ? p->head_dim_v : p->head_dim;
+    m.dp = fattn_round_up(m.d, 16);
+    m.dvp = fattn_round_up(m.dv, 16);
+    m.rows_q = fattn_rows_q(p);
+    m.rows_k = fattn_rows_k(p);
+    m.group = p->heads_q / p->heads_kv;
+    return m;
+}
+
 /* Index of the LSE of query row i (within its sequence) of (b, h). */
 static inline int64_t fattn_lse_index(const fattn_problem *p, const fattn_seq *s, int64_t b,
                                       int64_t h, int64_t i) {

@@ -25,9 +25,7 @@ typedef struct fwd_job {
     fattn_tasks tasks;
     fattn_cpu_kernels kern;
     const float *lut;
-    int64_t d, dv, dp, dvp; /* head dims and their padded widths */
-    int64_t rows_q, rows_k; /* tensor rows per batch entry (e4m3 scale layout) */
-    int64_t group;          /* heads_q / heads_kv */
+    fattn_cpu_dims m; /* sizes derived from the problem */
     int64_t bm;             /* query rows per task (64..FATTN_CPU_FWD_BM_MAX) */
     size_t scratch_floats;
     float *scratch;         /* per worker */
@@ -53,14 +51,14 @@ static size_t fwd_scratch_layout(const fwd_job *j, float *base, fwd_scratch *s) 
         if (s) s->field = base + off;                    \
         off += (size_t)fattn_round_up((int64_t)(n), 16); \
     } while (0)
-    TAKE(q, BM * j->dp);
-    TAKE(kt, j->d * BN);
-    TAKE(v, BN * j->dvp);
+    TAKE(q, BM * j->m.dp);
+    TAKE(kt, j->m.d * BN);
+    TAKE(v, BN * j->m.dvp);
     TAKE(s, BM * BN);
-    TAKE(o, BM * j->dvp);
+    TAKE(o, BM * j->m.dvp);
     TAKE(m, BM);
     TAKE(l, BM);
-    TAKE(row, (j->d > j->dv ? j->d : j->dv));
+    TAKE(row, (j->m.d > j->m.dv ? j->m.d : j->m.dv));
 #undef TAKE
     return off;
 }
@@ -70,7 +68,7 @@ static void fwd_task(void *arg, int64_t task, int worker) {
     const fattn_fwd_args *a = j->a;
     const fattn_problem *p = &a->p;
     const int64_t BM = j->bm, BN = FATTN_CPU_BN;
-    const int64_t d = j->d, dv = j->dv, dp = j->dp, dvp = j->dvp;
+    const int64_t d = j->m.d, dv = j->m.dv, dp = j->m.dp, dvp = j->m.dvp;
     fwd_scratch w;
     fwd_scratch_layout(j, j->scratch + (size_t)worker * j->scratch_floats, &w);
 
@@ -78,7 +76,7 @@ static void fwd_task(void *arg, int64_t task, int worker) {
     fattn_tasks_decode(&j->tasks, task, &b, &h, &qb);
     if (p->causal) qb = j->tasks.nblk[b] - 1 - qb; /* longest blocks first */
     const fattn_seq sq = fattn_seq_get(p, b);
-    const int64_t hk = h / j->group;
+    const int64_t hk = h / j->m.group;
     const int64_t i0 = qb * BM;
     const int64_t rows = sq.qlen - i0 < BM ? sq.qlen - i0 : BM;
     const int64_t rows4 = fattn_round_up(rows, 4);
@@ -87,7 +85,7 @@ static void fwd_task(void *arg, int64_t task, int worker) {
     /* Query block, scaled; padding rows zero. */
     for (int64_t r = 0; r < rows; r++) {
         int64_t tr = sq.q0 + i0 + r;
-        float mul = sm_scale * fattn_row_scale(&a->q, sq.tb, p->heads_q, h, j->rows_q, tr);
+        float mul = sm_scale * fattn_row_scale(&a->q, sq.tb, p->heads_q, h, j->m.rows_q, tr);
         fattn_load_row(&a->q, fattn_row_offset(&a->q, sq.tb, tr, h), (int)d, mul, j->lut,
                        w.q + r * dp);
     }
@@ -110,11 +108,11 @@ static void fwd_task(void *arg, int64_t task, int worker) {
         /* K^T and V of the block. */
         for (int64_t c = 0; c < jn; c++) {
             int64_t tr = sq.k0 + j0 + c;
-            float ks = fattn_row_scale(&a->k, sq.tb, p->heads_kv, hk, j->rows_k, tr);
+            float ks = fattn_row_scale(&a->k, sq.tb, p->heads_kv, hk, j->m.rows_k, tr);
             fattn_load_row(&a->k, fattn_row_offset(&a->k, sq.tb, tr, hk), (int)d, ks, j->lut,
                            w.row);
             for (int64_t t = 0; t < d; t++) w.kt[t * BN + c] = w.row[t];
-            float vs = fattn_row_scale(&a->v, sq.tb, p->heads_kv, hk, j->rows_k, tr);
+            float vs = fattn_row_scale(&a->v, sq.tb, p->heads_kv, hk, j->m.rows_k, tr);
             fattn_load_row(&a->v, fattn_row_offset(&a->v, sq.tb, tr, hk), (int)dv, vs, j->lut,
                            w.v + c * dvp);
         }
@@ -184,13 +182,7 @@ fattn_status fattn_cpu_fwd(fattn_ctx *ctx, const fattn_fwd_args *a) {
     memset(&j, 0, sizeof j);
     j.a = a;
     j.kern = fattn_cpu_kernels_get();
-    j.d = p->head_dim;
-    j.dv = p->head_dim_v > 0 ? p->head_dim_v : p->head_dim;
-    j.dp = fattn_round_up(j.d, 16);
-    j.dvp = fattn_round_up(j.dv, 16);
-    j.rows_q = fattn_rows_q(p);
-    j.rows_k = fattn_rows_k(p);
-    j.group = p->heads_q / p->heads_kv;
+    j.m = fattn_cpu_dims_of(p);
 
     float lut[256];
     if (a->q.dtype == FATTN_DTYPE_E4M3) {
