@@ -10,8 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "common/testutil.h"
 #include "fattn.h"
 
 static int g_fail = 0;
@@ -33,13 +33,8 @@ static long g_checks = 0;
 static uint32_t bits_of(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static float float_of(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
-static uint64_t rng_state;
-static uint64_t rng_next(void) { /* splitmix64 */
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+static tu_rng g_rng; /* tests/common/testutil, seeded from tu_seed() in main */
+static uint64_t rng_next(void) { return tu_rng_u64(&g_rng); }
 
 /* Independent decoder: the OCP formula with ldexp. */
 static double ref_decode(uint8_t c) {
@@ -236,12 +231,7 @@ static void test_sweep_vs_cuda_port(void) {
 }
 
 int main(void) {
-    uint64_t seed;
-    const char *env = getenv("FATTN_TEST_SEED");
-    if (env && *env) seed = strtoull(env, NULL, 0);
-    else seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
-    printf("test_fp8: seed %" PRIu64 " (FATTN_TEST_SEED=%" PRIu64 " reproduces)\n", seed, seed);
-    rng_state = seed;
+    tu_rng_init(&g_rng, (uint64_t)tu_seed()); /* prints the seed; FATTN_TEST_SEED reproduces */
 
     test_decode();
     test_roundtrip();

@@ -9,24 +9,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "common/testutil.h"
 #include "fattn.h"
 #include "cpu/fp8_internal.h"
 
 static int g_fail = 0;
 
-static uint64_t rng_state;
-static uint64_t rng_next(void) {
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-static double rng_uniform(void) { return ((double)(rng_next() >> 11) + 0.5) * 0x1p-53; }
-static double rng_normal(void) {
-    return sqrt(-2.0 * log(rng_uniform())) * cos(6.283185307179586 * rng_uniform());
-}
+static tu_rng g_rng; /* tests/common/testutil, seeded from tu_seed() in main */
+static uint64_t rng_next(void) { return tu_rng_u64(&g_rng); }
+static double rng_uniform(void) { return tu_rng_uniform(&g_rng); }
+static double rng_normal(void) { return tu_rng_normal(&g_rng); }
 /* The FP8 protocol's inputs: N(0,1) plus, with probability 0.001, N(0, 10^2). */
 static float rng_outlier(void) {
     double x = rng_normal();
@@ -138,12 +131,7 @@ static void test_signs(void) {
 }
 
 int main(void) {
-    uint64_t seed;
-    const char *env = getenv("FATTN_TEST_SEED");
-    if (env && *env) seed = strtoull(env, NULL, 0);
-    else seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
-    printf("test_hadamard: seed %" PRIu64 " (FATTN_TEST_SEED=%" PRIu64 " reproduces)\n", seed, seed);
-    rng_state = seed;
+    tu_rng_init(&g_rng, (uint64_t)tu_seed()); /* prints the seed; FATTN_TEST_SEED reproduces */
     test_dim(64);
     test_dim(128);
     test_dim(256);
