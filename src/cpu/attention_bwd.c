@@ -51,11 +51,7 @@ static size_t bwd_scratch_layout(const bwd_job *j, float *base, bwd_scratch *s) 
     const int64_t BM = FATTN_CPU_BM, BN = FATTN_CPU_BN;
     const int64_t BX = BM > BN ? BM : BN;
     size_t off = 0;
-#define TAKE(field, n)                                   \
-    do {                                                 \
-        if (s) s->field = base + off;                    \
-        off += (size_t)fattn_round_up((int64_t)(n), 16); \
-    } while (0)
+#define TAKE(field, n) FATTN_SCRATCH_TAKE(s, base, off, field, n)
     TAKE(q, BM * j->m.dp);
     TAKE(dO, BM * j->m.dvp);
     TAKE(kt, j->m.d * BN);

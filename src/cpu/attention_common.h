@@ -14,6 +14,14 @@
 
 static inline int64_t fattn_round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+/* Carve one array of n floats out of a worker's scratch buffer, 16-float
+ * aligned; with s == NULL only the size is counted (off is the running total). */
+#define FATTN_SCRATCH_TAKE(s, base, off, field, n)              \
+    do {                                                        \
+        if (s) (s)->field = (base) + (off);                     \
+        (off) += (size_t)fattn_round_up((int64_t)(n), 16);      \
+    } while (0)
+
 /* One batch entry: where its rows live and how many there are. */
 typedef struct fattn_seq {
     int64_t tb;      /* batch index used in tensor offsets (0 in varlen mode) */

@@ -46,11 +46,7 @@ typedef struct fwd_scratch {
 static size_t fwd_scratch_layout(const fwd_job *j, float *base, fwd_scratch *s) {
     const int64_t BM = j->bm, BN = FATTN_CPU_BN;
     size_t off = 0;
-#define TAKE(field, n)                                   \
-    do {                                                 \
-        if (s) s->field = base + off;                    \
-        off += (size_t)fattn_round_up((int64_t)(n), 16); \
-    } while (0)
+#define TAKE(field, n) FATTN_SCRATCH_TAKE(s, base, off, field, n)
     TAKE(q, BM * j->m.dp);
     TAKE(kt, j->m.d * BN);
     TAKE(v, BN * j->m.dvp);
