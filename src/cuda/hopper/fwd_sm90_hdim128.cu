@@ -7,14 +7,10 @@
 #include "fwd_sm90_launch.cuh"
 
 fattn_status fwd_sm90_hdim128(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_variant v) {
+    /* D, BN, consumer warpgroups, K/V stages */
     if (v.causal) {
-        if (a->p.seqlen_k >= 4096) {
-            if (v.bf16) return fwd_sm90_run<FwdCfg<128, 176, 2, 2, true, true, true, true>>(ctx, a);
-            return fwd_sm90_run<FwdCfg<128, 176, 2, 2, true, false, true, true>>(ctx, a);
-        }
-        if (v.bf16) return fwd_sm90_run<FwdCfg<128, 128, 2, 2, true, true, true, true>>(ctx, a);
-        return fwd_sm90_run<FwdCfg<128, 128, 2, 2, true, false, true, true>>(ctx, a);
+        if (a->p.seqlen_k >= 4096) FWD_SM90_CAUSAL(128, 176, 2, 2);
+        FWD_SM90_CAUSAL(128, 128, 2, 2);
     }
-    /* D, BN (non-causal), BN (causal, unused here), consumer warpgroups, K/V stages */
-    FWD_SM90_DISPATCH(128, 176, 128, 2, 2)
+    FWD_SM90_NONCAUSAL(128, 176, 2, 2);
 }

@@ -62,16 +62,21 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
     return FATTN_OK;
 }
 
-/* Instantiate and dispatch the variants of one head dim. */
-#define FWD_SM90_DISPATCH(D, BN, BN_CAUSAL, NC, STAGES)                                                        \
-    if (v.causal) {                                                                                            \
-        if (v.bf16) return fwd_sm90_run<FwdCfg<D, BN_CAUSAL, NC, STAGES, true, true, true, true>>(ctx, a);     \
-        return fwd_sm90_run<FwdCfg<D, BN_CAUSAL, NC, STAGES, true, false, true, true>>(ctx, a);                \
-    }                                                                                                          \
-    if (v.bf16) {                                                                                              \
-        if (v.overlap && v.pingpong) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, true, true>>(ctx, a); \
-        if (v.overlap) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, true, false>>(ctx, a);       \
-        if (v.pingpong) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, false, true>>(ctx, a);      \
-        return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, false, false>>(ctx, a);                     \
-    }                                                                                                          \
-    return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, false, true, true>>(ctx, a);
+/* Instantiate and dispatch the variants of one head dim.  Causal kernels
+ * always run the full design; the non-causal bf16 ones also come without the
+ * overlap and/or pingpong, for the ablation (fattn_ctx_set_option). */
+#define FWD_SM90_CAUSAL(D, BN, NC, STAGES)                                                                     \
+    do {                                                                                                       \
+        if (v.bf16) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, true, true, true, true>>(ctx, a);            \
+        return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, true, false, true, true>>(ctx, a);                       \
+    } while (0)
+#define FWD_SM90_NONCAUSAL(D, BN, NC, STAGES)                                                                  \
+    do {                                                                                                       \
+        if (v.bf16) {                                                                                          \
+            if (v.overlap && v.pingpong) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, true, true>>(ctx, a); \
+            if (v.overlap) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, true, false>>(ctx, a);   \
+            if (v.pingpong) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, false, true>>(ctx, a);  \
+            return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, false, false>>(ctx, a);                 \
+        }                                                                                                      \
+        return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, false, true, true>>(ctx, a);                      \
+    } while (0)
