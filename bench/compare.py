@@ -3,7 +3,7 @@
 backends), measured in one process on the same inputs (DESIGN.md §7).
 
     python3 bench/compare.py [--dtypes bf16,fp16] [--head-dims 64,128,256]
-        [--seqlens 512,...,16384] [--causal both|0|1] [--iters 30]
+        [--seqlens 512,...,16384] [--causal both|0|1] [--iters 10]
         [--json out.json] [--png out.png] [--ablation]
 
 FLOPs = 4 * batch * heads * seqlen^2 * head_dim (halved for causal);
