@@ -92,13 +92,18 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--png")
     ap.add_argument("--ablation", action="store_true")
+    ap.add_argument("--no-pdl", action="store_true",
+                    help="launch fattn without programmatic dependent launch (its set-up then cannot "
+                         "overlap the previous call's tail)")
     a = ap.parse_args()
     dts = {"bf16": torch.bfloat16, "fp16": torch.float16}
     ctx = fattn.Context(fattn.BACKEND_CUDA, 0)
+    if a.no_pdl:
+        ctx.set_option(fattn.OPTION_DISABLE_PDL, 1)
     print("device: %s, torch %s, cuDNN %s, fattn %s" % (torch.cuda.get_device_name(), torch.__version__,
                                                         torch.backends.cudnn.version(), fattn.__version__))
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "cudnn": torch.backends.cudnn.version(), "results": [], "ablation": []}
+           "cudnn": torch.backends.cudnn.version(), "pdl": not a.no_pdl, "results": [], "ablation": []}
 
     if a.ablation:
         print("\nablation: batch 4, seqlen 8448, 16 heads, head dim 128, bf16, non-causal (TFLOPs/s)")

@@ -18,25 +18,37 @@ struct variant {
     const char *name;
     int d, causal;
     run_fn fn;
+    int no_pdl; /* FATTN_OPTION_DISABLE_PDL */
 };
-#define V(name, D, BN, NC, ST, CAUSAL) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, true, true>>}
+#define V(name, D, BN, NC, ST, CAUSAL) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, true, true>>, 0}
+#define V_NOPDL(name, D, BN, NC, ST, CAUSAL) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, true, true>>, 1}
+/* A/B against an earlier kernel: build with -DFATTN_AB_SNAPSHOT='"path"' naming a
+ * copy of the old fwd_sm90.cuh + launch code with its symbols renamed *V3/_v3
+ * (not kept in the repository).  The first variant of each (d, causal) group is
+ * the reference the others are diffed against. */
+#ifdef FATTN_AB_SNAPSHOT
+#include FATTN_AB_SNAPSHOT
+#define OLD(name, D, BN, NC, ST, CAUSAL) {name, D, CAUSAL, fwd_sm90_run_v3<FwdCfgV3<D, BN, NC, ST, CAUSAL, true, true, true>>, 0},
+#else
+#define OLD(name, D, BN, NC, ST, CAUSAL)
+#endif
 static const variant variants[] = {
-    V("d128 BN128 NC2 (v1)", 128, 128, 2, 2, false),
-    V("d128 BN176 NC2", 128, 176, 2, 2, false),
-    V("d128 BN192 NC2", 128, 192, 2, 2, false),
-    V("d128 BN160 NC2", 128, 160, 2, 2, false),
-    V("d128c BN128 NC2 (v1)", 128, 128, 2, 2, true),
-    V("d128c BN176 NC2", 128, 176, 2, 2, true),
-    V("d256 BN80 NC2 (v1)", 256, 80, 2, 2, false),
-    V("d256 BN64 NC2", 256, 64, 2, 2, false),
-    V("d256c BN80 NC2 (v1)", 256, 80, 2, 2, true),
-    V("d256c BN64 NC2", 256, 64, 2, 2, true),
-    V("d64 BN128 NC3 (v1)", 64, 128, 3, 2, false),
-    V("d64 BN128 NC2", 64, 128, 2, 2, false),
-    V("d64 BN192 NC2", 64, 192, 2, 2, false),
-    V("d64c BN128 NC3 (v1)", 64, 128, 3, 2, true),
+    OLD("d128 BN176 old", 128, 176, 2, 2, false)
+    V("d128 BN176", 128, 176, 2, 2, false),
+    V_NOPDL("d128 BN176 no PDL", 128, 176, 2, 2, false),
+    OLD("d128c BN128 old", 128, 128, 2, 2, true)
+    V("d128c BN128", 128, 128, 2, 2, true),
+    V_NOPDL("d128c BN128 no PDL", 128, 128, 2, 2, true),
+    V("d128c BN176", 128, 176, 2, 2, true),
+    OLD("d256 BN80 old", 256, 80, 2, 2, false)
+    V("d256 BN80", 256, 80, 2, 2, false),
+    OLD("d256c BN80 old", 256, 80, 2, 2, true)
+    V("d256c BN80", 256, 80, 2, 2, true),
+    OLD("d64 BN128 NC3 old", 64, 128, 3, 2, false)
+    V("d64 BN128 NC3", 64, 128, 3, 2, false),
+    OLD("d64c BN128 NC3 old", 64, 128, 3, 2, true)
+    V("d64c BN128 NC3", 64, 128, 3, 2, true),
     V("d64c BN128 NC2", 64, 128, 2, 2, true),
-    V("d64c BN192 NC2", 64, 192, 2, 2, true),
 };
 
 static float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
@@ -44,11 +56,13 @@ static float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy
 int main() {
     fattn_ctx *ctx;
     if (fattn_ctx_create(&ctx, FATTN_BACKEND_CUDA, 0) != FATTN_OK) { printf("SKIP: no GPU\n"); return 77; }
-    const int seqlens[] = {1024, 8192};
+    const int seqlens[] = {512, 1024, 2048, 8192};
+    const int nseq = sizeof seqlens / sizeof seqlens[0];
     const size_t maxel = (size_t)16384 * 2048;
-    uint16_t *q, *k, *v, *o, *o0;
+    uint16_t *q, *k, *v, *o, *o0[sizeof seqlens / sizeof seqlens[0]];
     cudaMalloc(&q, maxel * 2); cudaMalloc(&k, maxel * 2); cudaMalloc(&v, maxel * 2);
-    cudaMalloc(&o, maxel * 2); cudaMalloc(&o0, maxel * 2);
+    cudaMalloc(&o, maxel * 2);
+    for (int si = 0; si < nseq; ++si) cudaMalloc(&o0[si], maxel * 2); /* the reference output per seqlen */
     uint16_t *h = (uint16_t *)malloc(maxel * 2);
     srand(5);
     for (size_t i = 0; i < maxel; ++i) { float f = (float)rand() / RAND_MAX * 2 - 1; uint32_t u; memcpy(&u, &f, 4); h[i] = u >> 16; }
@@ -64,7 +78,7 @@ int main() {
     for (size_t vi = 0; vi < sizeof variants / sizeof variants[0]; ++vi) {
         const variant &va = variants[vi];
         if (vi == 0 || variants[vi].d != variants[vi - 1].d || variants[vi].causal != variants[vi - 1].causal) base = (int)vi;
-        for (int si = 0; si < 2; ++si) {
+        for (int si = 0; si < nseq; ++si) {
             int s = seqlens[si], b = 16384 / s, hh = 2048 / va.d;
             fattn_fwd_args a; memset(&a, 0, sizeof a);
             a.p.batch = b; a.p.seqlen_q = a.p.seqlen_k = s; a.p.heads_q = a.p.heads_kv = hh;
@@ -73,23 +87,30 @@ int main() {
             a.q = t; a.k = t; a.k.data = k; a.v = t; a.v.data = v; a.o = t; a.o.data = o;
             const size_t n = (size_t)b * s * hh * va.d;
             cudaMemset(o, 0xFF, n * 2);
+            fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_PDL, va.no_pdl);
             if (va.fn(ctx, &a) != FATTN_OK) { printf("%s: %s\n", va.name, fattn_last_error(ctx)); continue; }
             cudaDeviceSynchronize();
             float md = 0;
-            if ((int)vi == base) cudaMemcpy(o0, o, n * 2, cudaMemcpyDeviceToDevice);
+            if ((int)vi == base) cudaMemcpy(o0[si], o, n * 2, cudaMemcpyDeviceToDevice);
             else {
-                cudaMemcpy(ha, o, n * 2, cudaMemcpyDeviceToHost); cudaMemcpy(hb, o0, n * 2, cudaMemcpyDeviceToHost);
+                cudaMemcpy(ha, o, n * 2, cudaMemcpyDeviceToHost); cudaMemcpy(hb, o0[si], n * 2, cudaMemcpyDeviceToHost);
                 for (size_t i = 0; i < n; ++i) { float d = fabsf(bf16f(ha[i]) - bf16f(hb[i])); if (!(d <= md)) md = d; }
             }
-            float ts[20];
+            /* median of 15 samples, each (events around 10 back-to-back calls) / 10,
+             * so host-side launch cost overlaps the previous call as in real use */
+            float ts[15];
             for (int w = 0; w < 3; ++w) va.fn(ctx, &a);
-            for (int r = 0; r < 20; ++r) {
-                cudaEventRecord(e0); va.fn(ctx, &a); cudaEventRecord(e1); cudaEventSynchronize(e1);
+            for (int r = 0; r < 15; ++r) {
+                cudaEventRecord(e0);
+                for (int c = 0; c < 10; ++c) va.fn(ctx, &a);
+                cudaEventRecord(e1);
+                cudaEventSynchronize(e1);
                 cudaEventElapsedTime(&ts[r], e0, e1);
+                ts[r] /= 10;
             }
-            for (int i = 0; i < 20; ++i) for (int j = i + 1; j < 20; ++j) if (ts[j] < ts[i]) { float x = ts[i]; ts[i] = ts[j]; ts[j] = x; }
+            for (int i = 0; i < 15; ++i) for (int j = i + 1; j < 15; ++j) if (ts[j] < ts[i]) { float x = ts[i]; ts[i] = ts[j]; ts[j] = x; }
             double fl = 4.0 * b * hh * (double)s * s * va.d * (va.causal ? 0.5 : 1.0);
-            printf("%-24s %6d %9.1f %9.2e\n", va.name, s, fl / (ts[10] * 1e-3) / 1e12, md);
+            printf("%-24s %6d %9.1f %9.2e\n", va.name, s, fl / (ts[7] * 1e-3) / 1e12, md);
             fflush(stdout);
         }
     }

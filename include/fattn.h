@@ -117,7 +117,11 @@ FATTN_API fattn_backend fattn_ctx_backend(const fattn_ctx *ctx);
 
 /* CUDA contexts: the cudaStream_t (passed as void*) that later calls are
  * enqueued on; NULL = the legacy default stream.  Calls on a CUDA context are
- * asynchronous with respect to the host unless stated otherwise.
+ * asynchronous with respect to the host unless stated otherwise.  A context's
+ * kernels run in the order they were called: after a stream change, the
+ * first call's work on the new stream waits for the context's work on the
+ * old one.  For concurrent streams use one context per stream; a context is
+ * not for use from two threads at once.
  * CPU contexts: INVALID_ARGUMENT unless stream is NULL. */
 FATTN_API fattn_status fattn_ctx_set_stream(fattn_ctx *ctx, void *stream);
 
@@ -135,7 +139,11 @@ typedef enum fattn_option {
     /* CUDA forward: turn off pingpong scheduling of the consumer warpgroups
      * (bf16, non-causal kernels). */
     FATTN_OPTION_DISABLE_PINGPONG = 1,
-    FATTN_OPTION_COUNT_ = 2
+    /* CUDA forward: launch without programmatic dependent launch (by default
+     * a kernel's set-up may overlap the end of the previous kernel in the
+     * stream; it waits for that kernel before touching memory). */
+    FATTN_OPTION_DISABLE_PDL = 2,
+    FATTN_OPTION_COUNT_ = 3
 } fattn_option;
 
 /* Set an experimental option; INVALID_ARGUMENT for an unknown option or a

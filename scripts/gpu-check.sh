@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# gpu-check.sh LOGDIR [quick|causal|full]
+# gpu-check.sh LOGDIR [quick|causal|full|nobench]
 # On a machine with a Hopper GPU: build what is missing, check the kernels'
 # resources and SASS, run the GPU tests, compute-sanitizer on small shapes, and
 # the side-by-side benchmark.  Logs land in LOGDIR (at most 8 files).
 set -u
-LOG=${1:?usage: scripts/gpu-check.sh LOGDIR [quick|causal|full]}
+LOG=${1:?usage: scripts/gpu-check.sh LOGDIR [quick|causal|full|nobench]}
 MODE=${2:-full}
 mkdir -p "$LOG"
 cd "$(dirname "$0")/.."
@@ -46,6 +46,8 @@ step "compute-sanitizer (small shapes)"
   fi
 } >"$LOG/sanitizer.log" 2>&1
 grep -E "rc=|ERROR SUMMARY" "$LOG/sanitizer.log" | tee -a "$LOG/summary.txt"
+
+[ "$MODE" = nobench ] && exit 0
 
 step benchmark
 export PYTHONUNBUFFERED=1 FATTN_LIBRARY="$PWD/$BUILD/libfattn.so"

@@ -211,6 +211,15 @@ static void test_contexts(void) {
     EXPECT(st == INV && strstr(fattn_last_error(ctx), "threads"), "negative threads");
     EXPECT(fattn_ctx_set_threads(ctx, 2) == FATTN_OK, "set_threads 2");
     EXPECT(fattn_ctx_set_stream(NULL, NULL) == INV, "set_stream(NULL ctx)");
+    /* experimental options: known ones take 0 or 1, nothing else */
+    EXPECT(fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_PDL, 1) == FATTN_OK &&
+               fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_PDL, 0) == FATTN_OK,
+           "set_option DISABLE_PDL 1 / 0");
+    EXPECT(fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_OVERLAP, 2) == INV && fattn_last_error(ctx)[0] != '\0',
+           "set_option value 2");
+    EXPECT(fattn_ctx_set_option(ctx, FATTN_OPTION_COUNT_, 0) == INV, "set_option unknown option");
+    EXPECT(fattn_ctx_set_option(ctx, (fattn_option)-1, 0) == INV, "set_option negative option");
+    EXPECT(fattn_ctx_set_option(NULL, FATTN_OPTION_DISABLE_PDL, 0) == INV, "set_option(NULL ctx)");
     EXPECT(fattn_ctx_set_threads(NULL, 1) == INV, "set_threads(NULL ctx)");
     fattn_ctx_free(ctx);
     fattn_ctx_free(NULL);

@@ -8,8 +8,19 @@
 struct fattn_cuda_state {
     int num_sms;
     void *encode_tiled; /* PFN_cuTensorMapEncodeTiled, from the driver */
+    unsigned *tile_counter; /* causal forward's tile scheduler, 2 words, zero between launches */
+    void *last_stream;      /* stream of the last launch (valid when launched) */
+    int launched;
+    void *switch_event;     /* cudaEvent_t, orders launches across a stream switch */
 };
 
+/* The context's kernels share per-context state (the tile counter), so they
+ * must run one after another: when ctx->stream differs from the stream of the
+ * last launch, make it wait for the work enqueued there.  Call before each
+ * launch. */
+fattn_status cuda_order_stream(fattn_ctx *ctx);
+/* The context's tile counter (allocated and zeroed on first use). */
+fattn_status cuda_tile_counter(fattn_ctx *ctx, unsigned **counter);
 fattn_status cuda_check_device_ptr(fattn_ctx *ctx, const void *ptr, const char *name);
 fattn_status cuda_make_tensor_map(fattn_ctx *ctx, CUtensorMap *map, const fattn_tensor *t, int64_t dim, int64_t seq,
                                   int64_t heads, int64_t batch, int box_rows, const char *name);

@@ -59,6 +59,20 @@ extern "C" fattn_status fattn_cuda_ctx_init(fattn_ctx *ctx) {
 
 extern "C" void fattn_cuda_ctx_free(fattn_ctx *ctx) {
     if (!ctx || !ctx->cuda) return;
+    fattn_cuda_state *st = (fattn_cuda_state *)ctx->cuda;
+    if (st->tile_counter || st->switch_event) {
+        /* free on the context's device, after its last kernel */
+        int cur = -1;
+        const bool other = cudaGetDevice(&cur) == cudaSuccess && cur != ctx->device;
+        if (other) (void)cudaSetDevice(ctx->device);
+        if (st->tile_counter) {
+            (void)cudaStreamSynchronize((cudaStream_t)st->last_stream);
+            (void)cudaFree(st->tile_counter);
+        }
+        if (st->switch_event) (void)cudaEventDestroy((cudaEvent_t)st->switch_event);
+        if (other) (void)cudaSetDevice(cur);
+        (void)cudaGetLastError();
+    }
     free(ctx->cuda);
     ctx->cuda = NULL;
 }
@@ -70,6 +84,48 @@ extern "C" fattn_status fattn_cuda_copy_to_host(fattn_ctx *ctx, void *dst, const
         return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "cannot read %zu bytes of device memory at %p: %s", n,
                           src, cudaGetErrorString(e));
     }
+    return FATTN_OK;
+}
+
+/* ---- per-context launch state --------------------------------------------- */
+
+fattn_status cuda_order_stream(fattn_ctx *ctx) {
+    fattn_cuda_state *st = (fattn_cuda_state *)ctx->cuda;
+    if (st->launched && st->last_stream != ctx->stream) {
+        cudaError_t e = cudaSuccess;
+        if (!st->switch_event) {
+            cudaEvent_t ev;
+            e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+            if (e == cudaSuccess) st->switch_event = ev;
+        }
+        if (e == cudaSuccess) e = cudaEventRecord((cudaEvent_t)st->switch_event, (cudaStream_t)st->last_stream);
+        if (e == cudaSuccess) e = cudaStreamWaitEvent((cudaStream_t)ctx->stream, (cudaEvent_t)st->switch_event, 0);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            return fattn_fail(ctx, FATTN_ERROR_CUDA, "ordering the new stream after the previous one: %s",
+                              cudaGetErrorString(e));
+        }
+    }
+    st->launched = 1;
+    st->last_stream = ctx->stream;
+    return FATTN_OK;
+}
+
+fattn_status cuda_tile_counter(fattn_ctx *ctx, unsigned **counter) {
+    fattn_cuda_state *st = (fattn_cuda_state *)ctx->cuda;
+    if (!st->tile_counter) {
+        void *p = NULL;
+        cudaError_t e = cudaMalloc(&p, 2 * sizeof(unsigned));
+        if (e == cudaSuccess) e = cudaMemset(p, 0, 2 * sizeof(unsigned));
+        if (e != cudaSuccess) {
+            if (p) cudaFree(p);
+            (void)cudaGetLastError();
+            return fattn_fail(ctx, e == cudaErrorMemoryAllocation ? FATTN_ERROR_OUT_OF_MEMORY : FATTN_ERROR_CUDA,
+                              "allocating the tile counter: %s", cudaGetErrorString(e));
+        }
+        st->tile_counter = (unsigned *)p;
+    }
+    *counter = st->tile_counter;
     return FATTN_OK;
 }
 

@@ -126,6 +126,61 @@ static int run_case(fattn_ctx *ctx, tu_rng *rng, const fwd_case &c) {
     return tu_failures == fails_before;
 }
 
+/* The same causal multi-tile problem on two streams back to back, no host
+ * sync between: the context orders its kernels across the stream switch
+ * (they share its tile counter), and the second stream's output must equal
+ * the first's bit for bit.  Then again on the first stream (counter reused). */
+static void two_streams(fattn_ctx *ctx, tu_rng *rng) {
+    const int B = 2, S = 1024, H = 16, D = 128;
+    const size_t n = (size_t)B * S * H * D;
+    uint16_t *h = (uint16_t *)tu_malloc(n * 2);
+    void *q, *k, *v, *o[3];
+    CK(cudaMalloc(&q, n * 2));
+    CK(cudaMalloc(&k, n * 2));
+    CK(cudaMalloc(&v, n * 2));
+    for (int i = 0; i < 3; ++i) {
+        CK(cudaMalloc(&o[i], n * 2));
+        CK(cudaMemset(o[i], 0xFF, n * 2));
+    }
+    void *src[3] = {q, k, v};
+    for (int t = 0; t < 3; ++t) {
+        for (size_t i = 0; i < n; ++i) h[i] = (uint16_t)(0x3C00 ^ (tu_rng_u64(rng) & 0x83FF)); /* fp16, magnitude in [1, 2) */
+        CK(cudaMemcpy(src[t], h, n * 2, cudaMemcpyHostToDevice));
+    }
+    cudaStream_t st[2];
+    CK(cudaStreamCreateWithFlags(&st[0], cudaStreamNonBlocking));
+    CK(cudaStreamCreateWithFlags(&st[1], cudaStreamNonBlocking));
+    fattn_fwd_args a;
+    memset(&a, 0, sizeof a);
+    a.p.batch = B; a.p.seqlen_q = a.p.seqlen_k = S; a.p.heads_q = a.p.heads_kv = H;
+    a.p.head_dim = D; a.p.causal = 1;
+    fattn_tensor t = {q, FATTN_DTYPE_F16, 0, 0, 0, NULL, 0};
+    a.q = t; a.k = t; a.k.data = k; a.v = t; a.v.data = v; a.o = t;
+    int ok = 1;
+    for (int i = 0; i < 3; ++i) {
+        a.o.data = o[i];
+        ok &= fattn_ctx_set_stream(ctx, st[i % 2]) == FATTN_OK;
+        ok &= fattn_fwd(ctx, &a) == FATTN_OK;
+    }
+    TU_CHECK(ok, "two streams: a call failed: %s", fattn_last_error(ctx));
+    CK(cudaDeviceSynchronize());
+    uint16_t *g = (uint16_t *)tu_malloc(n * 2);
+    CK(cudaMemcpy(h, o[0], n * 2, cudaMemcpyDeviceToHost));
+    size_t poisoned = 0;
+    for (size_t i = 0; i < n; ++i) poisoned += h[i] == 0xFFFF;
+    TU_CHECK(poisoned == 0, "two streams: %zu outputs never written", poisoned);
+    for (int i = 1; i < 3; ++i) {
+        CK(cudaMemcpy(g, o[i], n * 2, cudaMemcpyDeviceToHost));
+        TU_CHECK(memcmp(g, h, n * 2) == 0, "two streams: call %d differs from call 0", i);
+    }
+    fattn_ctx_set_stream(ctx, NULL);
+    cudaStreamDestroy(st[0]);
+    cudaStreamDestroy(st[1]);
+    cudaFree(q); cudaFree(k); cudaFree(v);
+    for (int i = 0; i < 3; ++i) cudaFree(o[i]);
+    free(h); free(g);
+}
+
 int main(void) {
     fattn_ctx *ctx = gpu_ctx_or_skip();
     tu_rng rng;
@@ -155,12 +210,19 @@ int main(void) {
         {1, 333, 777, 16, 2, 64, 1, H, TU_BSHD},
         {2, 200, 200, 8, 1, 256, 0, H, TU_BSHD},
         {3, 257, 257, 4, 2, 128, 1, H, TU_BHSD},
+        /* more tiles than an H200 has SMs (132), so persistent CTAs take
+         * several tiles each: causal (dynamic scheduler, GQA), causal with
+         * seqlen_q > seqlen_k (most tiles fully masked), non-causal (static) */
+        {2, 1024, 1024, 16, 4, 64, 1, B, TU_BSHD},
+        {2, 1500, 300, 12, 4, 128, 1, H, TU_BSHD},
+        {1, 1100, 1100, 20, 20, 128, 0, B, TU_BHSD},
     };
     const int only = getenv("FATTN_TEST_SMALL") ? 1 : 0; /* sanitizer runs: small shapes only */
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
         if (only && (long)cases[i].sq * cases[i].sk > 300 * 300) continue;
         run_case(ctx, &rng, cases[i]);
     }
+    if (!only) two_streams(ctx, &rng);
     fattn_ctx_free(ctx);
     return tu_finish("gpu fwd");
 }

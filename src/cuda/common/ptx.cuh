@@ -33,6 +33,17 @@ __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+/* ---- shared-memory words (explicit .shared: a generic access to a
+ * computed shared pointer compiles to a slower generic ST/LD) ------------- */
+__device__ __forceinline__ void st_shared_s32(void *p, int v) {
+    asm volatile("st.shared.s32 [%0], %1;\n" ::"r"(smem_u32(p)), "r"(v) : "memory");
+}
+__device__ __forceinline__ int ld_shared_s32(const void *p) {
+    int v;
+    asm volatile("ld.shared.s32 %0, [%1];\n" : "=r"(v) : "r"(smem_u32(p)) : "memory");
+    return v;
+}
+
 /* ---- wgmma bookkeeping --------------------------------------------------- */
 /* wgmma.fence: order register accesses to accumulators / A fragments before a
  * following wgmma that uses them. */
@@ -82,6 +93,13 @@ __device__ __forceinline__ void tma_load_4d(void *dst, const CUtensorMap *map, i
                                             uint64_t *bar) {
     const int32_t coords[4] = {c0, c1, c2, c3};
     ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, dst, map, coords, bar);
+}
+/* Pull the box at these coordinates into L2 only (no shared memory, no
+ * mbarrier): a hint that a later tma_load_4d of it will hit L2. */
+__device__ __forceinline__ void tma_prefetch_l2_4d(const CUtensorMap *map, int c0, int c1, int c2, int c3) {
+    asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::"l"(map), "r"(c0),
+                 "r"(c1), "r"(c2), "r"(c3)
+                 : "memory");
 }
 __device__ __forceinline__ void tma_prefetch_desc(const CUtensorMap *map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");

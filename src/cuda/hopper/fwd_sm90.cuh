@@ -16,6 +16,18 @@
  * Key blocks are visited from the last to the first, so the blocks that need
  * a mask (seqlen_k tail, causal diagonal) come first and the rest run unmasked.
  *
+ * Tile boundaries: each consumer warpgroup has its own 64-row Q buffer with its
+ * own full/empty mbarriers, so its next Q is loaded as soon as it has issued
+ * its own last QK^T, and the producer prefetches the next tile's Q into L2 a
+ * whole tile ahead.  The producer alone picks tiles and hands each consumer
+ * warpgroup the index through a shared slot published with its Q barrier
+ * (an index >= num_tiles ends the consumers' loop).  Non-causal tiles are
+ * all equally long: static round-robin.  Causal tiles are not: they are
+ * grabbed from a global counter (greedy over a longest-first list), which
+ * the last CTA to finish resets to zero for the next launch.  The pingpong token goes round the consumers without a
+ * break across tiles: warpgroup 0 starts tile t+1 while the last warpgroup
+ * still finishes tile t.
+ *
  * Shared tiles use the 128-byte swizzle: a head_dim-D tile is D/64 "slabs" of
  * rows x 64 elements (128 bytes per row), each written by one TMA box.
  */
@@ -34,6 +46,7 @@ struct FwdParams {
     int causal_offset; /* seqlen_k - seqlen_q */
     int num_m_blocks, num_tiles;
     int head_group; /* causal schedule: (batch, head) pairs whose K/V share L2 */
+    unsigned *tile_counter; /* causal: [next tile - gridDim.x, CTAs done], zero between launches */
     float softmax_scale, scale_log2;
 };
 
@@ -45,14 +58,17 @@ struct FwdCfg {
     static constexpr int THREADS = 128 * (NC + 1);
     static constexpr int SLABS = D / 64;
     static constexpr int Q_BYTES = BM * D * 2;
+    static constexpr int QWG_BYTES = 64 * D * 2; /* one consumer warpgroup's Q rows */
     static constexpr int KV_BYTES = BN * D * 2;
     /* Shared layout (offsets from a 1024-aligned base). */
     static constexpr int OFF_Q = 0;
     static constexpr int OFF_K = OFF_Q + Q_BYTES;
     static constexpr int OFF_V = OFF_K + STAGES * KV_BYTES;
     static constexpr int OFF_BAR = OFF_V + STAGES * KV_BYTES;
-    static constexpr int NUM_BARS = 4 * STAGES + 2;
-    static constexpr int SMEM_BYTES = OFF_BAR + NUM_BARS * 8 + 1024; /* + alignment slack */
+    static constexpr int NUM_BARS = 4 * STAGES + 2 * NC;
+    static constexpr int OFF_SLOT = OFF_BAR + NUM_BARS * 8; /* tile index per consumer warpgroup */
+    static constexpr int SMEM_BYTES = OFF_SLOT + NC * 4 + 1024; /* + alignment slack */
+    static constexpr bool DYNAMIC = CAUSAL; /* tile scheduler: atomic counter */
     /* Registers per thread after setmaxnreg (FA3's split, HOPPER-PTX §6). */
     static constexpr int REGS_PRODUCER = NC == 2 ? 24 : 32;
     static constexpr int REGS_CONSUMER = NC == 2 ? 240 : 160;
@@ -110,7 +126,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     uint8_t *sV = smem + C::OFF_V;
     uint64_t *bars = (uint64_t *)(smem + C::OFF_BAR);
     uint64_t *full_k = bars, *empty_k = bars + STAGES, *full_v = bars + 2 * STAGES, *empty_v = bars + 3 * STAGES;
-    uint64_t *full_q = bars + 4 * STAGES, *empty_q = full_q + 1;
+    uint64_t *full_q = bars + 4 * STAGES, *empty_q = full_q + NC; /* one pair per consumer warpgroup */
+    int *tile_slot = (int *)(smem + C::OFF_SLOT); /* st/ld_shared_s32 only */
 
     const int warpgroup = threadIdx.x / 128;
     const int tid = threadIdx.x % 128;
@@ -124,11 +141,19 @@ __global__ void __launch_bounds__(C::THREADS, 1)
             mbar_init(&empty_k[s], 4 * NC);
             mbar_init(&empty_v[s], 4 * NC);
         }
-        mbar_init(full_q, 1);
-        mbar_init(empty_q, 4 * NC);
+        for (int w = 0; w < NC; ++w) {
+            mbar_init(&full_q[w], 1);
+            mbar_init(&empty_q[w], 4);
+        }
         ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
     }
     __syncthreads();
+    /* Programmatic dependent launch: the set-up above may overlap the tail of
+     * the previous kernel in the stream; nothing below touches global memory
+     * before that kernel has finished.  The next kernel may be scheduled as
+     * soon as this one's CTAs leave SMs (it waits the same way). */
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 
     if (warpgroup == 0) {
         /* ------------------------------ producer ------------------------------ */
@@ -138,17 +163,32 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         tma_prefetch_desc(&tm_k);
         tma_prefetch_desc(&tm_v);
         int it = 0, q_iter = 0;
-        for (int t = blockIdx.x; t < p.num_tiles; t += gridDim.x) {
+        int t = blockIdx.x; /* grid <= num_tiles */
+        for (;;) {
+            /* the next tile is picked one ahead, so its Q can be prefetched */
+            const int t_next =
+                C::DYNAMIC ? (int)gridDim.x + (int)atomicAdd(&p.tile_counter[0], 1u) : t + (int)gridDim.x;
             int m, h, b;
             fwd_tile_decode<C::CAUSAL>(p, t, m, h, b);
             const int nblocks = fwd_num_n_blocks<C>(p, m);
-            if (nblocks == 0) continue;
             const int hk = h / p.group;
-            if (q_iter > 0) mbar_wait(empty_q, (q_iter - 1) & 1);
-            mbar_expect_tx_arrive(full_q, C::Q_BYTES);
-            for (int c = 0; c < C::SLABS; ++c)
-                tma_load_4d(sQ + c * BM * 128, &tm_q, c * 64, m * BM, h, b, full_q);
-            ++q_iter;
+            /* Q is read once, from DRAM: start pulling the next tile's Q into
+             * L2 now, a tile ahead of its load into shared memory */
+            if (t_next < p.num_tiles) {
+                int m2, h2, b2;
+                fwd_tile_decode<C::CAUSAL>(p, t_next, m2, h2, b2);
+                for (int w = 0; w < NC; ++w)
+                    for (int c = 0; c < C::SLABS; ++c) tma_prefetch_l2_4d(&tm_q, c * 64, m2 * BM + w * 64, h2, b2);
+            }
+            if (nblocks == 0) {
+                /* every row masked: the consumers only write O = 0, LSE = -inf */
+                for (int w = 0; w < NC; ++w) {
+                    if (q_iter > 0) mbar_wait(&empty_q[w], (q_iter - 1) & 1);
+                    st_shared_s32(&tile_slot[w], t);
+                    mbar_arrive(&full_q[w]);
+                }
+                ++q_iter;
+            }
             for (int n = nblocks - 1; n >= 0; --n, ++it) {
                 const int s = it % STAGES;
                 const uint32_t ph = (it / STAGES) & 1;
@@ -156,10 +196,42 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                 mbar_expect_tx_arrive(&full_k[s], C::KV_BYTES);
                 for (int c = 0; c < C::SLABS; ++c)
                     tma_load_4d(sK + s * C::KV_BYTES + c * BN * 128, &tm_k, c * 64, n * BN, hk, b, &full_k[s]);
+                if (n == nblocks - 1) {
+                    /* the first K's stage frees before the Q buffers do (one
+                     * block earlier), so K goes first; then each warpgroup's
+                     * tile index and Q, as soon as that warpgroup has issued
+                     * its last QK^T of the previous tile */
+                    for (int w = 0; w < NC; ++w) {
+                        if (q_iter > 0) mbar_wait(&empty_q[w], (q_iter - 1) & 1);
+                        st_shared_s32(&tile_slot[w], t); /* published by the arrive's release */
+                        mbar_expect_tx_arrive(&full_q[w], C::QWG_BYTES);
+                        for (int c = 0; c < C::SLABS; ++c)
+                            tma_load_4d(sQ + c * BM * 128 + w * 64 * 128, &tm_q, c * 64, m * BM + w * 64, h, b, &full_q[w]);
+                    }
+                    ++q_iter;
+                }
                 mbar_wait(&empty_v[s], ph ^ 1);
                 mbar_expect_tx_arrive(&full_v[s], C::KV_BYTES);
                 for (int c = 0; c < C::SLABS; ++c)
                     tma_load_4d(sV + s * C::KV_BYTES + c * BN * 128, &tm_v, c * 64, n * BN, hk, b, &full_v[s]);
+            }
+            t = t_next;
+            if (t >= p.num_tiles) break;
+        }
+        /* end of work for the consumers */
+        for (int w = 0; w < NC; ++w) {
+            if (q_iter > 0) mbar_wait(&empty_q[w], (q_iter - 1) & 1);
+            st_shared_s32(&tile_slot[w], p.num_tiles);
+            mbar_arrive(&full_q[w]);
+        }
+        if (C::DYNAMIC) {
+            /* every CTA's last grab precedes its "done"; the last one done
+             * rewinds the counter for the next launch in the stream */
+            __threadfence();
+            if (atomicAdd(&p.tile_counter[1], 1u) == gridDim.x - 1) {
+                p.tile_counter[0] = 0;
+                p.tile_counter[1] = 0;
+                __threadfence();
             }
         }
         return;
@@ -177,18 +249,30 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     float oacc[D / 2];
     uint32_t pfrag[BN / 16][4];
 
+    /* Pingpong token ring over the consumers (named barriers 8 .. 8+NC-1),
+     * kept going across tiles: warpgroup 0 holds the token first. */
+    if (C::PINGPONG && wg == NC - 1) named_bar_arrive(8, 256);
     int it = 0, q_iter = 0;
-    for (int t = blockIdx.x; t < p.num_tiles; t += gridDim.x) {
+    for (;;) {
+        /* the producer publishes this warpgroup's next tile with its Q */
+        mbar_wait(&full_q[wg], q_iter & 1);
+        ++q_iter;
+        const int t = ld_shared_s32(&tile_slot[wg]);
+        if (t >= p.num_tiles) break;
         int m, h, b;
         fwd_tile_decode<C::CAUSAL>(p, t, m, h, b);
         const int nblocks = fwd_num_n_blocks<C>(p, m);
         const int row_base = m * BM + wg * 64; /* first query row of this warpgroup */
+        auto release = [&](uint64_t *bar) {
+            __syncwarp();
+            if (lane == 0) mbar_arrive(bar);
+        };
 
         if (nblocks > 0) {
             float row_max[2] = {-INFINITY, -INFINITY};
             float row_sum[2] = {0.f, 0.f};
-            mbar_wait(full_q, q_iter & 1);
-            ++q_iter;
+#pragma unroll
+            for (int i = 0; i < D / 2; ++i) oacc[i] = 0.f;
 
             const uint64_t desc_q = smem_desc_sw128(sQ + wg * 64 * 128, 16, 1024);
 
@@ -203,15 +287,11 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                 }
             };
             /* O += P V_s (issue only). */
-            auto issue_pv = [&](int s, int accumulate) {
+            auto issue_pv = [&](int s) {
                 const uint64_t desc_v = smem_desc_sw128(sV + s * C::KV_BYTES, BN * 128, 1024);
 #pragma unroll
                 for (int ks = 0; ks < BN / 16; ++ks)
-                    WGO::rs(oacc, pfrag[ks], desc_add(desc_v, ks * 2048), accumulate || ks > 0);
-            };
-            auto release = [&](uint64_t *bar) {
-                __syncwarp();
-                if (lane == 0) mbar_arrive(bar);
+                    WGO::rs(oacc, pfrag[ks], desc_add(desc_v, ks * 2048), 1);
             };
             /* Mask, new running max, p = exp2(s*c - m*c) in place, partial row
              * sums; returns the factor the old O and l must be scaled by. */
@@ -277,33 +357,33 @@ __global__ void __launch_bounds__(C::THREADS, 1)
             auto pp_sync = [&]() {
                 if (C::PINGPONG) named_bar_sync(bar_self, 256);
             };
-            auto pp_arrive = [&](bool last) {
-                /* the last warpgroup skips its final hand-over: it was given
-                 * in advance by the tile's initial arrive below */
-                if (C::PINGPONG && !(last && wg == NC - 1)) named_bar_arrive(bar_next, 256);
+            auto pp_arrive = [&]() {
+                if (C::PINGPONG) named_bar_arrive(bar_next, 256);
             };
-            if (C::PINGPONG && wg == NC - 1) named_bar_arrive(8, 256); /* warpgroup 0 goes first */
 
+            /* O starts at zero and is rescaled by the pending alpha right
+             * before each PV GEMM adds to it (FA3's placement: with the
+             * overlap, under the QK^T GEMM just issued). */
             float alpha[2];
             int n = nblocks - 1;
             int s = it % STAGES;
             uint32_t ph = (it / STAGES) & 1;
-            /* peeled first block: S, softmax (no PV yet) */
-            pp_sync();
+            /* peeled first block: S, softmax (no PV yet).  Data is waited for
+             * before taking the token, so a warpgroup never holds it idle. */
             mbar_wait(&full_k[s], ph);
+            pp_sync();
             wgmma_fence();
             issue_qk(s);
             wgmma_commit();
-            pp_arrive(false);
+            pp_arrive();
             wgmma_wait<0>();
             reg_fence(sacc);
             release(&empty_k[s]);
-            if (n == 0) release(empty_q);
+            if (n == 0) release(&empty_q[wg]);
             softmax_step(n, alpha);
             convert_p();
             int prev_s = s;
             uint32_t prev_ph = ph;
-            bool first_pv = true;
             ++it;
 
             for (--n; n >= 0; --n, ++it) {
@@ -314,56 +394,57 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                      * fence keeps ptxas from injecting a second warpgroup.arrive
                      * (C7519) between the two GEMMs */
                     mbar_wait(&full_v[prev_s], prev_ph);
-                    pp_sync();
                     mbar_wait(&full_k[s], ph);
+                    pp_sync();
                     wgmma_fence();
                     issue_qk(s);
                     wgmma_commit();
-                    issue_pv(prev_s, !first_pv);
+                    rescale_o(alpha); /* while S = Q K^T runs */
+                    wgmma_fence();
+                    issue_pv(prev_s);
                     wgmma_commit();
-                    pp_arrive(false);
+                    pp_arrive();
                     wgmma_wait<1>(); /* S done, PV may still run */
                     reg_fence(sacc);
                     release(&empty_k[s]);
-                    if (n == 0) release(empty_q);
+                    if (n == 0) release(&empty_q[wg]);
                     softmax_step(n, alpha); /* under the PV GEMM */
                     wgmma_wait<0>();
                     reg_fence(oacc);
                     release(&empty_v[prev_s]);
-                    rescale_o(alpha);
                     convert_p();
                 } else {
                     /* PV of the previous block, then S of this one, each waited for */
+                    rescale_o(alpha);
                     mbar_wait(&full_v[prev_s], prev_ph);
-                    pp_sync();
                     mbar_wait(&full_k[s], ph);
+                    pp_sync();
                     wgmma_fence();
-                    issue_pv(prev_s, !first_pv);
+                    issue_pv(prev_s);
                     wgmma_commit();
                     issue_qk(s);
                     wgmma_commit();
-                    pp_arrive(false);
+                    pp_arrive();
                     wgmma_wait<0>();
                     reg_fence(sacc);
                     reg_fence(oacc);
                     release(&empty_v[prev_s]);
                     release(&empty_k[s]);
-                    if (n == 0) release(empty_q);
+                    if (n == 0) release(&empty_q[wg]);
                     softmax_step(n, alpha);
-                    rescale_o(alpha);
                     convert_p();
                 }
-                first_pv = false;
                 prev_s = s;
                 prev_ph = ph;
             }
             /* last PV */
+            rescale_o(alpha);
             mbar_wait(&full_v[prev_s], prev_ph);
             pp_sync();
             wgmma_fence();
-            issue_pv(prev_s, !first_pv);
+            issue_pv(prev_s);
             wgmma_commit();
-            pp_arrive(true);
+            pp_arrive();
             wgmma_wait<0>();
             reg_fence(oacc);
             release(&empty_v[prev_s]);
@@ -390,6 +471,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
             }
         } else {
             /* every row of this tile sees no key: O = 0, LSE = -inf */
+            release(&empty_q[wg]);
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 const int row = row_base + r0 + 8 * r;
@@ -400,4 +482,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
             }
         }
     }
+    /* the ring's last hand-over (to warpgroup 0) has no taker: take it, so no
+     * arrival is left pending on a named barrier at exit */
+    if (C::PINGPONG && wg == 0) named_bar_sync(8, 256);
 }

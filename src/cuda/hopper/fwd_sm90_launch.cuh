@@ -3,6 +3,9 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <string.h>
+
 #include "../cuda_engine.h"
 #include "fwd_sm90.cuh"
 
@@ -11,13 +14,14 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
     const fattn_problem *pr = &a->p;
     CUtensorMap tq, tk, tv;
     fattn_status s;
-    if ((s = cuda_make_tensor_map(ctx, &tq, &a->q, C::D, pr->seqlen_q, pr->heads_q, pr->batch, C::BM, "q")) != FATTN_OK)
+    if ((s = cuda_make_tensor_map(ctx, &tq, &a->q, C::D, pr->seqlen_q, pr->heads_q, pr->batch, 64, "q")) != FATTN_OK)
         return s;
     if ((s = cuda_make_tensor_map(ctx, &tk, &a->k, C::D, pr->seqlen_k, pr->heads_kv, pr->batch, C::BN, "k")) != FATTN_OK)
         return s;
     if ((s = cuda_make_tensor_map(ctx, &tv, &a->v, C::D, pr->seqlen_k, pr->heads_kv, pr->batch, C::BN, "v")) != FATTN_OK)
         return s;
-    const fattn_cuda_state *st = (const fattn_cuda_state *)ctx->cuda;
+    fattn_cuda_state *st = (fattn_cuda_state *)ctx->cuda;
+    if ((s = cuda_order_stream(ctx)) != FATTN_OK) return s;
     FwdParams p;
     p.o = a->o.data;
     p.lse = a->lse;
@@ -49,15 +53,38 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
         const long nbh = (long)pr->batch * pr->heads_q;
         p.head_group = (int)(hg < nbh ? hg : nbh);
     }
+    p.tile_counter = NULL;
+    if (C::DYNAMIC && (s = cuda_tile_counter(ctx, &p.tile_counter)) != FATTN_OK) return s;
     p.softmax_scale = pr->softmax_scale;
     p.scale_log2 = pr->softmax_scale * 1.4426950408889634f;
 
     int grid = p.num_tiles < st->num_sms ? p.num_tiles : st->num_sms;
     auto kern = fwd_sm90_kernel<C>;
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM_BYTES);
-    if (e != cudaSuccess) return fattn_fail(ctx, FATTN_ERROR_CUDA, "cudaFuncSetAttribute: %s", cudaGetErrorString(e));
-    kern<<<grid, C::THREADS, C::SMEM_BYTES, (cudaStream_t)ctx->stream>>>(tq, tk, tv, p);
-    e = cudaGetLastError();
+    /* the shared-memory opt-in is per function and device: once each (a
+     * repeated set from two threads at once is harmless) */
+    static std::atomic<uint64_t> smem_set{0};
+    const uint64_t dev_bit = ctx->device < 64 ? 1ull << ctx->device : 0;
+    cudaError_t e;
+    if (!dev_bit || !(smem_set.load(std::memory_order_relaxed) & dev_bit)) {
+        e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM_BYTES);
+        if (e != cudaSuccess) return fattn_fail(ctx, FATTN_ERROR_CUDA, "cudaFuncSetAttribute: %s", cudaGetErrorString(e));
+        smem_set.fetch_or(dev_bit, std::memory_order_relaxed);
+    }
+    /* programmatic dependent launch (the kernel waits for its predecessor
+     * with griddepcontrol.wait before it touches global memory) */
+    cudaLaunchConfig_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(C::THREADS);
+    cfg.dynamicSmemBytes = C::SMEM_BYTES;
+    cfg.stream = (cudaStream_t)ctx->stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = ctx->options[FATTN_OPTION_DISABLE_PDL] ? 0 : 1;
+    e = cudaLaunchKernelEx(&cfg, kern, tq, tk, tv, p);
+    if (e == cudaSuccess) e = cudaGetLastError();
     if (e != cudaSuccess) return fattn_fail(ctx, FATTN_ERROR_CUDA, "forward kernel launch: %s", cudaGetErrorString(e));
     return FATTN_OK;
 }
