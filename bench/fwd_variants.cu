@@ -74,43 +74,63 @@ int main() {
     uint16_t *ha = (uint16_t *)malloc(maxel * 2), *hb = (uint16_t *)malloc(maxel * 2);
     cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
     printf("%-24s %6s %9s %9s\n", "variant", "seqlen", "TFLOPs/s", "maxdiff");
-    int base = -1;
-    for (size_t vi = 0; vi < sizeof variants / sizeof variants[0]; ++vi) {
-        const variant &va = variants[vi];
-        if (vi == 0 || variants[vi].d != variants[vi - 1].d || variants[vi].causal != variants[vi - 1].causal) base = (int)vi;
+    const int nvar = (int)(sizeof variants / sizeof variants[0]);
+    /* variants with the same (d, causal) form a group: checked against the
+     * group's first, and timed interleaved (round r times every variant of
+     * the group once) so that drift of the machine hits them alike */
+    for (int g0 = 0, g1; g0 < nvar; g0 = g1) {
+        for (g1 = g0 + 1; g1 < nvar && variants[g1].d == variants[g0].d && variants[g1].causal == variants[g0].causal; ++g1) {
+        }
+        const int d = variants[g0].d, causal = variants[g0].causal;
         for (int si = 0; si < nseq; ++si) {
-            int s = seqlens[si], b = 16384 / s, hh = 2048 / va.d;
+            int s = seqlens[si], b = 16384 / s, hh = 2048 / d;
             fattn_fwd_args a; memset(&a, 0, sizeof a);
             a.p.batch = b; a.p.seqlen_q = a.p.seqlen_k = s; a.p.heads_q = a.p.heads_kv = hh;
-            a.p.head_dim = a.p.head_dim_v = va.d; a.p.softmax_scale = 1.f / sqrtf((float)va.d); a.p.causal = va.causal;
-            fattn_tensor t = {q, FATTN_DTYPE_BF16, (int64_t)s * hh * va.d, (int64_t)hh * va.d, va.d, NULL, 0};
+            a.p.head_dim = a.p.head_dim_v = d; a.p.softmax_scale = 1.f / sqrtf((float)d); a.p.causal = causal;
+            fattn_tensor t = {q, FATTN_DTYPE_BF16, (int64_t)s * hh * d, (int64_t)hh * d, d, NULL, 0};
             a.q = t; a.k = t; a.k.data = k; a.v = t; a.v.data = v; a.o = t; a.o.data = o;
-            const size_t n = (size_t)b * s * hh * va.d;
-            cudaMemset(o, 0xFF, n * 2);
-            fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_PDL, va.no_pdl);
-            if (va.fn(ctx, &a) != FATTN_OK) { printf("%s: %s\n", va.name, fattn_last_error(ctx)); continue; }
-            cudaDeviceSynchronize();
-            float md = 0;
-            if ((int)vi == base) cudaMemcpy(o0[si], o, n * 2, cudaMemcpyDeviceToDevice);
-            else {
-                cudaMemcpy(ha, o, n * 2, cudaMemcpyDeviceToHost); cudaMemcpy(hb, o0[si], n * 2, cudaMemcpyDeviceToHost);
-                for (size_t i = 0; i < n; ++i) { float d = fabsf(bf16f(ha[i]) - bf16f(hb[i])); if (!(d <= md)) md = d; }
+            const size_t n = (size_t)b * s * hh * d;
+            float md[32] = {0};
+            int ok[32] = {0};
+            for (int vi = g0; vi < g1; ++vi) {
+                const variant &va = variants[vi];
+                cudaMemset(o, 0xFF, n * 2);
+                fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_PDL, va.no_pdl);
+                if (va.fn(ctx, &a) != FATTN_OK) { printf("%s: %s\n", va.name, fattn_last_error(ctx)); continue; }
+                cudaDeviceSynchronize();
+                ok[vi - g0] = 1;
+                if (vi == g0) cudaMemcpy(o0[si], o, n * 2, cudaMemcpyDeviceToDevice);
+                else {
+                    cudaMemcpy(ha, o, n * 2, cudaMemcpyDeviceToHost); cudaMemcpy(hb, o0[si], n * 2, cudaMemcpyDeviceToHost);
+                    for (size_t i = 0; i < n; ++i) { float x = fabsf(bf16f(ha[i]) - bf16f(hb[i])); if (!(x <= md[vi - g0])) md[vi - g0] = x; }
+                }
             }
-            /* median of 15 samples, each (events around 10 back-to-back calls) / 10,
-             * so host-side launch cost overlaps the previous call as in real use */
-            float ts[15];
-            for (int w = 0; w < 3; ++w) va.fn(ctx, &a);
-            for (int r = 0; r < 15; ++r) {
-                cudaEventRecord(e0);
-                for (int c = 0; c < 10; ++c) va.fn(ctx, &a);
-                cudaEventRecord(e1);
-                cudaEventSynchronize(e1);
-                cudaEventElapsedTime(&ts[r], e0, e1);
-                ts[r] /= 10;
+            /* 5 rounds x 3 samples, each (events around 10 back-to-back calls)
+             * / 10, so host-side launch cost overlaps the previous call */
+            float ts[32][15];
+            for (int r = 0; r < 5; ++r)
+                for (int vi = g0; vi < g1; ++vi) {
+                    if (!ok[vi - g0]) continue;
+                    const variant &va = variants[vi];
+                    fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_PDL, va.no_pdl);
+                    for (int w = 0; w < 2; ++w) va.fn(ctx, &a);
+                    for (int j = 0; j < 3; ++j) {
+                        cudaEventRecord(e0);
+                        for (int c = 0; c < 10; ++c) va.fn(ctx, &a);
+                        cudaEventRecord(e1);
+                        cudaEventSynchronize(e1);
+                        float ms;
+                        cudaEventElapsedTime(&ms, e0, e1);
+                        ts[vi - g0][3 * r + j] = ms / 10;
+                    }
+                }
+            for (int vi = g0; vi < g1; ++vi) {
+                if (!ok[vi - g0]) continue;
+                float *x = ts[vi - g0];
+                for (int i = 0; i < 15; ++i) for (int j = i + 1; j < 15; ++j) if (x[j] < x[i]) { float y = x[i]; x[i] = x[j]; x[j] = y; }
+                double fl = 4.0 * b * hh * (double)s * s * d * (causal ? 0.5 : 1.0);
+                printf("%-24s %6d %9.1f %9.2e\n", variants[vi].name, s, fl / (x[7] * 1e-3) / 1e12, md[vi - g0]);
             }
-            for (int i = 0; i < 15; ++i) for (int j = i + 1; j < 15; ++j) if (ts[j] < ts[i]) { float x = ts[i]; ts[i] = ts[j]; ts[j] = x; }
-            double fl = 4.0 * b * hh * (double)s * s * va.d * (va.causal ? 0.5 : 1.0);
-            printf("%-24s %6d %9.1f %9.2e\n", va.name, s, fl / (ts[7] * 1e-3) / 1e12, md);
             fflush(stdout);
         }
     }

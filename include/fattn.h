@@ -117,11 +117,12 @@ FATTN_API fattn_backend fattn_ctx_backend(const fattn_ctx *ctx);
 
 /* CUDA contexts: the cudaStream_t (passed as void*) that later calls are
  * enqueued on; NULL = the legacy default stream.  Calls on a CUDA context are
- * asynchronous with respect to the host unless stated otherwise.  A context's
- * kernels run in the order they were called: after a stream change, the
- * first call's work on the new stream waits for the context's work on the
- * old one.  For concurrent streams use one context per stream; a context is
- * not for use from two threads at once.
+ * asynchronous with respect to the host unless stated otherwise.  Causal
+ * forward calls share per-context scheduler state, so each one waits for the
+ * context's previous causal call, whatever stream that ran on (even one since
+ * destroyed); other calls on different streams may overlap.  For causal work
+ * on concurrent streams use one context per stream; a context is not for use
+ * from two threads at once.
  * CPU contexts: INVALID_ARGUMENT unless stream is NULL. */
 FATTN_API fattn_status fattn_ctx_set_stream(fattn_ctx *ctx, void *stream);
 

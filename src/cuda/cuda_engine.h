@@ -9,16 +9,15 @@ struct fattn_cuda_state {
     int num_sms;
     void *encode_tiled; /* PFN_cuTensorMapEncodeTiled, from the driver */
     unsigned *tile_counter; /* causal forward's tile scheduler, 2 words, zero between launches */
-    void *last_stream;      /* stream of the last launch (valid when launched) */
-    int launched;
-    void *switch_event;     /* cudaEvent_t, orders launches across a stream switch */
+    void *switch_event;     /* cudaEvent_t recorded after each launch that uses tile_counter */
 };
 
-/* The context's kernels share per-context state (the tile counter), so they
- * must run one after another: when ctx->stream differs from the stream of the
- * last launch, make it wait for the work enqueued there.  Call before each
- * launch. */
-fattn_status cuda_order_stream(fattn_ctx *ctx);
+/* Kernels that share the context's tile counter must run one after another,
+ * also when the context's stream changes between calls (or the old stream is
+ * gone): cuda_order_before makes ctx->stream wait for the previous such launch
+ * (an event), cuda_order_after records the event after this one. */
+fattn_status cuda_order_before(fattn_ctx *ctx);
+fattn_status cuda_order_after(fattn_ctx *ctx);
 /* The context's tile counter (allocated and zeroed on first use). */
 fattn_status cuda_tile_counter(fattn_ctx *ctx, unsigned **counter);
 fattn_status cuda_check_device_ptr(fattn_ctx *ctx, const void *ptr, const char *name);

@@ -65,10 +65,7 @@ extern "C" void fattn_cuda_ctx_free(fattn_ctx *ctx) {
         int cur = -1;
         const bool other = cudaGetDevice(&cur) == cudaSuccess && cur != ctx->device;
         if (other) (void)cudaSetDevice(ctx->device);
-        if (st->tile_counter) {
-            (void)cudaStreamSynchronize((cudaStream_t)st->last_stream);
-            (void)cudaFree(st->tile_counter);
-        }
+        if (st->tile_counter) (void)cudaFree(st->tile_counter); /* synchronises with the device first */
         if (st->switch_event) (void)cudaEventDestroy((cudaEvent_t)st->switch_event);
         if (other) (void)cudaSetDevice(cur);
         (void)cudaGetLastError();
@@ -89,25 +86,35 @@ extern "C" fattn_status fattn_cuda_copy_to_host(fattn_ctx *ctx, void *dst, const
 
 /* ---- per-context launch state --------------------------------------------- */
 
-fattn_status cuda_order_stream(fattn_ctx *ctx) {
+fattn_status cuda_order_before(fattn_ctx *ctx) {
     fattn_cuda_state *st = (fattn_cuda_state *)ctx->cuda;
-    if (st->launched && st->last_stream != ctx->stream) {
-        cudaError_t e = cudaSuccess;
-        if (!st->switch_event) {
-            cudaEvent_t ev;
-            e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
-            if (e == cudaSuccess) st->switch_event = ev;
-        }
-        if (e == cudaSuccess) e = cudaEventRecord((cudaEvent_t)st->switch_event, (cudaStream_t)st->last_stream);
-        if (e == cudaSuccess) e = cudaStreamWaitEvent((cudaStream_t)ctx->stream, (cudaEvent_t)st->switch_event, 0);
+    if (!st->switch_event) {
+        cudaEvent_t ev;
+        cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
         if (e != cudaSuccess) {
             (void)cudaGetLastError();
-            return fattn_fail(ctx, FATTN_ERROR_CUDA, "ordering the new stream after the previous one: %s",
-                              cudaGetErrorString(e));
+            return fattn_fail(ctx, FATTN_ERROR_CUDA, "cudaEventCreate: %s", cudaGetErrorString(e));
         }
+        st->switch_event = ev;
+        return FATTN_OK; /* nothing launched yet */
     }
-    st->launched = 1;
-    st->last_stream = ctx->stream;
+    /* the event was recorded on the stream of the previous launch, whatever
+     * has become of that stream since; on the same stream this is a no-op */
+    cudaError_t e = cudaStreamWaitEvent((cudaStream_t)ctx->stream, (cudaEvent_t)st->switch_event, 0);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return fattn_fail(ctx, FATTN_ERROR_CUDA, "ordering after the previous launch: %s", cudaGetErrorString(e));
+    }
+    return FATTN_OK;
+}
+
+fattn_status cuda_order_after(fattn_ctx *ctx) {
+    fattn_cuda_state *st = (fattn_cuda_state *)ctx->cuda;
+    cudaError_t e = cudaEventRecord((cudaEvent_t)st->switch_event, (cudaStream_t)ctx->stream);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return fattn_fail(ctx, FATTN_ERROR_CUDA, "cudaEventRecord: %s", cudaGetErrorString(e));
+    }
     return FATTN_OK;
 }
 

@@ -20,8 +20,7 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
         return s;
     if ((s = cuda_make_tensor_map(ctx, &tv, &a->v, C::D, pr->seqlen_k, pr->heads_kv, pr->batch, C::BN, "v")) != FATTN_OK)
         return s;
-    fattn_cuda_state *st = (fattn_cuda_state *)ctx->cuda;
-    if ((s = cuda_order_stream(ctx)) != FATTN_OK) return s;
+    const fattn_cuda_state *st = (const fattn_cuda_state *)ctx->cuda;
     FwdParams p;
     p.o = a->o.data;
     p.lse = a->lse;
@@ -54,7 +53,10 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
         p.head_group = (int)(hg < nbh ? hg : nbh);
     }
     p.tile_counter = NULL;
-    if (C::DYNAMIC && (s = cuda_tile_counter(ctx, &p.tile_counter)) != FATTN_OK) return s;
+    if (C::DYNAMIC) {
+        if ((s = cuda_tile_counter(ctx, &p.tile_counter)) != FATTN_OK) return s;
+        if ((s = cuda_order_before(ctx)) != FATTN_OK) return s;
+    }
     p.softmax_scale = pr->softmax_scale;
     p.scale_log2 = pr->softmax_scale * 1.4426950408889634f;
 
@@ -86,7 +88,7 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
     e = cudaLaunchKernelEx(&cfg, kern, tq, tk, tv, p);
     if (e == cudaSuccess) e = cudaGetLastError();
     if (e != cudaSuccess) return fattn_fail(ctx, FATTN_ERROR_CUDA, "forward kernel launch: %s", cudaGetErrorString(e));
-    return FATTN_OK;
+    return C::DYNAMIC ? cuda_order_after(ctx) : FATTN_OK;
 }
 
 /* Instantiate and dispatch the variants of one head dim.  Causal kernels
