@@ -3,11 +3,11 @@
 backends), measured in one process on the same inputs (DESIGN.md §7).
 
     python3 bench/compare.py [--dtypes bf16,fp16] [--head-dims 64,128,256]
-        [--seqlens 512,...,16384] [--causal both|0|1] [--iters 10]
+        [--seqlens 512,...,16384] [--causal both|0|1] [--iters 4]
         [--json out.json] [--png out.png] [--ablation]
 
 FLOPs = 4 * batch * heads * seqlen^2 * head_dim (halved for causal);
-TFLOPs/s = FLOPs / median kernel time (CUDA events around each call).
+TFLOPs/s = FLOPs / median kernel time; fattn, cuDNN and FA2 take turns over 3 rounds per shape.
 16k tokens in total (batch = 16384 / seqlen), hidden 2048 (heads = 2048 / d),
 so every input tensor is 64 MiB, larger than the 60 MB L2.
 --ablation runs the paper's setting (batch 4, seqlen 8448, 16 heads, d 128,
@@ -29,8 +29,8 @@ import torch.nn.functional as F  # noqa: E402
 
 
 def time_fn(fn, iters, warmup=5, batch=10):
-    """Median over `iters` samples of (CUDA events around `batch` back-to-back
-    calls) / batch.  Batching keeps the GPU queue full, so host-side launch
+    """`iters` samples of (CUDA events around `batch` back-to-back calls) /
+    batch, in seconds.  Batching keeps the GPU queue full, so host-side launch
     cost (ctypes for fattn, the dispatcher for torch) is not counted as idle
     GPU time for anyone."""
     for _ in range(warmup):
@@ -44,7 +44,7 @@ def time_fn(fn, iters, warmup=5, batch=10):
             fn()
         ends[i].record()
     torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e-3 / batch
+    return [s.elapsed_time(e) * 1e-3 / batch for s, e in zip(starts, ends)]
 
 
 def flops(b, h, sq, sk, d, causal):
@@ -52,7 +52,7 @@ def flops(b, h, sq, sk, d, causal):
     return f / 2 if causal and sq == sk else f
 
 
-def bench_case(ctx, dtype, b, s, h, d, causal, iters, peers=True):
+def bench_case(ctx, dtype, b, s, h, d, causal, iters, peers=True, rounds=3):
     g = torch.Generator(device="cuda").manual_seed(1234 + s + d)
     q = torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g)
     k = torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g)
@@ -64,18 +64,31 @@ def bench_case(ctx, dtype, b, s, h, d, causal, iters, peers=True):
     fl = flops(b, h, s, s, d, causal)
     res = {"dtype": str(dtype).split(".")[-1], "batch": b, "seqlen": s, "heads": h, "head_dim": d,
            "causal": bool(causal)}
-    res["fattn"] = fl / time_fn(lambda: ctx.fwd_raw(args), iters) / 1e12
+    fns = [("fattn", lambda: ctx.fwd_raw(args), None)]
     if peers:
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # [b, h, s, d] views, as SDPA takes them
+        fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))  # noqa: E731
         for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
             try:
                 with sdpa_kernel([be]):
-                    fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))  # noqa: E731
                     fn()
-                    res[name] = fl / time_fn(fn, iters) / 1e12
+                fns.append((name, fn, be))
             except Exception as e:  # a backend that cannot run this shape
                 res[name] = None
                 res[name + "_error"] = str(e).splitlines()[0][:120]
+    # the backends take turns over `rounds` rounds (median over all samples):
+    # the machine drifts by several percent within a run, and interleaving
+    # makes that drift hit every backend alike
+    samples = {name: [] for name, _, _ in fns}
+    for _ in range(rounds):
+        for name, fn, be in fns:
+            if be is None:
+                samples[name] += time_fn(fn, iters)
+            else:
+                with sdpa_kernel([be]):
+                    samples[name] += time_fn(fn, iters)
+    for name, _, _ in fns:
+        res[name] = fl / statistics.median(samples[name]) / 1e12
     del q, k, v, o, lse
     return res
 
@@ -88,7 +101,7 @@ def main():
     ap.add_argument("--causal", default="both", choices=["both", "0", "1"])
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--hidden", type=int, default=2048)
-    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--iters", type=int, default=4, help="samples per backend per round (3 rounds)")
     ap.add_argument("--json")
     ap.add_argument("--png")
     ap.add_argument("--ablation", action="store_true")
@@ -118,7 +131,7 @@ def main():
                 ctx.set_option(fattn.OPTION_DISABLE_OVERLAP, 1 - ov)
                 ctx.set_option(fattn.OPTION_DISABLE_PINGPONG, 1 - pp)
                 runs[name].append(bench_case(ctx, torch.bfloat16, 4, 8448, 16, 128, False, a.iters,
-                                             peers=(ov and pp and rnd == 0)))
+                                             peers=(ov and pp and rnd == 0), rounds=1))
         for name, _, _ in variants:
             r = dict(runs[name][0])
             vals = sorted(x["fattn"] for x in runs[name])
