@@ -50,7 +50,9 @@ struct FwdParams {
     float softmax_scale, scale_log2;
 };
 
-template <int D_, int BN_, int NC_, int STAGES_, bool CAUSAL_, bool BF16_, bool OVERLAP_, bool PINGPONG_>
+template <int D_, int BN_, int NC_, int STAGES_, bool CAUSAL_, bool BF16_, bool OVERLAP_, bool PINGPONG_,
+          int SCHED_ = -1 /* 1 dynamic, 0 static, -1 dynamic for causal only */,
+          int LAZY_ = -1 /* 1 lazy rescaling, 0 eager, -1 lazy for D >= 128 */>
 struct FwdCfg {
     static constexpr int D = D_, BN = BN_, NC = NC_, STAGES = STAGES_;
     static constexpr bool CAUSAL = CAUSAL_, BF16 = BF16_, OVERLAP = OVERLAP_, PINGPONG = PINGPONG_ && NC_ > 1;
@@ -68,7 +70,11 @@ struct FwdCfg {
     static constexpr int NUM_BARS = 4 * STAGES + 2 * NC;
     static constexpr int OFF_SLOT = OFF_BAR + NUM_BARS * 8; /* tile index per consumer warpgroup */
     static constexpr int SMEM_BYTES = OFF_SLOT + NC * 4 + 1024; /* + alignment slack */
-    static constexpr bool DYNAMIC = CAUSAL; /* tile scheduler: atomic counter */
+    static constexpr bool DYNAMIC = SCHED_ < 0 ? CAUSAL : SCHED_ == 1; /* tile scheduler: atomic counter */
+    /* lazy rescaling (FA4): a row's reference max moves only when the block
+     * max exceeds it by more than LAZY_LOG2 (log2 units), so P <= 2^8 and O
+     * is rescaled only by warps where some row's reference moved */
+    static constexpr bool LAZY = LAZY_ < 0 ? D_ >= 128 : LAZY_ == 1;
     /* Registers per thread after setmaxnreg (FA3's split, HOPPER-PTX §6). */
     static constexpr int REGS_PRODUCER = NC == 2 ? 24 : 32;
     static constexpr int REGS_CONSUMER = NC == 2 ? 240 : 160;
@@ -299,7 +305,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
             };
             /* Mask, new running max, p = exp2(s*c - m*c) in place, partial row
              * sums; returns the factor the old O and l must be scaled by. */
-            auto softmax_step = [&](int n, float (&alpha)[2]) {
+            auto softmax_step = [&](int n, float (&alpha)[2], bool &rescale) {
                 const int col0 = n * BN;
                 const bool need_mask =
                     col0 + BN > p.seqlen_k || (C::CAUSAL && col0 + BN - 1 > m * BM + p.causal_offset);
@@ -315,6 +321,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                             if (!ok) sacc[4 * i + e] = -INFINITY;
                         }
                 }
+                bool moved = false;
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
                     float mx = row_max[r];
@@ -322,10 +329,20 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                     for (int i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(sacc[4 * i + 2 * r], sacc[4 * i + 2 * r + 1]));
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-                    /* rows that have seen no key keep max -inf: use 0 so exp2 gives 0, not NaN */
-                    const float mscaled = mx == -INFINITY ? 0.f : mx * c2;
-                    alpha[r] = exp2f(row_max[r] * c2 - mscaled);
-                    row_max[r] = mx;
+                    /* row_max is the reference the exponents are taken against:
+                     * with LAZY it moves only when the block max passes it by
+                     * more than 2^8 (or the row had seen no key yet) */
+                    const bool move = !C::LAZY || row_max[r] == -INFINITY || (mx - row_max[r]) * c2 > 8.f;
+                    if (move) {
+                        /* rows that have seen no key keep max -inf: use 0 so exp2 gives 0, not NaN */
+                        const float mnew = mx == -INFINITY ? 0.f : mx * c2;
+                        alpha[r] = exp2f(row_max[r] * c2 - mnew);
+                        row_max[r] = mx;
+                        moved = true;
+                    } else {
+                        alpha[r] = 1.f;
+                    }
+                    const float mscaled = row_max[r] == -INFINITY ? 0.f : row_max[r] * c2;
                     float sum = 0.f;
 #pragma unroll
                     for (int i = 0; i < BN / 8; ++i) {
@@ -337,6 +354,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                     }
                     row_sum[r] = row_sum[r] * alpha[r] + sum;
                 }
+                rescale = !C::LAZY || __any_sync(0xffffffffu, moved); /* warp-uniform */
             };
             /* S accumulator -> bf16/f16 A fragments of the PV GEMM (HOPPER-PTX §3:
              * the layouts coincide, no data movement across threads). */
@@ -349,7 +367,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                         pfrag[ks][j] = C::BF16 ? pack_bf16x2(lo, hi) : pack_f16x2(lo, hi);
                     }
             };
-            auto rescale_o = [&](const float (&alpha)[2]) {
+            auto rescale_o = [&](const float (&alpha)[2], bool rescale) {
+                if (!rescale) return; /* warp-uniform: every alpha of this warp is 1 */
 #pragma unroll
                 for (int i = 0; i < D / 8; ++i) {
                     oacc[4 * i + 0] *= alpha[0];
@@ -369,6 +388,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
              * before each PV GEMM adds to it (FA3's placement: with the
              * overlap, under the QK^T GEMM just issued). */
             float alpha[2];
+            bool rescale;
             int n = nblocks - 1;
             int s = it % STAGES;
             uint32_t ph = (it / STAGES) & 1;
@@ -384,7 +404,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
             reg_fence(sacc);
             release(&empty_k[s]);
             if (n == 0) mbar_arrive(&empty_q[wg]);
-            softmax_step(n, alpha);
+            softmax_step(n, alpha, rescale);
             convert_p();
             int prev_s = s;
             uint32_t prev_ph = ph;
@@ -403,7 +423,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                     wgmma_fence();
                     issue_qk(s);
                     wgmma_commit();
-                    rescale_o(alpha); /* while S = Q K^T runs */
+                    rescale_o(alpha, rescale); /* while S = Q K^T runs */
                     wgmma_fence();
                     issue_pv(prev_s);
                     wgmma_commit();
@@ -412,14 +432,14 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                     reg_fence(sacc);
                     release(&empty_k[s]);
                     if (n == 0) mbar_arrive(&empty_q[wg]);
-                    softmax_step(n, alpha); /* under the PV GEMM */
+                    softmax_step(n, alpha, rescale); /* under the PV GEMM */
                     wgmma_wait<0>();
                     reg_fence(oacc);
                     release(&empty_v[prev_s]);
                     convert_p();
                 } else {
                     /* PV of the previous block, then S of this one, each waited for */
-                    rescale_o(alpha);
+                    rescale_o(alpha, rescale);
                     mbar_wait(&full_v[prev_s], prev_ph);
                     mbar_wait(&full_k[s], ph);
                     pp_sync();
@@ -435,14 +455,14 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                     release(&empty_v[prev_s]);
                     release(&empty_k[s]);
                     if (n == 0) mbar_arrive(&empty_q[wg]);
-                    softmax_step(n, alpha);
+                    softmax_step(n, alpha, rescale);
                     convert_p();
                 }
                 prev_s = s;
                 prev_ph = ph;
             }
             /* last PV */
-            rescale_o(alpha);
+            rescale_o(alpha, rescale);
             mbar_wait(&full_v[prev_s], prev_ph);
             pp_sync();
             wgmma_fence();
