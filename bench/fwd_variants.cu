@@ -1,9 +1,13 @@
-/* fwd_variants.cu - tile-size experiments for the Hopper forward (llm.c style:
- * each variant is one FwdCfg, checked against variant 0 and timed).
+/* fwd_variants.cu - kernel experiments for the Hopper forward (llm.c style:
+ * each variant is one FwdCfg instance; the variants of one (head dim, causal)
+ * group are checked against the group's first and timed interleaved, 5 rounds,
+ * so that drift of the machine hits them alike).
  * Build (from the repo root, after the library is built into build-gpu/):
  *   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 --use_fast_math -Iinclude -Isrc \
- *        bench/fwd_variants.cu build-gpu/libfattn.a -o build-gpu/fwd_variants -lcuda? (not needed)
- * Run: build-gpu/fwd_variants   (prints TFLOPs/s per variant and shape) */
+ *        bench/fwd_variants.cu build-gpu/libfattn.a -cudart static -o build-gpu/fwd_variants
+ * Run: build-gpu/fwd_variants   (TFLOPs/s per variant and seqlen, bf16, 16k tokens,
+ * hidden 2048, and the largest difference from the group's first variant).
+ * Results of past runs: bench/results-ab-run*.txt. */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
