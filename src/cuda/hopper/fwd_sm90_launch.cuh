@@ -42,10 +42,11 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
         const double kv_bytes = 2.0 * pr->seqlen_k * C::D * 2;
         const int group = p.group;
         long hg = (long)(24.0e6 / kv_bytes) * group;
-        /* but at least two waves of tiles per group: with fewer, the static
-         * round-robin hands long tiles of the next group to CTAs that already
+        /* but at least two waves of tiles per group: with fewer, v3's static
+         * round-robin handed long tiles of the next group to CTAs that already
          * had long ones (measured: d256 causal 8192 fell from 0.88x to 0.68x
-         * cuDNN with 2-head groups) */
+         * cuDNN with 2-head groups).  Kept with the dynamic scheduler, which
+         * balances across groups by itself; not re-measured without it. */
         const long min_hg = (2L * st->num_sms + p.num_m_blocks - 1) / p.num_m_blocks;
         if (hg < min_hg) hg = min_hg;
         if (hg < 1) hg = 1;
