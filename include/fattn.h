@@ -122,7 +122,10 @@ FATTN_API fattn_backend fattn_ctx_backend(const fattn_ctx *ctx);
  * context's previous causal call, whatever stream that ran on (even one since
  * destroyed); other calls on different streams may overlap.  For causal work
  * on concurrent streams use one context per stream; a context is not for use
- * from two threads at once.
+ * from two threads at once.  Calls may be captured into CUDA graphs (the
+ * context allocates nothing per call); a captured causal call is ordered by
+ * the graph's streams only, so a graph holding causal calls must not run
+ * concurrently with other causal work of the same context.
  * CPU contexts: INVALID_ARGUMENT unless stream is NULL. */
 FATTN_API fattn_status fattn_ctx_set_stream(fattn_ctx *ctx, void *stream);
 

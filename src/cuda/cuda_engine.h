@@ -10,16 +10,16 @@ struct fattn_cuda_state {
     void *encode_tiled; /* PFN_cuTensorMapEncodeTiled, from the driver */
     unsigned *tile_counter; /* causal forward's tile scheduler, 2 words, zero between launches */
     void *switch_event;     /* cudaEvent_t recorded after each launch that uses tile_counter */
+    /* both made with the context (fattn_cuda_ctx_init), freed with it */
 };
 
 /* Kernels that share the context's tile counter must run one after another,
  * also when the context's stream changes between calls (or the old stream is
  * gone): cuda_order_before makes ctx->stream wait for the previous such launch
- * (an event), cuda_order_after records the event after this one. */
+ * (an event), cuda_order_after records the event after this one.  Both do
+ * nothing while ctx->stream is being captured into a CUDA graph. */
 fattn_status cuda_order_before(fattn_ctx *ctx);
 fattn_status cuda_order_after(fattn_ctx *ctx);
-/* The context's tile counter (allocated and zeroed on first use). */
-fattn_status cuda_tile_counter(fattn_ctx *ctx, unsigned **counter);
 fattn_status cuda_check_device_ptr(fattn_ctx *ctx, const void *ptr, const char *name);
 fattn_status cuda_make_tensor_map(fattn_ctx *ctx, CUtensorMap *map, const fattn_tensor *t, int64_t dim, int64_t seq,
                                   int64_t heads, int64_t batch, int box_rows, const char *name);

@@ -53,6 +53,28 @@ extern "C" fattn_status fattn_cuda_ctx_init(fattn_ctx *ctx) {
         return fattn_fail(ctx, FATTN_ERROR_CUDA, "cuTensorMapEncodeTiled is not available from the driver");
     }
     st->encode_tiled = fn;
+    /* The causal scheduler's counter and the event that orders its users,
+     * made here rather than on first use: allocation is not allowed while a
+     * stream is being captured into a CUDA graph. */
+    int cur = -1;
+    const bool other = cudaGetDevice(&cur) == cudaSuccess && cur != ctx->device;
+    if (other) e = cudaSetDevice(ctx->device);
+    void *counter = NULL;
+    cudaEvent_t ev = NULL;
+    if (e == cudaSuccess) e = cudaMalloc(&counter, 2 * sizeof(unsigned));
+    if (e == cudaSuccess) e = cudaMemset(counter, 0, 2 * sizeof(unsigned));
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+        if (counter) cudaFree(counter);
+        (void)cudaGetLastError();
+        if (other) (void)cudaSetDevice(cur);
+        free(st);
+        return fattn_fail(ctx, e == cudaErrorMemoryAllocation ? FATTN_ERROR_OUT_OF_MEMORY : FATTN_ERROR_CUDA,
+                          "CUDA context state (tile counter, event): %s", cudaGetErrorString(e));
+    }
+    if (other) (void)cudaSetDevice(cur);
+    st->tile_counter = (unsigned *)counter;
+    st->switch_event = ev;
     ctx->cuda = st;
     return FATTN_OK;
 }
@@ -86,20 +108,29 @@ extern "C" fattn_status fattn_cuda_copy_to_host(fattn_ctx *ctx, void *dst, const
 
 /* ---- per-context launch state --------------------------------------------- */
 
+/* Whether ctx->stream is being captured into a CUDA graph (1), not (0), or the
+ * query failed (-1, error recorded on ctx). */
+static int stream_capturing(fattn_ctx *ctx) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    cudaError_t e = cudaStreamIsCapturing((cudaStream_t)ctx->stream, &cs);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        fattn_fail(ctx, FATTN_ERROR_CUDA, "cudaStreamIsCapturing: %s", cudaGetErrorString(e));
+        return -1;
+    }
+    return cs != cudaStreamCaptureStatusNone;
+}
+
 fattn_status cuda_order_before(fattn_ctx *ctx) {
     fattn_cuda_state *st = (fattn_cuda_state *)ctx->cuda;
-    if (!st->switch_event) {
-        cudaEvent_t ev;
-        cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
-        if (e != cudaSuccess) {
-            (void)cudaGetLastError();
-            return fattn_fail(ctx, FATTN_ERROR_CUDA, "cudaEventCreate: %s", cudaGetErrorString(e));
-        }
-        st->switch_event = ev;
-        return FATTN_OK; /* nothing launched yet */
-    }
-    /* the event was recorded on the stream of the previous launch, whatever
-     * has become of that stream since; on the same stream this is a no-op */
+    /* Inside a capture, stream order is the only dependency allowed to cross
+     * the capture boundary (waiting on an outside event is an error), and the
+     * graph's kernels run when it is launched: their order is the caller's. */
+    const int cap = stream_capturing(ctx);
+    if (cap) return cap < 0 ? FATTN_ERROR_CUDA : FATTN_OK;
+    /* The event was recorded on the stream of the previous launch, whatever
+     * has become of that stream since (never recorded: no wait); on the same
+     * stream this is a no-op. */
     cudaError_t e = cudaStreamWaitEvent((cudaStream_t)ctx->stream, (cudaEvent_t)st->switch_event, 0);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
@@ -110,29 +141,13 @@ fattn_status cuda_order_before(fattn_ctx *ctx) {
 
 fattn_status cuda_order_after(fattn_ctx *ctx) {
     fattn_cuda_state *st = (fattn_cuda_state *)ctx->cuda;
+    const int cap = stream_capturing(ctx);
+    if (cap) return cap < 0 ? FATTN_ERROR_CUDA : FATTN_OK; /* never record inside a capture */
     cudaError_t e = cudaEventRecord((cudaEvent_t)st->switch_event, (cudaStream_t)ctx->stream);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         return fattn_fail(ctx, FATTN_ERROR_CUDA, "cudaEventRecord: %s", cudaGetErrorString(e));
     }
-    return FATTN_OK;
-}
-
-fattn_status cuda_tile_counter(fattn_ctx *ctx, unsigned **counter) {
-    fattn_cuda_state *st = (fattn_cuda_state *)ctx->cuda;
-    if (!st->tile_counter) {
-        void *p = NULL;
-        cudaError_t e = cudaMalloc(&p, 2 * sizeof(unsigned));
-        if (e == cudaSuccess) e = cudaMemset(p, 0, 2 * sizeof(unsigned));
-        if (e != cudaSuccess) {
-            if (p) cudaFree(p);
-            (void)cudaGetLastError();
-            return fattn_fail(ctx, e == cudaErrorMemoryAllocation ? FATTN_ERROR_OUT_OF_MEMORY : FATTN_ERROR_CUDA,
-                              "allocating the tile counter: %s", cudaGetErrorString(e));
-        }
-        st->tile_counter = (unsigned *)p;
-    }
-    *counter = st->tile_counter;
     return FATTN_OK;
 }
 

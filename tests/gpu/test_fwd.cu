@@ -181,6 +181,73 @@ static void two_streams(fattn_ctx *ctx, tu_rng *rng) {
     free(h); free(g);
 }
 
+/* A causal call captured into a CUDA graph (global capture mode, the
+ * strictest): the graph, replayed twice, and an eager call after it must give
+ * the eager result bit for bit (the tile counter is rewound by every run). */
+static void graph_capture(fattn_ctx *ctx, tu_rng *rng) {
+    const int B = 2, S = 1000, H = 8, D = 128;
+    const size_t n = (size_t)B * S * H * D;
+    uint16_t *h = (uint16_t *)tu_malloc(n * 2), *g = (uint16_t *)tu_malloc(n * 2);
+    void *q, *k, *v, *o[2];
+    CK(cudaMalloc(&q, n * 2));
+    CK(cudaMalloc(&k, n * 2));
+    CK(cudaMalloc(&v, n * 2));
+    CK(cudaMalloc(&o[0], n * 2));
+    CK(cudaMalloc(&o[1], n * 2));
+    void *src[3] = {q, k, v};
+    for (int t = 0; t < 3; ++t) {
+        for (size_t i = 0; i < n; ++i) h[i] = (uint16_t)(0x3C00 ^ (tu_rng_u64(rng) & 0x83FF)); /* bf16 bits: magnitude in [2^-7, 2) */
+        CK(cudaMemcpy(src[t], h, n * 2, cudaMemcpyHostToDevice));
+    }
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    fattn_fwd_args a;
+    memset(&a, 0, sizeof a);
+    a.p.batch = B; a.p.seqlen_q = a.p.seqlen_k = S; a.p.heads_q = a.p.heads_kv = H;
+    a.p.head_dim = D; a.p.causal = 1;
+    fattn_tensor t = {q, FATTN_DTYPE_BF16, 0, 0, 0, NULL, 0};
+    a.q = t; a.k = t; a.k.data = k; a.v = t; a.v.data = v; a.o = t;
+    TU_CHECK(fattn_ctx_set_stream(ctx, st) == FATTN_OK, "graph: set_stream");
+    CK(cudaMemset(o[0], 0xFF, n * 2));
+    a.o.data = o[0];
+    TU_CHECK(fattn_fwd(ctx, &a) == FATTN_OK, "graph: eager call: %s", fattn_last_error(ctx));
+    CK(cudaStreamSynchronize(st));
+    CK(cudaMemcpy(h, o[0], n * 2, cudaMemcpyDeviceToHost));
+
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    a.o.data = o[1];
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    fattn_status fs = fattn_fwd(ctx, &a);
+    cudaError_t e = cudaStreamEndCapture(st, &graph);
+    TU_CHECK(fs == FATTN_OK, "graph: call during capture: %s", fattn_last_error(ctx));
+    TU_CHECK(e == cudaSuccess, "graph: end capture: %s", cudaGetErrorString(e));
+    if (fs == FATTN_OK && e == cudaSuccess) {
+        e = cudaGraphInstantiate(&exec, graph, 0);
+        TU_CHECK(e == cudaSuccess, "graph: instantiate: %s", cudaGetErrorString(e));
+        for (int r = 0; e == cudaSuccess && r < 2; ++r) {
+            CK(cudaMemset(o[1], 0xFF, n * 2));
+            e = cudaGraphLaunch(exec, st);
+            if (e == cudaSuccess) e = cudaStreamSynchronize(st);
+            TU_CHECK(e == cudaSuccess, "graph: replay %d: %s", r, cudaGetErrorString(e));
+            CK(cudaMemcpy(g, o[1], n * 2, cudaMemcpyDeviceToHost));
+            TU_CHECK(memcmp(g, h, n * 2) == 0, "graph: replay %d differs from the eager call", r);
+        }
+    }
+    (void)cudaGetLastError();
+    CK(cudaMemset(o[1], 0xFF, n * 2));
+    TU_CHECK(fattn_fwd(ctx, &a) == FATTN_OK, "graph: eager call after the graph: %s", fattn_last_error(ctx));
+    CK(cudaStreamSynchronize(st));
+    CK(cudaMemcpy(g, o[1], n * 2, cudaMemcpyDeviceToHost));
+    TU_CHECK(memcmp(g, h, n * 2) == 0, "graph: eager call after the graph differs");
+    fattn_ctx_set_stream(ctx, NULL);
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    cudaStreamDestroy(st);
+    cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o[0]); cudaFree(o[1]);
+    free(h); free(g);
+}
+
 int main(void) {
     fattn_ctx *ctx = gpu_ctx_or_skip();
     tu_rng rng;
@@ -222,7 +289,10 @@ int main(void) {
         if (only && (long)cases[i].sq * cases[i].sk > 300 * 300) continue;
         run_case(ctx, &rng, cases[i]);
     }
-    if (!only) two_streams(ctx, &rng);
+    if (!only) {
+        two_streams(ctx, &rng);
+        graph_capture(ctx, &rng);
+    }
     fattn_ctx_free(ctx);
     return tu_finish("gpu fwd");
 }

@@ -55,7 +55,7 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
     }
     p.tile_counter = NULL;
     if (C::DYNAMIC) {
-        if ((s = cuda_tile_counter(ctx, &p.tile_counter)) != FATTN_OK) return s;
+        p.tile_counter = st->tile_counter;
         if ((s = cuda_order_before(ctx)) != FATTN_OK) return s;
     }
     p.softmax_scale = pr->softmax_scale;
