@@ -61,8 +61,15 @@ extern "C" fattn_status fattn_cuda_ctx_init(fattn_ctx *ctx) {
     if (other) e = cudaSetDevice(ctx->device);
     void *counter = NULL;
     cudaEvent_t ev = NULL;
+    cudaStream_t zs = NULL;
     if (e == cudaSuccess) e = cudaMalloc(&counter, 2 * sizeof(unsigned));
-    if (e == cudaSuccess) e = cudaMemset(counter, 0, 2 * sizeof(unsigned));
+    /* zeroed on a private stream and waited for: a plain cudaMemset would sit
+     * on the default stream, unordered with kernels on the caller's
+     * non-blocking streams */
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&zs, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaMemsetAsync(counter, 0, 2 * sizeof(unsigned), zs);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(zs);
+    if (zs) (void)cudaStreamDestroy(zs);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
     if (e != cudaSuccess) {
         if (counter) cudaFree(counter);
