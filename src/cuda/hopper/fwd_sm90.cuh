@@ -24,9 +24,9 @@
  * (an index >= num_tiles ends the consumers' loop).  Non-causal tiles are
  * all equally long: static round-robin.  Causal tiles are not: they are
  * grabbed from a global counter (greedy over a longest-first list), which
- * the last CTA to finish resets to zero for the next launch.  The pingpong token goes round the consumers without a
- * break across tiles: warpgroup 0 starts tile t+1 while the last warpgroup
- * still finishes tile t.
+ * the last CTA to finish resets to zero for the next launch.  The pingpong
+ * token goes round the consumers without a break across tiles: warpgroup 0
+ * starts tile t+1 while the last warpgroup still finishes tile t.
  *
  * Shared tiles use the 128-byte swizzle: a head_dim-D tile is D/64 "slabs" of
  * rows x 64 elements (128 bytes per row), each written by one TMA box.
@@ -73,10 +73,11 @@ struct FwdCfg {
     static constexpr bool DYNAMIC = SCHED_ < 0 ? CAUSAL : SCHED_ == 1; /* tile scheduler: atomic counter */
     /* lazy rescaling (FA4): a row's reference max moves only when the block
      * max exceeds it by more than LAZY_LOG2 (log2 units), so P <= 2^8 and O
-     * is rescaled only by warps where some row's reference moved */
-    /* measured interleaved against eager (perf-notes v5): d64 +1-4%, d256
-     * +3-7%, d128 -1-2% (causal +-1%) */
+     * is rescaled only by warps where some row's reference moved.  Measured
+     * interleaved against eager (perf-notes v5): d64 +1-4%, d256 +3-7%, d128
+     * -1-2% (causal +-1%). */
     static constexpr bool LAZY = LAZY_ < 0 ? D_ != 128 : LAZY_ == 1;
+    static constexpr float LAZY_LOG2 = 8.f;
     /* Registers per thread after setmaxnreg (FA3's split, HOPPER-PTX §6). */
     static constexpr int REGS_PRODUCER = NC == 2 ? 24 : 32;
     static constexpr int REGS_CONSUMER = NC == 2 ? 240 : 160;
@@ -171,6 +172,13 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         tma_prefetch_desc(&tm_k);
         tma_prefetch_desc(&tm_v);
         int it = 0, q_iter = 0;
+        /* Wait until warpgroup w has released its Q buffer (its last QK^T of
+         * the previous tile) and write its next tile index; the caller's
+         * arrive on full_q[w] publishes the index (release semantics). */
+        auto claim_q = [&](int w, int tile) {
+            if (q_iter > 0) mbar_wait(&empty_q[w], (q_iter - 1) & 1);
+            st_shared_s32(&tile_slot[w], tile);
+        };
         int t = blockIdx.x; /* grid <= num_tiles */
         for (;;) {
             /* the next tile is picked one ahead, so its Q can be prefetched */
@@ -191,8 +199,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
             if (nblocks == 0) {
                 /* every row masked: the consumers only write O = 0, LSE = -inf */
                 for (int w = 0; w < NC; ++w) {
-                    if (q_iter > 0) mbar_wait(&empty_q[w], (q_iter - 1) & 1);
-                    st_shared_s32(&tile_slot[w], t);
+                    claim_q(w, t);
                     mbar_arrive(&full_q[w]);
                 }
                 ++q_iter;
@@ -210,8 +217,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                      * tile index and Q, as soon as that warpgroup has issued
                      * its last QK^T of the previous tile */
                     for (int w = 0; w < NC; ++w) {
-                        if (q_iter > 0) mbar_wait(&empty_q[w], (q_iter - 1) & 1);
-                        st_shared_s32(&tile_slot[w], t); /* published by the arrive's release */
+                        claim_q(w, t);
                         mbar_expect_tx_arrive(&full_q[w], C::QWG_BYTES);
                         for (int c = 0; c < C::SLABS; ++c)
                             tma_load_4d(sQ + c * BM * 128 + w * 64 * 128, &tm_q, c * 64, m * BM + w * 64, h, b, &full_q[w]);
@@ -228,8 +234,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         }
         /* end of work for the consumers */
         for (int w = 0; w < NC; ++w) {
-            if (q_iter > 0) mbar_wait(&empty_q[w], (q_iter - 1) & 1);
-            st_shared_s32(&tile_slot[w], p.num_tiles);
+            claim_q(w, p.num_tiles);
             mbar_arrive(&full_q[w]);
         }
         if (C::DYNAMIC) {
@@ -334,7 +339,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                     /* row_max is the reference the exponents are taken against:
                      * with LAZY it moves only when the block max passes it by
                      * more than 2^8 (or the row had seen no key yet) */
-                    const bool move = !C::LAZY || row_max[r] == -INFINITY || (mx - row_max[r]) * c2 > 8.f;
+                    const bool move = !C::LAZY || row_max[r] == -INFINITY || (mx - row_max[r]) * c2 > C::LAZY_LOG2;
                     if (move) {
                         /* rows that have seen no key keep max -inf: use 0 so exp2 gives 0, not NaN */
                         const float mnew = mx == -INFINITY ? 0.f : mx * c2;
