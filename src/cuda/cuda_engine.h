@@ -20,6 +20,10 @@ struct fattn_cuda_state {
  * nothing while ctx->stream is being captured into a CUDA graph. */
 fattn_status cuda_order_before(fattn_ctx *ctx);
 fattn_status cuda_order_after(fattn_ctx *ctx);
+/* Make `device` the current device; *prev receives the device to give back to
+ * cuda_device_leave (-1 when nothing was switched, also on failure). */
+cudaError_t cuda_device_enter(int device, int *prev);
+void cuda_device_leave(int prev);
 fattn_status cuda_check_device_ptr(fattn_ctx *ctx, const void *ptr, const char *name);
 fattn_status cuda_make_tensor_map(fattn_ctx *ctx, CUtensorMap *map, const fattn_tensor *t, int64_t dim, int64_t seq,
                                   int64_t heads, int64_t batch, int box_rows, const char *name);

@@ -56,9 +56,8 @@ extern "C" fattn_status fattn_cuda_ctx_init(fattn_ctx *ctx) {
     /* The causal scheduler's counter and the event that orders its users,
      * made here rather than on first use: allocation is not allowed while a
      * stream is being captured into a CUDA graph. */
-    int cur = -1;
-    const bool other = cudaGetDevice(&cur) == cudaSuccess && cur != ctx->device;
-    if (other) e = cudaSetDevice(ctx->device);
+    int prev;
+    e = cuda_device_enter(ctx->device, &prev);
     void *counter = NULL;
     cudaEvent_t ev = NULL;
     cudaStream_t zs = NULL;
@@ -74,12 +73,12 @@ extern "C" fattn_status fattn_cuda_ctx_init(fattn_ctx *ctx) {
     if (e != cudaSuccess) {
         if (counter) cudaFree(counter);
         (void)cudaGetLastError();
-        if (other) (void)cudaSetDevice(cur);
+        cuda_device_leave(prev);
         free(st);
         return fattn_fail(ctx, e == cudaErrorMemoryAllocation ? FATTN_ERROR_OUT_OF_MEMORY : FATTN_ERROR_CUDA,
                           "CUDA context state (tile counter, event): %s", cudaGetErrorString(e));
     }
-    if (other) (void)cudaSetDevice(cur);
+    cuda_device_leave(prev);
     st->tile_counter = (unsigned *)counter;
     st->switch_event = ev;
     ctx->cuda = st;
@@ -89,16 +88,13 @@ extern "C" fattn_status fattn_cuda_ctx_init(fattn_ctx *ctx) {
 extern "C" void fattn_cuda_ctx_free(fattn_ctx *ctx) {
     if (!ctx || !ctx->cuda) return;
     fattn_cuda_state *st = (fattn_cuda_state *)ctx->cuda;
-    if (st->tile_counter || st->switch_event) {
-        /* free on the context's device, after its last kernel */
-        int cur = -1;
-        const bool other = cudaGetDevice(&cur) == cudaSuccess && cur != ctx->device;
-        if (other) (void)cudaSetDevice(ctx->device);
-        if (st->tile_counter) (void)cudaFree(st->tile_counter); /* synchronises with the device first */
-        if (st->switch_event) (void)cudaEventDestroy((cudaEvent_t)st->switch_event);
-        if (other) (void)cudaSetDevice(cur);
-        (void)cudaGetLastError();
-    }
+    /* on the context's device, after its last kernel */
+    int prev;
+    (void)cuda_device_enter(ctx->device, &prev);
+    (void)cudaFree(st->tile_counter); /* synchronises with the device first */
+    (void)cudaEventDestroy((cudaEvent_t)st->switch_event);
+    cuda_device_leave(prev);
+    (void)cudaGetLastError();
     free(ctx->cuda);
     ctx->cuda = NULL;
 }
@@ -114,6 +110,20 @@ extern "C" fattn_status fattn_cuda_copy_to_host(fattn_ctx *ctx, void *dst, const
 }
 
 /* ---- per-context launch state --------------------------------------------- */
+
+cudaError_t cuda_device_enter(int device, int *prev) {
+    *prev = -1;
+    int cur = -1;
+    cudaError_t e = cudaGetDevice(&cur);
+    if (e != cudaSuccess || cur == device) return e;
+    e = cudaSetDevice(device);
+    if (e == cudaSuccess) *prev = cur;
+    return e;
+}
+
+void cuda_device_leave(int prev) {
+    if (prev >= 0) (void)cudaSetDevice(prev);
+}
 
 /* Whether ctx->stream is being captured into a CUDA graph (1), not (0), or the
  * query failed (-1, error recorded on ctx). */

@@ -9,16 +9,19 @@ fattn_status fwd_sm90_launch(fattn_ctx *ctx, const fattn_fwd_args *a) {
     v.causal = a->p.causal != 0;
     v.overlap = !ctx->options[FATTN_OPTION_DISABLE_OVERLAP];
     v.pingpong = !ctx->options[FATTN_OPTION_DISABLE_PINGPONG];
-    int cur = -1;
-    if (cudaGetDevice(&cur) != cudaSuccess) return fattn_fail(ctx, FATTN_ERROR_CUDA, "cudaGetDevice failed");
-    if (cur != ctx->device && cudaSetDevice(ctx->device) != cudaSuccess)
-        return fattn_fail(ctx, FATTN_ERROR_CUDA, "cudaSetDevice(%d) failed", ctx->device);
+    int prev;
+    const cudaError_t e = cuda_device_enter(ctx->device, &prev);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return fattn_fail(ctx, FATTN_ERROR_CUDA, "making CUDA device %d current: %s", ctx->device,
+                          cudaGetErrorString(e));
+    }
     fattn_status s;
     switch (a->p.head_dim) {
     case 64: s = fwd_sm90_hdim64(ctx, a, v); break;
     case 128: s = fwd_sm90_hdim128(ctx, a, v); break;
     default: s = fwd_sm90_hdim256(ctx, a, v); break;
     }
-    if (cur != ctx->device) cudaSetDevice(cur);
+    cuda_device_leave(prev);
     return s;
 }
