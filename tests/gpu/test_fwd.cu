@@ -126,58 +126,77 @@ static int run_case(fattn_ctx *ctx, tu_rng *rng, const fwd_case &c) {
     return tu_failures == fails_before;
 }
 
+/* A packed-BSHD causal problem on the device for the tests that compare
+ * several runs of one call bit for bit.  q, k, v hold 16-bit patterns
+ * 0x3C00 ^ (random sign and low 10 bits): fp16 magnitudes in [1, 2), bf16 in
+ * [2^-7, 2).  `outs` outputs of the same shape, poisoned with 0xFF bytes. */
+struct dev_problem {
+    fattn_fwd_args a;
+    void *q, *k, *v, *o[3];
+    int outs;
+    size_t n; /* elements of each tensor */
+};
+
+static void dev_problem_make(dev_problem *dp, tu_rng *rng, fattn_dtype dt, int B, int S, int H, int D, int outs) {
+    memset(dp, 0, sizeof *dp);
+    dp->n = (size_t)B * S * H * D;
+    dp->outs = outs;
+    uint16_t *h = (uint16_t *)tu_malloc(dp->n * 2);
+    void **src[3] = {&dp->q, &dp->k, &dp->v};
+    for (int t = 0; t < 3; ++t) {
+        CK(cudaMalloc(src[t], dp->n * 2));
+        for (size_t i = 0; i < dp->n; ++i) h[i] = (uint16_t)(0x3C00 ^ (tu_rng_u64(rng) & 0x83FF));
+        CK(cudaMemcpy(*src[t], h, dp->n * 2, cudaMemcpyHostToDevice));
+    }
+    for (int i = 0; i < outs; ++i) {
+        CK(cudaMalloc(&dp->o[i], dp->n * 2));
+        CK(cudaMemset(dp->o[i], 0xFF, dp->n * 2));
+    }
+    free(h);
+    fattn_fwd_args *a = &dp->a;
+    a->p.batch = B; a->p.seqlen_q = a->p.seqlen_k = S; a->p.heads_q = a->p.heads_kv = H;
+    a->p.head_dim = D; a->p.causal = 1;
+    fattn_tensor t = {dp->q, dt, 0, 0, 0, NULL, 0};
+    a->q = t; a->k = t; a->k.data = dp->k; a->v = t; a->v.data = dp->v; a->o = t; a->o.data = dp->o[0];
+}
+
+static void dev_problem_free(dev_problem *dp) {
+    cudaFree(dp->q); cudaFree(dp->k); cudaFree(dp->v);
+    for (int i = 0; i < dp->outs; ++i) cudaFree(dp->o[i]);
+}
+
 /* The same causal multi-tile problem on two streams back to back, no host
  * sync between: the context orders its kernels across the stream switch
  * (they share its tile counter), and the second stream's output must equal
  * the first's bit for bit.  Then again on the first stream (counter reused). */
 static void two_streams(fattn_ctx *ctx, tu_rng *rng) {
-    const int B = 2, S = 1024, H = 16, D = 128;
-    const size_t n = (size_t)B * S * H * D;
-    uint16_t *h = (uint16_t *)tu_malloc(n * 2);
-    void *q, *k, *v, *o[3];
-    CK(cudaMalloc(&q, n * 2));
-    CK(cudaMalloc(&k, n * 2));
-    CK(cudaMalloc(&v, n * 2));
-    for (int i = 0; i < 3; ++i) {
-        CK(cudaMalloc(&o[i], n * 2));
-        CK(cudaMemset(o[i], 0xFF, n * 2));
-    }
-    void *src[3] = {q, k, v};
-    for (int t = 0; t < 3; ++t) {
-        for (size_t i = 0; i < n; ++i) h[i] = (uint16_t)(0x3C00 ^ (tu_rng_u64(rng) & 0x83FF)); /* fp16, magnitude in [1, 2) */
-        CK(cudaMemcpy(src[t], h, n * 2, cudaMemcpyHostToDevice));
-    }
+    dev_problem dp;
+    dev_problem_make(&dp, rng, FATTN_DTYPE_F16, 2, 1024, 16, 128, 3);
+    const size_t n = dp.n;
     cudaStream_t st[2];
     CK(cudaStreamCreateWithFlags(&st[0], cudaStreamNonBlocking));
     CK(cudaStreamCreateWithFlags(&st[1], cudaStreamNonBlocking));
-    fattn_fwd_args a;
-    memset(&a, 0, sizeof a);
-    a.p.batch = B; a.p.seqlen_q = a.p.seqlen_k = S; a.p.heads_q = a.p.heads_kv = H;
-    a.p.head_dim = D; a.p.causal = 1;
-    fattn_tensor t = {q, FATTN_DTYPE_F16, 0, 0, 0, NULL, 0};
-    a.q = t; a.k = t; a.k.data = k; a.v = t; a.v.data = v; a.o = t;
     int ok = 1;
     for (int i = 0; i < 3; ++i) {
-        a.o.data = o[i];
+        dp.a.o.data = dp.o[i];
         ok &= fattn_ctx_set_stream(ctx, st[i % 2]) == FATTN_OK;
-        ok &= fattn_fwd(ctx, &a) == FATTN_OK;
+        ok &= fattn_fwd(ctx, &dp.a) == FATTN_OK;
     }
     TU_CHECK(ok, "two streams: a call failed: %s", fattn_last_error(ctx));
     CK(cudaDeviceSynchronize());
-    uint16_t *g = (uint16_t *)tu_malloc(n * 2);
-    CK(cudaMemcpy(h, o[0], n * 2, cudaMemcpyDeviceToHost));
+    uint16_t *h = (uint16_t *)tu_malloc(n * 2), *g = (uint16_t *)tu_malloc(n * 2);
+    CK(cudaMemcpy(h, dp.o[0], n * 2, cudaMemcpyDeviceToHost));
     size_t poisoned = 0;
     for (size_t i = 0; i < n; ++i) poisoned += h[i] == 0xFFFF;
     TU_CHECK(poisoned == 0, "two streams: %zu outputs never written", poisoned);
     for (int i = 1; i < 3; ++i) {
-        CK(cudaMemcpy(g, o[i], n * 2, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(g, dp.o[i], n * 2, cudaMemcpyDeviceToHost));
         TU_CHECK(memcmp(g, h, n * 2) == 0, "two streams: call %d differs from call 0", i);
     }
     fattn_ctx_set_stream(ctx, NULL);
     cudaStreamDestroy(st[0]);
     cudaStreamDestroy(st[1]);
-    cudaFree(q); cudaFree(k); cudaFree(v);
-    for (int i = 0; i < 3; ++i) cudaFree(o[i]);
+    dev_problem_free(&dp);
     free(h); free(g);
 }
 
@@ -185,40 +204,24 @@ static void two_streams(fattn_ctx *ctx, tu_rng *rng) {
  * strictest): the graph, replayed twice, and an eager call after it must give
  * the eager result bit for bit (the tile counter is rewound by every run). */
 static void graph_capture(fattn_ctx *ctx, tu_rng *rng) {
-    const int B = 2, S = 1000, H = 8, D = 128;
-    const size_t n = (size_t)B * S * H * D;
+    dev_problem dp;
+    dev_problem_make(&dp, rng, FATTN_DTYPE_BF16, 2, 1000, 8, 128, 2);
+    const size_t n = dp.n;
+    fattn_fwd_args *a = &dp.a;
     uint16_t *h = (uint16_t *)tu_malloc(n * 2), *g = (uint16_t *)tu_malloc(n * 2);
-    void *q, *k, *v, *o[2];
-    CK(cudaMalloc(&q, n * 2));
-    CK(cudaMalloc(&k, n * 2));
-    CK(cudaMalloc(&v, n * 2));
-    CK(cudaMalloc(&o[0], n * 2));
-    CK(cudaMalloc(&o[1], n * 2));
-    void *src[3] = {q, k, v};
-    for (int t = 0; t < 3; ++t) {
-        for (size_t i = 0; i < n; ++i) h[i] = (uint16_t)(0x3C00 ^ (tu_rng_u64(rng) & 0x83FF)); /* bf16 bits: magnitude in [2^-7, 2) */
-        CK(cudaMemcpy(src[t], h, n * 2, cudaMemcpyHostToDevice));
-    }
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    fattn_fwd_args a;
-    memset(&a, 0, sizeof a);
-    a.p.batch = B; a.p.seqlen_q = a.p.seqlen_k = S; a.p.heads_q = a.p.heads_kv = H;
-    a.p.head_dim = D; a.p.causal = 1;
-    fattn_tensor t = {q, FATTN_DTYPE_BF16, 0, 0, 0, NULL, 0};
-    a.q = t; a.k = t; a.k.data = k; a.v = t; a.v.data = v; a.o = t;
     TU_CHECK(fattn_ctx_set_stream(ctx, st) == FATTN_OK, "graph: set_stream");
-    CK(cudaMemset(o[0], 0xFF, n * 2));
-    a.o.data = o[0];
-    TU_CHECK(fattn_fwd(ctx, &a) == FATTN_OK, "graph: eager call: %s", fattn_last_error(ctx));
+    a->o.data = dp.o[0];
+    TU_CHECK(fattn_fwd(ctx, a) == FATTN_OK, "graph: eager call: %s", fattn_last_error(ctx));
     CK(cudaStreamSynchronize(st));
-    CK(cudaMemcpy(h, o[0], n * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(h, dp.o[0], n * 2, cudaMemcpyDeviceToHost));
 
     cudaGraph_t graph = NULL;
     cudaGraphExec_t exec = NULL;
-    a.o.data = o[1];
+    a->o.data = dp.o[1];
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    fattn_status fs = fattn_fwd(ctx, &a);
+    fattn_status fs = fattn_fwd(ctx, a);
     cudaError_t e = cudaStreamEndCapture(st, &graph);
     TU_CHECK(fs == FATTN_OK, "graph: call during capture: %s", fattn_last_error(ctx));
     TU_CHECK(e == cudaSuccess, "graph: end capture: %s", cudaGetErrorString(e));
@@ -226,25 +229,25 @@ static void graph_capture(fattn_ctx *ctx, tu_rng *rng) {
         e = cudaGraphInstantiate(&exec, graph, 0);
         TU_CHECK(e == cudaSuccess, "graph: instantiate: %s", cudaGetErrorString(e));
         for (int r = 0; e == cudaSuccess && r < 2; ++r) {
-            CK(cudaMemset(o[1], 0xFF, n * 2));
+            CK(cudaMemset(dp.o[1], 0xFF, n * 2));
             e = cudaGraphLaunch(exec, st);
             if (e == cudaSuccess) e = cudaStreamSynchronize(st);
             TU_CHECK(e == cudaSuccess, "graph: replay %d: %s", r, cudaGetErrorString(e));
-            CK(cudaMemcpy(g, o[1], n * 2, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(g, dp.o[1], n * 2, cudaMemcpyDeviceToHost));
             TU_CHECK(memcmp(g, h, n * 2) == 0, "graph: replay %d differs from the eager call", r);
         }
     }
     (void)cudaGetLastError();
-    CK(cudaMemset(o[1], 0xFF, n * 2));
-    TU_CHECK(fattn_fwd(ctx, &a) == FATTN_OK, "graph: eager call after the graph: %s", fattn_last_error(ctx));
+    CK(cudaMemset(dp.o[1], 0xFF, n * 2));
+    TU_CHECK(fattn_fwd(ctx, a) == FATTN_OK, "graph: eager call after the graph: %s", fattn_last_error(ctx));
     CK(cudaStreamSynchronize(st));
-    CK(cudaMemcpy(g, o[1], n * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(g, dp.o[1], n * 2, cudaMemcpyDeviceToHost));
     TU_CHECK(memcmp(g, h, n * 2) == 0, "graph: eager call after the graph differs");
     fattn_ctx_set_stream(ctx, NULL);
     if (exec) cudaGraphExecDestroy(exec);
     if (graph) cudaGraphDestroy(graph);
     cudaStreamDestroy(st);
-    cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o[0]); cudaFree(o[1]);
+    dev_problem_free(&dp);
     free(h); free(g);
 }
 
