@@ -28,6 +28,9 @@ struct variant {
 #define V_EAGER(name, D, BN, NC, ST, CAUSAL) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, true, true, -1, 0>>, 0}
 #define V_LAZY(name, D, BN, NC, ST, CAUSAL) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, true, true, -1, 1>>, 0}
 #define V_DYN(name, D, BN, NC, ST, CAUSAL) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, true, true, 1>>, 0}
+#define V_CL(name, D, BN, NC, ST, CL) {name, D, 0, fwd_sm90_run<FwdCfg<D, BN, NC, ST, false, true, true, true, -1, -1, CL>>, 0}
+#define V_OS(name, D, BN, NC, ST, CAUSAL, CL, OS) \
+    {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, true, true, -1, -1, CL, OS>>, 0}
 #define V_NOPDL(name, D, BN, NC, ST, CAUSAL) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, true, true>>, 1}
 /* A/B against an earlier kernel: build with -DFATTN_AB_SNAPSHOT='"path"' naming a
  * copy of the old fwd_sm90.cuh + launch code with its symbols renamed *V3/_v3
@@ -40,21 +43,17 @@ struct variant {
 #define OLD(name, D, BN, NC, ST, CAUSAL)
 #endif
 static const variant variants[] = {
-    V("d128 BN176", 128, 176, 2, 2, false),
-    V_EAGER("d128 BN176 eager", 128, 176, 2, 2, false),
-    V_DYN("d128 BN176 dynamic", 128, 176, 2, 2, false),
-    V("d128c BN128", 128, 128, 2, 2, true),
-    V_EAGER("d128c BN128 eager", 128, 128, 2, 2, true),
-    V("d256 BN80", 256, 80, 2, 2, false),
-    V_EAGER("d256 BN80 eager", 256, 80, 2, 2, false),
-    V_DYN("d256 BN80 dynamic", 256, 80, 2, 2, false),
-    V("d256c BN80", 256, 80, 2, 2, true),
-    V_EAGER("d256c BN80 eager", 256, 80, 2, 2, true),
-    V("d64 BN128 NC3", 64, 128, 3, 2, false),
-    V_LAZY("d64 BN128 NC3 lazy", 64, 128, 3, 2, false),
-    V_DYN("d64 BN128 NC3 dynamic", 64, 128, 3, 2, false),
-    V("d64c BN128 NC3", 64, 128, 3, 2, true),
-    V("d64c BN128 NC2", 64, 128, 2, 2, true),
+    V_OS("d128 BN176 st4", 128, 176, 2, 2, false, 1, 4),
+    V_OS("d128 BN176 st16", 128, 176, 2, 2, false, 1, 16),
+    V_OS("d128c BN128 st4", 128, 128, 2, 2, true, 1, 4),
+    V_OS("d128c BN128 st16", 128, 128, 2, 2, true, 1, 16),
+    V_OS("d256 BN80 st4", 256, 80, 2, 2, false, 1, 4),
+    V_OS("d256 BN80 st16", 256, 80, 2, 2, false, 1, 16),
+    V_OS("d256 BN80 cl st16", 256, 80, 2, 2, false, 2, 16),
+    V_OS("d256c BN80 st4", 256, 80, 2, 2, true, 1, 4),
+    V_OS("d256c BN80 st16", 256, 80, 2, 2, true, 1, 16),
+    V_OS("d64c BN128 NC2 st4", 64, 128, 2, 2, true, 1, 4),
+    V_OS("d64c BN128 NC2 st16", 64, 128, 2, 2, true, 1, 16),
 };
 
 static float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
@@ -62,7 +61,7 @@ static float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy
 int main() {
     fattn_ctx *ctx;
     if (fattn_ctx_create(&ctx, FATTN_BACKEND_CUDA, 0) != FATTN_OK) { printf("SKIP: no GPU\n"); return 77; }
-    const int seqlens[] = {1024, 2048, 4096, 8192};
+    const int seqlens[] = {1024, 2048, 4096, 8192, 16384};
     const int nseq = sizeof seqlens / sizeof seqlens[0];
     const size_t maxel = (size_t)16384 * 2048;
     uint16_t *q, *k, *v, *o, *o0[sizeof seqlens / sizeof seqlens[0]];

@@ -31,6 +31,7 @@ struct fwd_case {
     int batch, sq, sk, hq, hkv, d, causal;
     fattn_dtype dt;
     tu_layout layout;
+    int o_off; /* O placed this many elements past a 16-byte boundary (0: aligned) */
 };
 
 static int run_case(fattn_ctx *ctx, tu_rng *rng, const fwd_case &c) {
@@ -58,12 +59,13 @@ static int run_case(fattn_ctx *ctx, tu_rng *rng, const fwd_case &c) {
     CK(cudaMalloc(&dq, q.bytes));
     CK(cudaMalloc(&dk, k.bytes));
     CK(cudaMalloc(&dv, v.bytes));
-    CK(cudaMalloc(&dout, o.bytes));
+    CK(cudaMalloc(&dout, o.bytes + 16));
     CK(cudaMalloc(&dlse, nlse * 4));
     CK(cudaMemcpy(dq, q.t.data, q.bytes, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dk, k.t.data, k.bytes, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dv, v.t.data, v.bytes, cudaMemcpyHostToDevice));
-    CK(cudaMemset(dout, 0xFF, o.bytes));
+    CK(cudaMemset(dout, 0xFF, o.bytes + 16));
+    uint8_t *dout_at = (uint8_t *)dout + 2 * c.o_off;
     CK(cudaMemset(dlse, 0xFF, nlse * 4));
 
     fattn_fwd_args a;
@@ -78,7 +80,7 @@ static int run_case(fattn_ctx *ctx, tu_rng *rng, const fwd_case &c) {
     a.q = q.t; a.q.data = dq;
     a.k = k.t; a.k.data = dk;
     a.v = v.t; a.v.data = dv;
-    a.o = o.t; a.o.data = dout;
+    a.o = o.t; a.o.data = dout_at;
     a.lse = dlse;
     fattn_status st = fattn_fwd(ctx, &a);
     if (st != FATTN_OK) {
@@ -88,7 +90,7 @@ static int run_case(fattn_ctx *ctx, tu_rng *rng, const fwd_case &c) {
     cudaError_t e = cudaDeviceSynchronize();
     TU_CHECK(e == cudaSuccess, "kernel failed: %s", cudaGetErrorString(e));
     if (e != cudaSuccess) exit(1);
-    CK(cudaMemcpy(o.t.data, dout, o.bytes, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(o.t.data, dout_at, o.bytes, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(lse, dlse, nlse * 4, cudaMemcpyDeviceToHost));
     tu_tensor_get(&o, got);
 
@@ -100,8 +102,9 @@ static int run_case(fattn_ctx *ctx, tu_rng *rng, const fwd_case &c) {
 
     const double tol = c.dt == FATTN_DTYPE_BF16 ? 1e-2 : 2e-3;
     char what[256];
-    snprintf(what, sizeof what, "%s b%d sq%d sk%d h%d/%d d%d %s%s O rel err", fattn_dtype_name(c.dt), c.batch, c.sq,
-             c.sk, c.hq, c.hkv, c.d, c.causal ? "causal " : "", c.layout == TU_BHSD ? "BHSD" : "BSHD");
+    snprintf(what, sizeof what, "%s b%d sq%d sk%d h%d/%d d%d %s%s%s O rel err", fattn_dtype_name(c.dt), c.batch, c.sq,
+             c.sk, c.hq, c.hkv, c.d, c.causal ? "causal " : "", c.layout == TU_BHSD ? "BHSD" : "BSHD",
+             c.o_off ? " O+4B" : "");
     TU_CHECK(tu_count_nonfinite(got, o.count) == 0, "%s: %zu non-finite outputs", what, tu_count_nonfinite(got, o.count));
     TU_EXPECT_LE(tu_rel_err(got, ref, o.count), tol, what);
     double lse_err = 0;
@@ -286,6 +289,18 @@ int main(void) {
         {2, 1024, 1024, 16, 4, 64, 1, B, TU_BSHD},
         {2, 1500, 300, 12, 4, 128, 1, H, TU_BSHD},
         {1, 1100, 1100, 20, 20, 128, 0, B, TU_BHSD},
+        /* non-causal d128/d256 with an even number of 128-row query blocks
+         * run as CTA pairs sharing K/V loads (cluster multicast): tails in
+         * both lengths, GQA, and more tile pairs than clusters */
+        {2, 256, 256, 4, 2, 128, 0, B, TU_BSHD},
+        {1, 250, 90, 2, 2, 128, 0, B, TU_BHSD},
+        {2, 2000, 1999, 20, 5, 128, 0, B, TU_BSHD},
+        {1, 1500, 700, 8, 2, 256, 0, B, TU_BHSD},
+        /* O only 4-byte aligned: the epilogue's 4-byte stores instead of the
+         * 16-byte ones (with 2 consumer warpgroups) */
+        {1, 300, 300, 2, 2, 128, 0, H, TU_BSHD, 2},
+        {2, 100, 140, 4, 2, 256, 1, B, TU_BSHD, 2},
+        {1, 200, 200, 2, 1, 64, 1, B, TU_BHSD, 2},
     };
     const int only = getenv("FATTN_TEST_SMALL") ? 1 : 0; /* sanitizer runs: small shapes only */
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {

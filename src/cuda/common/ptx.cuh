@@ -87,12 +87,56 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
     }
 }
 
+/* ---- clusters ------------------------------------------------------------ */
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+/* Arrive on the mbarrier at `bar`'s offset in CTA `rank` of the cluster. */
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t *bar, uint32_t rank) {
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_u32(bar)), "r"(rank));
+    /* default .release.cta, as CUTLASS's ClusterBarrier::arrive: the caller's
+     * reads of the stage (wgmma, waited for) are complete; .release.cluster
+     * would put a MEMBAR.ALL.GPU in front of every release */
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+}
+/* Wait for a phase whose arrivals may come from other CTAs of the cluster. */
+__device__ __forceinline__ void mbar_wait_cluster(uint64_t *bar, uint32_t parity) {
+    uint32_t ok;
+    do {
+        asm volatile(
+            "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+            " selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(ok)
+            : "r"(smem_u32(bar)), "r"(parity)
+            : "memory");
+    } while (!ok);
+}
+/* Every thread of every CTA of the cluster (not .aligned: callers may be
+ * divergent). */
+__device__ __forceinline__ void cluster_sync_all() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+
 /* ---- TMA (via <cuda/ptx>) ------------------------------------------------ */
 /* 4-D tiled load [d, seq, head, batch] -> shared, completing on `bar`. */
 __device__ __forceinline__ void tma_load_4d(void *dst, const CUtensorMap *map, int c0, int c1, int c2, int c3,
                                             uint64_t *bar) {
     const int32_t coords[4] = {c0, c1, c2, c3};
     ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, dst, map, coords, bar);
+}
+/* The same load, written into shared memory at the same offset in every CTA
+ * of the cluster named by cta_mask, each of whose mbarrier at `bar`'s offset
+ * gets the bytes that land there (HOPPER-PTX §4). */
+__device__ __forceinline__ void tma_load_4d_multicast(void *dst, const CUtensorMap *map, int c0, int c1, int c2,
+                                                      int c3, uint64_t *bar, uint16_t cta_mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+        " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(smem_u32(dst)),
+        "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_u32(bar)), "h"(cta_mask)
+        : "memory");
 }
 /* Pull the box at these coordinates into L2 only (no shared memory, no
  * mbarrier): a hint that a later tma_load_4d of it will hit L2. */

@@ -37,10 +37,30 @@
 
 #include "../common/ptx.cuh"
 
+/* Timeline probe for experiments (bench/fwd_trace.cu): compiled only with
+ * -DFATTN_FWD_TRACE=<cta>; thread 0 of each warpgroup of that CTA records
+ * (clock64 << 8 | event) at the points marked FWD_TRACE. */
+#ifdef FATTN_FWD_TRACE
+#define FWD_TRACE_N 4096
+__device__ unsigned long long fwd_trace_buf[4][FWD_TRACE_N];
+__device__ int fwd_trace_len[4];
+#define FWD_TRACE(code)                                                                                \
+    do {                                                                                               \
+        if (blockIdx.x == FATTN_FWD_TRACE && threadIdx.x % 128 == 0 && trace_n < FWD_TRACE_N)          \
+            fwd_trace_buf[threadIdx.x / 128][trace_n++] = ((unsigned long long)clock64() << 8) | (code); \
+    } while (0)
+#define FWD_TRACE_END() \
+    do { if (blockIdx.x == FATTN_FWD_TRACE && threadIdx.x % 128 == 0) fwd_trace_len[threadIdx.x / 128] = trace_n; } while (0)
+#else
+#define FWD_TRACE(code) do { } while (0)
+#define FWD_TRACE_END() do { } while (0)
+#endif
+
 struct FwdParams {
     void *o;
     float *lse;
     int64_t o_sb, o_ss, o_sh; /* O strides, elements */
+    int o_wide;               /* O base 16-byte aligned, strides multiples of 8: 16-byte stores */
     int batch, heads_q, heads_kv, group; /* group = heads_q / heads_kv */
     int seqlen_q, seqlen_k;
     int causal_offset; /* seqlen_k - seqlen_q */
@@ -52,7 +72,9 @@ struct FwdParams {
 
 template <int D_, int BN_, int NC_, int STAGES_, bool CAUSAL_, bool BF16_, bool OVERLAP_, bool PINGPONG_,
           int SCHED_ = -1 /* 1 dynamic, 0 static, -1 dynamic for causal only */,
-          int LAZY_ = -1 /* 1 lazy rescaling, 0 eager, -1 measured choice per D */>
+          int LAZY_ = -1 /* 1 lazy rescaling, 0 eager, -1 measured choice per D */,
+          int CLUSTER_ = 1 /* 2: CTA pairs share each K/V load (TMA multicast) */,
+          int OSTORE_ = -1 /* O stores: 16 bytes after a quad transpose (when O allows) or 4; -1: 16 with 2 consumers */>
 struct FwdCfg {
     static constexpr int D = D_, BN = BN_, NC = NC_, STAGES = STAGES_;
     static constexpr bool CAUSAL = CAUSAL_, BF16 = BF16_, OVERLAP = OVERLAP_, PINGPONG = PINGPONG_ && NC_ > 1;
@@ -71,6 +93,15 @@ struct FwdCfg {
     static constexpr int OFF_SLOT = OFF_BAR + NUM_BARS * 8; /* tile index per consumer warpgroup */
     static constexpr int SMEM_BYTES = OFF_SLOT + NC * 4 + 1024; /* + alignment slack */
     static constexpr bool DYNAMIC = SCHED_ < 0 ? CAUSAL : SCHED_ == 1; /* tile scheduler: atomic counter */
+    /* CLUSTER 2: the two CTAs of a cluster work on tiles 2k and 2k+1, adjacent
+     * m-blocks of one head (the launcher requires an even number of m-blocks),
+     * in lockstep over the same key blocks.  Each CTA's producer loads half
+     * the slabs of every K and V block and multicasts them to both, so the
+     * L2 -> SM traffic for K and V halves; a stage is refilled only when the
+     * consumers of both CTAs have released it. */
+    static constexpr int CLUSTER = CLUSTER_;
+    /* three consumers (160 registers) spill 4-32 bytes with the transpose */
+    static constexpr int OSTORE = OSTORE_ < 0 ? (NC == 2 ? 16 : 4) : OSTORE_;
     /* lazy rescaling (FA4): a row's reference max moves only when the block
      * max exceeds it by more than LAZY_LOG2 (log2 units), so P <= 2^8 and O
      * is rescaled only by warps where some row's reference moved.  Measured
@@ -79,10 +110,16 @@ struct FwdCfg {
     static constexpr bool LAZY = LAZY_ < 0 ? D_ != 128 : LAZY_ == 1;
     static constexpr float LAZY_LOG2 = 8.f;
     /* Registers per thread after setmaxnreg (FA3's split, HOPPER-PTX §6). */
-    static constexpr int REGS_PRODUCER = NC == 2 ? 24 : 32;
-    static constexpr int REGS_CONSUMER = NC == 2 ? 240 : 160;
+    static constexpr int REGS_PRODUCER = NC == 2 && CLUSTER_ == 1 ? 24 : 32; /* 24 spills with a cluster */
+    static constexpr int REGS_CONSUMER = NC == 2 ? (CLUSTER_ == 1 ? 240 : 232) : 160;
+    /* setmaxnreg.inc waits until the CTA's pool (the launch's 168 x THREADS
+     * for NC 2) has the registers: the split must fit in it, or the
+     * consumers hang (32 + 2 x 240 did, run 11) */
+    static_assert(REGS_PRODUCER * 128 + REGS_CONSUMER * 128 * NC <= 65536 / (128 * (NC + 1)) / 8 * 8 * 128 * (NC + 1),
+                  "register split exceeds the launch allocation");
     static_assert(D % 64 == 0 && BN % 16 == 0 && BN <= 256 && D <= 256, "tile shape");
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
+    static_assert(CLUSTER == 1 || (CLUSTER == 2 && SLABS % 2 == 0 && !CAUSAL && !DYNAMIC), "cluster variant");
 };
 
 /* Tile t -> (m_block, head, batch).  Non-causal: m fastest, so the CTAs in
@@ -141,14 +178,17 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     const int warpgroup = threadIdx.x / 128;
     const int tid = threadIdx.x % 128;
     const int warp = tid / 32, lane = tid % 32;
+#ifdef FATTN_FWD_TRACE
+    int trace_n = 0;
+#endif
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(&full_k[s], 1);
             mbar_init(&full_v[s], 1);
             /* one arrival per consumer warp, after its wgmma reads are waited for */
-            mbar_init(&empty_k[s], 4 * NC);
-            mbar_init(&empty_v[s], 4 * NC);
+            mbar_init(&empty_k[s], 4 * NC * C::CLUSTER);
+            mbar_init(&empty_v[s], 4 * NC * C::CLUSTER);
         }
         for (int w = 0; w < NC; ++w) {
             mbar_init(&full_q[w], 1);
@@ -156,7 +196,11 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         }
         ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
     }
-    __syncthreads();
+    /* with a cluster, the peer's barriers must be initialised before this
+     * CTA multicasts into its shared memory or arrives on them */
+    if (C::CLUSTER > 1) cluster_sync_all();
+    else __syncthreads();
+    const uint32_t cta_rank = C::CLUSTER > 1 ? cluster_ctarank() : 0;
     /* Programmatic dependent launch: the set-up above may overlap the tail of
      * the previous kernel in the stream; nothing below touches global memory
      * before that kernel has finished.  The next kernel may be scheduled as
@@ -167,7 +211,11 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     if (warpgroup == 0) {
         /* ------------------------------ producer ------------------------------ */
         regs_dealloc<C::REGS_PRODUCER>();
-        if (warp != 0 || lane != 0) return;
+        if (warp != 0 || lane != 0) {
+            /* a CTA leaves only when its peer is done with its shared memory */
+            if (C::CLUSTER > 1) cluster_sync_all();
+            return;
+        }
         tma_prefetch_desc(&tm_q);
         tma_prefetch_desc(&tm_k);
         tma_prefetch_desc(&tm_v);
@@ -179,6 +227,22 @@ __global__ void __launch_bounds__(C::THREADS, 1)
             if (q_iter > 0) mbar_wait(&empty_q[w], (q_iter - 1) & 1);
             st_shared_s32(&tile_slot[w], tile);
         };
+        /* K or V block n into a stage: all slabs, or with a cluster this
+         * CTA's half of them, multicast to both CTAs (each CTA's full
+         * barrier expects the whole block: its own half and the peer's) */
+        auto load_kv = [&](uint8_t *dst, const CUtensorMap *map, int n, int hk, int b, uint64_t *bar) {
+            constexpr int PER_CTA = C::SLABS / C::CLUSTER;
+#pragma unroll
+            for (int i = 0; i < PER_CTA; ++i) {
+                const int c = (int)cta_rank * PER_CTA + i;
+                if (C::CLUSTER > 1)
+                    tma_load_4d_multicast(dst + c * BN * 128, map, c * 64, n * BN, hk, b, bar, (uint16_t)0x3);
+                else
+                    tma_load_4d(dst + c * BN * 128, map, c * 64, n * BN, hk, b, bar);
+            }
+        };
+        /* static tiles t, t + gridDim.x, ...: with a cluster (gridDim.x even,
+         * peers at blockIdx 2c and 2c+1) the peers hold tiles 2k and 2k+1 */
         int t = blockIdx.x; /* grid <= num_tiles */
         for (;;) {
             /* the next tile is picked one ahead, so its Q can be prefetched */
@@ -188,6 +252,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
             fwd_tile_decode<C::CAUSAL>(p, t, m, h, b);
             const int nblocks = fwd_num_n_blocks<C>(p, m);
             const int hk = h / p.group;
+            FWD_TRACE(20);
             /* Q is read once, from DRAM: start pulling the next tile's Q into
              * L2 now, a tile ahead of its load into shared memory */
             if (t_next < p.num_tiles) {
@@ -207,10 +272,11 @@ __global__ void __launch_bounds__(C::THREADS, 1)
             for (int n = nblocks - 1; n >= 0; --n, ++it) {
                 const int s = it % STAGES;
                 const uint32_t ph = (it / STAGES) & 1;
-                mbar_wait(&empty_k[s], ph ^ 1);
+                if (C::CLUSTER > 1) mbar_wait_cluster(&empty_k[s], ph ^ 1);
+                else mbar_wait(&empty_k[s], ph ^ 1);
+                FWD_TRACE(21);
                 mbar_expect_tx_arrive(&full_k[s], C::KV_BYTES);
-                for (int c = 0; c < C::SLABS; ++c)
-                    tma_load_4d(sK + s * C::KV_BYTES + c * BN * 128, &tm_k, c * 64, n * BN, hk, b, &full_k[s]);
+                load_kv(sK + s * C::KV_BYTES, &tm_k, n, hk, b, &full_k[s]);
                 if (n == nblocks - 1) {
                     /* the first K's stage frees before the Q buffers do (one
                      * block earlier), so K goes first; then each warpgroup's
@@ -223,11 +289,13 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                             tma_load_4d(sQ + c * BM * 128 + w * 64 * 128, &tm_q, c * 64, m * BM + w * 64, h, b, &full_q[w]);
                     }
                     ++q_iter;
+                    FWD_TRACE(22);
                 }
-                mbar_wait(&empty_v[s], ph ^ 1);
+                if (C::CLUSTER > 1) mbar_wait_cluster(&empty_v[s], ph ^ 1);
+                else mbar_wait(&empty_v[s], ph ^ 1);
+                FWD_TRACE(23);
                 mbar_expect_tx_arrive(&full_v[s], C::KV_BYTES);
-                for (int c = 0; c < C::SLABS; ++c)
-                    tma_load_4d(sV + s * C::KV_BYTES + c * BN * 128, &tm_v, c * 64, n * BN, hk, b, &full_v[s]);
+                load_kv(sV + s * C::KV_BYTES, &tm_v, n, hk, b, &full_v[s]);
             }
             t = t_next;
             if (t >= p.num_tiles) break;
@@ -247,6 +315,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                 __threadfence();
             }
         }
+        FWD_TRACE_END();
+        if (C::CLUSTER > 1) cluster_sync_all();
         return;
     }
 
@@ -275,14 +345,18 @@ __global__ void __launch_bounds__(C::THREADS, 1)
          * (stage counters, descriptors) left the uniform datapath and the
          * key-block loop grew by 5% (d64: 581 -> 610 instructions, -8%) */
         const int t = __shfl_sync(0xffffffffu, ld_shared_s32(&tile_slot[wg]), 0);
+        FWD_TRACE(1);
         if (t >= p.num_tiles) break;
         int m, h, b;
         fwd_tile_decode<C::CAUSAL>(p, t, m, h, b);
         const int nblocks = fwd_num_n_blocks<C>(p, m);
         const int row_base = m * BM + wg * 64; /* first query row of this warpgroup */
+        /* a K/V stage is released to this CTA's producer and, with a
+         * cluster, to the peer's, whose multicast refills it here too */
         auto release = [&](uint64_t *bar) {
             __syncwarp();
             if (lane == 0) mbar_arrive(bar);
+            if (C::CLUSTER > 1 && lane == 1) mbar_arrive_cluster(bar, cta_rank ^ 1u);
         };
 
         if (nblocks > 0) {
@@ -402,17 +476,21 @@ __global__ void __launch_bounds__(C::THREADS, 1)
             /* peeled first block: S, softmax (no PV yet).  Data is waited for
              * before taking the token, so a warpgroup never holds it idle. */
             mbar_wait(&full_k[s], ph);
+            FWD_TRACE(2);
             pp_sync();
+            FWD_TRACE(3);
             wgmma_fence();
             issue_qk(s);
             wgmma_commit();
             pp_arrive();
             wgmma_wait<0>();
             reg_fence(sacc);
+            FWD_TRACE(5);
             release(&empty_k[s]);
             if (n == 0) mbar_arrive(&empty_q[wg]);
             softmax_step(n, alpha, rescale);
             convert_p();
+            FWD_TRACE(6);
             int prev_s = s;
             uint32_t prev_ph = ph;
             ++it;
@@ -426,7 +504,9 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                      * (C7519) between the two GEMMs */
                     mbar_wait(&full_v[prev_s], prev_ph);
                     mbar_wait(&full_k[s], ph);
+                    FWD_TRACE(2);
                     pp_sync();
+                    FWD_TRACE(4);
                     wgmma_fence();
                     issue_qk(s);
                     wgmma_commit();
@@ -437,11 +517,14 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                     pp_arrive();
                     wgmma_wait<1>(); /* S done, PV may still run */
                     reg_fence(sacc);
+                    FWD_TRACE(5);
                     release(&empty_k[s]);
                     if (n == 0) mbar_arrive(&empty_q[wg]);
                     softmax_step(n, alpha, rescale); /* under the PV GEMM */
+                    FWD_TRACE(6);
                     wgmma_wait<0>();
                     reg_fence(oacc);
+                    FWD_TRACE(7);
                     release(&empty_v[prev_s]);
                     convert_p();
                 } else {
@@ -471,13 +554,16 @@ __global__ void __launch_bounds__(C::THREADS, 1)
             /* last PV */
             rescale_o(alpha, rescale);
             mbar_wait(&full_v[prev_s], prev_ph);
+            FWD_TRACE(2);
             pp_sync();
+            FWD_TRACE(8);
             wgmma_fence();
             issue_pv(prev_s);
             wgmma_commit();
             pp_arrive();
             wgmma_wait<0>();
             reg_fence(oacc);
+            FWD_TRACE(7);
             release(&empty_v[prev_s]);
 
             /* epilogue: O / l and LSE */
@@ -488,18 +574,42 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                 l += __shfl_xor_sync(0xffffffff, l, 2);
                 const float inv = l > 0.f ? 1.f / l : 0.f;
                 const int row = row_base + r0 + 8 * r;
-                if (p.lse && q4 == 0 && row < p.seqlen_q)
+                const bool row_ok = row < p.seqlen_q; /* the same for the 4 lanes of a quad */
+                if (p.lse && q4 == 0 && row_ok)
                     p.lse[((int64_t)b * p.heads_q + h) * p.seqlen_q + row] =
                         l > 0.f ? row_max[r] * p.softmax_scale + logf(l) : -INFINITY;
-                if (row < p.seqlen_q) {
-                    uint8_t *orow = (uint8_t *)p.o + 2 * (b * p.o_sb + (int64_t)row * p.o_ss + h * p.o_sh);
+                uint8_t *orow = (uint8_t *)p.o + 2 * (b * p.o_sb + (int64_t)row * p.o_ss + h * p.o_sh);
+                /* columns 8i + 2*q4, +1 of this row, packed */
+                auto packed = [&](int i) {
+                    const float lo = oacc[4 * i + 2 * r] * inv, hi = oacc[4 * i + 2 * r + 1] * inv;
+                    return C::BF16 ? pack_bf16x2(lo, hi) : pack_f16x2(lo, hi);
+                };
+                if (C::OSTORE == 16 && p.o_wide) {
+                    /* a quad holds 32 columns as a 4x4 matrix of packed pairs
+                     * (lane, group): transpose it with two xor-shuffle steps
+                     * (2x2 blocks across lanes ^2, then within blocks across
+                     * ^1) so each lane owns 8 adjacent columns, one 16-byte
+                     * store instead of four 4-byte ones */
 #pragma unroll
-                    for (int i = 0; i < D / 8; ++i) {
-                        const float lo = oacc[4 * i + 2 * r] * inv, hi = oacc[4 * i + 2 * r + 1] * inv;
-                        *(uint32_t *)(orow + 2 * (8 * i + 2 * q4)) = C::BF16 ? pack_bf16x2(lo, hi) : pack_f16x2(lo, hi);
+                    for (int j = 0; j < D / 32; ++j) {
+                        uint32_t m0 = packed(4 * j), m1 = packed(4 * j + 1), m2 = packed(4 * j + 2), m3 = packed(4 * j + 3);
+                        const bool lo_half = (q4 & 2) == 0, even = (q4 & 1) == 0;
+                        uint32_t s0 = lo_half ? m2 : m0, s1 = lo_half ? m3 : m1;
+                        s0 = __shfl_xor_sync(0xffffffffu, s0, 2);
+                        s1 = __shfl_xor_sync(0xffffffffu, s1, 2);
+                        if (lo_half) { m2 = s0; m3 = s1; } else { m0 = s0; m1 = s1; }
+                        uint32_t t0 = even ? m1 : m0, t1 = even ? m3 : m2;
+                        t0 = __shfl_xor_sync(0xffffffffu, t0, 1);
+                        t1 = __shfl_xor_sync(0xffffffffu, t1, 1);
+                        if (even) { m1 = t0; m3 = t1; } else { m0 = t0; m2 = t1; }
+                        if (row_ok) *(uint4 *)(orow + 16 * (4 * j + q4)) = make_uint4(m0, m1, m2, m3);
                     }
+                } else if (row_ok) {
+#pragma unroll
+                    for (int i = 0; i < D / 8; ++i) *(uint32_t *)(orow + 2 * (8 * i + 2 * q4)) = packed(i);
                 }
             }
+            FWD_TRACE(9);
         } else {
             /* every row of this tile sees no key: O = 0, LSE = -inf */
             mbar_arrive(&empty_q[wg]);
@@ -516,4 +626,6 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     /* the ring's last hand-over (to warpgroup 0) has no taker: take it, so no
      * arrival is left pending on a named barrier at exit */
     if (C::PINGPONG && wg == 0) named_bar_sync(8, 256);
+    FWD_TRACE_END();
+    if (C::CLUSTER > 1) cluster_sync_all();
 }

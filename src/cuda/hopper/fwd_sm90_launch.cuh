@@ -27,6 +27,7 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
     p.o_sb = a->o.stride_batch;
     p.o_ss = a->o.stride_seq;
     p.o_sh = a->o.stride_head;
+    p.o_wide = (uintptr_t)a->o.data % 16 == 0 && p.o_sb % 8 == 0 && p.o_ss % 8 == 0 && p.o_sh % 8 == 0;
     p.batch = pr->batch;
     p.heads_q = pr->heads_q;
     p.heads_kv = pr->heads_kv;
@@ -61,6 +62,9 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
     p.softmax_scale = pr->softmax_scale;
     p.scale_log2 = pr->softmax_scale * 1.4426950408889634f;
 
+    if (C::CLUSTER > 1 && p.num_m_blocks % C::CLUSTER != 0)
+        return fattn_fail(ctx, FATTN_ERROR_INTERNAL, "cluster kernel needs an even number of query blocks (%d)",
+                          p.num_m_blocks);
     int grid = p.num_tiles < st->num_sms ? p.num_tiles : st->num_sms;
     auto kern = fwd_sm90_kernel<C>;
     /* the shared-memory opt-in is per function and device: once each (a
@@ -81,11 +85,38 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
     cfg.blockDim = dim3(C::THREADS);
     cfg.dynamicSmemBytes = C::SMEM_BYTES;
     cfg.stream = (cudaStream_t)ctx->stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute attr[2];
+    int nattr = 0;
+    if (C::CLUSTER > 1) {
+        attr[nattr].id = cudaLaunchAttributeClusterDimension;
+        attr[nattr].val.clusterDim.x = C::CLUSTER;
+        attr[nattr].val.clusterDim.y = 1;
+        attr[nattr].val.clusterDim.z = 1;
+        ++nattr;
+        /* persistent: as many clusters as fit at once (SMs of a GPC pair up;
+         * an odd one out stays idle), asked once per device */
+        static std::atomic<int> max_clusters[64];
+        int mc = ctx->device < 64 ? max_clusters[ctx->device].load(std::memory_order_relaxed) : 0;
+        if (mc <= 0) {
+            cfg.attrs = attr;
+            cfg.numAttrs = nattr;
+            e = cudaOccupancyMaxActiveClusters(&mc, kern, &cfg);
+            if (e != cudaSuccess || mc <= 0)
+                return fattn_fail(ctx, FATTN_ERROR_CUDA, "cudaOccupancyMaxActiveClusters: %s (%d clusters)",
+                                  cudaGetErrorString(e), mc);
+            if (ctx->device < 64) max_clusters[ctx->device].store(mc, std::memory_order_relaxed);
+        }
+        if (grid > C::CLUSTER * mc) grid = C::CLUSTER * mc;
+        grid -= grid % C::CLUSTER; /* num_tiles is even, so grid >= 2 */
+        cfg.gridDim = dim3(grid);
+    }
+    if (!ctx->options[FATTN_OPTION_DISABLE_PDL]) {
+        attr[nattr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[nattr].val.programmaticStreamSerializationAllowed = 1;
+        ++nattr;
+    }
     cfg.attrs = attr;
-    cfg.numAttrs = ctx->options[FATTN_OPTION_DISABLE_PDL] ? 0 : 1;
+    cfg.numAttrs = nattr;
     e = cudaLaunchKernelEx(&cfg, kern, tq, tk, tv, p);
     if (e == cudaSuccess) e = cudaGetLastError();
     if (e != cudaSuccess) return fattn_fail(ctx, FATTN_ERROR_CUDA, "forward kernel launch: %s", cudaGetErrorString(e));
@@ -100,13 +131,22 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
         if (v.bf16) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, true, true, true, true>>(ctx, a);            \
         return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, true, false, true, true>>(ctx, a);                       \
     } while (0)
-#define FWD_SM90_NONCAUSAL(D, BN, NC, STAGES)                                                                  \
+#define FWD_SM90_NONCAUSAL_CL(D, BN, NC, STAGES, CL)                                                            \
     do {                                                                                                       \
         if (v.bf16) {                                                                                          \
-            if (v.overlap && v.pingpong) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, true, true>>(ctx, a); \
-            if (v.overlap) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, true, false>>(ctx, a);   \
-            if (v.pingpong) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, false, true>>(ctx, a);  \
-            return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, false, false>>(ctx, a);                 \
+            if (v.overlap && v.pingpong)                                                                       \
+                return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, true, true, -1, -1, CL>>(ctx, a);   \
+            if (v.overlap) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, true, false, -1, -1, CL>>(ctx, a); \
+            if (v.pingpong) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, false, true, -1, -1, CL>>(ctx, a); \
+            return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, false, false, -1, -1, CL>>(ctx, a);     \
         }                                                                                                      \
-        return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, false, true, true>>(ctx, a);                      \
+        return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, false, true, true, -1, -1, CL>>(ctx, a);          \
+    } while (0)
+#define FWD_SM90_NONCAUSAL(D, BN, NC, STAGES) FWD_SM90_NONCAUSAL_CL(D, BN, NC, STAGES, 1)
+/* CTA pairs sharing K/V loads (FwdCfg CLUSTER) when the query blocks pair up
+ * within each head */
+#define FWD_SM90_NONCAUSAL_PAIRED(D, BN, NC, STAGES)                                                           \
+    do {                                                                                                       \
+        if (((a->p.seqlen_q + 64 * (NC)-1) / (64 * (NC))) % 2 == 0) FWD_SM90_NONCAUSAL_CL(D, BN, NC, STAGES, 2); \
+        FWD_SM90_NONCAUSAL_CL(D, BN, NC, STAGES, 1);                                                           \
     } while (0)

@@ -1,0 +1,69 @@
+/* fwd_trace.cu - timeline of one CTA of the Hopper forward (experiments only).
+ * Build: nvcc ... -DFATTN_FWD_TRACE=5 bench/fwd_trace.cu build-gpu/libfattn.a -cudart static
+ * Prints, per traced kernel, lines "wg clock event" for thread 0 of each
+ * warpgroup of CTA FATTN_FWD_TRACE (events: see FWD_TRACE in fwd_sm90.cuh);
+ * bench/fwd_trace.py summarises them. */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../src/cuda/hopper/fwd_sm90_launch.cuh"
+#include "fattn.h"
+
+typedef fattn_status (*run_fn)(fattn_ctx *, const fattn_fwd_args *);
+struct variant {
+    const char *name;
+    int d, causal, seqlen;
+    run_fn fn;
+};
+/* SCHED and LAZY spelled out (the library's measured choices), so these
+ * traced instances are distinct types from the untraced ones in libfattn.a */
+#define V(name, D, BN, NC, CAUSAL, S) \
+    {name, D, CAUSAL, S, fwd_sm90_run<FwdCfg<D, BN, NC, 2, CAUSAL, true, true, true, CAUSAL ? 1 : 0, D != 128 ? 1 : 0>>}
+#define V_CL(name, D, BN, S) {name, D, 0, S, fwd_sm90_run<FwdCfg<D, BN, 2, 2, false, true, true, true, 0, D != 128 ? 1 : 0, 2>>}
+#define V_ST4(name, D, BN, S) {name, D, 0, S, fwd_sm90_run<FwdCfg<D, BN, 2, 2, false, true, true, true, 0, D != 128 ? 1 : 0, 1, 4>>}
+static const variant variants[] = {
+    V_ST4("d128 BN176 4-byte O stores s1024", 128, 176, 1024),
+    V("d128 BN176 s1024", 128, 176, 2, false, 1024),
+    V("d128 BN176 s4096", 128, 176, 2, false, 4096),
+    V_ST4("d256 BN80 4-byte O stores s1024", 256, 80, 1024),
+    V("d256 BN80 s1024", 256, 80, 2, false, 1024),
+    V_CL("d256 BN80 cluster s1024", 256, 80, 1024),
+};
+
+int main() {
+    fattn_ctx *ctx;
+    if (fattn_ctx_create(&ctx, FATTN_BACKEND_CUDA, 0) != FATTN_OK) { printf("SKIP: no GPU\n"); return 77; }
+    const size_t maxel = (size_t)16384 * 2048;
+    uint16_t *q, *k, *v, *o;
+    cudaMalloc(&q, maxel * 2); cudaMalloc(&k, maxel * 2); cudaMalloc(&v, maxel * 2); cudaMalloc(&o, maxel * 2);
+    uint16_t *h = (uint16_t *)malloc(maxel * 2);
+    srand(11);
+    for (size_t i = 0; i < maxel; ++i) { float f = (float)rand() / RAND_MAX * 2 - 1; uint32_t u; memcpy(&u, &f, 4); h[i] = u >> 16; }
+    cudaMemcpy(q, h, maxel * 2, cudaMemcpyHostToDevice);
+    cudaMemcpy(k, h + 7, (maxel - 7) * 2, cudaMemcpyHostToDevice);
+    cudaMemcpy(v, h + 13, (maxel - 13) * 2, cudaMemcpyHostToDevice);
+    static unsigned long long buf[4][FWD_TRACE_N];
+    for (const variant &va : variants) {
+        const int s = va.seqlen, b = 16384 / s, hh = 2048 / va.d, d = va.d;
+        fattn_fwd_args a; memset(&a, 0, sizeof a);
+        a.p.batch = b; a.p.seqlen_q = a.p.seqlen_k = s; a.p.heads_q = a.p.heads_kv = hh;
+        a.p.head_dim = a.p.head_dim_v = d; a.p.softmax_scale = 1.f / sqrtf((float)d); a.p.causal = va.causal;
+        fattn_tensor t = {q, FATTN_DTYPE_BF16, (int64_t)s * hh * d, (int64_t)hh * d, d, NULL, 0};
+        a.q = t; a.k = t; a.k.data = k; a.v = t; a.v.data = v; a.o = t; a.o.data = o;
+        int zero[4] = {0, 0, 0, 0};
+        cudaMemcpyToSymbol(fwd_trace_len, zero, sizeof zero);
+        /* warm up, then the traced call is the last of 5 back-to-back ones */
+        for (int i = 0; i < 5; ++i) va.fn(ctx, &a);
+        cudaError_t e = cudaDeviceSynchronize();
+        int len[4];
+        cudaMemcpyFromSymbol(len, fwd_trace_len, sizeof len);
+        cudaMemcpyFromSymbol(buf, fwd_trace_buf, sizeof buf);
+        printf("# %s err=%s\n", va.name, cudaGetErrorString(e));
+        for (int w = 0; w < 4; ++w)
+            for (int i = 0; i < len[w] && i < FWD_TRACE_N; ++i) printf("%d %llu %llu\n", w, buf[w][i] >> 8, buf[w][i] & 255);
+    }
+    return 0;
+}
