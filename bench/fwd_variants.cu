@@ -47,11 +47,8 @@ static const variant variants[] = {
     V_OS("d128 BN176 st16", 128, 176, 2, 2, false, 1, 16),
     V_OS("d128c BN128 st4", 128, 128, 2, 2, true, 1, 4),
     V_OS("d128c BN128 st16", 128, 128, 2, 2, true, 1, 16),
-    V_OS("d256 BN80 st4", 256, 80, 2, 2, false, 1, 4),
     V_OS("d256 BN80 st16", 256, 80, 2, 2, false, 1, 16),
     V_OS("d256 BN80 cl st16", 256, 80, 2, 2, false, 2, 16),
-    V_OS("d256c BN80 st4", 256, 80, 2, 2, true, 1, 4),
-    V_OS("d256c BN80 st16", 256, 80, 2, 2, true, 1, 16),
     V_OS("d64c BN128 NC2 st4", 64, 128, 2, 2, true, 1, 4),
     V_OS("d64c BN128 NC2 st16", 64, 128, 2, 2, true, 1, 16),
 };
