@@ -105,6 +105,7 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--png")
     ap.add_argument("--ablation", action="store_true")
+    ap.add_argument("--ablation-rounds", type=int, default=3, help="interleaved rounds of the ablation")
     ap.add_argument("--no-pdl", action="store_true",
                     help="launch fattn without programmatic dependent launch (its set-up then cannot "
                          "overlap the previous call's tail)")
@@ -119,14 +120,15 @@ def main():
            "cudnn": torch.backends.cudnn.version(), "pdl": not a.no_pdl, "results": [], "ablation": []}
 
     if a.ablation:
-        print("\nablation: batch 4, seqlen 8448, 16 heads, head dim 128, bf16, non-causal (TFLOPs/s, median of 3 interleaved rounds)")
+        print("\nablation: batch 4, seqlen 8448, 16 heads, head dim 128, bf16, non-causal (TFLOPs/s, median of %d "
+              "interleaved rounds)" % a.ablation_rounds)
         # the four variants interleaved over 3 rounds, median per variant: the
         # machine drifts by several percent within a run, and this way the
         # drift hits every variant alike
         variants = (("overlap off, pingpong off", 0, 0), ("pingpong only", 0, 1),
                     ("overlap only", 1, 0), ("full design", 1, 1))
         runs = {name: [] for name, _, _ in variants}
-        for rnd in range(3):
+        for rnd in range(a.ablation_rounds):
             for name, ov, pp in variants:
                 ctx.set_option(fattn.OPTION_DISABLE_OVERLAP, 1 - ov)
                 ctx.set_option(fattn.OPTION_DISABLE_PINGPONG, 1 - pp)
