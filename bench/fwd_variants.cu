@@ -31,6 +31,8 @@ struct variant {
 #define V_CL(name, D, BN, NC, ST, CL) {name, D, 0, fwd_sm90_run<FwdCfg<D, BN, NC, ST, false, true, true, true, -1, -1, CL>>, 0}
 #define V_OS(name, D, BN, NC, ST, CAUSAL, CL, OS) \
     {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, true, true, -1, -1, CL, OS>>, 0}
+#define V_XT(name, D, BN, NC, ST, CAUSAL, XT) \
+    {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, true, true, -1, -1, 1, -1, XT>>, 0}
 #define V_NOPDL(name, D, BN, NC, ST, CAUSAL) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, true, true>>, 1}
 /* A/B against an earlier kernel: build with -DFATTN_AB_SNAPSHOT='"path"' naming a
  * copy of the old fwd_sm90.cuh + launch code with its symbols renamed *V3/_v3
@@ -43,14 +45,14 @@ struct variant {
 #define OLD(name, D, BN, NC, ST, CAUSAL)
 #endif
 static const variant variants[] = {
-    V_OS("d128 BN176 st4", 128, 176, 2, 2, false, 1, 4),
-    V_OS("d128 BN176 st16", 128, 176, 2, 2, false, 1, 16),
-    V_OS("d128c BN128 st4", 128, 128, 2, 2, true, 1, 4),
-    V_OS("d128c BN128 st16", 128, 128, 2, 2, true, 1, 16),
-    V_OS("d256 BN80 st16", 256, 80, 2, 2, false, 1, 16),
-    V_OS("d256 BN80 cl st16", 256, 80, 2, 2, false, 2, 16),
-    V_OS("d64c BN128 NC2 st4", 64, 128, 2, 2, true, 1, 4),
-    V_OS("d64c BN128 NC2 st16", 64, 128, 2, 2, true, 1, 16),
+    V_XT("d64 NC3", 64, 128, 3, 2, false, 0),
+    V_XT("d64 NC3 xtile", 64, 128, 3, 2, false, 1),
+    V_XT("d64c NC2", 64, 128, 2, 2, true, 0),
+    V_XT("d64c NC2 xtile", 64, 128, 2, 2, true, 1),
+    V_XT("d64c NC3", 64, 128, 3, 2, true, 0),
+    V_XT("d64c NC3 xtile", 64, 128, 3, 2, true, 1),
+    V_XT("d128c BN128", 128, 128, 2, 2, true, 0),
+    V_XT("d128c BN128 xtile", 128, 128, 2, 2, true, 1),
 };
 
 static float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }

@@ -74,24 +74,33 @@ template <int D_, int BN_, int NC_, int STAGES_, bool CAUSAL_, bool BF16_, bool 
           int SCHED_ = -1 /* 1 dynamic, 0 static, -1 dynamic for causal only */,
           int LAZY_ = -1 /* 1 lazy rescaling, 0 eager, -1 measured choice per D */,
           int CLUSTER_ = 1 /* 2: CTA pairs share each K/V load (TMA multicast) */,
-          int OSTORE_ = -1 /* O stores: 16 bytes after a quad transpose (when O allows) or 4; -1: 16 with 2 consumers */>
+          int OSTORE_ = -1 /* O stores: 16 bytes after a quad transpose (when O allows) or 4; -1: 16 with 2 consumers */,
+          int XTILE_ = 0 /* 1: a tile's last PV GEMM goes with the next tile's first QK^T (an experiment) */>
 struct FwdCfg {
     static constexpr int D = D_, BN = BN_, NC = NC_, STAGES = STAGES_;
     static constexpr bool CAUSAL = CAUSAL_, BF16 = BF16_, OVERLAP = OVERLAP_, PINGPONG = PINGPONG_ && NC_ > 1;
     static constexpr int BM = 64 * NC;
     static constexpr int THREADS = 128 * (NC + 1);
     static constexpr int SLABS = D / 64;
-    static constexpr int Q_BYTES = BM * D * 2;
+    /* XTILE: the overlap runs on across tile boundaries: a warpgroup issues
+     * its next tile's first QK^T together with its last PV GEMM, then runs
+     * that block's softmax and the finished tile's epilogue under the other
+     * warpgroups' GEMMs.  Needs the next Q in shared memory a tile early, so
+     * each warpgroup has two Q buffers (QBUF), used by alternate tiles. */
+    /* measured slower (perf-notes v7): off unless asked for */
+    static constexpr bool XTILE = XTILE_ == 1;
+    static constexpr int QBUF = XTILE ? 2 : 1;
+    static constexpr int Q_BYTES = BM * D * 2; /* one Q buffer set */
     static constexpr int QWG_BYTES = 64 * D * 2; /* one consumer warpgroup's Q rows */
     static constexpr int KV_BYTES = BN * D * 2;
     /* Shared layout (offsets from a 1024-aligned base). */
     static constexpr int OFF_Q = 0;
-    static constexpr int OFF_K = OFF_Q + Q_BYTES;
+    static constexpr int OFF_K = OFF_Q + QBUF * Q_BYTES;
     static constexpr int OFF_V = OFF_K + STAGES * KV_BYTES;
     static constexpr int OFF_BAR = OFF_V + STAGES * KV_BYTES;
-    static constexpr int NUM_BARS = 4 * STAGES + 2 * NC;
-    static constexpr int OFF_SLOT = OFF_BAR + NUM_BARS * 8; /* tile index per consumer warpgroup */
-    static constexpr int SMEM_BYTES = OFF_SLOT + NC * 4 + 1024; /* + alignment slack */
+    static constexpr int NUM_BARS = 4 * STAGES + 2 * NC * QBUF;
+    static constexpr int OFF_SLOT = OFF_BAR + NUM_BARS * 8; /* tile index per consumer warpgroup and Q buffer */
+    static constexpr int SMEM_BYTES = OFF_SLOT + NC * QBUF * 4 + 1024; /* + alignment slack */
     static constexpr bool DYNAMIC = SCHED_ < 0 ? CAUSAL : SCHED_ == 1; /* tile scheduler: atomic counter */
     /* CLUSTER 2: the two CTAs of a cluster work on tiles 2k and 2k+1, adjacent
      * m-blocks of one head (the launcher requires an even number of m-blocks),
@@ -172,7 +181,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     uint8_t *sV = smem + C::OFF_V;
     uint64_t *bars = (uint64_t *)(smem + C::OFF_BAR);
     uint64_t *full_k = bars, *empty_k = bars + STAGES, *full_v = bars + 2 * STAGES, *empty_v = bars + 3 * STAGES;
-    uint64_t *full_q = bars + 4 * STAGES, *empty_q = full_q + NC; /* one pair per consumer warpgroup */
+    /* one pair per consumer warpgroup and Q buffer: index w * QBUF + buffer */
+    uint64_t *full_q = bars + 4 * STAGES, *empty_q = full_q + NC * C::QBUF;
     int *tile_slot = (int *)(smem + C::OFF_SLOT); /* st/ld_shared_s32 only */
 
     const int warpgroup = threadIdx.x / 128;
@@ -190,7 +200,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
             mbar_init(&empty_k[s], 4 * NC * C::CLUSTER);
             mbar_init(&empty_v[s], 4 * NC * C::CLUSTER);
         }
-        for (int w = 0; w < NC; ++w) {
+        for (int w = 0; w < NC * C::QBUF; ++w) {
             mbar_init(&full_q[w], 1);
             mbar_init(&empty_q[w], 128); /* every consumer thread: it read the tile slot */
         }
@@ -220,12 +230,34 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         tma_prefetch_desc(&tm_k);
         tma_prefetch_desc(&tm_v);
         int it = 0, q_iter = 0;
-        /* Wait until warpgroup w has released its Q buffer (its last QK^T of
-         * the previous tile) and write its next tile index; the caller's
-         * arrive on full_q[w] publishes the index (release semantics). */
-        auto claim_q = [&](int w, int tile) {
-            if (q_iter > 0) mbar_wait(&empty_q[w], (q_iter - 1) & 1);
-            st_shared_s32(&tile_slot[w], tile);
+        /* Hand warpgroup w its next tile: wait until it has released the Q
+         * buffer (its last QK^T of the tile that last used that buffer), write
+         * the tile index, then load that tile's Q rows, or just arrive (no
+         * key to see, or the end); the arrive on full_q publishes the index
+         * (release semantics).  ++q_iter after all warpgroups. */
+        auto hand_over = [&](int w, int tile, bool load, int m, int h, int b) {
+            const int qb = q_iter % C::QBUF, qi = w * C::QBUF + qb;
+            if (q_iter >= C::QBUF) mbar_wait(&empty_q[qi], (q_iter / C::QBUF - 1) & 1);
+            st_shared_s32(&tile_slot[qi], tile);
+            if (!load) {
+                mbar_arrive(&full_q[qi]);
+                return;
+            }
+            mbar_expect_tx_arrive(&full_q[qi], C::QWG_BYTES);
+            for (int c = 0; c < C::SLABS; ++c)
+                tma_load_4d(sQ + qb * C::Q_BYTES + c * BM * 128 + w * 64 * 128, &tm_q, c * 64, m * BM + w * 64, h, b,
+                            &full_q[qi]);
+        };
+        /* all consumer warpgroups' next tile (XTILE: handed over a tile early) */
+        auto hand_over_all = [&](int tile) {
+            int m = 0, h = 0, b = 0;
+            bool load = tile < p.num_tiles;
+            if (load) {
+                fwd_tile_decode<C::CAUSAL>(p, tile, m, h, b);
+                load = fwd_num_n_blocks<C>(p, m) > 0;
+            }
+            for (int w = 0; w < NC; ++w) hand_over(w, tile, load, m, h, b);
+            ++q_iter;
         };
         /* K or V block n into a stage: all slabs, or with a cluster this
          * CTA's half of them, multicast to both CTAs (each CTA's full
@@ -244,6 +276,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         /* static tiles t, t + gridDim.x, ...: with a cluster (gridDim.x even,
          * peers at blockIdx 2c and 2c+1) the peers hold tiles 2k and 2k+1 */
         int t = blockIdx.x; /* grid <= num_tiles */
+        if (C::XTILE) hand_over_all(t);
         for (;;) {
             /* the next tile is picked one ahead, so its Q can be prefetched */
             const int t_next =
@@ -262,12 +295,14 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                     for (int c = 0; c < C::SLABS; ++c) tma_prefetch_l2_4d(&tm_q, c * 64, m2 * BM + w * 64, h2, b2);
             }
             if (nblocks == 0) {
-                /* every row masked: the consumers only write O = 0, LSE = -inf */
-                for (int w = 0; w < NC; ++w) {
-                    claim_q(w, t);
-                    mbar_arrive(&full_q[w]);
+                /* every row masked: the consumers only write O = 0, LSE = -inf
+                 * (XTILE: this tile was handed over already; hand over the next) */
+                if (C::XTILE) {
+                    hand_over_all(t_next);
+                } else {
+                    for (int w = 0; w < NC; ++w) hand_over(w, t, false, m, h, b);
+                    ++q_iter;
                 }
-                ++q_iter;
             }
             for (int n = nblocks - 1; n >= 0; --n, ++it) {
                 const int s = it % STAGES;
@@ -277,17 +312,12 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                 FWD_TRACE(21);
                 mbar_expect_tx_arrive(&full_k[s], C::KV_BYTES);
                 load_kv(sK + s * C::KV_BYTES, &tm_k, n, hk, b, &full_k[s]);
-                if (n == nblocks - 1) {
+                if (!C::XTILE && n == nblocks - 1) {
                     /* the first K's stage frees before the Q buffers do (one
                      * block earlier), so K goes first; then each warpgroup's
                      * tile index and Q, as soon as that warpgroup has issued
                      * its last QK^T of the previous tile */
-                    for (int w = 0; w < NC; ++w) {
-                        claim_q(w, t);
-                        mbar_expect_tx_arrive(&full_q[w], C::QWG_BYTES);
-                        for (int c = 0; c < C::SLABS; ++c)
-                            tma_load_4d(sQ + c * BM * 128 + w * 64 * 128, &tm_q, c * 64, m * BM + w * 64, h, b, &full_q[w]);
-                    }
+                    for (int w = 0; w < NC; ++w) hand_over(w, t, true, m, h, b);
                     ++q_iter;
                     FWD_TRACE(22);
                 }
@@ -296,15 +326,17 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                 FWD_TRACE(23);
                 mbar_expect_tx_arrive(&full_v[s], C::KV_BYTES);
                 load_kv(sV + s * C::KV_BYTES, &tm_v, n, hk, b, &full_v[s]);
+                /* XTILE: the next tile's Q goes into the other buffer during
+                 * this tile.  Here, after this tile's first K/V, the buffer's
+                 * previous tile (two back) has issued its last QK^T, which
+                 * the stage just waited for needed anyway. */
+                if (C::XTILE && n == nblocks - 1) hand_over_all(t_next);
             }
             t = t_next;
             if (t >= p.num_tiles) break;
         }
-        /* end of work for the consumers */
-        for (int w = 0; w < NC; ++w) {
-            claim_q(w, p.num_tiles);
-            mbar_arrive(&full_q[w]);
-        }
+        /* end of work for the consumers (XTILE: handed over with the last tile) */
+        if (!C::XTILE) hand_over_all(p.num_tiles);
         if (C::DYNAMIC) {
             /* every CTA's last grab precedes its "done"; the last one done
              * rewinds the counter for the next launch in the stream */
@@ -335,37 +367,157 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     /* Pingpong token ring over the consumers (named barriers 8 .. 8+NC-1),
      * kept going across tiles: warpgroup 0 holds the token first. */
     if (C::PINGPONG && wg == NC - 1) named_bar_arrive(8, 256);
-    int it = 0, q_iter = 0;
+    auto pp_sync = [&]() {
+        if (C::PINGPONG) named_bar_sync(bar_self, 256);
+    };
+    auto pp_arrive = [&]() {
+        if (C::PINGPONG) named_bar_arrive(bar_next, 256);
+    };
+    /* a K/V stage is released to this CTA's producer and, with a cluster, to
+     * the peer's, whose multicast refills it here too */
+    auto release = [&](uint64_t *bar) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar);
+        if (C::CLUSTER > 1 && lane == 1) mbar_arrive_cluster(bar, cta_rank ^ 1u);
+    };
+    /* O += P V_s (issue only). */
+    auto issue_pv = [&](int s) {
+        const uint64_t desc_v = smem_desc_sw128(sV + s * C::KV_BYTES, BN * 128, 1024);
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ++ks)
+            WGO::rs(oacc, pfrag[ks], desc_add(desc_v, ks * 2048), 1);
+    };
+    /* S accumulator -> bf16/f16 A fragments of the PV GEMM (HOPPER-PTX §3:
+     * the layouts coincide, no data movement across threads). */
+    auto convert_p = [&]() {
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ++ks)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float lo = sacc[8 * ks + 2 * j], hi = sacc[8 * ks + 2 * j + 1];
+                pfrag[ks][j] = C::BF16 ? pack_bf16x2(lo, hi) : pack_f16x2(lo, hi);
+            }
+    };
+    auto rescale_o = [&](const float (&alpha)[2], bool rescale) {
+        if (!rescale) return; /* warp-uniform: every alpha of this warp is 1 */
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+            oacc[4 * i + 0] *= alpha[0];
+            oacc[4 * i + 1] *= alpha[0];
+            oacc[4 * i + 2] *= alpha[1];
+            oacc[4 * i + 3] *= alpha[1];
+        }
+    };
+    /* O / l and LSE of a finished tile (rows erow + r0, + 8 of head eh, batch eb) */
+    auto epilogue = [&](const float (&rmax)[2], const float (&rsum)[2], int eb, int eh, int erow) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float l = rsum[r];
+            l += __shfl_xor_sync(0xffffffff, l, 1);
+            l += __shfl_xor_sync(0xffffffff, l, 2);
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+            const int row = erow + r0 + 8 * r;
+            const bool row_ok = row < p.seqlen_q; /* the same for the 4 lanes of a quad */
+            if (p.lse && q4 == 0 && row_ok)
+                p.lse[((int64_t)eb * p.heads_q + eh) * p.seqlen_q + row] =
+                    l > 0.f ? rmax[r] * p.softmax_scale + logf(l) : -INFINITY;
+            uint8_t *orow = (uint8_t *)p.o + 2 * (eb * p.o_sb + (int64_t)row * p.o_ss + eh * p.o_sh);
+            /* columns 8i + 2*q4, +1 of this row, packed */
+            auto packed = [&](int i) {
+                const float lo = oacc[4 * i + 2 * r] * inv, hi = oacc[4 * i + 2 * r + 1] * inv;
+                return C::BF16 ? pack_bf16x2(lo, hi) : pack_f16x2(lo, hi);
+            };
+            if (C::OSTORE == 16 && p.o_wide) {
+                /* a quad holds 32 columns as a 4x4 matrix of packed pairs
+                 * (lane, group): transpose it with two xor-shuffle steps
+                 * (2x2 blocks across lanes ^2, then within blocks across
+                 * ^1) so each lane owns 8 adjacent columns, one 16-byte
+                 * store instead of four 4-byte ones */
+#pragma unroll
+                for (int j = 0; j < D / 32; ++j) {
+                    uint32_t m0 = packed(4 * j), m1 = packed(4 * j + 1), m2 = packed(4 * j + 2), m3 = packed(4 * j + 3);
+                    const bool lo_half = (q4 & 2) == 0, even = (q4 & 1) == 0;
+                    uint32_t s0 = lo_half ? m2 : m0, s1 = lo_half ? m3 : m1;
+                    s0 = __shfl_xor_sync(0xffffffffu, s0, 2);
+                    s1 = __shfl_xor_sync(0xffffffffu, s1, 2);
+                    if (lo_half) { m2 = s0; m3 = s1; } else { m0 = s0; m1 = s1; }
+                    uint32_t t0 = even ? m1 : m0, t1 = even ? m3 : m2;
+                    t0 = __shfl_xor_sync(0xffffffffu, t0, 1);
+                    t1 = __shfl_xor_sync(0xffffffffu, t1, 1);
+                    if (even) { m1 = t0; m3 = t1; } else { m0 = t0; m2 = t1; }
+                    if (row_ok) *(uint4 *)(orow + 16 * (4 * j + q4)) = make_uint4(m0, m1, m2, m3);
+                }
+            } else if (row_ok) {
+#pragma unroll
+                for (int i = 0; i < D / 8; ++i) *(uint32_t *)(orow + 2 * (8 * i + 2 * q4)) = packed(i);
+            }
+        }
+        FWD_TRACE(9);
+    };
+    /* A finished tile whose last PV GEMM is still to be issued (its P in
+     * pfrag, O already rescaled, V in stage (it - 1) % STAGES): without XTILE
+     * it is issued at once, alone; with XTILE together with the next tile's
+     * first QK^T.  XTILE keeps the tile index and its softmax statistics
+     * (few registers: the 160-register d64 kernel is tight). */
+    int pend_t = 0;
+    float pend_max[2] = {0.f, 0.f}, pend_sum[2] = {0.f, 0.f};
+    bool pending = false;
+    int it = 0;
+    auto last_pv_and_epilogue = [&](int ps, uint32_t pph, const float (&rmax)[2], const float (&rsum)[2], int eb,
+                                    int eh, int erow) {
+        mbar_wait(&full_v[ps], pph);
+        FWD_TRACE(2);
+        pp_sync();
+        FWD_TRACE(8);
+        wgmma_fence();
+        issue_pv(ps);
+        wgmma_commit();
+        pp_arrive();
+        wgmma_wait<0>();
+        reg_fence(oacc);
+        FWD_TRACE(7);
+        release(&empty_v[ps]);
+        epilogue(rmax, rsum, eb, eh, erow);
+    };
+    /* the pending tile's coordinates, for its epilogue */
+    auto pend_epilogue = [&]() {
+        int pm, ph_, pb;
+        fwd_tile_decode<C::CAUSAL>(p, pend_t, pm, ph_, pb);
+        epilogue(pend_max, pend_sum, pb, ph_, pm * BM + wg * 64);
+    };
+    auto finish_pending = [&]() {
+        int pm, ph_, pb;
+        fwd_tile_decode<C::CAUSAL>(p, pend_t, pm, ph_, pb);
+        last_pv_and_epilogue((it - 1) % STAGES, ((it - 1) / STAGES) & 1, pend_max, pend_sum, pb, ph_, pm * BM + wg * 64);
+    };
+
+    int q_iter = 0;
     for (;;) {
         /* the producer publishes this warpgroup's next tile with its Q */
-        mbar_wait(&full_q[wg], q_iter & 1);
+        const int qi = wg * C::QBUF + q_iter % C::QBUF; /* Q buffer, barriers and slot of this tile */
+        mbar_wait(&full_q[qi], (q_iter / C::QBUF) & 1);
         ++q_iter;
         /* through a lane-0 shuffle so the compiler knows t is warp-uniform:
          * read straight from shared memory, everything derived from it
          * (stage counters, descriptors) left the uniform datapath and the
          * key-block loop grew by 5% (d64: 581 -> 610 instructions, -8%) */
-        const int t = __shfl_sync(0xffffffffu, ld_shared_s32(&tile_slot[wg]), 0);
+        const int t = __shfl_sync(0xffffffffu, ld_shared_s32(&tile_slot[qi]), 0);
         FWD_TRACE(1);
         if (t >= p.num_tiles) break;
         int m, h, b;
         fwd_tile_decode<C::CAUSAL>(p, t, m, h, b);
         const int nblocks = fwd_num_n_blocks<C>(p, m);
         const int row_base = m * BM + wg * 64; /* first query row of this warpgroup */
-        /* a K/V stage is released to this CTA's producer and, with a
-         * cluster, to the peer's, whose multicast refills it here too */
-        auto release = [&](uint64_t *bar) {
-            __syncwarp();
-            if (lane == 0) mbar_arrive(bar);
-            if (C::CLUSTER > 1 && lane == 1) mbar_arrive_cluster(bar, cta_rank ^ 1u);
-        };
 
         if (nblocks > 0) {
             float row_max[2] = {-INFINITY, -INFINITY};
             float row_sum[2] = {0.f, 0.f};
+            if (!pending) { /* else O is still the pending tile's: zeroed after its epilogue */
 #pragma unroll
-            for (int i = 0; i < D / 2; ++i) oacc[i] = 0.f;
+                for (int i = 0; i < D / 2; ++i) oacc[i] = 0.f;
+            }
 
-            const uint64_t desc_q = smem_desc_sw128(sQ + wg * 64 * 128, 16, 1024);
+            const uint64_t desc_q = smem_desc_sw128(sQ + (qi % C::QBUF) * C::Q_BYTES + wg * 64 * 128, 16, 1024);
 
             /* S = Q K_n^T into sacc (issue only). */
             auto issue_qk = [&](int s) {
@@ -376,13 +528,6 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                     const uint32_t off_k = (kk / 4) * BN * 128 + (kk % 4) * 32;
                     WG::ss(sacc, desc_add(desc_q, off_q), desc_add(desc_k, off_k), kk > 0);
                 }
-            };
-            /* O += P V_s (issue only). */
-            auto issue_pv = [&](int s) {
-                const uint64_t desc_v = smem_desc_sw128(sV + s * C::KV_BYTES, BN * 128, 1024);
-#pragma unroll
-                for (int ks = 0; ks < BN / 16; ++ks)
-                    WGO::rs(oacc, pfrag[ks], desc_add(desc_v, ks * 2048), 1);
             };
             /* Mask, new running max, p = exp2(s*c - m*c) in place, partial row
              * sums; returns the factor the old O and l must be scaled by. */
@@ -437,33 +582,6 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                 }
                 rescale = !C::LAZY || __any_sync(0xffffffffu, moved); /* warp-uniform */
             };
-            /* S accumulator -> bf16/f16 A fragments of the PV GEMM (HOPPER-PTX §3:
-             * the layouts coincide, no data movement across threads). */
-            auto convert_p = [&]() {
-#pragma unroll
-                for (int ks = 0; ks < BN / 16; ++ks)
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) {
-                        const float lo = sacc[8 * ks + 2 * j], hi = sacc[8 * ks + 2 * j + 1];
-                        pfrag[ks][j] = C::BF16 ? pack_bf16x2(lo, hi) : pack_f16x2(lo, hi);
-                    }
-            };
-            auto rescale_o = [&](const float (&alpha)[2], bool rescale) {
-                if (!rescale) return; /* warp-uniform: every alpha of this warp is 1 */
-#pragma unroll
-                for (int i = 0; i < D / 8; ++i) {
-                    oacc[4 * i + 0] *= alpha[0];
-                    oacc[4 * i + 1] *= alpha[0];
-                    oacc[4 * i + 2] *= alpha[1];
-                    oacc[4 * i + 3] *= alpha[1];
-                }
-            };
-            auto pp_sync = [&]() {
-                if (C::PINGPONG) named_bar_sync(bar_self, 256);
-            };
-            auto pp_arrive = [&]() {
-                if (C::PINGPONG) named_bar_arrive(bar_next, 256);
-            };
 
             /* O starts at zero and is rescaled by the pending alpha right
              * before each PV GEMM adds to it (FA3's placement: with the
@@ -473,24 +591,61 @@ __global__ void __launch_bounds__(C::THREADS, 1)
             int n = nblocks - 1;
             int s = it % STAGES;
             uint32_t ph = (it / STAGES) & 1;
-            /* peeled first block: S, softmax (no PV yet).  Data is waited for
-             * before taking the token, so a warpgroup never holds it idle. */
-            mbar_wait(&full_k[s], ph);
-            FWD_TRACE(2);
-            pp_sync();
-            FWD_TRACE(3);
-            wgmma_fence();
-            issue_qk(s);
-            wgmma_commit();
-            pp_arrive();
-            wgmma_wait<0>();
-            reg_fence(sacc);
-            FWD_TRACE(5);
-            release(&empty_k[s]);
-            if (n == 0) mbar_arrive(&empty_q[wg]);
-            softmax_step(n, alpha, rescale);
-            convert_p();
-            FWD_TRACE(6);
+            if (C::XTILE && pending) {
+                /* this tile's first QK^T with the pending tile's last PV, as
+                 * in the steady state below; then this block's softmax under
+                 * that PV GEMM, and the pending tile's epilogue, both under
+                 * the other warpgroups' GEMMs */
+                const int ps = (it - 1) % STAGES;
+                mbar_wait(&full_v[ps], ((it - 1) / STAGES) & 1);
+                mbar_wait(&full_k[s], ph);
+                FWD_TRACE(2);
+                pp_sync();
+                FWD_TRACE(4);
+                wgmma_fence();
+                issue_qk(s);
+                wgmma_commit();
+                wgmma_fence();
+                issue_pv(ps);
+                wgmma_commit();
+                pp_arrive();
+                wgmma_wait<1>();
+                reg_fence(sacc);
+                FWD_TRACE(5);
+                release(&empty_k[s]);
+                if (n == 0) mbar_arrive(&empty_q[qi]);
+                softmax_step(n, alpha, rescale);
+                FWD_TRACE(6);
+                wgmma_wait<0>();
+                reg_fence(oacc);
+                FWD_TRACE(7);
+                release(&empty_v[ps]);
+                pend_epilogue();
+#pragma unroll
+                for (int i = 0; i < D / 2; ++i) oacc[i] = 0.f;
+                convert_p();
+                pending = false;
+            } else {
+                /* peeled first block: S, softmax (no PV yet).  Data is waited
+                 * for before taking the token, so a warpgroup never holds it
+                 * idle. */
+                mbar_wait(&full_k[s], ph);
+                FWD_TRACE(2);
+                pp_sync();
+                FWD_TRACE(3);
+                wgmma_fence();
+                issue_qk(s);
+                wgmma_commit();
+                pp_arrive();
+                wgmma_wait<0>();
+                reg_fence(sacc);
+                FWD_TRACE(5);
+                release(&empty_k[s]);
+                if (n == 0) mbar_arrive(&empty_q[qi]);
+                softmax_step(n, alpha, rescale);
+                convert_p();
+                FWD_TRACE(6);
+            }
             int prev_s = s;
             uint32_t prev_ph = ph;
             ++it;
@@ -519,7 +674,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                     reg_fence(sacc);
                     FWD_TRACE(5);
                     release(&empty_k[s]);
-                    if (n == 0) mbar_arrive(&empty_q[wg]);
+                    if (n == 0) mbar_arrive(&empty_q[qi]);
                     softmax_step(n, alpha, rescale); /* under the PV GEMM */
                     FWD_TRACE(6);
                     wgmma_wait<0>();
@@ -544,75 +699,34 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                     reg_fence(oacc);
                     release(&empty_v[prev_s]);
                     release(&empty_k[s]);
-                    if (n == 0) mbar_arrive(&empty_q[wg]);
+                    if (n == 0) mbar_arrive(&empty_q[qi]);
                     softmax_step(n, alpha, rescale);
                     convert_p();
                 }
                 prev_s = s;
                 prev_ph = ph;
             }
-            /* last PV */
+            /* the last PV GEMM: now, alone, or (XTILE) with the next tile's
+             * first QK^T */
             rescale_o(alpha, rescale);
-            mbar_wait(&full_v[prev_s], prev_ph);
-            FWD_TRACE(2);
-            pp_sync();
-            FWD_TRACE(8);
-            wgmma_fence();
-            issue_pv(prev_s);
-            wgmma_commit();
-            pp_arrive();
-            wgmma_wait<0>();
-            reg_fence(oacc);
-            FWD_TRACE(7);
-            release(&empty_v[prev_s]);
-
-            /* epilogue: O / l and LSE */
+            if (C::XTILE) {
+                pending = true;
+                pend_t = t;
 #pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                float l = row_sum[r];
-                l += __shfl_xor_sync(0xffffffff, l, 1);
-                l += __shfl_xor_sync(0xffffffff, l, 2);
-                const float inv = l > 0.f ? 1.f / l : 0.f;
-                const int row = row_base + r0 + 8 * r;
-                const bool row_ok = row < p.seqlen_q; /* the same for the 4 lanes of a quad */
-                if (p.lse && q4 == 0 && row_ok)
-                    p.lse[((int64_t)b * p.heads_q + h) * p.seqlen_q + row] =
-                        l > 0.f ? row_max[r] * p.softmax_scale + logf(l) : -INFINITY;
-                uint8_t *orow = (uint8_t *)p.o + 2 * (b * p.o_sb + (int64_t)row * p.o_ss + h * p.o_sh);
-                /* columns 8i + 2*q4, +1 of this row, packed */
-                auto packed = [&](int i) {
-                    const float lo = oacc[4 * i + 2 * r] * inv, hi = oacc[4 * i + 2 * r + 1] * inv;
-                    return C::BF16 ? pack_bf16x2(lo, hi) : pack_f16x2(lo, hi);
-                };
-                if (C::OSTORE == 16 && p.o_wide) {
-                    /* a quad holds 32 columns as a 4x4 matrix of packed pairs
-                     * (lane, group): transpose it with two xor-shuffle steps
-                     * (2x2 blocks across lanes ^2, then within blocks across
-                     * ^1) so each lane owns 8 adjacent columns, one 16-byte
-                     * store instead of four 4-byte ones */
-#pragma unroll
-                    for (int j = 0; j < D / 32; ++j) {
-                        uint32_t m0 = packed(4 * j), m1 = packed(4 * j + 1), m2 = packed(4 * j + 2), m3 = packed(4 * j + 3);
-                        const bool lo_half = (q4 & 2) == 0, even = (q4 & 1) == 0;
-                        uint32_t s0 = lo_half ? m2 : m0, s1 = lo_half ? m3 : m1;
-                        s0 = __shfl_xor_sync(0xffffffffu, s0, 2);
-                        s1 = __shfl_xor_sync(0xffffffffu, s1, 2);
-                        if (lo_half) { m2 = s0; m3 = s1; } else { m0 = s0; m1 = s1; }
-                        uint32_t t0 = even ? m1 : m0, t1 = even ? m3 : m2;
-                        t0 = __shfl_xor_sync(0xffffffffu, t0, 1);
-                        t1 = __shfl_xor_sync(0xffffffffu, t1, 1);
-                        if (even) { m1 = t0; m3 = t1; } else { m0 = t0; m2 = t1; }
-                        if (row_ok) *(uint4 *)(orow + 16 * (4 * j + q4)) = make_uint4(m0, m1, m2, m3);
-                    }
-                } else if (row_ok) {
-#pragma unroll
-                    for (int i = 0; i < D / 8; ++i) *(uint32_t *)(orow + 2 * (8 * i + 2 * q4)) = packed(i);
+                for (int r = 0; r < 2; ++r) {
+                    pend_max[r] = row_max[r];
+                    pend_sum[r] = row_sum[r];
                 }
+            } else {
+                last_pv_and_epilogue(prev_s, prev_ph, row_max, row_sum, b, h, row_base);
             }
-            FWD_TRACE(9);
         } else {
             /* every row of this tile sees no key: O = 0, LSE = -inf */
-            mbar_arrive(&empty_q[wg]);
+            if (C::XTILE && pending) {
+                finish_pending();
+                pending = false;
+            }
+            mbar_arrive(&empty_q[qi]);
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 const int row = row_base + r0 + 8 * r;
@@ -623,6 +737,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
             }
         }
     }
+    if (C::XTILE && pending) finish_pending();
     /* the ring's last hand-over (to warpgroup 0) has no taker: take it, so no
      * arrival is left pending on a named barrier at exit */
     if (C::PINGPONG && wg == 0) named_bar_sync(8, 256);
