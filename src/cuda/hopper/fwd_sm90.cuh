@@ -588,16 +588,16 @@ __global__ void __launch_bounds__(C::THREADS, 1)
              * overlap, under the QK^T GEMM just issued). */
             float alpha[2];
             bool rescale;
-            int n = nblocks - 1;
-            int s = it % STAGES;
-            uint32_t ph = (it / STAGES) & 1;
-            if (C::XTILE && pending) {
-                /* this tile's first QK^T with the pending tile's last PV, as
-                 * in the steady state below; then this block's softmax under
-                 * that PV GEMM, and the pending tile's epilogue, both under
-                 * the other warpgroups' GEMMs */
-                const int ps = (it - 1) % STAGES;
-                mbar_wait(&full_v[ps], ((it - 1) / STAGES) & 1);
+            /* One slot of the overlapped loop: S = Q K_n^T into stage s issued
+             * with O += P V from stage pv_s; O is rescaled by the pending
+             * factor under the QK^T when rescale_now; the softmax of block n
+             * runs under the PV GEMM; after_pv() once that GEMM is done. */
+            auto overlap_step = [&](int s, uint32_t ph, int pv_s, uint32_t pv_ph, int n, bool rescale_now,
+                                    auto &&after_pv) {
+                /* V_{j-1} landed before K_j: waiting for both before the
+                 * fence keeps ptxas from injecting a second warpgroup.arrive
+                 * (C7519) between the two GEMMs */
+                mbar_wait(&full_v[pv_s], pv_ph);
                 mbar_wait(&full_k[s], ph);
                 FWD_TRACE(2);
                 pp_sync();
@@ -605,25 +605,38 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                 wgmma_fence();
                 issue_qk(s);
                 wgmma_commit();
+                if (rescale_now) rescale_o(alpha, rescale); /* while S = Q K^T runs */
                 wgmma_fence();
-                issue_pv(ps);
+                issue_pv(pv_s);
                 wgmma_commit();
                 pp_arrive();
-                wgmma_wait<1>();
+                wgmma_wait<1>(); /* S done, PV may still run */
                 reg_fence(sacc);
                 FWD_TRACE(5);
                 release(&empty_k[s]);
                 if (n == 0) mbar_arrive(&empty_q[qi]);
-                softmax_step(n, alpha, rescale);
+                softmax_step(n, alpha, rescale); /* under the PV GEMM */
                 FWD_TRACE(6);
                 wgmma_wait<0>();
                 reg_fence(oacc);
                 FWD_TRACE(7);
-                release(&empty_v[ps]);
-                pend_epilogue();
-#pragma unroll
-                for (int i = 0; i < D / 2; ++i) oacc[i] = 0.f;
+                release(&empty_v[pv_s]);
+                after_pv();
                 convert_p();
+            };
+            int n = nblocks - 1;
+            int s = it % STAGES;
+            uint32_t ph = (it / STAGES) & 1;
+            if (C::XTILE && pending) {
+                /* this tile's first QK^T with the pending tile's last PV (its
+                 * O already rescaled); then this block's softmax under that PV
+                 * GEMM, and the pending tile's epilogue, both under the other
+                 * warpgroups' GEMMs */
+                overlap_step(s, ph, (it - 1) % STAGES, ((it - 1) / STAGES) & 1, n, false, [&]() {
+                    pend_epilogue();
+#pragma unroll
+                    for (int i = 0; i < D / 2; ++i) oacc[i] = 0.f;
+                });
                 pending = false;
             } else {
                 /* peeled first block: S, softmax (no PV yet).  Data is waited
@@ -654,34 +667,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                 s = it % STAGES;
                 ph = (it / STAGES) & 1;
                 if (C::OVERLAP) {
-                    /* V_{j-1} landed before K_j: waiting for both before the
-                     * fence keeps ptxas from injecting a second warpgroup.arrive
-                     * (C7519) between the two GEMMs */
-                    mbar_wait(&full_v[prev_s], prev_ph);
-                    mbar_wait(&full_k[s], ph);
-                    FWD_TRACE(2);
-                    pp_sync();
-                    FWD_TRACE(4);
-                    wgmma_fence();
-                    issue_qk(s);
-                    wgmma_commit();
-                    rescale_o(alpha, rescale); /* while S = Q K^T runs */
-                    wgmma_fence();
-                    issue_pv(prev_s);
-                    wgmma_commit();
-                    pp_arrive();
-                    wgmma_wait<1>(); /* S done, PV may still run */
-                    reg_fence(sacc);
-                    FWD_TRACE(5);
-                    release(&empty_k[s]);
-                    if (n == 0) mbar_arrive(&empty_q[qi]);
-                    softmax_step(n, alpha, rescale); /* under the PV GEMM */
-                    FWD_TRACE(6);
-                    wgmma_wait<0>();
-                    reg_fence(oacc);
-                    FWD_TRACE(7);
-                    release(&empty_v[prev_s]);
-                    convert_p();
+                    overlap_step(s, ph, prev_s, prev_ph, n, true, []() {});
                 } else {
                     /* PV of the previous block, then S of this one, each waited for */
                     rescale_o(alpha, rescale);
