@@ -28,6 +28,11 @@
  * token goes round the consumers without a break across tiles: warpgroup 0
  * starts tile t+1 while the last warpgroup still finishes tile t.
  *
+ * Epilogue: O / l from registers; with two consumer warpgroups each quad
+ * transposes its packed pairs so every lane stores 16 contiguous bytes.
+ * CLUSTER 2 (d256 non-causal): CTA pairs on adjacent query blocks of one head
+ * share each K/V load through TMA multicast.  Timeline probe: FWD_TRACE.
+ *
  * Shared tiles use the 128-byte swizzle: a head_dim-D tile is D/64 "slabs" of
  * rows x 64 elements (128 bytes per row), each written by one TMA box.
  */
@@ -86,8 +91,8 @@ struct FwdCfg {
      * its next tile's first QK^T together with its last PV GEMM, then runs
      * that block's softmax and the finished tile's epilogue under the other
      * warpgroups' GEMMs.  Needs the next Q in shared memory a tile early, so
-     * each warpgroup has two Q buffers (QBUF), used by alternate tiles. */
-    /* measured slower (perf-notes v7): off unless asked for */
+     * each warpgroup has two Q buffers (QBUF), used by alternate tiles.
+     * Measured 1-11% slower (perf-notes v7): off unless asked for. */
     static constexpr bool XTILE = XTILE_ == 1;
     static constexpr int QBUF = XTILE ? 2 : 1;
     static constexpr int Q_BYTES = BM * D * 2; /* one Q buffer set */
@@ -327,9 +332,9 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                 mbar_expect_tx_arrive(&full_v[s], C::KV_BYTES);
                 load_kv(sV + s * C::KV_BYTES, &tm_v, n, hk, b, &full_v[s]);
                 /* XTILE: the next tile's Q goes into the other buffer during
-                 * this tile.  Here, after this tile's first K/V, the buffer's
-                 * previous tile (two back) has issued its last QK^T, which
-                 * the stage just waited for needed anyway. */
+                 * this tile.  That buffer's previous tile (two back) has
+                 * issued its last QK^T by now: the V stage just waited for
+                 * was freed after it. */
                 if (C::XTILE && n == nblocks - 1) hand_over_all(t_next);
             }
             t = t_next;
