@@ -71,18 +71,7 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const bcase *c) {
     oracle_problem op = {c->batch, sq, sk, c->hq, c->hkv, c->d, dv, 0.0, c->causal, c->cuq, c->cuk};
     oracle_bwd(&op, h_q, h_k, h_v, h_do, r_dq, r_dk, r_dv);
 
-    fattn_problem p;
-    memset(&p, 0, sizeof p);
-    p.batch = c->batch;
-    p.seqlen_q = sq;
-    p.seqlen_k = sk;
-    p.heads_q = c->hq;
-    p.heads_kv = c->hkv;
-    p.head_dim = c->d;
-    p.head_dim_v = c->dv;
-    p.causal = c->causal;
-    p.cu_seqlens_q = c->cuq;
-    p.cu_seqlens_k = c->cuk;
+    const fattn_problem p = tu_problem(c->batch, sq, sk, c->hq, c->hkv, c->d, c->dv, c->causal, c->cuq, c->cuk);
     printf("%s\n", c->name);
     fattn_fwd_args fa;
     memset(&fa, 0, sizeof fa);

@@ -75,17 +75,7 @@ static void run_case(tu_rng *rng, const dcase *c) {
     tu_tensor_set(&dO, src + q.count + k.count + v.count, NULL);
     free(src);
 
-    fattn_problem p;
-    memset(&p, 0, sizeof p);
-    p.batch = c->batch;
-    p.seqlen_q = c->sq;
-    p.seqlen_k = c->sk;
-    p.heads_q = c->hq;
-    p.heads_kv = c->hkv;
-    p.head_dim = c->d;
-    p.causal = c->causal;
-    p.cu_seqlens_q = c->cuq;
-    p.cu_seqlens_k = c->cuk;
+    const fattn_problem p = tu_problem(c->batch, c->sq, c->sk, c->hq, c->hkv, c->d, 0, c->causal, c->cuq, c->cuk);
 
     outputs out[4];
     for (int i = 0; i < 4; i++) {

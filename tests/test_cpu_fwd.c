@@ -64,16 +64,7 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const fcase *c) {
 
     fattn_fwd_args a;
     memset(&a, 0, sizeof a);
-    a.p.batch = c->batch;
-    a.p.seqlen_q = sq;
-    a.p.seqlen_k = sk;
-    a.p.heads_q = c->hq;
-    a.p.heads_kv = c->hkv;
-    a.p.head_dim = c->d;
-    a.p.head_dim_v = c->dv;
-    a.p.causal = c->causal;
-    a.p.cu_seqlens_q = c->cuq;
-    a.p.cu_seqlens_k = c->cuk;
+    a.p = tu_problem(c->batch, sq, sk, c->hq, c->hkv, c->d, c->dv, c->causal, c->cuq, c->cuk);
     a.q = q.t;
     a.k = k.t;
     a.v = v.t;

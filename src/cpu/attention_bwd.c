@@ -146,13 +146,21 @@ static void load_k_block(const bwd_job *j, bwd_scratch *w, const fattn_seq *sq, 
     }
 }
 
+/* w->pt = (the first `rows` rows and jn16 columns of w->s)^T: pt is BN x BM
+ * (row stride BM), s is BM x BN; the left operand of the dV and dK GEMMs. */
+static void transpose_s(bwd_scratch *w, int64_t rows, int64_t jn16) {
+    const int64_t BM = FATTN_CPU_BM, BN = FATTN_CPU_BN;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < jn16; c++) w->pt[c * BM + r] = w->s[r * BN + c];
+}
+
 /* S, P, dP, dS for the loaded (query block i0.., key block j0..) tile.
  * Leaves P in w->s (pass 1 needs it, copied to pt by the caller first) and
  * dS * scale in w->s on return; P^T is written to w->pt when want_pt. */
 static void tile_ds(const bwd_job *j, bwd_scratch *w, const fattn_seq *sq, int64_t i0,
                     int64_t rows, int64_t j0, int64_t jn, int want_pt) {
     const fattn_problem *p = &j->a->p;
-    const int64_t BM = FATTN_CPU_BM, BN = FATTN_CPU_BN;
+    const int64_t BN = FATTN_CPU_BN;
     const int64_t rows4 = fattn_round_up(rows, 4);
     const int64_t jn16 = fattn_round_up(jn, 16);
     const float scale = p->softmax_scale;
@@ -170,9 +178,7 @@ static void tile_ds(const bwd_job *j, bwd_scratch *w, const fattn_seq *sq, int64
         for (int64_t c = vis; c < jn16; c++) srow[c] = -INFINITY;
         j->kern.exp_sub(srow, (int)jn16, w->lse[r]);
     }
-    if (want_pt)
-        for (int64_t r = 0; r < rows4; r++)
-            for (int64_t c = 0; c < jn16; c++) w->pt[c * BM + r] = w->s[r * BN + c];
+    if (want_pt) transpose_s(w, rows4, jn16);
     for (int64_t r = 0; r < rows4; r++) {
         float *srow = w->s + r * BN;
         const float *dprow = w->dP + r * BN;
@@ -213,8 +219,7 @@ static void bwd_kv_task(void *arg, int64_t task, int worker) {
             /* dV += P^T dO */
             j->kern.gemm((int)jn4, (int)j->m.dvp, (int)rows, w.pt, BM, w.dO, j->m.dvp, w.acc2, j->m.dvp, 1);
             /* dK += dS^T Q */
-            for (int64_t r = 0; r < rows; r++)
-                for (int64_t c = 0; c < jn16; c++) w.pt[c * BM + r] = w.s[r * BN + c];
+            transpose_s(&w, rows, jn16);
             j->kern.gemm((int)jn4, (int)j->m.dp, (int)rows, w.pt, BM, w.q, j->m.dp, w.acc1, j->m.dp, 1);
         }
     }

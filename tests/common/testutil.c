@@ -210,6 +210,23 @@ void tu_tensor_free(tu_tensor *x) {
 
 void tu_tensor_poison(tu_tensor *x) { tu_poison(x->t.data, x->bytes); }
 
+fattn_problem tu_problem(int batch, int seqlen_q, int seqlen_k, int heads_q, int heads_kv, int head_dim,
+                         int head_dim_v, int causal, const int32_t *cu_seqlens_q, const int32_t *cu_seqlens_k) {
+    fattn_problem p;
+    memset(&p, 0, sizeof p);
+    p.batch = batch;
+    p.seqlen_q = seqlen_q;
+    p.seqlen_k = seqlen_k;
+    p.heads_q = heads_q;
+    p.heads_kv = heads_kv;
+    p.head_dim = head_dim;
+    p.head_dim_v = head_dim_v;
+    p.causal = causal;
+    p.cu_seqlens_q = cu_seqlens_q;
+    p.cu_seqlens_k = cu_seqlens_k;
+    return p;
+}
+
 void tu_tensor_set(tu_tensor *x, const double *src, double *held) {
     const size_t es = fattn_dtype_size(x->t.dtype);
     const int D = x->dim;

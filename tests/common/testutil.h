@@ -110,6 +110,11 @@ void tu_tensor_set(tu_tensor *x, const double *src, double *held);
 void tu_tensor_get(const tu_tensor *x, double *dst);
 void tu_tensor_poison(tu_tensor *x);
 
+/* The problem a test case describes (head_dim_v 0 = head_dim, cu_* NULL =
+ * fixed lengths); every other field zero, so the library's defaults apply. */
+fattn_problem tu_problem(int batch, int seqlen_q, int seqlen_k, int heads_q, int heads_kv, int head_dim,
+                         int head_dim_v, int causal, const int32_t *cu_seqlens_q, const int32_t *cu_seqlens_k);
+
 #ifdef __cplusplus
 }
 #endif
