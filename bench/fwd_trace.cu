@@ -19,18 +19,18 @@ struct variant {
     run_fn fn;
 };
 /* SCHED and LAZY spelled out (the library's measured choices), so these
- * traced instances are distinct types from the untraced ones in libfattn.a */
-#define V(name, D, BN, NC, CAUSAL, S) \
-    {name, D, CAUSAL, S, fwd_sm90_run<FwdCfg<D, BN, NC, 2, CAUSAL, true, true, true, CAUSAL ? 1 : 0, D != 128 ? 1 : 0>>}
-#define V_CL(name, D, BN, S) {name, D, 0, S, fwd_sm90_run<FwdCfg<D, BN, 2, 2, false, true, true, true, 0, D != 128 ? 1 : 0, 2>>}
-#define V_ST4(name, D, BN, S) {name, D, 0, S, fwd_sm90_run<FwdCfg<D, BN, 2, 2, false, true, true, true, 0, D != 128 ? 1 : 0, 1, 4>>}
+ * traced instances are distinct types from the untraced ones in libfattn.a;
+ * CL and OS are FwdCfg's CLUSTER and OSTORE */
+#define V_OPT(name, D, BN, NC, CAUSAL, S, CL, OS) \
+    {name, D, CAUSAL, S, fwd_sm90_run<FwdCfg<D, BN, NC, 2, CAUSAL, true, true, true, CAUSAL ? 1 : 0, D != 128 ? 1 : 0, CL, OS>>}
+#define V(name, D, BN, NC, CAUSAL, S) V_OPT(name, D, BN, NC, CAUSAL, S, 1, -1)
 static const variant variants[] = {
-    V_ST4("d128 BN176 4-byte O stores s1024", 128, 176, 1024),
+    V_OPT("d128 BN176 4-byte O stores s1024", 128, 176, 2, false, 1024, 1, 4),
     V("d128 BN176 s1024", 128, 176, 2, false, 1024),
     V("d128 BN176 s4096", 128, 176, 2, false, 4096),
-    V_ST4("d256 BN80 4-byte O stores s1024", 256, 80, 1024),
+    V_OPT("d256 BN80 4-byte O stores s1024", 256, 80, 2, false, 1024, 1, 4),
     V("d256 BN80 s1024", 256, 80, 2, false, 1024),
-    V_CL("d256 BN80 cluster s1024", 256, 80, 1024),
+    V_OPT("d256 BN80 cluster s1024", 256, 80, 2, false, 1024, 2, -1),
 };
 
 int main() {

@@ -24,15 +24,13 @@ struct variant {
     run_fn fn;
     int no_pdl; /* FATTN_OPTION_DISABLE_PDL */
 };
-#define V(name, D, BN, NC, ST, CAUSAL) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, true, true>>, 0}
-#define V_EAGER(name, D, BN, NC, ST, CAUSAL) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, true, true, -1, 0>>, 0}
-#define V_LAZY(name, D, BN, NC, ST, CAUSAL) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, true, true, -1, 1>>, 0}
-#define V_DYN(name, D, BN, NC, ST, CAUSAL) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, true, true, 1>>, 0}
-#define V_CL(name, D, BN, NC, ST, CL) {name, D, 0, fwd_sm90_run<FwdCfg<D, BN, NC, ST, false, true, true, true, -1, -1, CL>>, 0}
-#define V_OS(name, D, BN, NC, ST, CAUSAL, CL, OS) \
-    {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, true, true, -1, -1, CL, OS>>, 0}
-#define V_XT(name, D, BN, NC, ST, CAUSAL, XT) \
-    {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, true, true, -1, -1, 1, -1, XT>>, 0}
+/* One variant: FwdCfg<D, BN, NC, STAGES, CAUSAL, bf16, overlap, pingpong, ...>
+ * with the later options at their defaults (V, V_NOPDL: launched without
+ * programmatic dependent launch) or spelled out (V_OPT: SCHED, LAZY, CLUSTER,
+ * OSTORE, XTILE, as FwdCfg documents them). */
+#define V_OPT(name, D, BN, NC, ST, CAUSAL, SCHED, LAZY, CL, OS, XT) \
+    {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, true, true, SCHED, LAZY, CL, OS, XT>>, 0}
+#define V(name, D, BN, NC, ST, CAUSAL) V_OPT(name, D, BN, NC, ST, CAUSAL, -1, -1, 1, -1, 0)
 #define V_NOPDL(name, D, BN, NC, ST, CAUSAL) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, true, true>>, 1}
 /* A/B against an earlier kernel: build with -DFATTN_AB_SNAPSHOT='"path"' naming a
  * copy of the old fwd_sm90.cuh + launch code with its symbols renamed *V3/_v3
@@ -45,14 +43,14 @@ struct variant {
 #define OLD(name, D, BN, NC, ST, CAUSAL)
 #endif
 static const variant variants[] = {
-    V_XT("d64 NC3", 64, 128, 3, 2, false, 0),
-    V_XT("d64 NC3 xtile", 64, 128, 3, 2, false, 1),
-    V_XT("d64c NC2", 64, 128, 2, 2, true, 0),
-    V_XT("d64c NC2 xtile", 64, 128, 2, 2, true, 1),
-    V_XT("d64c NC3", 64, 128, 3, 2, true, 0),
-    V_XT("d64c NC3 xtile", 64, 128, 3, 2, true, 1),
-    V_XT("d128c BN128", 128, 128, 2, 2, true, 0),
-    V_XT("d128c BN128 xtile", 128, 128, 2, 2, true, 1),
+    V_OPT("d64 NC3", 64, 128, 3, 2, false, -1, -1, 1, -1, 0),
+    V_OPT("d64 NC3 xtile", 64, 128, 3, 2, false, -1, -1, 1, -1, 1),
+    V_OPT("d64c NC2", 64, 128, 2, 2, true, -1, -1, 1, -1, 0),
+    V_OPT("d64c NC2 xtile", 64, 128, 2, 2, true, -1, -1, 1, -1, 1),
+    V_OPT("d64c NC3", 64, 128, 3, 2, true, -1, -1, 1, -1, 0),
+    V_OPT("d64c NC3 xtile", 64, 128, 3, 2, true, -1, -1, 1, -1, 1),
+    V_OPT("d128c BN128", 128, 128, 2, 2, true, -1, -1, 1, -1, 0),
+    V_OPT("d128c BN128 xtile", 128, 128, 2, 2, true, -1, -1, 1, -1, 1),
 };
 
 static float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
