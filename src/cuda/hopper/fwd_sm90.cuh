@@ -278,6 +278,11 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                     tma_load_4d(dst + c * BN * 128, map, c * 64, n * BN, hk, b, bar);
             }
         };
+        /* a K/V stage is free: with a cluster its arrivals come from both CTAs */
+        auto wait_empty = [&](uint64_t *bar, uint32_t parity) {
+            if (C::CLUSTER > 1) mbar_wait_cluster(bar, parity);
+            else mbar_wait(bar, parity);
+        };
         /* static tiles t, t + gridDim.x, ...: with a cluster (gridDim.x even,
          * peers at blockIdx 2c and 2c+1) the peers hold tiles 2k and 2k+1 */
         int t = blockIdx.x; /* grid <= num_tiles */
@@ -312,8 +317,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
             for (int n = nblocks - 1; n >= 0; --n, ++it) {
                 const int s = it % STAGES;
                 const uint32_t ph = (it / STAGES) & 1;
-                if (C::CLUSTER > 1) mbar_wait_cluster(&empty_k[s], ph ^ 1);
-                else mbar_wait(&empty_k[s], ph ^ 1);
+                wait_empty(&empty_k[s], ph ^ 1);
                 FWD_TRACE(21);
                 mbar_expect_tx_arrive(&full_k[s], C::KV_BYTES);
                 load_kv(sK + s * C::KV_BYTES, &tm_k, n, hk, b, &full_k[s]);
@@ -326,8 +330,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                     ++q_iter;
                     FWD_TRACE(22);
                 }
-                if (C::CLUSTER > 1) mbar_wait_cluster(&empty_v[s], ph ^ 1);
-                else mbar_wait(&empty_v[s], ph ^ 1);
+                wait_empty(&empty_v[s], ph ^ 1);
                 FWD_TRACE(23);
                 mbar_expect_tx_arrive(&full_v[s], C::KV_BYTES);
                 load_kv(sV + s * C::KV_BYTES, &tm_v, n, hk, b, &full_v[s]);
