@@ -27,11 +27,14 @@ struct variant {
 /* One variant: FwdCfg<D, BN, NC, STAGES, CAUSAL, bf16, overlap, pingpong, ...>
  * with the later options at their defaults (V, V_NOPDL: launched without
  * programmatic dependent launch) or spelled out (V_OPT: SCHED, LAZY, CLUSTER,
- * OSTORE, XTILE, as FwdCfg documents them). */
-#define V_OPT(name, D, BN, NC, ST, CAUSAL, SCHED, LAZY, CL, OS, XT) \
-    {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, true, true, SCHED, LAZY, CL, OS, XT>>, 0}
-#define V(name, D, BN, NC, ST, CAUSAL) V_OPT(name, D, BN, NC, ST, CAUSAL, -1, -1, 1, -1, 0)
-#define V_NOPDL(name, D, BN, NC, ST, CAUSAL) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, true, true>>, 1}
+ * OSTORE, XTILE, EMU, RACC as FwdCfg documents them). */
+#define V_OPT(name, D, BN, NC, ST, CAUSAL, OV, SCHED, LAZY, CL, OS, XT, EMU, RACC) \
+    {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, OV, true, SCHED, LAZY, CL, OS, XT, EMU, RACC>>, 0}
+#define V(name, D, BN, NC, ST, CAUSAL) V_OPT(name, D, BN, NC, ST, CAUSAL, 1, -1, -1, 1, -1, 0, -1, -1)
+/* the overlap (OV 2: without the v8 scheduling fence) and the softmax
+ * options (EMU, RACC); the rest at their defaults */
+#define V_SM(name, D, BN, NC, CAUSAL, OV, EMU, RACC) V_OPT(name, D, BN, NC, 2, CAUSAL, OV, -1, -1, 1, -1, 0, EMU, RACC)
+#define V_NOPDL(name, D, BN, NC, ST, CAUSAL) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, 1, true>>, 1}
 /* A/B against an earlier kernel: build with -DFATTN_AB_SNAPSHOT='"path"' naming a
  * copy of the old fwd_sm90.cuh + launch code with its symbols renamed *V3/_v3
  * (not kept in the repository).  The first variant of each (d, causal) group is
@@ -43,14 +46,27 @@ struct variant {
 #define OLD(name, D, BN, NC, ST, CAUSAL)
 #endif
 static const variant variants[] = {
-    V_OPT("d64 NC3", 64, 128, 3, 2, false, -1, -1, 1, -1, 0),
-    V_OPT("d64 NC3 xtile", 64, 128, 3, 2, false, -1, -1, 1, -1, 1),
-    V_OPT("d64c NC2", 64, 128, 2, 2, true, -1, -1, 1, -1, 0),
-    V_OPT("d64c NC2 xtile", 64, 128, 2, 2, true, -1, -1, 1, -1, 1),
-    V_OPT("d64c NC3", 64, 128, 3, 2, true, -1, -1, 1, -1, 0),
-    V_OPT("d64c NC3 xtile", 64, 128, 3, 2, true, -1, -1, 1, -1, 1),
-    V_OPT("d128c BN128", 128, 128, 2, 2, true, -1, -1, 1, -1, 0),
-    V_OPT("d128c BN128 xtile", 128, 128, 2, 2, true, -1, -1, 1, -1, 1),
+    V_SM("d64 NC3 old", 64, 128, 3, false, 2, 0, 1),
+    V_SM("d64 NC3 fence", 64, 128, 3, false, 1, 0, 1),
+    V_SM("d64 NC3 fence e1", 64, 128, 3, false, 1, 1, 1),
+    V_SM("d64 NC3 fence r4", 64, 128, 3, false, 1, 0, 4),
+    V_SM("d64c NC3 old", 64, 128, 3, true, 2, 0, 1),
+    V_SM("d64c NC3 fence", 64, 128, 3, true, 1, 0, 1),
+    V_SM("d64c NC2 old", 64, 128, 2, true, 2, 0, 1),
+    V_SM("d64c NC2 fence", 64, 128, 2, true, 1, 0, 1),
+    V_SM("d128 BN176 old", 128, 176, 2, false, 2, 0, 1),
+    V_SM("d128 BN176 fence", 128, 176, 2, false, 1, 0, 1),
+    V_SM("d128 BN176 fence e1", 128, 176, 2, false, 1, 1, 1),
+    V_SM("d128 BN128 fence", 128, 128, 2, false, 1, 0, 1),
+    V_SM("d128c BN128 old", 128, 128, 2, true, 2, 0, 1),
+    V_SM("d128c BN128 fence", 128, 128, 2, true, 1, 0, 1),
+    V_SM("d128c BN176 old", 128, 176, 2, true, 2, 0, 1),
+    V_SM("d128c BN176 fence", 128, 176, 2, true, 1, 0, 1),
+    V_SM("d256 BN80 old", 256, 80, 2, false, 2, 0, 1),
+    V_SM("d256 BN80 fence", 256, 80, 2, false, 1, 0, 1),
+    V_OPT("d256 BN80 fence cluster", 256, 80, 2, 2, false, 1, -1, -1, 2, -1, 0, 0, 1),
+    V_SM("d256c BN80 old", 256, 80, 2, true, 2, 0, 1),
+    V_SM("d256c BN80 fence", 256, 80, 2, true, 1, 0, 1),
 };
 
 static float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }

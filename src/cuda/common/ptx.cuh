@@ -52,6 +52,16 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 template <int N> __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
+/* Scheduling fence for ptxas: ends the basic block with a branch that
+ * depends on x.  ptxas schedules within a block and moves a
+ * wgmma.wait_group freely above math it does not depend on, so without a
+ * block boundary it hoisted the wait for the PV GEMM above the softmax meant
+ * to run under it (perf-notes v8).  x is a float result; 0xFFFFFFFF is a
+ * NaN pattern GPU arithmetic never produces (its NaN is 0x7FFFFFFF), and the
+ * branch, were it ever taken, only sleeps 0 ns. */
+__device__ __forceinline__ void sched_fence(uint32_t x) {
+    if (x == 0xFFFFFFFFu) __nanosleep(0);
+}
 /* Compiler-level fence on an accumulator array: keeps the compiler from
  * moving reads/writes of these registers across an async wgmma window. */
 template <int N> __device__ __forceinline__ void reg_fence(float (&d)[N]) {
