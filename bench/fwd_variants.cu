@@ -46,27 +46,14 @@ struct variant {
 #define OLD(name, D, BN, NC, ST, CAUSAL)
 #endif
 static const variant variants[] = {
-    V_SM("d64 NC3 old", 64, 128, 3, false, 2, 0, 1),
-    V_SM("d64 NC3 fence", 64, 128, 3, false, 1, 0, 1),
-    V_SM("d64 NC3 fence e1", 64, 128, 3, false, 1, 1, 1),
-    V_SM("d64 NC3 fence r4", 64, 128, 3, false, 1, 0, 4),
-    V_SM("d64c NC3 old", 64, 128, 3, true, 2, 0, 1),
-    V_SM("d64c NC3 fence", 64, 128, 3, true, 1, 0, 1),
-    V_SM("d64c NC2 old", 64, 128, 2, true, 2, 0, 1),
-    V_SM("d64c NC2 fence", 64, 128, 2, true, 1, 0, 1),
-    V_SM("d128 BN176 old", 128, 176, 2, false, 2, 0, 1),
-    V_SM("d128 BN176 fence", 128, 176, 2, false, 1, 0, 1),
-    V_SM("d128 BN176 fence e1", 128, 176, 2, false, 1, 1, 1),
-    V_SM("d128 BN128 fence", 128, 128, 2, false, 1, 0, 1),
-    V_SM("d128c BN128 old", 128, 128, 2, true, 2, 0, 1),
-    V_SM("d128c BN128 fence", 128, 128, 2, true, 1, 0, 1),
-    V_SM("d128c BN176 old", 128, 176, 2, true, 2, 0, 1),
-    V_SM("d128c BN176 fence", 128, 176, 2, true, 1, 0, 1),
-    V_SM("d256 BN80 old", 256, 80, 2, false, 2, 0, 1),
-    V_SM("d256 BN80 fence", 256, 80, 2, false, 1, 0, 1),
-    V_OPT("d256 BN80 fence cluster", 256, 80, 2, 2, false, 1, -1, -1, 2, -1, 0, 0, 1),
-    V_SM("d256c BN80 old", 256, 80, 2, true, 2, 0, 1),
-    V_SM("d256c BN80 fence", 256, 80, 2, true, 1, 0, 1),
+    V("d64c NC2 BN128", 64, 128, 2, 2, true),
+    V("d64c NC2 BN64 ST4", 64, 64, 2, 4, true),
+    V("d64c NC2 BN96 ST3", 64, 96, 2, 3, true),
+    V("d64c NC3 BN64 ST4", 64, 64, 3, 4, true),
+    V("d64c NC3 BN128", 64, 128, 3, 2, true),
+    V("d128c BN128", 128, 128, 2, 2, true),
+    V("d128c BN96 ST3", 128, 96, 2, 3, true),
+    V("d128c BN64 ST4", 128, 64, 2, 4, true),
 };
 
 static float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }

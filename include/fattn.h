@@ -147,7 +147,12 @@ typedef enum fattn_option {
      * a kernel's set-up may overlap the end of the previous kernel in the
      * stream; it waits for that kernel before touching memory). */
     FATTN_OPTION_DISABLE_PDL = 2,
-    FATTN_OPTION_COUNT_ = 3
+    /* CUDA forward, overlapped bf16 non-causal kernels: 1 = the softmax of a
+     * block always runs under the warpgroup's own PV GEMM (the paper's
+     * placement of the wait); 0 (default) = per kernel, the placement that
+     * measured faster (docs/perf-notes.md, v8). */
+    FATTN_OPTION_SOFTMAX_UNDER_PV = 3,
+    FATTN_OPTION_COUNT_ = 4
 } fattn_option;
 
 /* Set an experimental option; INVALID_ARGUMENT for an unknown option or a

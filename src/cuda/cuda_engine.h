@@ -33,7 +33,7 @@ fattn_status fwd_sm90_launch(fattn_ctx *ctx, const fattn_fwd_args *a);
 
 /* Kernel variant knobs (the paper's ablation), from fattn_ctx_set_option. */
 struct fwd_variant {
-    bool bf16, causal, overlap, pingpong;
+    bool bf16, causal, overlap, pingpong, under_pv;
 };
 fattn_status fwd_sm90_hdim64(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_variant v);
 fattn_status fwd_sm90_hdim128(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_variant v);

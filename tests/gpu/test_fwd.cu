@@ -32,6 +32,7 @@ struct fwd_case {
     fattn_dtype dt;
     tu_layout layout;
     int o_off; /* O placed this many elements past a 16-byte boundary (0: aligned) */
+    const char *variant; /* the fattn_ctx_set_option knobs set for this case, for the report */
 };
 
 static int run_case(fattn_ctx *ctx, tu_rng *rng, const fwd_case &c) {
@@ -102,9 +103,9 @@ static int run_case(fattn_ctx *ctx, tu_rng *rng, const fwd_case &c) {
 
     const double tol = c.dt == FATTN_DTYPE_BF16 ? 1e-2 : 2e-3;
     char what[256];
-    snprintf(what, sizeof what, "%s b%d sq%d sk%d h%d/%d d%d %s%s%s O rel err", fattn_dtype_name(c.dt), c.batch, c.sq,
-             c.sk, c.hq, c.hkv, c.d, c.causal ? "causal " : "", c.layout == TU_BHSD ? "BHSD" : "BSHD",
-             c.o_off ? " O+4B" : "");
+    snprintf(what, sizeof what, "%s b%d sq%d sk%d h%d/%d d%d %s%s%s%s%s O rel err", fattn_dtype_name(c.dt), c.batch,
+             c.sq, c.sk, c.hq, c.hkv, c.d, c.causal ? "causal " : "", c.layout == TU_BHSD ? "BHSD" : "BSHD",
+             c.o_off ? " O+4B" : "", c.variant ? " " : "", c.variant ? c.variant : "");
     TU_CHECK(tu_count_nonfinite(got, o.count) == 0, "%s: %zu non-finite outputs", what, tu_count_nonfinite(got, o.count));
     TU_EXPECT_LE(tu_rel_err(got, ref, o.count), tol, what);
     double lse_err = 0;
@@ -307,6 +308,22 @@ int main(void) {
         if (only && (long)cases[i].sq * cases[i].sk > 300 * 300) continue;
         run_case(ctx, &rng, cases[i]);
     }
+    /* the ablation's kernels (bf16 non-causal, fattn_ctx_set_option): overlap
+     * and/or pingpong off, and the softmax always under the warpgroup's own
+     * PV GEMM; tails in both lengths, GQA; d256 250 rows runs as CTA pairs */
+    const struct { int ov, pp, upv; const char *name; } knobs[] = {
+        {0, 0, 0, "[overlap off, pingpong off]"}, {0, 1, 0, "[pingpong only]"}, {1, 0, 0, "[overlap only]"},
+        {1, 0, 1, "[overlap only, softmax under PV]"}, {1, 1, 1, "[softmax under PV]"}};
+    for (int d = 64; d <= 256; d *= 2)
+        for (const auto &kn : knobs) {
+            fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_OVERLAP, !kn.ov);
+            fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_PINGPONG, !kn.pp);
+            fattn_ctx_set_option(ctx, FATTN_OPTION_SOFTMAX_UNDER_PV, kn.upv);
+            run_case(ctx, &rng, fwd_case{1, 250, 290, 4, 2, d, 0, B, TU_BSHD, 0, kn.name});
+        }
+    fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_OVERLAP, 0);
+    fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_PINGPONG, 0);
+    fattn_ctx_set_option(ctx, FATTN_OPTION_SOFTMAX_UNDER_PV, 0);
     if (!only) {
         two_streams(ctx, &rng);
         graph_capture(ctx, &rng);

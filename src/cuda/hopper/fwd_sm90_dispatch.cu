@@ -9,6 +9,7 @@ fattn_status fwd_sm90_launch(fattn_ctx *ctx, const fattn_fwd_args *a) {
     v.causal = a->p.causal != 0;
     v.overlap = !ctx->options[FATTN_OPTION_DISABLE_OVERLAP];
     v.pingpong = !ctx->options[FATTN_OPTION_DISABLE_PINGPONG];
+    v.under_pv = ctx->options[FATTN_OPTION_SOFTMAX_UNDER_PV] != 0;
     int prev;
     const cudaError_t e = cuda_device_enter(ctx->device, &prev);
     if (e != cudaSuccess) {

@@ -125,22 +125,28 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
 
 /* Instantiate and dispatch the variants of one head dim.  Causal kernels
  * always run the full design; the non-causal bf16 ones also come without the
- * overlap and/or pingpong, for the ablation (fattn_ctx_set_option). */
+ * overlap and/or pingpong, and with the softmax always under the own PV GEMM
+ * (FwdCfg OVERLAP_ 3), for the ablation (fattn_ctx_set_option). */
 #define FWD_SM90_CAUSAL(D, BN, NC, STAGES)                                                                     \
     do {                                                                                                       \
-        if (v.bf16) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, true, true, true, true>>(ctx, a);            \
-        return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, true, false, true, true>>(ctx, a);                       \
+        if (v.bf16) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, true, true, 1, true>>(ctx, a);            \
+        return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, true, false, 1, true>>(ctx, a);                       \
     } while (0)
 #define FWD_SM90_NONCAUSAL_CL(D, BN, NC, STAGES, CL)                                                            \
     do {                                                                                                       \
         if (v.bf16) {                                                                                          \
-            if (v.overlap && v.pingpong)                                                                       \
-                return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, true, true, -1, -1, CL>>(ctx, a);   \
-            if (v.overlap) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, true, false, -1, -1, CL>>(ctx, a); \
-            if (v.pingpong) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, false, true, -1, -1, CL>>(ctx, a); \
-            return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, false, false, -1, -1, CL>>(ctx, a);     \
+            if (v.overlap && v.pingpong) {                                                                     \
+                if (v.under_pv) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, 3, true, -1, -1, CL>>(ctx, a); \
+                return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, 1, true, -1, -1, CL>>(ctx, a);      \
+            }                                                                                                  \
+            if (v.overlap) {                                                                                   \
+                if (v.under_pv) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, 3, false, -1, -1, CL>>(ctx, a); \
+                return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, 1, false, -1, -1, CL>>(ctx, a);     \
+            }                                                                                                  \
+            if (v.pingpong) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, 0, true, -1, -1, CL>>(ctx, a); \
+            return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, 0, false, -1, -1, CL>>(ctx, a);     \
         }                                                                                                      \
-        return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, false, true, true, -1, -1, CL>>(ctx, a);          \
+        return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, false, 1, true, -1, -1, CL>>(ctx, a);          \
     } while (0)
 #define FWD_SM90_NONCAUSAL(D, BN, NC, STAGES) FWD_SM90_NONCAUSAL_CL(D, BN, NC, STAGES, 1)
 /* CTA pairs sharing K/V loads (FwdCfg CLUSTER) when the query blocks pair up
