@@ -46,25 +46,33 @@ struct variant {
 #define OLD(name, D, BN, NC, ST, CAUSAL)
 #endif
 static const variant variants[] = {
-    V("d64c NC2 BN128", 64, 128, 2, 2, true),
-    V("d64c NC2 BN64 ST4", 64, 64, 2, 4, true),
-    V("d64c NC2 BN96 ST3", 64, 96, 2, 3, true),
-    V("d64c NC3 BN64 ST4", 64, 64, 3, 4, true),
-    V("d64c NC3 BN128", 64, 128, 3, 2, true),
-    V("d128c BN128", 128, 128, 2, 2, true),
-    V("d128c BN96 ST3", 128, 96, 2, 3, true),
-    V("d128c BN64 ST4", 128, 64, 2, 4, true),
+    V("d64 NC3 ST3 (default)", 64, 128, 3, 3, false),
+    V_OPT("d64 NC2 ST2 fenced", 64, 128, 2, 2, false, 3, -1, -1, 1, -1, 0, -1, -1),
+    V_OPT("d64 NC2 ST3 fenced", 64, 128, 2, 3, false, 3, -1, -1, 1, -1, 0, -1, -1),
+    V_OPT("d64 NC2 ST2 unfenced", 64, 128, 2, 2, false, 2, -1, -1, 1, -1, 0, -1, -1),
+    V("d64c NC2", 64, 128, 2, 2, true),
+    V("d64c NC3", 64, 128, 3, 2, true),
 };
 
 static float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
 
-int main() {
+int main(int argc, char **argv) {
     fattn_ctx *ctx;
     if (fattn_ctx_create(&ctx, FATTN_BACKEND_CUDA, 0) != FATTN_OK) { printf("SKIP: no GPU\n"); return 77; }
-    const int seqlens[] = {1024, 2048, 4096, 8192, 16384};
-    const int nseq = sizeof seqlens / sizeof seqlens[0];
+    /* seqlens: the arguments (at most 8, each dividing 16384 tokens into
+     * whole sequences or not: batch = 16384 / seqlen), else five defaults */
+    int seqlens[8] = {1024, 2048, 4096, 8192, 16384};
+    int nseq = 5;
+    if (argc > 1) {
+        nseq = 0;
+        for (int i = 1; i < argc && nseq < 8; ++i) {
+            const int sl = atoi(argv[i]);
+            if (sl < 1 || sl > 16384) { fprintf(stderr, "seqlen %s: must be 1..16384\n", argv[i]); return 2; }
+            seqlens[nseq++] = sl;
+        }
+    }
     const size_t maxel = (size_t)16384 * 2048;
-    uint16_t *q, *k, *v, *o, *o0[sizeof seqlens / sizeof seqlens[0]];
+    uint16_t *q, *k, *v, *o, *o0[8];
     cudaMalloc(&q, maxel * 2); cudaMalloc(&k, maxel * 2); cudaMalloc(&v, maxel * 2);
     cudaMalloc(&o, maxel * 2);
     for (int si = 0; si < nseq; ++si) cudaMalloc(&o0[si], maxel * 2); /* the reference output per seqlen */
