@@ -46,12 +46,11 @@ struct variant {
 #define OLD(name, D, BN, NC, ST, CAUSAL)
 #endif
 static const variant variants[] = {
-    V("d64 NC3 ST3 (default)", 64, 128, 3, 3, false),
-    V_OPT("d64 NC2 ST2 fenced", 64, 128, 2, 2, false, 3, -1, -1, 1, -1, 0, -1, -1),
-    V_OPT("d64 NC2 ST3 fenced", 64, 128, 2, 3, false, 3, -1, -1, 1, -1, 0, -1, -1),
-    V_OPT("d64 NC2 ST2 unfenced", 64, 128, 2, 2, false, 2, -1, -1, 1, -1, 0, -1, -1),
     V("d64c NC2", 64, 128, 2, 2, true),
+    V_OPT("d64c NC2 fenced", 64, 128, 2, 2, true, 3, -1, -1, 1, -1, 0, -1, -1),
     V("d64c NC3", 64, 128, 3, 2, true),
+    V("d128 BN176", 128, 176, 2, 2, false),
+    V_OPT("d128 BN176 fenced", 128, 176, 2, 2, false, 3, -1, -1, 1, -1, 0, -1, -1),
 };
 
 static float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
