@@ -51,6 +51,7 @@ static const variant variants[] = {
     V("d64c NC3", 64, 128, 3, 2, true),
     V("d128 BN176", 128, 176, 2, 2, false),
     V_OPT("d128 BN176 fenced", 128, 176, 2, 2, false, 3, -1, -1, 1, -1, 0, -1, -1),
+    V("d128 BN176 again", 128, 176, 2, 2, false),
 };
 
 static float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
