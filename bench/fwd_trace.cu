@@ -21,16 +21,18 @@ struct variant {
 /* SCHED and LAZY spelled out (the library's measured choices), so these
  * traced instances are distinct types from the untraced ones in libfattn.a;
  * CL and OS are FwdCfg's CLUSTER and OSTORE */
-#define V_OPT(name, D, BN, NC, CAUSAL, S, CL, OS) \
-    {name, D, CAUSAL, S, fwd_sm90_run<FwdCfg<D, BN, NC, 2, CAUSAL, true, true, true, CAUSAL ? 1 : 0, D != 128 ? 1 : 0, CL, OS>>}
-#define V(name, D, BN, NC, CAUSAL, S) V_OPT(name, D, BN, NC, CAUSAL, S, 1, -1)
+#define V_OPT(name, D, BN, NC, CAUSAL, S, CL, OS, OV) \
+    {name, D, CAUSAL, S, fwd_sm90_run<FwdCfg<D, BN, NC, 2, CAUSAL, true, OV, true, CAUSAL ? 1 : 0, D != 128 ? 1 : 0, CL, OS>>}
+/* OV: FwdCfg's OVERLAP (1 the measured wait placement, 2 ptxas's, 3 fenced) */
+#define V(name, D, BN, NC, CAUSAL, S) V_OPT(name, D, BN, NC, CAUSAL, S, 1, -1, 1)
 static const variant variants[] = {
-    V_OPT("d128 BN176 4-byte O stores s1024", 128, 176, 2, false, 1024, 1, 4),
-    V("d128 BN176 s1024", 128, 176, 2, false, 1024),
+    V("d64c NC2 s1024", 64, 128, 2, true, 1024),
+    V("d64 NC3 s1024 (fenced)", 64, 128, 3, false, 1024),
+    V("d64 NC3 s4096 (fenced)", 64, 128, 3, false, 4096),
     V("d128 BN176 s4096", 128, 176, 2, false, 4096),
-    V_OPT("d256 BN80 4-byte O stores s1024", 256, 80, 2, false, 1024, 1, 4),
-    V("d256 BN80 s1024", 256, 80, 2, false, 1024),
-    V_OPT("d256 BN80 cluster s1024", 256, 80, 2, false, 1024, 2, -1),
+    V_OPT("d128 BN176 s4096 fenced", 128, 176, 2, false, 4096, 1, -1, 3),
+    V_OPT("d128c BN128 s2048 fenced", 128, 128, 2, true, 2048, 1, -1, 3),
+    V("d128c BN128 s2048", 128, 128, 2, true, 2048),
 };
 
 int main() {
