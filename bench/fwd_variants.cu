@@ -5,8 +5,9 @@
  * Build (from the repo root, after the library is built into build-gpu/):
  *   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 --use_fast_math -Iinclude -Isrc \
  *        bench/fwd_variants.cu build-gpu/libfattn.a -cudart static -o build-gpu/fwd_variants
- * Run: build-gpu/fwd_variants   (TFLOPs/s per variant and seqlen, bf16, 16k tokens,
- * hidden 2048, and the largest difference from the group's first variant).
+ * Run: build-gpu/fwd_variants [seqlen ...]   (TFLOPs/s per variant and seqlen, bf16,
+ * 16k tokens, hidden 2048, and the largest difference from the group's first
+ * variant; seqlens 1024 2048 4096 8192 16384 unless given, at most 8).
  * Results of past runs: bench/results-ab-run*.txt. */
 #include <cuda_runtime.h>
 #include <math.h>
