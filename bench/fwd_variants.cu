@@ -32,10 +32,6 @@ struct variant {
 #define V_OPT(name, D, BN, NC, ST, CAUSAL, OV, SCHED, LAZY, CL, OS, XT, EMU, RACC) \
     {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, OV, true, SCHED, LAZY, CL, OS, XT, EMU, RACC>>, 0}
 #define V(name, D, BN, NC, ST, CAUSAL) V_OPT(name, D, BN, NC, ST, CAUSAL, 1, -1, -1, 1, -1, 0, -1, -1)
-/* PUB: 0 the consumers decode the tile index themselves (before v12), 1 the
- * producer publishes the decoded tile */
-#define V_PUB(name, D, BN, NC, ST, CAUSAL, PUB) \
-    {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, 1, true, -1, -1, 1, -1, 0, -1, -1, PUB>>, 0}
 /* the overlap (OV 2: without the v8 scheduling fence) and the softmax
  * options (EMU, RACC); the rest at their defaults */
 #define V_SM(name, D, BN, NC, CAUSAL, OV, EMU, RACC) V_OPT(name, D, BN, NC, 2, CAUSAL, OV, -1, -1, 1, -1, 0, EMU, RACC)
@@ -51,15 +47,12 @@ struct variant {
 #define OLD(name, D, BN, NC, ST, CAUSAL)
 #endif
 static const variant variants[] = {
-    V_PUB("d64c NC2 decode", 64, 128, 2, 2, true, 0),
-    V("d64c NC2 published", 64, 128, 2, 2, true),
-    V_PUB("d64c NC2 decode again", 64, 128, 2, 2, true, 0),
-    V_PUB("d128c BN128 decode", 128, 128, 2, 2, true, 0),
-    V_PUB("d128c BN128 published", 128, 128, 2, 2, true, 1),
-    V_PUB("d128 BN176 decode", 128, 176, 2, 2, false, 0),
-    V("d128 BN176 published", 128, 176, 2, 2, false),
-    V_PUB("d256 BN80 decode", 256, 80, 2, 2, false, 0),
-    V("d256 BN80 published", 256, 80, 2, 2, false),
+    V("d64c NC2", 64, 128, 2, 2, true),
+    V_OPT("d64c NC2 fenced", 64, 128, 2, 2, true, 3, -1, -1, 1, -1, 0, -1, -1),
+    V("d64c NC3", 64, 128, 3, 2, true),
+    V("d128 BN176", 128, 176, 2, 2, false),
+    V_OPT("d128 BN176 fenced", 128, 176, 2, 2, false, 3, -1, -1, 1, -1, 0, -1, -1),
+    V("d128 BN176 again", 128, 176, 2, 2, false),
 };
 
 static float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }

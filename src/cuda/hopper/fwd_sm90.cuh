@@ -84,8 +84,7 @@ template <int D_, int BN_, int NC_, int STAGES_, bool CAUSAL_, bool BF16_,
           int OSTORE_ = -1 /* O stores: 16 bytes after a quad transpose (when O allows) or 4; -1: 16 with 2 consumers */,
           int XTILE_ = 0 /* 1: a tile's last PV GEMM goes with the next tile's first QK^T (an experiment) */,
           int EMU_ = -1 /* exp2 pairs of every 8 computed on the FMA pipe (0..8); -1 measured choice */,
-          int RACC_ = -1 /* partial accumulators per row for the max and the sum (1, 2, 4); -1 measured choice */,
-          int PUB_ = -1 /* 1: the producer publishes (t, m, h, b); 0: consumers decode t; -1: measured choice */>
+          int RACC_ = -1 /* partial accumulators per row for the max and the sum (1, 2, 4); -1 measured choice */>
 struct FwdCfg {
     static constexpr int D = D_, BN = BN_, NC = NC_, STAGES = STAGES_;
     static constexpr bool CAUSAL = CAUSAL_, BF16 = BF16_, OVERLAP = OVERLAP_ != 0, PINGPONG = PINGPONG_ && NC_ > 1;
@@ -117,15 +116,8 @@ struct FwdCfg {
     static constexpr int OFF_V = OFF_K + STAGES * KV_BYTES;
     static constexpr int OFF_BAR = OFF_V + STAGES * KV_BYTES;
     static constexpr int NUM_BARS = 4 * STAGES + 2 * NC * QBUF;
-    /* per consumer warpgroup and Q buffer: the tile index and its decoded
-     * (m-block, head, batch), so the consumers skip the decode's integer
-     * divisions on their tile-boundary path (perf-notes v12) */
-    /* -1: with 2 consumers; not with 3 (160-register consumers spilled) nor
-     * for causal d128/d256 (the producer spilled a register) */
-    static constexpr bool PUB = PUB_ < 0 ? NC_ == 2 && (!CAUSAL_ || D_ == 64) : PUB_ == 1;
-    static constexpr int NSLOT = NC_ * QBUF; /* slot fields are NSLOT ints apart (no vector stores) */
-    static constexpr int OFF_SLOT = OFF_BAR + NUM_BARS * 8;
-    static constexpr int SMEM_BYTES = OFF_SLOT + NC * QBUF * 16 + 1024; /* + alignment slack */
+    static constexpr int OFF_SLOT = OFF_BAR + NUM_BARS * 8; /* tile index per consumer warpgroup and Q buffer */
+    static constexpr int SMEM_BYTES = OFF_SLOT + NC * QBUF * 4 + 1024; /* + alignment slack */
     static constexpr bool DYNAMIC = SCHED_ < 0 ? CAUSAL : SCHED_ == 1; /* tile scheduler: atomic counter */
     /* CLUSTER 2: the two CTAs of a cluster work on tiles 2k and 2k+1, adjacent
      * m-blocks of one head (the launcher requires an even number of m-blocks),
@@ -287,11 +279,6 @@ __global__ void __launch_bounds__(C::THREADS, 1)
             const int qb = q_iter % C::QBUF, qi = w * C::QBUF + qb;
             if (q_iter >= C::QBUF) mbar_wait(&empty_q[qi], (q_iter / C::QBUF - 1) & 1);
             st_shared_s32(&tile_slot[qi], tile);
-            if (C::PUB) {
-                st_shared_s32(&tile_slot[C::NSLOT + qi], m);
-                st_shared_s32(&tile_slot[2 * C::NSLOT + qi], h);
-                st_shared_s32(&tile_slot[3 * C::NSLOT + qi], b);
-            }
             if (!load) {
                 mbar_arrive(&full_q[qi]);
                 return;
@@ -561,13 +548,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         FWD_TRACE(1);
         if (t >= p.num_tiles) break;
         int m, h, b;
-        if (C::PUB) {
-            m = __shfl_sync(0xffffffffu, ld_shared_s32(&tile_slot[C::NSLOT + qi]), 0);
-            h = __shfl_sync(0xffffffffu, ld_shared_s32(&tile_slot[2 * C::NSLOT + qi]), 0);
-            b = __shfl_sync(0xffffffffu, ld_shared_s32(&tile_slot[3 * C::NSLOT + qi]), 0);
-        } else {
-            fwd_tile_decode<C::CAUSAL>(p, t, m, h, b);
-        }
+        fwd_tile_decode<C::CAUSAL>(p, t, m, h, b);
         const int nblocks = fwd_num_n_blocks<C>(p, m);
         const int row_base = m * BM + wg * 64; /* first query row of this warpgroup */
 
