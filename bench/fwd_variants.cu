@@ -27,14 +27,12 @@ struct variant {
 };
 /* One variant: FwdCfg<D, BN, NC, STAGES, CAUSAL, bf16, overlap, pingpong, ...>
  * with the later options at their defaults (V, V_NOPDL: launched without
- * programmatic dependent launch) or spelled out (V_OPT: SCHED, LAZY, CLUSTER,
- * OSTORE, XTILE, EMU, RACC as FwdCfg documents them). */
-#define V_OPT(name, D, BN, NC, ST, CAUSAL, OV, SCHED, LAZY, CL, OS, XT, EMU, RACC) \
-    {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, OV, true, SCHED, LAZY, CL, OS, XT, EMU, RACC>>, 0}
-#define V(name, D, BN, NC, ST, CAUSAL) V_OPT(name, D, BN, NC, ST, CAUSAL, 1, -1, -1, 1, -1, 0, -1, -1)
-/* the overlap (OV 2: without the v8 scheduling fence) and the softmax
- * options (EMU, RACC); the rest at their defaults */
-#define V_SM(name, D, BN, NC, CAUSAL, OV, EMU, RACC) V_OPT(name, D, BN, NC, 2, CAUSAL, OV, -1, -1, 1, -1, 0, EMU, RACC)
+ * programmatic dependent launch) or spelled out (V_OPT: OVERLAP (1 measured
+ * wait placement, 2 ptxas's, 3 fenced), SCHED, LAZY, CLUSTER, OSTORE, XTILE as
+ * FwdCfg documents them). */
+#define V_OPT(name, D, BN, NC, ST, CAUSAL, OV, SCHED, LAZY, CL, OS, XT) \
+    {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, OV, true, SCHED, LAZY, CL, OS, XT>>, 0}
+#define V(name, D, BN, NC, ST, CAUSAL) V_OPT(name, D, BN, NC, ST, CAUSAL, 1, -1, -1, 1, -1, 0)
 #define V_NOPDL(name, D, BN, NC, ST, CAUSAL) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, 1, true>>, 1}
 /* A/B against an earlier kernel: build with -DFATTN_AB_SNAPSHOT='"path"' naming a
  * copy of the old fwd_sm90.cuh + launch code with its symbols renamed *V3/_v3
@@ -48,10 +46,10 @@ struct variant {
 #endif
 static const variant variants[] = {
     V("d64c NC2", 64, 128, 2, 2, true),
-    V_OPT("d64c NC2 fenced", 64, 128, 2, 2, true, 3, -1, -1, 1, -1, 0, -1, -1),
+    V_OPT("d64c NC2 fenced", 64, 128, 2, 2, true, 3, -1, -1, 1, -1, 0),
     V("d64c NC3", 64, 128, 3, 2, true),
     V("d128 BN176", 128, 176, 2, 2, false),
-    V_OPT("d128 BN176 fenced", 128, 176, 2, 2, false, 3, -1, -1, 1, -1, 0, -1, -1),
+    V_OPT("d128 BN176 fenced", 128, 176, 2, 2, false, 3, -1, -1, 1, -1, 0),
     V("d128 BN176 again", 128, 176, 2, 2, false),
 };
 

@@ -82,9 +82,7 @@ template <int D_, int BN_, int NC_, int STAGES_, bool CAUSAL_, bool BF16_,
           int LAZY_ = -1 /* 1 lazy rescaling, 0 eager, -1 measured choice per D */,
           int CLUSTER_ = 1 /* 2: CTA pairs share each K/V load (TMA multicast) */,
           int OSTORE_ = -1 /* O stores: 16 bytes after a quad transpose (when O allows) or 4; -1: 16 with 2 consumers */,
-          int XTILE_ = 0 /* 1: a tile's last PV GEMM goes with the next tile's first QK^T (an experiment) */,
-          int EMU_ = -1 /* exp2 pairs of every 8 computed on the FMA pipe (0..8); -1 measured choice */,
-          int RACC_ = -1 /* partial accumulators per row for the max and the sum (1, 2, 4); -1 measured choice */>
+          int XTILE_ = 0 /* 1: a tile's last PV GEMM goes with the next tile's first QK^T (an experiment) */>
 struct FwdCfg {
     static constexpr int D = D_, BN = BN_, NC = NC_, STAGES = STAGES_;
     static constexpr bool CAUSAL = CAUSAL_, BF16 = BF16_, OVERLAP = OVERLAP_ != 0, PINGPONG = PINGPONG_ && NC_ > 1;
@@ -135,14 +133,6 @@ struct FwdCfg {
      * -1-2% (causal +-1%). */
     static constexpr bool LAZY = LAZY_ < 0 ? D_ != 128 : LAZY_ == 1;
     static constexpr float LAZY_LOG2 = 8.f;
-    /* The softmax's exp2 runs on the MUFU unit, 16 per clock per SM: at d64
-     * that is as long as the block's two GEMMs (perf-notes v8).  EMU of every
-     * 8 column pairs take FA4's way instead: a degree-3 polynomial on the
-     * FMA pipe (relative error 1.0e-4, below half an fp16 ulp). */
-    static constexpr int EMU = EMU_ < 0 ? 0 : EMU_;
-    /* Row max and row sum reduced through RACC independent chains, not one. */
-    static constexpr int RACC = RACC_ < 0 ? 1 : RACC_;
-    static_assert(EMU >= 0 && EMU <= 8 && (RACC == 1 || RACC == 2 || RACC == 4), "softmax options");
     /* Registers per thread after setmaxnreg (FA3's split, HOPPER-PTX §6). */
     static constexpr int REGS_PRODUCER = NC == 2 && CLUSTER_ == 1 ? 24 : 32; /* 24 spills with a cluster */
     static constexpr int REGS_CONSUMER = NC == 2 ? (CLUSTER_ == 1 ? 240 : 232) : 160;
@@ -155,21 +145,6 @@ struct FwdCfg {
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
     static_assert(CLUSTER == 1 || (CLUSTER == 2 && SLABS % 2 == 0 && !CAUSAL && !DYNAMIC), "cluster variant");
 };
-
-/* 2^x on the FMA and integer pipes (FA4's emulation): x = j + f with j the
- * nearest integer (the 1.5 * 2^23 trick leaves j in the low mantissa bits),
- * 2^f from a degree-3 polynomial on [-0.5, 0.5] (relative-error minimax
- * fit, max 1.0e-4), and j added to the exponent field.  x is clamped at
- * -127 so that -inf (masked scores) gives exactly +0; x <= 8 here. */
-__device__ __forceinline__ float exp2_fma(float x) {
-    x = fmaxf(x, -127.f);
-    const float t = __fadd_rn(x, 12582912.f);
-    const float f = __fadd_rn(x, -__fadd_rn(t, -12582912.f));
-    float p = fmaf(0.05500869080424309f, f, 0.24221062660217285f);
-    p = fmaf(p, f, 0.6932829022407532f);
-    p = fmaf(p, f, 1.f);
-    return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
-}
 
 /* Tile t -> (m_block, head, batch).  Non-causal: m fastest, so the CTAs in
  * flight share the K/V of one or two heads in L2.  Causal: heads are taken in
@@ -593,15 +568,9 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                 bool moved = false;
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
-                    float mxa[C::RACC];
+                    float mx = row_max[r];
 #pragma unroll
-                    for (int a = 0; a < C::RACC; ++a) mxa[a] = row_max[r];
-#pragma unroll
-                    for (int i = 0; i < BN / 8; ++i)
-                        mxa[i % C::RACC] = fmaxf(mxa[i % C::RACC], fmaxf(sacc[4 * i + 2 * r], sacc[4 * i + 2 * r + 1]));
-#pragma unroll
-                    for (int a = 1; a < C::RACC; ++a) mxa[0] = fmaxf(mxa[0], mxa[a]);
-                    float mx = mxa[0];
+                    for (int i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(sacc[4 * i + 2 * r], sacc[4 * i + 2 * r + 1]));
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
                     /* row_max is the reference the exponents are taken against:
@@ -618,23 +587,16 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                         alpha[r] = 1.f;
                     }
                     const float mscaled = row_max[r] == -INFINITY ? 0.f : row_max[r] * c2;
-                    float sum[C::RACC];
-#pragma unroll
-                    for (int a = 0; a < C::RACC; ++a) sum[a] = 0.f;
+                    float sum = 0.f;
 #pragma unroll
                     for (int i = 0; i < BN / 8; ++i) {
-                        const float xa = fmaf(sacc[4 * i + 2 * r], c2, -mscaled);
-                        const float xb = fmaf(sacc[4 * i + 2 * r + 1], c2, -mscaled);
-                        const bool emu = (i * C::EMU) % 8 < C::EMU; /* spread over the row */
-                        const float a = emu ? exp2_fma(xa) : exp2f(xa);
-                        const float bb = emu ? exp2_fma(xb) : exp2f(xb);
+                        float a = exp2f(fmaf(sacc[4 * i + 2 * r], c2, -mscaled));
+                        float bb = exp2f(fmaf(sacc[4 * i + 2 * r + 1], c2, -mscaled));
                         sacc[4 * i + 2 * r] = a;
                         sacc[4 * i + 2 * r + 1] = bb;
-                        sum[i % C::RACC] += a + bb;
+                        sum += a + bb;
                     }
-#pragma unroll
-                    for (int a = 1; a < C::RACC; ++a) sum[0] += sum[a];
-                    row_sum[r] = row_sum[r] * alpha[r] + sum[0];
+                    row_sum[r] = row_sum[r] * alpha[r] + sum;
                 }
                 rescale = !C::LAZY || __any_sync(0xffffffffu, moved); /* warp-uniform */
             };
