@@ -4,20 +4,26 @@ backends), measured in one process on the same inputs (DESIGN.md §7).
 
     python3 bench/compare.py [--dtypes bf16,fp16] [--head-dims 64,128,256]
         [--seqlens 512,...,16384] [--causal both|0|1] [--iters 4]
-        [--json out.json] [--png out.png] [--ablation]
+        [--json out.json] [--png out.png] [--ablation] [--clocks]
 
 FLOPs = 4 * batch * heads * seqlen^2 * head_dim (halved for causal);
-TFLOPs/s = FLOPs / median kernel time; fattn, cuDNN and FA2 take turns over 3 rounds per shape.
+TFLOPs/s = FLOPs / median kernel time; fattn, cuDNN and FA2 take turns over 3 rounds per shape,
+each round starting with the next backend, and in each turn a backend runs for --settle-ms
+(500) before its timed samples.  Long runs hold the H200 at its 700 W limit, and the SM clock
+it allows depends on the draw of whatever ran just before: without the settling, the backend
+that followed the low-power FA2 turn ran its samples at up to 270 MHz more (perf-notes, run 28).
 16k tokens in total (batch = 16384 / seqlen), hidden 2048 (heads = 2048 / d),
 so every input tensor is 64 MiB, larger than the 60 MB L2.
 --ablation runs the paper's setting (batch 4, seqlen 8448, 16 heads, d 128,
 bf16, non-causal) with the overlap and/or pingpong turned off.
 """
 import argparse
+import ctypes
 import json
 import os
 import statistics
 import sys
+import time
 
 import torch
 
@@ -28,14 +34,51 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 
-def time_fn(fn, iters, warmup=5, batch=10):
+class Clocks:
+    """SM clock (MHz) and board power (W) read through NVML (the driver's
+    libnvidia-ml, through ctypes) while a backend's calls run: --clocks."""
+
+    def __init__(self):
+        self.lib = ctypes.CDLL("libnvidia-ml.so.1")
+        if self.lib.nvmlInit_v2() != 0:
+            raise RuntimeError("nvmlInit failed")
+        self.h = ctypes.c_void_p()
+        p = torch.cuda.get_device_properties(torch.cuda.current_device())
+        bus = getattr(p, "pci_bus_id", None)
+        ok = -1
+        if bus is not None:
+            busid = b"%08x:%02x:%02x.0" % (getattr(p, "pci_domain_id", 0), bus, getattr(p, "pci_device_id", 0))
+            ok = self.lib.nvmlDeviceGetHandleByPciBusId_v2(busid, ctypes.byref(self.h))
+        if ok != 0 and self.lib.nvmlDeviceGetHandleByIndex_v2(torch.cuda.current_device(), ctypes.byref(self.h)) != 0:
+            raise RuntimeError("no NVML handle for this device")
+
+    def sample(self):
+        mhz, mw = ctypes.c_uint(), ctypes.c_uint()
+        self.lib.nvmlDeviceGetClockInfo(self.h, 1, ctypes.byref(mhz))  # NVML_CLOCK_SM
+        self.lib.nvmlDeviceGetPowerUsage(self.h, ctypes.byref(mw))
+        return mhz.value, mw.value / 1000.0
+
+
+CLOCKS = None  # a Clocks when --clocks is given
+CLOCK_SAMPLES = []  # (MHz, W) pairs taken during the last time_fn
+
+
+def time_fn(fn, iters, warmup=5, batch=10, settle_ms=0.0):
     """`iters` samples of (CUDA events around `batch` back-to-back calls) /
     batch, in seconds.  Batching keeps the GPU queue full, so host-side launch
     cost (ctypes for fattn, the dispatcher for torch) is not counted as idle
-    GPU time for anyone."""
+    GPU time for anyone.  With --clocks, NVML is read every 2 ms until the
+    queued calls finish (into CLOCK_SAMPLES).  settle_ms: before timing, the
+    calls run for at least that long, so the clock the power limit allows
+    settles on this backend's own draw, not the previous backend's."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    while (time.perf_counter() - t0) * 1e3 < settle_ms:
+        for _ in range(batch):
+            fn()
+        torch.cuda.synchronize()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     for i in range(iters):
@@ -43,6 +86,11 @@ def time_fn(fn, iters, warmup=5, batch=10):
         for _ in range(batch):
             fn()
         ends[i].record()
+    CLOCK_SAMPLES.clear()
+    if CLOCKS is not None:
+        while not ends[-1].query():
+            CLOCK_SAMPLES.append(CLOCKS.sample())
+            time.sleep(0.002)
     torch.cuda.synchronize()
     return [s.elapsed_time(e) * 1e-3 / batch for s, e in zip(starts, ends)]
 
@@ -52,7 +100,7 @@ def flops(b, h, sq, sk, d, causal):
     return f / 2 if causal and sq == sk else f
 
 
-def bench_case(ctx, dtype, b, s, h, d, causal, iters, peers=True, rounds=3):
+def bench_case(ctx, dtype, b, s, h, d, causal, iters, peers=True, rounds=3, rotate=True, settle_ms=0.0):
     g = torch.Generator(device="cuda").manual_seed(1234 + s + d)
     q = torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g)
     k = torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g)
@@ -79,16 +127,26 @@ def bench_case(ctx, dtype, b, s, h, d, causal, iters, peers=True, rounds=3):
     # the backends take turns over `rounds` rounds (median over all samples):
     # the machine drifts by several percent within a run, and interleaving
     # makes that drift hit every backend alike
+    # rotate: round r starts with backend r (mod their number), so none is
+    # always the one that follows the low-power FA2 turn (run 27: the first
+    # backend of a round ran at higher clocks under the power limit)
     samples = {name: [] for name, _, _ in fns}
-    for _ in range(rounds):
-        for name, fn, be in fns:
+    clocks = {name: [] for name, _, _ in fns}
+    for rnd in range(rounds):
+        k = rnd % len(fns) if rotate else 0
+        for name, fn, be in fns[k:] + fns[:k]:
             if be is None:
-                samples[name] += time_fn(fn, iters)
+                samples[name] += time_fn(fn, iters, settle_ms=settle_ms)
             else:
                 with sdpa_kernel([be]):
-                    samples[name] += time_fn(fn, iters)
+                    samples[name] += time_fn(fn, iters, settle_ms=settle_ms)
+            clocks[name] += CLOCK_SAMPLES
     for name, _, _ in fns:
         res[name] = fl / statistics.median(samples[name]) / 1e12
+        if clocks[name]:  # median SM clock and power while this backend ran
+            res[name + "_mhz"] = statistics.median(c[0] for c in clocks[name])
+            res[name + "_w"] = statistics.median(c[1] for c in clocks[name])
+            res[name + "_clock_samples"] = len(clocks[name])
     del q, k, v, o, lse
     return res
 
@@ -106,18 +164,31 @@ def main():
     ap.add_argument("--png")
     ap.add_argument("--ablation", action="store_true")
     ap.add_argument("--ablation-rounds", type=int, default=3, help="interleaved rounds of the ablation")
+    ap.add_argument("--order", default="rotate", choices=["rotate", "fixed"],
+                    help="backend order per round: rotated (round r starts with backend r) or always fattn, "
+                         "cuDNN, FA2")
+    ap.add_argument("--settle-ms", type=float, default=500.0,
+                    help="each backend runs this long before its timed samples in every round")
+    ap.add_argument("--clocks", action="store_true",
+                    help="read the SM clock and board power (NVML) while each backend runs; printed after "
+                         "each row and kept in the JSON (<backend>_mhz, <backend>_w)")
     ap.add_argument("--no-pdl", action="store_true",
                     help="launch fattn without programmatic dependent launch (its set-up then cannot "
                          "overlap the previous call's tail)")
     a = ap.parse_args()
     dts = {"bf16": torch.bfloat16, "fp16": torch.float16}
     ctx = fattn.Context(fattn.BACKEND_CUDA, 0)
+    if a.clocks:
+        global CLOCKS
+        CLOCKS = Clocks()
     if a.no_pdl:
         ctx.set_option(fattn.OPTION_DISABLE_PDL, 1)
-    print("device: %s, torch %s, cuDNN %s, fattn %s" % (torch.cuda.get_device_name(), torch.__version__,
-                                                        torch.backends.cudnn.version(), fattn.__version__))
+    print("device: %s, torch %s, cuDNN %s, fattn %s; backend order %s, settle %.0f ms per turn" % (
+        torch.cuda.get_device_name(), torch.__version__, torch.backends.cudnn.version(), fattn.__version__, a.order,
+        a.settle_ms))
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "cudnn": torch.backends.cudnn.version(), "pdl": not a.no_pdl, "results": [], "ablation": []}
+           "cudnn": torch.backends.cudnn.version(), "pdl": not a.no_pdl,
+           "order": a.order, "settle_ms": a.settle_ms, "results": [], "ablation": []}
 
     if a.ablation:
         print("\nablation: batch 4, seqlen 8448, 16 heads, head dim 128, bf16, non-causal (TFLOPs/s, median of %d "
@@ -133,12 +204,14 @@ def main():
                     ("shipped kernel", 1, 1, 0))
         runs = {v[0]: [] for v in variants}
         for rnd in range(a.ablation_rounds):
-            for name, ov, pp, upv in variants:
+            k = rnd % len(variants)  # each round starts with the next variant
+            for name, ov, pp, upv in variants[k:] + variants[:k]:
                 ctx.set_option(fattn.OPTION_DISABLE_OVERLAP, 1 - ov)
                 ctx.set_option(fattn.OPTION_DISABLE_PINGPONG, 1 - pp)
                 ctx.set_option(fattn.OPTION_SOFTMAX_UNDER_PV, upv)
                 runs[name].append(bench_case(ctx, torch.bfloat16, 4, 8448, 16, 128, False, a.iters,
-                                             peers=(name == "shipped kernel" and rnd == 0), rounds=1))
+                                             peers=(name == "shipped kernel" and rnd == 0), rounds=1,
+                                             settle_ms=a.settle_ms))
         for name, _, _, _ in variants:
             r = dict(runs[name][0])
             vals = sorted(x["fattn"] for x in runs[name])
@@ -162,7 +235,8 @@ def main():
             for causal in causals:
                 for s in [int(x) for x in a.seqlens.split(",")]:
                     b, h = max(1, a.tokens // s), a.hidden // d
-                    r = bench_case(ctx, dts[dn], b, s, h, d, causal, a.iters)
+                    r = bench_case(ctx, dts[dn], b, s, h, d, causal, a.iters, rotate=a.order == "rotate",
+                                   settle_ms=a.settle_ms)
                     out["results"].append(r)
                     rc = r["fattn"] / r["cudnn"] if r.get("cudnn") else float("nan")
                     rf = r["fattn"] / r["fa2"] if r.get("fa2") else float("nan")
@@ -170,6 +244,11 @@ def main():
                         dn, d, "causal" if causal else "none", s, r["fattn"],
                         "%.1f" % r["cudnn"] if r.get("cudnn") else "n/a",
                         "%.1f" % r["fa2"] if r.get("fa2") else "n/a", rc, rf), flush=True)
+                    if a.clocks:
+                        print("      SM MHz / W (median while running): " + ", ".join(
+                            "%s %s / %s" % (n, "%.0f" % r[n + "_mhz"] if n + "_mhz" in r else "-",
+                                            "%.0f" % r[n + "_w"] if n + "_w" in r else "-")
+                            for n in ("fattn", "cudnn", "fa2")), flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -5,7 +5,7 @@
  * Build (from the repo root, after the library is built into build-gpu/):
  *   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 --use_fast_math -Iinclude -Isrc \
  *        bench/fwd_variants.cu build-gpu/libfattn.a -cudart static -o build-gpu/fwd_variants
- * Run: build-gpu/fwd_variants [seqlen ...]   (TFLOPs/s per variant and seqlen, bf16,
+ * Run: [FV_NORMAL=1] build-gpu/fwd_variants [seqlen ...]   (TFLOPs/s per variant and seqlen, bf16,
  * 16k tokens, hidden 2048, and the largest difference from the group's first
  * variant; seqlens 1024 2048 4096 8192 16384 unless given, at most 8).
  * Results of past runs: bench/results-ab-run*.txt. */
@@ -77,12 +77,30 @@ int main(int argc, char **argv) {
     for (int si = 0; si < nseq; ++si) cudaMalloc(&o0[si], maxel * 2); /* the reference output per seqlen */
     uint16_t *h = (uint16_t *)malloc(maxel * 2);
     srand(5);
-    for (size_t i = 0; i < maxel; ++i) { float f = (float)rand() / RAND_MAX * 2 - 1; uint32_t u; memcpy(&u, &f, 4); h[i] = u >> 16; }
-    cudaMemcpy(q, h, maxel * 2, cudaMemcpyHostToDevice);
-    for (size_t i = 0; i < maxel; ++i) h[i] ^= 0x0001;
-    cudaMemcpy(k, h, maxel * 2, cudaMemcpyHostToDevice);
-    for (size_t i = 0; i < maxel; ++i) h[i] ^= 0x8000;
-    cudaMemcpy(v, h, maxel * 2, cudaMemcpyHostToDevice);
+    if (getenv("FV_NORMAL")) {
+        /* independent N(0, 1) Q, K and V, as bench/compare.py draws them */
+        printf("inputs: independent normal Q, K, V\n");
+        uint16_t *dst[3] = {q, k, v};
+        for (int x = 0; x < 3; ++x) {
+            for (size_t i = 0; i < maxel; ++i) {
+                const double u1 = (rand() + 1.0) / ((double)RAND_MAX + 2.0), u2 = rand() / ((double)RAND_MAX + 1.0);
+                const float f = (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+                uint32_t u;
+                memcpy(&u, &f, 4);
+                h[i] = (uint16_t)(u >> 16);
+            }
+            cudaMemcpy(dst[x], h, maxel * 2, cudaMemcpyHostToDevice);
+        }
+    } else {
+        /* uniform in [-1, 1]: K is Q with its lowest bit flipped, V is -K */
+        printf("inputs: uniform Q; K = Q (last bit flipped), V = -K\n");
+        for (size_t i = 0; i < maxel; ++i) { float f = (float)rand() / RAND_MAX * 2 - 1; uint32_t u; memcpy(&u, &f, 4); h[i] = u >> 16; }
+        cudaMemcpy(q, h, maxel * 2, cudaMemcpyHostToDevice);
+        for (size_t i = 0; i < maxel; ++i) h[i] ^= 0x0001;
+        cudaMemcpy(k, h, maxel * 2, cudaMemcpyHostToDevice);
+        for (size_t i = 0; i < maxel; ++i) h[i] ^= 0x8000;
+        cudaMemcpy(v, h, maxel * 2, cudaMemcpyHostToDevice);
+    }
     uint16_t *ha = (uint16_t *)malloc(maxel * 2), *hb = (uint16_t *)malloc(maxel * 2);
     cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
     printf("%-24s %6s %9s %9s\n", "variant", "seqlen", "TFLOPs/s", "maxdiff");
