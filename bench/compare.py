@@ -100,7 +100,8 @@ def flops(b, h, sq, sk, d, causal):
     return f / 2 if causal and sq == sk else f
 
 
-def bench_case(ctx, dtype, b, s, h, d, causal, iters, peers=True, rounds=3, rotate=True, settle_ms=0.0):
+def bench_case(ctx, dtype, b, s, h, d, causal, iters, peers=True, rounds=3, rotate=True, settle_ms=0.0,
+               cooldown_ms=0.0, ab_option=None):
     g = torch.Generator(device="cuda").manual_seed(1234 + s + d)
     q = torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g)
     k = torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g)
@@ -113,6 +114,8 @@ def bench_case(ctx, dtype, b, s, h, d, causal, iters, peers=True, rounds=3, rota
     res = {"dtype": str(dtype).split(".")[-1], "batch": b, "seqlen": s, "heads": h, "head_dim": d,
            "causal": bool(causal)}
     fns = [("fattn", lambda: ctx.fwd_raw(args), None)]
+    if ab_option is not None:  # the same calls with option ab_option set to 1 during this entry's turns
+        fns.append(("fattn_ab", lambda: ctx.fwd_raw(args), "ab"))
     if peers:
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # [b, h, s, d] views, as SDPA takes them
         fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))  # noqa: E731
@@ -135,7 +138,14 @@ def bench_case(ctx, dtype, b, s, h, d, causal, iters, peers=True, rounds=3, rota
     for rnd in range(rounds):
         k = rnd % len(fns) if rotate else 0
         for name, fn, be in fns[k:] + fns[:k]:
-            if be is None:
+            if cooldown_ms > 0:  # burst timing: every turn starts from an idle GPU
+                torch.cuda.synchronize()
+                time.sleep(cooldown_ms / 1e3)
+            if be == "ab":
+                ctx.set_option(ab_option, 1)
+                samples[name] += time_fn(fn, iters, settle_ms=settle_ms)
+                ctx.set_option(ab_option, 0)
+            elif be is None:
                 samples[name] += time_fn(fn, iters, settle_ms=settle_ms)
             else:
                 with sdpa_kernel([be]):
@@ -169,6 +179,12 @@ def main():
                          "cuDNN, FA2")
     ap.add_argument("--settle-ms", type=float, default=500.0,
                     help="each backend runs this long before its timed samples in every round")
+    ap.add_argument("--cooldown-ms", type=float, default=0.0,
+                    help="the GPU idles this long before every turn (burst timing: use with --settle-ms 0, "
+                         "so each backend's samples run before the power limit lowers the clock)")
+    ap.add_argument("--ab-option", choices=["disable_overlap", "disable_pingpong", "disable_pdl", "softmax_under_pv"],
+                    help="also time fattn with this option set to 1, as one more backend taking turns "
+                         "(column 'A/B': its TFLOPs/s over fattn's)")
     ap.add_argument("--clocks", action="store_true",
                     help="read the SM clock and board power (NVML) while each backend runs; printed after "
                          "each row and kept in the JSON (<backend>_mhz, <backend>_w)")
@@ -180,15 +196,19 @@ def main():
     ctx = fattn.Context(fattn.BACKEND_CUDA, 0)
     if a.clocks:
         global CLOCKS
-        CLOCKS = Clocks()
+        try:
+            CLOCKS = Clocks()
+        except (OSError, RuntimeError) as e:  # no NVML: time without it
+            print("--clocks: NVML not available (%s); clocks not recorded" % e)
+            a.clocks = False
     if a.no_pdl:
         ctx.set_option(fattn.OPTION_DISABLE_PDL, 1)
-    print("device: %s, torch %s, cuDNN %s, fattn %s; backend order %s, settle %.0f ms per turn" % (
+    print("device: %s, torch %s, cuDNN %s, fattn %s; backend order %s, settle %.0f ms, cool-down %.0f ms per turn" % (
         torch.cuda.get_device_name(), torch.__version__, torch.backends.cudnn.version(), fattn.__version__, a.order,
-        a.settle_ms))
+        a.settle_ms, a.cooldown_ms))
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "cudnn": torch.backends.cudnn.version(), "pdl": not a.no_pdl,
-           "order": a.order, "settle_ms": a.settle_ms, "results": [], "ablation": []}
+           "order": a.order, "settle_ms": a.settle_ms, "cooldown_ms": a.cooldown_ms, "results": [], "ablation": []}
 
     if a.ablation:
         print("\nablation: batch 4, seqlen 8448, 16 heads, head dim 128, bf16, non-causal (TFLOPs/s, median of %d "
@@ -226,6 +246,7 @@ def main():
         ctx.set_option(fattn.OPTION_DISABLE_PINGPONG, 0)
         ctx.set_option(fattn.OPTION_SOFTMAX_UNDER_PV, 0)
 
+    ab_opt = None if a.ab_option is None else getattr(fattn, "OPTION_" + a.ab_option.upper())
     causals = [False, True] if a.causal == "both" else [a.causal == "1"]
     hdr = "%-5s %4s %-6s %6s | %7s %7s %7s | %8s %8s" % ("dtype", "d", "mask", "seqlen", "fattn", "cuDNN", "FA2",
                                                         "x cuDNN", "x FA2")
@@ -236,7 +257,7 @@ def main():
                 for s in [int(x) for x in a.seqlens.split(",")]:
                     b, h = max(1, a.tokens // s), a.hidden // d
                     r = bench_case(ctx, dts[dn], b, s, h, d, causal, a.iters, rotate=a.order == "rotate",
-                                   settle_ms=a.settle_ms)
+                                   settle_ms=a.settle_ms, cooldown_ms=a.cooldown_ms, ab_option=ab_opt)
                     out["results"].append(r)
                     rc = r["fattn"] / r["cudnn"] if r.get("cudnn") else float("nan")
                     rf = r["fattn"] / r["fa2"] if r.get("fa2") else float("nan")
@@ -244,6 +265,9 @@ def main():
                         dn, d, "causal" if causal else "none", s, r["fattn"],
                         "%.1f" % r["cudnn"] if r.get("cudnn") else "n/a",
                         "%.1f" % r["fa2"] if r.get("fa2") else "n/a", rc, rf), flush=True)
+                    if ab_opt is not None:
+                        print("      A/B %s=1: %.1f TFLOPs/s, %.3f x fattn" % (a.ab_option, r["fattn_ab"],
+                                                                       r["fattn_ab"] / r["fattn"]), flush=True)
                     if a.clocks:
                         print("      SM MHz / W (median while running): " + ", ".join(
                             "%s %s / %s" % (n, "%.0f" % r[n + "_mhz"] if n + "_mhz" in r else "-",

@@ -52,13 +52,13 @@ grep -E "rc=|ERROR SUMMARY" "$LOG/sanitizer.log" | tee -a "$LOG/summary.txt"
 step benchmark
 export PYTHONUNBUFFERED=1 FATTN_LIBRARY="$PWD/$BUILD/libfattn.so"
 if [ "$MODE" = causal ]; then
-  timeout 500 python3 bench/compare.py --causal 1 \
+  timeout 500 python3 bench/compare.py --clocks --causal 1 \
     --json "$LOG/compare.json" --png "$LOG/compare.png" >"$LOG/compare.log" 2>&1
 elif [ "$MODE" = quick ]; then
-  timeout 500 python3 bench/compare.py --dtypes bf16 --seqlens 1024,4096,8192 --ablation \
+  timeout 500 python3 bench/compare.py --clocks --dtypes bf16 --seqlens 1024,4096,8192 --ablation \
     --json "$LOG/compare.json" --png "$LOG/compare.png" >"$LOG/compare.log" 2>&1
 else
-  timeout 900 python3 bench/compare.py --ablation --json "$LOG/compare.json" --png "$LOG/compare.png" >"$LOG/compare.log" 2>&1
+  timeout 900 python3 bench/compare.py --clocks --ablation --json "$LOG/compare.json" --png "$LOG/compare.png" >"$LOG/compare.log" 2>&1
 fi
 echo "compare rc=$?" | tee -a "$LOG/summary.txt"
 cat "$LOG/compare.log"
