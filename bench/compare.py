@@ -68,7 +68,8 @@ def time_fn(fn, iters, warmup=5, batch=10, settle_ms=0.0):
     batch, in seconds.  Batching keeps the GPU queue full, so host-side launch
     cost (ctypes for fattn, the dispatcher for torch) is not counted as idle
     GPU time for anyone.  With --clocks, NVML is read every 2 ms until the
-    queued calls finish (into CLOCK_SAMPLES).  settle_ms: before timing, the
+    queued calls finish (into CLOCK_SAMPLES; NVML's power is an average over
+    about a second, so it lags the clock).  settle_ms: before timing, the
     calls run for at least that long, so the clock the power limit allows
     settles on this backend's own draw, not the previous backend's."""
     for _ in range(warmup):
@@ -184,7 +185,7 @@ def main():
                          "so each backend's samples run before the power limit lowers the clock)")
     ap.add_argument("--ab-option", choices=["disable_overlap", "disable_pingpong", "disable_pdl", "softmax_under_pv"],
                     help="also time fattn with this option set to 1, as one more backend taking turns "
-                         "(column 'A/B': its TFLOPs/s over fattn's)")
+                         "(a line 'A/B' under each row: its TFLOPs/s and their ratio to fattn's)")
     ap.add_argument("--clocks", action="store_true",
                     help="read the SM clock and board power (NVML) while each backend runs; printed after "
                          "each row and kept in the JSON (<backend>_mhz, <backend>_w)")
