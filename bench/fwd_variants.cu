@@ -45,12 +45,14 @@ struct variant {
 #define OLD(name, D, BN, NC, ST, CAUSAL)
 #endif
 static const variant variants[] = {
-    V("d64c NC2", 64, 128, 2, 2, true),
-    V_OPT("d64c NC2 fenced", 64, 128, 2, 2, true, 3, -1, -1, 1, -1, 0),
-    V("d64c NC3", 64, 128, 3, 2, true),
     V("d128 BN176", 128, 176, 2, 2, false),
-    V_OPT("d128 BN176 fenced", 128, 176, 2, 2, false, 3, -1, -1, 1, -1, 0),
+    V_OPT("d128 BN176 lazy", 128, 176, 2, 2, false, 1, -1, 1, 1, -1, 0),
+    V("d128 BN128", 128, 128, 2, 2, false),
     V("d128 BN176 again", 128, 176, 2, 2, false),
+    V("d128c BN128", 128, 128, 2, 2, true),
+    V_OPT("d128c BN128 lazy", 128, 128, 2, 2, true, 1, -1, 1, 1, -1, 0),
+    V("d128c BN176", 128, 176, 2, 2, true),
+    V_OPT("d128c BN176 lazy", 128, 176, 2, 2, true, 1, -1, 1, 1, -1, 0),
 };
 
 static float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
