@@ -18,6 +18,7 @@ so every input tensor is 64 MiB, larger than the 60 MB L2.
 bf16, non-causal) with the overlap and/or pingpong turned off.
 """
 import argparse
+import contextlib
 import ctypes
 import json
 import os
@@ -60,16 +61,15 @@ class Clocks:
 
 
 CLOCKS = None  # a Clocks when --clocks is given
-CLOCK_SAMPLES = []  # (MHz, W) pairs taken during the last time_fn
 
 
 def time_fn(fn, iters, warmup=5, batch=10, settle_ms=0.0):
-    """`iters` samples of (CUDA events around `batch` back-to-back calls) /
-    batch, in seconds.  Batching keeps the GPU queue full, so host-side launch
+    """(`iters` samples of (CUDA events around `batch` back-to-back calls) /
+    batch, in seconds; (MHz, W) pairs read while they ran).  Batching keeps the GPU queue full, so host-side launch
     cost (ctypes for fattn, the dispatcher for torch) is not counted as idle
     GPU time for anyone.  With --clocks, NVML is read every 2 ms until the
-    queued calls finish (into CLOCK_SAMPLES; NVML's power is an average over
-    about a second, so it lags the clock).  settle_ms: before timing, the
+    queued calls finish (NVML's power is an average over about a second, so it
+    lags the clock); without it the pairs are [].  settle_ms: before timing, the
     calls run for at least that long, so the clock the power limit allows
     settles on this backend's own draw, not the previous backend's."""
     for _ in range(warmup):
@@ -87,13 +87,13 @@ def time_fn(fn, iters, warmup=5, batch=10, settle_ms=0.0):
         for _ in range(batch):
             fn()
         ends[i].record()
-    CLOCK_SAMPLES.clear()
+    clocks = []
     if CLOCKS is not None:
         while not ends[-1].query():
-            CLOCK_SAMPLES.append(CLOCKS.sample())
+            clocks.append(CLOCKS.sample())
             time.sleep(0.002)
     torch.cuda.synchronize()
-    return [s.elapsed_time(e) * 1e-3 / batch for s, e in zip(starts, ends)]
+    return [s.elapsed_time(e) * 1e-3 / batch for s, e in zip(starts, ends)], clocks
 
 
 def flops(b, h, sq, sk, d, causal):
@@ -144,14 +144,12 @@ def bench_case(ctx, dtype, b, s, h, d, causal, iters, peers=True, rounds=3, rota
                 time.sleep(cooldown_ms / 1e3)
             if be == "ab":
                 ctx.set_option(ab_option, 1)
-                samples[name] += time_fn(fn, iters, settle_ms=settle_ms)
+            with contextlib.nullcontext() if be in (None, "ab") else sdpa_kernel([be]):
+                t, c = time_fn(fn, iters, settle_ms=settle_ms)
+            if be == "ab":
                 ctx.set_option(ab_option, 0)
-            elif be is None:
-                samples[name] += time_fn(fn, iters, settle_ms=settle_ms)
-            else:
-                with sdpa_kernel([be]):
-                    samples[name] += time_fn(fn, iters, settle_ms=settle_ms)
-            clocks[name] += CLOCK_SAMPLES
+            samples[name] += t
+            clocks[name] += c
     for name, _, _ in fns:
         res[name] = fl / statistics.median(samples[name]) / 1e12
         if clocks[name]:  # median SM clock and power while this backend ran
