@@ -82,7 +82,8 @@ template <int D_, int BN_, int NC_, int STAGES_, bool CAUSAL_, bool BF16_,
           int LAZY_ = -1 /* 1 lazy rescaling, 0 eager, -1 measured choice per D */,
           int CLUSTER_ = 1 /* 2: CTA pairs share each K/V load (TMA multicast) */,
           int OSTORE_ = -1 /* O stores: 16 bytes after a quad transpose (when O allows) or 4; -1: 16 with 2 consumers */,
-          int XTILE_ = 0 /* 1: a tile's last PV GEMM goes with the next tile's first QK^T (an experiment) */>
+          int XTILE_ = 0 /* 1: a tile's last PV GEMM goes with the next tile's first QK^T (an experiment) */,
+          bool SLEEP_ = false /* true: mbarrier waits sleep (suspend-time hint), an experiment (perf-notes v16) */>
 struct FwdCfg {
     static constexpr int D = D_, BN = BN_, NC = NC_, STAGES = STAGES_;
     static constexpr bool CAUSAL = CAUSAL_, BF16 = BF16_, OVERLAP = OVERLAP_ != 0, PINGPONG = PINGPONG_ && NC_ > 1;
@@ -108,6 +109,12 @@ struct FwdCfg {
      * Measured 1-11% slower (perf-notes v7): off unless asked for. */
     static constexpr bool XTILE = XTILE_ == 1;
     static constexpr int QBUF = XTILE ? 2 : 1;
+    /* SLEEP: mbarrier waits with a suspend-time hint, so a waiting warp
+     * sleeps in NANOSLEEP.SYNCS instead of re-issuing TRYWAIT in a loop
+     * (ptx.cuh).  Measured against the loop (run 36, back to back): -0.5..-1.8%
+     * for d128 / d256 non-causal, d256 causal and d64 causal (2 warpgroups),
+     * +0.3..+1.7% for d128 causal and d64 causal (3); off. */
+    static constexpr bool SLEEP = SLEEP_;
     static constexpr int Q_BYTES = BM * D * 2; /* one Q buffer set */
     static constexpr int QWG_BYTES = 64 * D * 2; /* one consumer warpgroup's Q rows */
     static constexpr int KV_BYTES = BN * D * 2;
@@ -255,7 +262,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
          * (release semantics).  ++q_iter after all warpgroups. */
         auto hand_over = [&](int w, int tile, bool load, int m, int h, int b) {
             const int qb = q_iter % C::QBUF, qi = w * C::QBUF + qb;
-            if (q_iter >= C::QBUF) mbar_wait(&empty_q[qi], (q_iter / C::QBUF - 1) & 1);
+            if (q_iter >= C::QBUF) mbar_wait<C::SLEEP>(&empty_q[qi], (q_iter / C::QBUF - 1) & 1);
             st_shared_s32(&tile_slot[qi], tile);
             if (!load) {
                 mbar_arrive(&full_q[qi]);
@@ -293,8 +300,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         };
         /* a K/V stage is free: with a cluster its arrivals come from both CTAs */
         auto wait_empty = [&](uint64_t *bar, uint32_t parity) {
-            if (C::CLUSTER > 1) mbar_wait_cluster(bar, parity);
-            else mbar_wait(bar, parity);
+            if (C::CLUSTER > 1) mbar_wait_cluster<C::SLEEP>(bar, parity);
+            else mbar_wait<C::SLEEP>(bar, parity);
         };
         /* static tiles t, t + gridDim.x, ...: with a cluster (gridDim.x even,
          * peers at blockIdx 2c and 2c+1) the peers hold tiles 2k and 2k+1 */
@@ -486,7 +493,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     int it = 0;
     auto last_pv_and_epilogue = [&](int ps, uint32_t pph, const float (&rmax)[2], const float (&rsum)[2], int eb,
                                     int eh, int erow) {
-        mbar_wait(&full_v[ps], pph);
+        mbar_wait<C::SLEEP>(&full_v[ps], pph);
         FWD_TRACE(2);
         pp_sync();
         FWD_TRACE(8);
@@ -516,7 +523,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     for (;;) {
         /* the producer publishes this warpgroup's next tile with its Q */
         const int qi = wg * C::QBUF + q_iter % C::QBUF; /* Q buffer, barriers and slot of this tile */
-        mbar_wait(&full_q[qi], (q_iter / C::QBUF) & 1);
+        mbar_wait<C::SLEEP>(&full_q[qi], (q_iter / C::QBUF) & 1);
         ++q_iter;
         /* through a lane-0 shuffle so the compiler knows t is warp-uniform:
          * read straight from shared memory, everything derived from it
@@ -618,8 +625,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                 /* V_{j-1} landed before K_j: waiting for both before the
                  * fence keeps ptxas from injecting a second warpgroup.arrive
                  * (C7519) between the two GEMMs */
-                mbar_wait(&full_v[pv_s], pv_ph);
-                mbar_wait(&full_k[s], ph);
+                mbar_wait<C::SLEEP>(&full_v[pv_s], pv_ph);
+                mbar_wait<C::SLEEP>(&full_k[s], ph);
                 FWD_TRACE(2);
                 pp_sync();
                 FWD_TRACE(4);
@@ -672,7 +679,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                 /* peeled first block: S, softmax (no PV yet).  Data is waited
                  * for before taking the token, so a warpgroup never holds it
                  * idle. */
-                mbar_wait(&full_k[s], ph);
+                mbar_wait<C::SLEEP>(&full_k[s], ph);
                 FWD_TRACE(2);
                 pp_sync();
                 FWD_TRACE(3);
@@ -701,8 +708,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                 } else {
                     /* PV of the previous block, then S of this one, each waited for */
                     rescale_o(alpha, rescale);
-                    mbar_wait(&full_v[prev_s], prev_ph);
-                    mbar_wait(&full_k[s], ph);
+                    mbar_wait<C::SLEEP>(&full_v[prev_s], prev_ph);
+                    mbar_wait<C::SLEEP>(&full_k[s], ph);
                     pp_sync();
                     wgmma_fence();
                     issue_pv(prev_s);
