@@ -44,28 +44,24 @@ struct variant {
 #else
 #define OLD(name, D, BN, NC, ST, CAUSAL)
 #endif
-/* V_SLEEP: the default kernel with mbarrier waits that sleep (FwdCfg SLEEP,
- * perf-notes v16; run 36 measured this list) */
-#define V_SLEEP(name, D, BN, NC, ST, CAUSAL, CL) \
-    {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, 1, true, -1, -1, CL, -1, 0, true>>, 0}
+/* V_QE: the kernel with two Q buffers per warpgroup, each tile's Q loaded a
+ * tile early (FwdCfg QEARLY, perf-notes v17) */
+#define V_QE(name, D, BN, NC, ST, CAUSAL) \
+    {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, 1, true, -1, -1, 1, -1, 0, 1>>, 0}
 static const variant variants[] = {
-    V_SLEEP("d64 sleep", 64, 128, 3, 3, false, 1),
-    V("d64 spin", 64, 128, 3, 3, false),
-    V_SLEEP("d64c NC2 sleep", 64, 128, 2, 2, true, 1),
-    V("d64c NC2 spin", 64, 128, 2, 2, true),
-    V_SLEEP("d64c NC3 sleep", 64, 128, 3, 2, true, 1),
-    V("d64c NC3 spin", 64, 128, 3, 2, true),
-    V_SLEEP("d128 sleep", 128, 176, 2, 2, false, 1),
-    V("d128 spin", 128, 176, 2, 2, false),
-    V_SLEEP("d128 sleep again", 128, 176, 2, 2, false, 1),
-    V_SLEEP("d128c BN128 sleep", 128, 128, 2, 2, true, 1),
-    V("d128c BN128 spin", 128, 128, 2, 2, true),
-    V_SLEEP("d128c BN176 sleep", 128, 176, 2, 2, true, 1),
-    V("d128c BN176 spin", 128, 176, 2, 2, true),
-    V_SLEEP("d256 pairs sleep", 256, 80, 2, 2, false, 2),
-    V_OPT("d256 pairs spin", 256, 80, 2, 2, false, 1, -1, -1, 2, -1, 0),
-    V_SLEEP("d256c sleep", 256, 80, 2, 2, true, 1),
-    V("d256c spin", 256, 80, 2, 2, true),
+    V("d64", 64, 128, 3, 3, false),
+    V_QE("d64 qearly", 64, 128, 3, 3, false),
+    V("d64c NC2", 64, 128, 2, 2, true),
+    V_QE("d64c NC2 qearly", 64, 128, 2, 2, true),
+    V("d64c NC3", 64, 128, 3, 2, true),
+    V_QE("d64c NC3 qearly", 64, 128, 3, 2, true),
+    V("d128 BN176", 128, 176, 2, 2, false),
+    V("d128 BN128", 128, 128, 2, 2, false),
+    V_QE("d128 BN128 qearly", 128, 128, 2, 2, false),
+    V("d128 BN176 again", 128, 176, 2, 2, false),
+    V("d128c BN128", 128, 128, 2, 2, true),
+    V_QE("d128c BN128 qearly", 128, 128, 2, 2, true),
+    V("d128c BN128 again", 128, 128, 2, 2, true),
 };
 
 static float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }

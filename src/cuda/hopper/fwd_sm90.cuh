@@ -83,6 +83,7 @@ template <int D_, int BN_, int NC_, int STAGES_, bool CAUSAL_, bool BF16_,
           int CLUSTER_ = 1 /* 2: CTA pairs share each K/V load (TMA multicast) */,
           int OSTORE_ = -1 /* O stores: 16 bytes after a quad transpose (when O allows) or 4; -1: 16 with 2 consumers */,
           int XTILE_ = 0 /* 1: a tile's last PV GEMM goes with the next tile's first QK^T (an experiment) */,
+          int QEARLY_ = 0 /* 1: two Q buffers per warpgroup, each tile's Q loaded a tile early (perf-notes v17) */,
           bool SLEEP_ = false /* true: mbarrier waits sleep (suspend-time hint), an experiment (perf-notes v16) */>
 struct FwdCfg {
     static constexpr int D = D_, BN = BN_, NC = NC_, STAGES = STAGES_;
@@ -108,7 +109,12 @@ struct FwdCfg {
      * each warpgroup has two Q buffers (QBUF), used by alternate tiles.
      * Measured 1-11% slower (perf-notes v7): off unless asked for. */
     static constexpr bool XTILE = XTILE_ == 1;
-    static constexpr int QBUF = XTILE ? 2 : 1;
+    /* QEARLY: the producer's side of XTILE alone: two Q buffers per
+     * consumer warpgroup, and the next tile's Q is loaded while the
+     * current tile starts, so it has landed before the tile boundary; the
+     * consumers run each tile as without it. */
+    static constexpr bool QEARLY = XTILE || QEARLY_ == 1;
+    static constexpr int QBUF = QEARLY ? 2 : 1;
     /* SLEEP: mbarrier waits with a suspend-time hint, so a waiting warp
      * sleeps in NANOSLEEP.SYNCS instead of re-issuing TRYWAIT in a loop
      * (ptx.cuh).  Measured against the loop (run 36, back to back): -0.5..-1.8%
@@ -273,7 +279,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                 tma_load_4d(sQ + qb * C::Q_BYTES + c * BM * 128 + w * 64 * 128, &tm_q, c * 64, m * BM + w * 64, h, b,
                             &full_q[qi]);
         };
-        /* all consumer warpgroups' next tile (XTILE: handed over a tile early) */
+        /* all consumer warpgroups' next tile (QEARLY: handed over a tile early) */
         auto hand_over_all = [&](int tile) {
             int m = 0, h = 0, b = 0;
             bool load = tile < p.num_tiles;
@@ -306,7 +312,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         /* static tiles t, t + gridDim.x, ...: with a cluster (gridDim.x even,
          * peers at blockIdx 2c and 2c+1) the peers hold tiles 2k and 2k+1 */
         int t = blockIdx.x; /* grid <= num_tiles */
-        if (C::XTILE) hand_over_all(t);
+        if (C::QEARLY) hand_over_all(t);
         for (;;) {
             /* the next tile is picked one ahead, so its Q can be prefetched */
             const int t_next =
@@ -326,8 +332,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
             }
             if (nblocks == 0) {
                 /* every row masked: the consumers only write O = 0, LSE = -inf
-                 * (XTILE: this tile was handed over already; hand over the next) */
-                if (C::XTILE) {
+                 * (QEARLY: this tile was handed over already; hand over the next) */
+                if (C::QEARLY) {
                     hand_over_all(t_next);
                 } else {
                     for (int w = 0; w < NC; ++w) hand_over(w, t, false, m, h, b);
@@ -341,7 +347,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                 FWD_TRACE(21);
                 mbar_expect_tx_arrive(&full_k[s], C::KV_BYTES);
                 load_kv(sK + s * C::KV_BYTES, &tm_k, n, hk, b, &full_k[s]);
-                if (!C::XTILE && n == nblocks - 1) {
+                if (!C::QEARLY && n == nblocks - 1) {
                     /* the first K's stage frees before the Q buffers do (one
                      * block earlier), so K goes first; then each warpgroup's
                      * tile index and Q, as soon as that warpgroup has issued
@@ -354,17 +360,17 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                 FWD_TRACE(23);
                 mbar_expect_tx_arrive(&full_v[s], C::KV_BYTES);
                 load_kv(sV + s * C::KV_BYTES, &tm_v, n, hk, b, &full_v[s]);
-                /* XTILE: the next tile's Q goes into the other buffer during
+                /* QEARLY: the next tile's Q goes into the other buffer during
                  * this tile.  That buffer's previous tile (two back) has
                  * issued its last QK^T by now: the V stage just waited for
                  * was freed after it. */
-                if (C::XTILE && n == nblocks - 1) hand_over_all(t_next);
+                if (C::QEARLY && n == nblocks - 1) hand_over_all(t_next);
             }
             t = t_next;
             if (t >= p.num_tiles) break;
         }
-        /* end of work for the consumers (XTILE: handed over with the last tile) */
-        if (!C::XTILE) hand_over_all(p.num_tiles);
+        /* end of work for the consumers (QEARLY: handed over with the last tile) */
+        if (!C::QEARLY) hand_over_all(p.num_tiles);
         if (C::DYNAMIC) {
             /* every CTA's last grab precedes its "done"; the last one done
              * rewinds the counter for the next launch in the stream */
