@@ -175,6 +175,36 @@ __device__ __forceinline__ void tma_load_4d_multicast(void *dst, const CUtensorM
         "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_u32(bar)), "h"(cta_mask)
         : "memory");
 }
+/* L2 eviction priority of a load (HOPPER-PTX §4; createpolicy): a 64-bit
+ * cache policy for the .L2::cache_hint forms below.  FA3 loads K and V with
+ * evict_last (CUTLASS's CacheHintSm90::EVICT_LAST). */
+__device__ __forceinline__ uint64_t l2_policy_evict_last() {
+    uint64_t pol;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
+    return pol;
+}
+__device__ __forceinline__ uint64_t l2_policy_evict_first() {
+    uint64_t pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+    return pol;
+}
+/* tma_load_4d and tma_load_4d_multicast with an L2 cache policy */
+__device__ __forceinline__ void tma_load_4d_hint(void *dst, const CUtensorMap *map, int c0, int c1, int c2, int c3,
+                                                 uint64_t *bar, uint64_t policy) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(smem_u32(dst)),
+        "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_u32(bar)), "l"(policy)
+        : "memory");
+}
+__device__ __forceinline__ void tma_load_4d_multicast_hint(void *dst, const CUtensorMap *map, int c0, int c1, int c2,
+                                                           int c3, uint64_t *bar, uint16_t cta_mask, uint64_t policy) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster.L2::cache_hint"
+        " [%0], [%1, {%2, %3, %4, %5}], [%6], %7, %8;\n" ::"r"(smem_u32(dst)),
+        "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_u32(bar)), "h"(cta_mask), "l"(policy)
+        : "memory");
+}
 /* Pull the box at these coordinates into L2 only (no shared memory, no
  * mbarrier): a hint that a later tma_load_4d of it will hit L2. */
 __device__ __forceinline__ void tma_prefetch_l2_4d(const CUtensorMap *map, int c0, int c1, int c2, int c3) {

@@ -84,7 +84,8 @@ template <int D_, int BN_, int NC_, int STAGES_, bool CAUSAL_, bool BF16_,
           int OSTORE_ = -1 /* O stores: 16 bytes after a quad transpose (when O allows) or 4; -1: 16 with 2 consumers */,
           int XTILE_ = 0 /* 1: a tile's last PV GEMM goes with the next tile's first QK^T (an experiment) */,
           int QEARLY_ = 0 /* 1: two Q buffers per warpgroup, each tile's Q loaded a tile early (perf-notes v17) */,
-          bool SLEEP_ = false /* true: mbarrier waits sleep (suspend-time hint), an experiment (perf-notes v16) */>
+          bool SLEEP_ = false,
+          int L2HINT_ = 0 /* 1: K and V loaded with L2 evict_last; 2: and Q with evict_first (perf-notes v18) */ /* true: mbarrier waits sleep (suspend-time hint), an experiment (perf-notes v16) */>
 struct FwdCfg {
     static constexpr int D = D_, BN = BN_, NC = NC_, STAGES = STAGES_;
     static constexpr bool CAUSAL = CAUSAL_, BF16 = BF16_, OVERLAP = OVERLAP_ != 0, PINGPONG = PINGPONG_ && NC_ > 1;
@@ -121,6 +122,10 @@ struct FwdCfg {
      * for d128 / d256 non-causal, d256 causal and d64 causal (2 warpgroups),
      * +0.3..+1.7% for d128 causal and d64 causal (3); off. */
     static constexpr bool SLEEP = SLEEP_;
+    /* L2HINT: TMA loads of K and V carry an L2 evict_last policy (FA3 does
+     * the same), so the K/V of the heads in flight stay in L2 while Q and O
+     * stream past; 2 also marks the Q loads evict_first. */
+    static constexpr int L2HINT = L2HINT_;
     static constexpr int Q_BYTES = BM * D * 2; /* one Q buffer set */
     static constexpr int QWG_BYTES = 64 * D * 2; /* one consumer warpgroup's Q rows */
     static constexpr int KV_BYTES = BN * D * 2;
@@ -261,6 +266,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         tma_prefetch_desc(&tm_k);
         tma_prefetch_desc(&tm_v);
         int it = 0, q_iter = 0;
+        const uint64_t pol_kv = C::L2HINT ? l2_policy_evict_last() : 0;
+        const uint64_t pol_q = C::L2HINT == 2 ? l2_policy_evict_first() : 0;
         /* Hand warpgroup w its next tile: wait until it has released the Q
          * buffer (its last QK^T of the tile that last used that buffer), write
          * the tile index, then load that tile's Q rows, or just arrive (no
@@ -275,9 +282,11 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                 return;
             }
             mbar_expect_tx_arrive(&full_q[qi], C::QWG_BYTES);
-            for (int c = 0; c < C::SLABS; ++c)
-                tma_load_4d(sQ + qb * C::Q_BYTES + c * BM * 128 + w * 64 * 128, &tm_q, c * 64, m * BM + w * 64, h, b,
-                            &full_q[qi]);
+            for (int c = 0; c < C::SLABS; ++c) {
+                uint8_t *dst = sQ + qb * C::Q_BYTES + c * BM * 128 + w * 64 * 128;
+                if (C::L2HINT == 2) tma_load_4d_hint(dst, &tm_q, c * 64, m * BM + w * 64, h, b, &full_q[qi], pol_q);
+                else tma_load_4d(dst, &tm_q, c * 64, m * BM + w * 64, h, b, &full_q[qi]);
+            }
         };
         /* all consumer warpgroups' next tile (QEARLY: handed over a tile early) */
         auto hand_over_all = [&](int tile) {
@@ -298,8 +307,13 @@ __global__ void __launch_bounds__(C::THREADS, 1)
 #pragma unroll
             for (int i = 0; i < PER_CTA; ++i) {
                 const int c = (int)cta_rank * PER_CTA + i;
-                if (C::CLUSTER > 1)
+                if (C::CLUSTER > 1 && C::L2HINT)
+                    tma_load_4d_multicast_hint(dst + c * BN * 128, map, c * 64, n * BN, hk, b, bar, (uint16_t)0x3,
+                                               pol_kv);
+                else if (C::CLUSTER > 1)
                     tma_load_4d_multicast(dst + c * BN * 128, map, c * 64, n * BN, hk, b, bar, (uint16_t)0x3);
+                else if (C::L2HINT)
+                    tma_load_4d_hint(dst + c * BN * 128, map, c * 64, n * BN, hk, b, bar, pol_kv);
                 else
                     tma_load_4d(dst + c * BN * 128, map, c * 64, n * BN, hk, b, bar);
             }
