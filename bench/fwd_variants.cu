@@ -44,32 +44,19 @@ struct variant {
 #else
 #define OLD(name, D, BN, NC, ST, CAUSAL)
 #endif
-/* V_L2: the default kernel with L2 cache hints on its TMA loads (FwdCfg
- * L2HINT: 1 K/V evict_last, 2 and Q evict_first; perf-notes v18) */
-#define V_L2(name, D, BN, NC, ST, CAUSAL, CL, QE, HINT) \
-    {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, 1, true, -1, -1, CL, -1, 0, QE, false, HINT>>, 0}
+/* V_RM: the default kernel with query rows past seqlen_q masked (FwdCfg
+ * ROWMASK, perf-notes v19) */
+#define V_RM(name, D, BN, NC, ST, CAUSAL, RM) \
+    {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, RM>>, 0}
 static const variant variants[] = {
-    V_L2("d64", 64, 128, 3, 3, false, 1, 0, 0),
-    V_L2("d64 kv-last", 64, 128, 3, 3, false, 1, 0, 1),
-    V_L2("d64 kv-last q-first", 64, 128, 3, 3, false, 1, 0, 2),
-    V_L2("d64c NC3", 64, 128, 3, 2, true, 1, 0, 0),
-    V_L2("d64c NC3 kv-last", 64, 128, 3, 2, true, 1, 0, 1),
-    V_L2("d64c NC3 kv-last q-first", 64, 128, 3, 2, true, 1, 0, 2),
-    V_L2("d128", 128, 176, 2, 2, false, 1, 0, 0),
-    V_L2("d128 kv-last", 128, 176, 2, 2, false, 1, 0, 1),
-    V_L2("d128 kv-last q-first", 128, 176, 2, 2, false, 1, 0, 2),
-    V_L2("d128 again", 128, 176, 2, 2, false, 1, 0, 0),
-    V_L2("d128c BN176", 128, 176, 2, 2, true, 1, 0, 0),
-    V_L2("d128c BN176 kv-last", 128, 176, 2, 2, true, 1, 0, 1),
-    V_L2("d128c BN176 kv-last q-first", 128, 176, 2, 2, true, 1, 0, 2),
-    V_L2("d128c BN128 qe", 128, 128, 2, 2, true, 1, 1, 0),
-    V_L2("d128c BN128 qe kv-last", 128, 128, 2, 2, true, 1, 1, 1),
-    V_L2("d256 pairs", 256, 80, 2, 2, false, 2, 0, 0),
-    V_L2("d256 pairs kv-last", 256, 80, 2, 2, false, 2, 0, 1),
-    V_L2("d256 pairs kv-last q-first", 256, 80, 2, 2, false, 2, 0, 2),
-    V_L2("d256c", 256, 80, 2, 2, true, 1, 0, 0),
-    V_L2("d256c kv-last", 256, 80, 2, 2, true, 1, 0, 1),
-    V_L2("d256c kv-last q-first", 256, 80, 2, 2, true, 1, 0, 2),
+    V_RM("d64", 64, 128, 3, 3, false, 0),
+    V_RM("d64 rowmask", 64, 128, 3, 3, false, 1),
+    V_RM("d64 again", 64, 128, 3, 3, false, 0),
+    V_RM("d64c NC3", 64, 128, 3, 2, true, 0),
+    V_RM("d64c NC3 rowmask", 64, 128, 3, 2, true, 1),
+    V("d256c BN80", 256, 80, 2, 2, true),
+    V("d256c BN64", 256, 64, 2, 2, true),
+    V("d256c BN80 again", 256, 80, 2, 2, true),
 };
 
 static float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }

@@ -85,7 +85,8 @@ template <int D_, int BN_, int NC_, int STAGES_, bool CAUSAL_, bool BF16_,
           int XTILE_ = 0 /* 1: a tile's last PV GEMM goes with the next tile's first QK^T (an experiment) */,
           int QEARLY_ = 0 /* 1: two Q buffers per warpgroup, each tile's Q loaded a tile early (perf-notes v17) */,
           bool SLEEP_ = false,
-          int L2HINT_ = 0 /* 1: K and V loaded with L2 evict_last; 2: and Q with evict_first (perf-notes v18) */ /* true: mbarrier waits sleep (suspend-time hint), an experiment (perf-notes v16) */>
+          int L2HINT_ = 0 /* 1: K and V loaded with L2 evict_last; 2: and Q with evict_first (perf-notes v18) */,
+          int ROWMASK_ = 0 /* 1: query rows past seqlen_q masked, so their P is 0 (perf-notes v19) */ /* true: mbarrier waits sleep (suspend-time hint), an experiment (perf-notes v16) */>
 struct FwdCfg {
     static constexpr int D = D_, BN = BN_, NC = NC_, STAGES = STAGES_;
     static constexpr bool CAUSAL = CAUSAL_, BF16 = BF16_, OVERLAP = OVERLAP_ != 0, PINGPONG = PINGPONG_ && NC_ > 1;
@@ -126,6 +127,12 @@ struct FwdCfg {
      * the same), so the K/V of the heads in flight stay in L2 while Q and O
      * stream past; 2 also marks the Q loads evict_first. */
     static constexpr int L2HINT = L2HINT_;
+    /* ROWMASK: a warpgroup with rows past seqlen_q (the last m-block; with
+     * BM 192 and seqlen 1024 two of its three warpgroups have no valid row)
+     * masks those rows' scores, so their P is 0 and the PV GEMM multiplies
+     * zeros instead of ones (Q past the end is TMA's zero fill, S = 0, P = 1):
+     * the same output, less switching in the tensor cores. */
+    static constexpr bool ROWMASK = ROWMASK_ == 1;
     static constexpr int Q_BYTES = BM * D * 2; /* one Q buffer set */
     static constexpr int QWG_BYTES = 64 * D * 2; /* one consumer warpgroup's Q rows */
     static constexpr int KV_BYTES = BN * D * 2;
@@ -581,8 +588,9 @@ __global__ void __launch_bounds__(C::THREADS, 1)
              * sums; returns the factor the old O and l must be scaled by. */
             auto softmax_step = [&](int n, float (&alpha)[2], bool &rescale) {
                 const int col0 = n * BN;
-                const bool need_mask =
-                    col0 + BN > p.seqlen_k || (C::CAUSAL && col0 + BN - 1 > m * BM + p.causal_offset);
+                const bool need_mask = col0 + BN > p.seqlen_k ||
+                                       (C::CAUSAL && col0 + BN - 1 > m * BM + p.causal_offset) ||
+                                       (C::ROWMASK && row_base + 64 > p.seqlen_q);
                 if (need_mask) {
 #pragma unroll
                     for (int i = 0; i < BN / 8; ++i)
@@ -592,6 +600,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                             const int row = row_base + r0 + (e >> 1) * 8;
                             bool ok = col < p.seqlen_k;
                             if (C::CAUSAL) ok = ok && col <= row + p.causal_offset;
+                            if (C::ROWMASK) ok = ok && row < p.seqlen_q;
                             if (!ok) sacc[4 * i + e] = -INFINITY;
                         }
                 }
