@@ -44,19 +44,20 @@ struct variant {
 #else
 #define OLD(name, D, BN, NC, ST, CAUSAL)
 #endif
-/* V_RM: the default kernel with query rows past seqlen_q masked (FwdCfg
- * ROWMASK, perf-notes v19) */
-#define V_RM(name, D, BN, NC, ST, CAUSAL, RM) \
-    {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, RM>>, 0}
+/* V_SQ: causal kernels with sleeping waits (SLEEP) and/or the early Q
+ * (QEARLY), perf-notes v20 (run 36's SLEEP gains on causal kernels, again) */
+#define V_SQ(name, D, BN, NC, ST, QE, SL) \
+    {name, D, 1, fwd_sm90_run<FwdCfg<D, BN, NC, ST, true, true, 1, true, -1, -1, 1, -1, 0, QE, SL>>, 0}
 static const variant variants[] = {
-    V_RM("d64", 64, 128, 3, 3, false, 0),
-    V_RM("d64 rowmask", 64, 128, 3, 3, false, 1),
-    V_RM("d64 again", 64, 128, 3, 3, false, 0),
-    V_RM("d64c NC3", 64, 128, 3, 2, true, 0),
-    V_RM("d64c NC3 rowmask", 64, 128, 3, 2, true, 1),
-    V("d256c BN80", 256, 80, 2, 2, true),
-    V("d256c BN64", 256, 64, 2, 2, true),
-    V("d256c BN80 again", 256, 80, 2, 2, true),
+    V_SQ("d64c NC3", 64, 128, 3, 2, 0, false),
+    V_SQ("d64c NC3 sleep", 64, 128, 3, 2, 0, true),
+    V_SQ("d64c NC3 again", 64, 128, 3, 2, 0, false),
+    V_SQ("d128c BN128 qe", 128, 128, 2, 2, 1, false),
+    V_SQ("d128c BN128 qe sleep", 128, 128, 2, 2, 1, true),
+    V_SQ("d128c BN128 qe again", 128, 128, 2, 2, 1, false),
+    V_SQ("d128c BN176", 128, 176, 2, 2, 0, false),
+    V_SQ("d128c BN176 sleep", 128, 176, 2, 2, 0, true),
+    V_SQ("d128c BN176 again", 128, 176, 2, 2, 0, false),
 };
 
 static float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
