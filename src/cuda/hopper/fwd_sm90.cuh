@@ -119,9 +119,10 @@ struct FwdCfg {
     static constexpr int QBUF = QEARLY ? 2 : 1;
     /* SLEEP: mbarrier waits with a suspend-time hint, so a waiting warp
      * sleeps in NANOSLEEP.SYNCS instead of re-issuing TRYWAIT in a loop
-     * (ptx.cuh).  Measured against the loop (run 36, back to back): -0.5..-1.8%
-     * for d128 / d256 non-causal, d256 causal and d64 causal (2 warpgroups),
-     * +0.3..+1.7% for d128 causal and d64 causal (3); off. */
+     * (ptx.cuh).  Measured against the loop (runs 36 and 41, back to back):
+     * -0.5..-1.8% for d128 / d256 non-causal, d256 causal and d64 causal with
+     * 2 warpgroups, +0.3..+1.8% for d128 causal and d64 causal with 3, which
+     * are the kernels launched with it (fwd_sm90_hdim*.cu). */
     static constexpr bool SLEEP = SLEEP_;
     /* L2HINT: TMA loads of K and V carry an L2 evict_last policy (FA3 does
      * the same), so the K/V of the heads in flight stay in L2 while Q and O

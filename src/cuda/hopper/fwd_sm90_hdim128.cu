@@ -9,10 +9,12 @@
 fattn_status fwd_sm90_hdim128(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_variant v) {
     /* D, BN, consumer warpgroups, K/V stages */
     if (v.causal) {
-        if (a->p.seqlen_k >= 4096) FWD_SM90_CAUSAL(128, 176, 2, 2);
-        /* each tile's Q loaded a tile early (QEARLY): +1.5 / +1.0% at
-         * seqlen 1024 / 2048 (run 37); BN 176 leaves no room for it */
-        FWD_SM90_CAUSAL_QE(128, 128, 2, 2, 1);
+        /* causal: sleeping mbarrier waits (SLEEP), +0.3..+1.8% in runs 36 and
+         * 41 at every length; BN 128 also loads each tile's Q a tile early
+         * (QEARLY): +1.5 / +1.0% at seqlen 1024 / 2048 (run 37); BN 176
+         * leaves no room for a second Q buffer (perf-notes v16, v17, v20) */
+        if (a->p.seqlen_k >= 4096) FWD_SM90_CAUSAL_OPT(128, 176, 2, 2, 0, true);
+        FWD_SM90_CAUSAL_OPT(128, 128, 2, 2, 1, true);
     }
     FWD_SM90_NONCAUSAL(128, 176, 2, 2);
 }

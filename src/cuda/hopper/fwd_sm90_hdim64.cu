@@ -9,7 +9,9 @@ fattn_status fwd_sm90_hdim64(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_varian
          * m-blocks at short lengths: 2 warpgroups measured +8% at 512 and
          * 1024, 3 warpgroups +9% at 2048 and +12% at 8192 (perf-notes, v4,
          * run 5) */
-        if (a->p.seqlen_k >= 2048) FWD_SM90_CAUSAL(64, 128, 3, 2);
+        /* with 3 warpgroups the waits sleep (SLEEP): +0.3..+1.0% in runs 36
+         * and 41; with 2 they spin (sleeping measured -0.8..-1.8%, run 36) */
+        if (a->p.seqlen_k >= 2048) FWD_SM90_CAUSAL_OPT(64, 128, 3, 2, 0, true);
         FWD_SM90_CAUSAL(64, 128, 2, 2);
     }
     /* 3 K/V stages: +1-2% at seqlen 1024-4096 with the fenced wait (run 19) */

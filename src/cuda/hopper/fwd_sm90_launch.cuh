@@ -127,12 +127,13 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
  * always run the full design; the non-causal bf16 ones also come without the
  * overlap and/or pingpong, and with the softmax always under the own PV GEMM
  * (FwdCfg OVERLAP_ 3), for the ablation (fattn_ctx_set_option). */
-#define FWD_SM90_CAUSAL_QE(D, BN, NC, STAGES, QE)                                                              \
+/* QE: FwdCfg QEARLY; SL: FwdCfg SLEEP */
+#define FWD_SM90_CAUSAL_OPT(D, BN, NC, STAGES, QE, SL)                                                         \
     do {                                                                                                       \
-        if (v.bf16) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, true, true, 1, true, -1, -1, 1, -1, 0, QE>>(ctx, a); \
-        return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, true, false, 1, true, -1, -1, 1, -1, 0, QE>>(ctx, a);  \
+        if (v.bf16) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, true, true, 1, true, -1, -1, 1, -1, 0, QE, SL>>(ctx, a); \
+        return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, true, false, 1, true, -1, -1, 1, -1, 0, QE, SL>>(ctx, a); \
     } while (0)
-#define FWD_SM90_CAUSAL(D, BN, NC, STAGES) FWD_SM90_CAUSAL_QE(D, BN, NC, STAGES, 0)
+#define FWD_SM90_CAUSAL(D, BN, NC, STAGES) FWD_SM90_CAUSAL_OPT(D, BN, NC, STAGES, 0, false)
 #define FWD_SM90_NONCAUSAL_CL(D, BN, NC, STAGES, CL)                                                            \
     do {                                                                                                       \
         if (v.bf16) {                                                                                          \
