@@ -97,7 +97,8 @@ __device__ __forceinline__ void mbar_arrive(uint64_t *bar) { (void)ptx::mbarrier
  * TRYWAIT, NANOSLEEP.SYNCS (the warp sleeps until an mbarrier of the CTA
  * completes a phase, or the time runs out) and a re-check.  Without the hint
  * the wait is a loop of TRYWAIT and a branch that keeps issuing while it
- * waits.  The loop measured as fast or faster (perf-notes v16): the default. */
+ * waits.  Which is faster depends on the kernel (perf-notes v16, v20): the
+ * loop is the default, the forward kernels choose per instance (FwdCfg SLEEP). */
 constexpr uint32_t MBAR_SUSPEND_NS = 0x989680u;
 template <bool SLEEP = false> __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
     if (SLEEP) {

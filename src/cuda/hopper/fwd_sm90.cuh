@@ -19,7 +19,7 @@
  * Tile boundaries: each consumer warpgroup has its own 64-row Q buffer with its
  * own full/empty mbarriers, so its next Q is loaded as soon as it has issued
  * its own last QK^T, and the producer prefetches the next tile's Q into L2 a
- * whole tile ahead.  The producer alone picks tiles and hands each consumer
+ * whole tile ahead (QEARLY: two Q buffers, the next Q loaded a tile ahead).  The producer alone picks tiles and hands each consumer
  * warpgroup the index through a shared slot published with its Q barrier
  * (an index >= num_tiles ends the consumers' loop).  Non-causal tiles are
  * all equally long: static round-robin.  Causal tiles are not: they are
@@ -84,9 +84,9 @@ template <int D_, int BN_, int NC_, int STAGES_, bool CAUSAL_, bool BF16_,
           int OSTORE_ = -1 /* O stores: 16 bytes after a quad transpose (when O allows) or 4; -1: 16 with 2 consumers */,
           int XTILE_ = 0 /* 1: a tile's last PV GEMM goes with the next tile's first QK^T (an experiment) */,
           int QEARLY_ = 0 /* 1: two Q buffers per warpgroup, each tile's Q loaded a tile early (perf-notes v17) */,
-          bool SLEEP_ = false,
+          bool SLEEP_ = false /* true: mbarrier waits sleep (suspend-time hint; perf-notes v16, v20) */,
           int L2HINT_ = 0 /* 1: K and V loaded with L2 evict_last; 2: and Q with evict_first (perf-notes v18) */,
-          int ROWMASK_ = 0 /* 1: query rows past seqlen_q masked, so their P is 0 (perf-notes v19) */ /* true: mbarrier waits sleep (suspend-time hint), an experiment (perf-notes v16) */>
+          int ROWMASK_ = 0 /* 1: query rows past seqlen_q masked, so their P is 0 (perf-notes v19) */>
 struct FwdCfg {
     static constexpr int D = D_, BN = BN_, NC = NC_, STAGES = STAGES_;
     static constexpr bool CAUSAL = CAUSAL_, BF16 = BF16_, OVERLAP = OVERLAP_ != 0, PINGPONG = PINGPONG_ && NC_ > 1;
