@@ -86,7 +86,8 @@ template <int D_, int BN_, int NC_, int STAGES_, bool CAUSAL_, bool BF16_,
           int QEARLY_ = 0 /* 1: two Q buffers per warpgroup, each tile's Q loaded a tile early (perf-notes v17) */,
           bool SLEEP_ = false /* true: mbarrier waits sleep (suspend-time hint; perf-notes v16, v20) */,
           int L2HINT_ = 0 /* 1: K and V loaded with L2 evict_last; 2: and Q with evict_first (perf-notes v18) */,
-          int ROWMASK_ = 0 /* 1: query rows past seqlen_q masked, so their P is 0 (perf-notes v19) */>
+          int ROWMASK_ = 0 /* 1: query rows past seqlen_q masked, so their P is 0 (perf-notes v19) */,
+          int TREEMAX_ = 0 /* 1: each row's block max as a pairwise tree, not a chain (perf-notes v21) */>
 struct FwdCfg {
     static constexpr int D = D_, BN = BN_, NC = NC_, STAGES = STAGES_;
     static constexpr bool CAUSAL = CAUSAL_, BF16 = BF16_, OVERLAP = OVERLAP_ != 0, PINGPONG = PINGPONG_ && NC_ > 1;
@@ -134,6 +135,11 @@ struct FwdCfg {
      * zeros instead of ones (Q past the end is TMA's zero fill, S = 0, P = 1):
      * the same output, less switching in the tensor cores. */
     static constexpr bool ROWMASK = ROWMASK_ == 1;
+    /* TREEMAX: the max of a row's BN/4 scores in a thread as a pairwise
+     * tree (depth log2(BN/8) + 1) instead of the chain ptxas keeps from
+     * the source loop (BN/8 dependent FMNMX), which sits between S and the
+     * first exponential. */
+    static constexpr bool TREEMAX = TREEMAX_ == 1;
     static constexpr int Q_BYTES = BM * D * 2; /* one Q buffer set */
     static constexpr int QWG_BYTES = 64 * D * 2; /* one consumer warpgroup's Q rows */
     static constexpr int KV_BYTES = BN * D * 2;
@@ -609,8 +615,20 @@ __global__ void __launch_bounds__(C::THREADS, 1)
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
                     float mx = row_max[r];
+                    if (C::TREEMAX) {
+                        float t[BN / 8];
 #pragma unroll
-                    for (int i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(sacc[4 * i + 2 * r], sacc[4 * i + 2 * r + 1]));
+                        for (int i = 0; i < BN / 8; ++i) t[i] = fmaxf(sacc[4 * i + 2 * r], sacc[4 * i + 2 * r + 1]);
+#pragma unroll
+                        for (int w = 1; w < BN / 8; w *= 2)
+#pragma unroll
+                            for (int i = 0; i + w < BN / 8; i += 2 * w) t[i] = fmaxf(t[i], t[i + w]);
+                        mx = fmaxf(mx, t[0]);
+                    } else {
+#pragma unroll
+                        for (int i = 0; i < BN / 8; ++i)
+                            mx = fmaxf(mx, fmaxf(sacc[4 * i + 2 * r], sacc[4 * i + 2 * r + 1]));
+                    }
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
                     /* row_max is the reference the exponents are taken against:
