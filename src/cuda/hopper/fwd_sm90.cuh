@@ -351,8 +351,9 @@ __global__ void __launch_bounds__(C::THREADS, 1)
             const int hk = h / p.group;
             FWD_TRACE(20);
             /* Q is read once, from DRAM: start pulling the next tile's Q into
-             * L2 now, a tile ahead of its load into shared memory */
-            if (t_next < p.num_tiles) {
+             * L2 now, a tile ahead of its load into shared memory (QEARLY
+             * loads that Q itself after this tile's first V: no prefetch) */
+            if (!C::QEARLY && t_next < p.num_tiles) {
                 int m2, h2, b2;
                 fwd_tile_decode<C::CAUSAL>(p, t_next, m2, h2, b2);
                 for (int w = 0; w < NC; ++w)
