@@ -101,26 +101,37 @@ def flops(b, h, sq, sk, d, causal):
     return f / 2 if causal and sq == sk else f
 
 
+class Case:
+    """One shape's inputs as the bench scripts draw them (Q, K, V independent N(0, 1),
+    [b, s, h, d], from a CUDA generator seeded with `seed`; O and LSE written by fattn)
+    and each backend's call on them: `calls` is [(name, fn, SDPA backend or None)], where
+    an SDPA backend's fn must run under sdpa_kernel([backend]).  The object owns the
+    tensors the calls read and write: keep it alive while calling them."""
+
+    def __init__(self, ctx, dtype, b, s, h, d, causal, seed):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        self.q, self.k, self.v = (torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g) for _ in range(3))
+        self.o = torch.empty_like(self.q)
+        self.lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
+        ctx.set_stream(torch.cuda.current_stream().cuda_stream)
+        args = ctx.fwd_args(self.q, self.k, self.v, self.o, self.lse, causal)
+        qt, kt, vt = (x.transpose(1, 2) for x in (self.q, self.k, self.v))  # [b, h, s, d] views, as SDPA takes them
+        sdpa = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))  # noqa: E731
+        self.calls = [("fattn", lambda: ctx.fwd_raw(args), None), ("cudnn", sdpa, SDPBackend.CUDNN_ATTENTION),
+                      ("fa2", sdpa, SDPBackend.FLASH_ATTENTION)]
+
+
 def bench_case(ctx, dtype, b, s, h, d, causal, iters, peers=True, rounds=3, rotate=True, settle_ms=0.0,
                cooldown_ms=0.0, ab_option=None):
-    g = torch.Generator(device="cuda").manual_seed(1234 + s + d)
-    q = torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g)
-    k = torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g)
-    v = torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g)
-    o = torch.empty_like(q)
-    lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
-    ctx.set_stream(torch.cuda.current_stream().cuda_stream)
-    args = ctx.fwd_args(q, k, v, o, lse, causal)
+    case = Case(ctx, dtype, b, s, h, d, causal, 1234 + s + d)
     fl = flops(b, h, s, s, d, causal)
     res = {"dtype": str(dtype).split(".")[-1], "batch": b, "seqlen": s, "heads": h, "head_dim": d,
            "causal": bool(causal)}
-    fns = [("fattn", lambda: ctx.fwd_raw(args), None)]
+    fns = [case.calls[0]]
     if ab_option is not None:  # the same calls with option ab_option set to 1 during this entry's turns
-        fns.append(("fattn_ab", lambda: ctx.fwd_raw(args), "ab"))
+        fns.append(("fattn_ab", case.calls[0][1], "ab"))
     if peers:
-        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # [b, h, s, d] views, as SDPA takes them
-        fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))  # noqa: E731
-        for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
+        for name, fn, be in case.calls[1:]:
             try:
                 with sdpa_kernel([be]):
                     fn()
@@ -156,7 +167,7 @@ def bench_case(ctx, dtype, b, s, h, d, causal, iters, peers=True, rounds=3, rota
             res[name + "_mhz"] = statistics.median(c[0] for c in clocks[name])
             res[name + "_w"] = statistics.median(c[1] for c in clocks[name])
             res[name + "_clock_samples"] = len(clocks[name])
-    del q, k, v, o, lse
+    del case
     return res
 
 

@@ -19,6 +19,7 @@ shape: mJ per call, pJ per FLOP, the busy time per call, the SM clock read after
 burst (median), and fattn's ratios to cuDNN.
 """
 import argparse
+import contextlib
 import ctypes
 import os
 import statistics
@@ -26,10 +27,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import compare  # noqa: E402  (torch, fattn, Clocks, flops)
+import compare  # noqa: E402  (torch, fattn, Case, Clocks, flops)
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+from torch.nn.attention import sdpa_kernel  # noqa: E402
 
 
 def energy_mj(clocks):
@@ -85,29 +85,19 @@ def main():
     for spec in a.shapes.split(","):
         d, causal, s = (int(x) for x in spec.split(":"))
         b, h = 16384 // s, 2048 // d
-        g = torch.Generator(device="cuda").manual_seed(4321 + s + d)
-        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g) for _ in range(3))
-        o = torch.empty_like(q)
-        lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
-        ctx.set_stream(torch.cuda.current_stream().cuda_stream)
-        args = ctx.fwd_args(q, k, v, o, lse, bool(causal))
-        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+        case = compare.Case(ctx, dtype, b, s, h, d, bool(causal), 4321 + s + d)
         fl = compare.flops(b, h, s, s, d, causal)
         res = {}
-        for name, be in (("fattn", None), ("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
-            if be is None:
-                res[name] = measure(clocks, lambda: ctx.fwd_raw(args), a.window)
-            else:
-                with sdpa_kernel([be]):
-                    res[name] = measure(clocks, lambda: F.scaled_dot_product_attention(qt, kt, vt,
-                                                                                        is_causal=bool(causal)), a.window)
+        for name, fn, be in case.calls:
+            with contextlib.nullcontext() if be is None else sdpa_kernel([be]):
+                res[name] = measure(clocks, fn, a.window)
         shape = f"{a.dtype} d{d} {'causal' if causal else 'non-causal'} {s}"
         parts = [f"{n}: {r[0] * 1e3:.1f} mJ, {r[0] / fl * 1e12:.3f} pJ/FLOP, {r[1] * 1e3:.3f} ms, {r[2]:.0f} MHz, "
                  f"idle {r[3]:.0f} W, window {r[4]:.0f} W" for n, r in res.items()]
         print(shape + " | " + " | ".join(parts) +
               f" | energy {res['fattn'][0] / res['cudnn'][0]:.3f}, time {res['fattn'][1] / res['cudnn'][1]:.3f}",
               flush=True)
-        del q, k, v, o, lse, qt, kt, vt
+        del case
 
 
 if __name__ == "__main__":
