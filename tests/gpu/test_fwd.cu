@@ -302,6 +302,17 @@ int main(void) {
         {1, 300, 300, 2, 2, 128, 0, H, TU_BSHD, 2},
         {2, 100, 140, 4, 2, 256, 1, B, TU_BSHD, 2},
         {1, 200, 200, 2, 1, 64, 1, B, TU_BHSD, 2},
+        /* 192-row tiles (d64 non-causal; d64 causal from seqlen_k 2048) whose
+         * last warpgroups have no row in the sequence sit the tile out
+         * (FwdCfg SITOUT): one or two of the three, causal with unequal
+         * lengths, GQA; non-causal with several waves of tiles per CTA in
+         * the spread static order (SPREAD) */
+        {1, 40, 2048, 2, 1, 64, 1, B, TU_BSHD},
+        {1, 1970, 2048, 2, 2, 64, 1, B, TU_BHSD},
+        {1, 2000, 2100, 4, 1, 64, 1, H, TU_BSHD},
+        {2, 1000, 1000, 40, 8, 64, 0, H, TU_BSHD},
+        /* d64 causal from seqlen_k 8192: three warpgroups without SITOUT */
+        {1, 100, 8200, 2, 1, 64, 1, B, TU_BSHD},
     };
     const int only = getenv("FATTN_TEST_SMALL") ? 1 : 0; /* sanitizer runs: small shapes only */
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {

@@ -87,7 +87,9 @@ template <int D_, int BN_, int NC_, int STAGES_, bool CAUSAL_, bool BF16_,
           bool SLEEP_ = false /* true: mbarrier waits sleep (suspend-time hint; perf-notes v16, v20) */,
           int L2HINT_ = 0 /* 1: K and V loaded with L2 evict_last; 2: and Q with evict_first (perf-notes v18) */,
           int ROWMASK_ = 0 /* 1: query rows past seqlen_q masked, so their P is 0 (perf-notes v19) */,
-          int TREEMAX_ = 0 /* 1: each row's block max as a pairwise tree, not a chain (perf-notes v21) */>
+          int TREEMAX_ = 0 /* 1: each row's block max as a pairwise tree, not a chain (perf-notes v21) */,
+          int SITOUT_ = 0 /* 1: a warpgroup with no row before seqlen_q skips its tile's work (perf-notes v22) */,
+          int SPREAD_ = 0 /* 1: static order k*G + (c + k) mod G, so each CTA's m cycles (perf-notes v22) */>
 struct FwdCfg {
     static constexpr int D = D_, BN = BN_, NC = NC_, STAGES = STAGES_;
     static constexpr bool CAUSAL = CAUSAL_, BF16 = BF16_, OVERLAP = OVERLAP_ != 0, PINGPONG = PINGPONG_ && NC_ > 1;
@@ -140,6 +142,20 @@ struct FwdCfg {
      * the source loop (BN/8 dependent FMNMX), which sits between S and the
      * first exponential. */
     static constexpr bool TREEMAX = TREEMAX_ == 1;
+    /* SITOUT: a consumer warpgroup whose 64 rows all lie past seqlen_q (the
+     * last m-block of a length that BM does not divide) gets no Q and runs
+     * a loop of its own over the tile's key blocks: it only waits for each
+     * K and V, releases the stages and passes the pingpong token as often as
+     * a working warpgroup does, so the tile's other warpgroups run with
+     * fewer partners and the tile ends sooner. */
+    static constexpr bool SITOUT = SITOUT_ == 1 && !XTILE;
+    /* SPREAD: static (non-dynamic) order.  CTA c's k-th tile is
+     * k*G + (c + CLUSTER*k) mod G instead of k*G + c (G = gridDim.x): each
+     * wave covers the same tiles (the same heads in L2), but a CTA's m-block
+     * changes from wave to wave, so the cheap tiles SITOUT makes (the last
+     * m-block) are shared out instead of all landing on the CTAs with
+     * c = num_m_blocks - 1 (mod num_m_blocks) when num_m_blocks divides G. */
+    static constexpr bool SPREAD = SPREAD_ == 1;
     static constexpr int Q_BYTES = BM * D * 2; /* one Q buffer set */
     static constexpr int QWG_BYTES = 64 * D * 2; /* one consumer warpgroup's Q rows */
     static constexpr int KV_BYTES = BN * D * 2;
@@ -295,6 +311,10 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                 mbar_arrive(&full_q[qi]);
                 return;
             }
+            if (C::SITOUT && m * BM + w * 64 >= p.seqlen_q) { /* no row to compute: it sits the tile out */
+                mbar_arrive(&full_q[qi]);
+                return;
+            }
             mbar_expect_tx_arrive(&full_q[qi], C::QWG_BYTES);
             for (int c = 0; c < C::SLABS; ++c) {
                 uint8_t *dst = sQ + qb * C::Q_BYTES + c * BM * 128 + w * 64 * 128;
@@ -339,12 +359,20 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         };
         /* static tiles t, t + gridDim.x, ...: with a cluster (gridDim.x even,
          * peers at blockIdx 2c and 2c+1) the peers hold tiles 2k and 2k+1 */
-        int t = blockIdx.x; /* grid <= num_tiles */
+        /* SPREAD: the k-th static tile rotated within its wave (a cluster's
+         * peers, 2c and 2c+1, stay on tiles 2j and 2j+1) */
+        auto static_tile = [&](int k) {
+            return C::SPREAD ? k * (int)gridDim.x + ((int)blockIdx.x + C::CLUSTER * k) % (int)gridDim.x
+                             : k * (int)gridDim.x + (int)blockIdx.x;
+        };
+        int t = blockIdx.x; /* grid <= num_tiles; static_tile(0) */
+        int wave = 0;
         if (C::QEARLY) hand_over_all(t);
         for (;;) {
             /* the next tile is picked one ahead, so its Q can be prefetched */
+            ++wave;
             const int t_next =
-                C::DYNAMIC ? (int)gridDim.x + (int)atomicAdd(&p.tile_counter[0], 1u) : t + (int)gridDim.x;
+                C::DYNAMIC ? (int)gridDim.x + (int)atomicAdd(&p.tile_counter[0], 1u) : static_tile(wave);
             int m, h, b;
             fwd_tile_decode<C::CAUSAL>(p, t, m, h, b);
             const int nblocks = fwd_num_n_blocks<C>(p, m);
@@ -417,7 +445,13 @@ __global__ void __launch_bounds__(C::THREADS, 1)
 
     /* ------------------------------ consumers ------------------------------ */
     regs_alloc<C::REGS_CONSUMER>();
-    const int wg = warpgroup - 1;
+    /* SITOUT: the warpgroup index through a lane-0 shuffle, which the
+     * compiler knows to be warp-uniform: from threadIdx, the sit-out branch
+     * looked divergent and the stage counter and descriptors of the
+     * key-block loop left the uniform datapath (d64: 611 -> 644 SASS
+     * instructions per block).  Without SITOUT the shuffle moves other
+     * kernels' loops by -32..+13 instructions: kept out of them. */
+    const int wg = C::SITOUT ? __shfl_sync(0xffffffffu, warpgroup - 1, 0) : warpgroup - 1;
     const int r0 = 16 * warp + lane / 4; /* accumulator rows r0 and r0 + 8 (HOPPER-PTX §3) */
     const int q4 = lane % 4;
     const float c2 = p.scale_log2;
@@ -572,7 +606,9 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         const int nblocks = fwd_num_n_blocks<C>(p, m);
         const int row_base = m * BM + wg * 64; /* first query row of this warpgroup */
 
-        if (nblocks > 0) {
+        /* SITOUT: no row of this warpgroup is in the sequence (it got no Q) */
+        const bool sit_out = C::SITOUT && row_base >= p.seqlen_q;
+        if (nblocks > 0 && !sit_out) {
             float row_max[2] = {-INFINITY, -INFINITY};
             float row_sum[2] = {0.f, 0.f};
             if (!pending) { /* else O is still the pending tile's: zeroed after its epilogue */
@@ -792,6 +828,24 @@ __global__ void __launch_bounds__(C::THREADS, 1)
             } else {
                 last_pv_and_epilogue(prev_s, prev_ph, row_max, row_sum, b, h, row_base);
             }
+        } else if (nblocks > 0) {
+            /* sitting out: the same waits, releases and pingpong turns as the
+             * working loop (one turn per key block and one for the last PV
+             * GEMM), nothing else; the epilogue would write nothing */
+            mbar_arrive(&empty_q[qi]);
+            for (int j = it; j < it + nblocks; ++j) {
+                const int s = j % STAGES;
+                const uint32_t ph = (j / STAGES) & 1;
+                mbar_wait<false>(&full_k[s], ph);
+                pp_sync();
+                pp_arrive();
+                release(&empty_k[s]);
+                mbar_wait<false>(&full_v[s], ph);
+                release(&empty_v[s]);
+            }
+            it += nblocks;
+            pp_sync();
+            pp_arrive();
         } else {
             /* every row of this tile sees no key: O = 0, LSE = -inf */
             if (C::XTILE && pending) {

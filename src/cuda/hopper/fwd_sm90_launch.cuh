@@ -127,19 +127,23 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
  * always run the full design; the non-causal bf16 ones also come without the
  * overlap and/or pingpong, and with the softmax always under the own PV GEMM
  * (FwdCfg OVERLAP_ 3), for the ablation (fattn_ctx_set_option). */
-/* QE: FwdCfg QEARLY; SL: FwdCfg SLEEP */
-#define FWD_SM90_CAUSAL_OPT(D, BN, NC, STAGES, QE, SL)                                                         \
+/* QE: FwdCfg QEARLY; SL: FwdCfg SLEEP; SO: FwdCfg SITOUT (causal tiles are
+ * scheduled dynamically: no SPREAD) */
+#define FWD_SM90_CAUSAL_OPT(D, BN, NC, STAGES, QE, SL, SO)                                                     \
     do {                                                                                                       \
-        if (v.bf16) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, true, true, 1, true, -1, -1, 1, -1, 0, QE, SL>>(ctx, a); \
-        return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, true, false, 1, true, -1, -1, 1, -1, 0, QE, SL>>(ctx, a); \
+        if (v.bf16)                                                                                            \
+            return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, true, true, 1, true, -1, -1, 1, -1, 0, QE, SL, 0, 0, 0, SO>>(ctx, a); \
+        return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, true, false, 1, true, -1, -1, 1, -1, 0, QE, SL, 0, 0, 0, SO>>(ctx, a); \
     } while (0)
-#define FWD_SM90_CAUSAL(D, BN, NC, STAGES) FWD_SM90_CAUSAL_OPT(D, BN, NC, STAGES, 0, false)
-#define FWD_SM90_NONCAUSAL_CL(D, BN, NC, STAGES, CL)                                                            \
+#define FWD_SM90_CAUSAL(D, BN, NC, STAGES) FWD_SM90_CAUSAL_OPT(D, BN, NC, STAGES, 0, false, 0)
+/* SO: FwdCfg SITOUT and SPREAD for the full design (the ablation's variants
+ * without them) */
+#define FWD_SM90_NONCAUSAL_SO(D, BN, NC, STAGES, CL, SO)                                                       \
     do {                                                                                                       \
         if (v.bf16) {                                                                                          \
             if (v.overlap && v.pingpong) {                                                                     \
                 if (v.under_pv) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, 3, true, -1, -1, CL>>(ctx, a); \
-                return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, 1, true, -1, -1, CL>>(ctx, a);      \
+                return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, 1, true, -1, -1, CL, -1, 0, 0, false, 0, 0, 0, SO, SO>>(ctx, a); \
             }                                                                                                  \
             if (v.overlap) {                                                                                   \
                 if (v.under_pv) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, 3, false, -1, -1, CL>>(ctx, a); \
@@ -148,8 +152,9 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
             if (v.pingpong) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, 0, true, -1, -1, CL>>(ctx, a); \
             return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, 0, false, -1, -1, CL>>(ctx, a);     \
         }                                                                                                      \
-        return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, false, 1, true, -1, -1, CL>>(ctx, a);          \
+        return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, false, 1, true, -1, -1, CL, -1, 0, 0, false, 0, 0, 0, SO, SO>>(ctx, a); \
     } while (0)
+#define FWD_SM90_NONCAUSAL_CL(D, BN, NC, STAGES, CL) FWD_SM90_NONCAUSAL_SO(D, BN, NC, STAGES, CL, 0)
 #define FWD_SM90_NONCAUSAL(D, BN, NC, STAGES) FWD_SM90_NONCAUSAL_CL(D, BN, NC, STAGES, 1)
 /* CTA pairs sharing K/V loads (FwdCfg CLUSTER) when the query blocks pair up
  * within each head */
