@@ -44,24 +44,20 @@ struct variant {
 #else
 #define OLD(name, D, BN, NC, ST, CAUSAL)
 #endif
-/* V_SO: the shipped kernel of a shape with SITOUT and SPREAD on or off
- * (perf-notes v22): the warpgroups of a tile whose rows all lie past seqlen_q
- * skip its work, and the static order spreads the short tiles over the CTAs. */
-#define V_SO(name, D, BN, NC, ST, CAUSAL, CL, QE, SL, SO, SP) \
-    {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, 1, true, -1, -1, CL, -1, 0, QE, SL, 0, 0, 0, SO, SP>>, 0}
+/* V_SK: the shipped kernel of a causal shape with SITOUT (perf-notes v22)
+ * and SKIPDIAG (v23) on or off. */
+#define V_SK(name, D, BN, NC, ST, QE, SL, SO, SK) \
+    {name, D, 1, fwd_sm90_run<FwdCfg<D, BN, NC, ST, true, true, 1, true, -1, -1, 1, -1, 0, QE, SL, 0, 0, 0, SO, 0, SK>>, 0}
 static const variant variants[] = {
-    V_SO("d64 off", 64, 128, 3, 3, false, 1, 0, false, 0, 0),
-    V_SO("d64 sitout", 64, 128, 3, 3, false, 1, 0, false, 1, 0),
-    V_SO("d64 sitout+spread", 64, 128, 3, 3, false, 1, 0, false, 1, 1),
-    V_SO("d64 off again", 64, 128, 3, 3, false, 1, 0, false, 0, 0),
-    V_SO("d64c nc3 off", 64, 128, 3, 2, true, 1, 0, true, 0, 0),
-    V_SO("d64c nc3 sitout", 64, 128, 3, 2, true, 1, 0, true, 1, 0),
-    V_SO("d64c nc3 nosleep off", 64, 128, 3, 2, true, 1, 0, false, 0, 0),
-    V_SO("d64c nc3 nosleep sitout", 64, 128, 3, 2, true, 1, 0, false, 1, 0),
-    V_SO("d128 off", 128, 176, 2, 2, false, 1, 0, false, 0, 0),
-    V_SO("d128 sitout+spread", 128, 176, 2, 2, false, 1, 0, false, 1, 1),
-    V_SO("d128c BN176 off", 128, 176, 2, 2, true, 1, 0, true, 0, 0),
-    V_SO("d128c BN176 sitout", 128, 176, 2, 2, true, 1, 0, true, 1, 0),
+    V_SK("d64c nc3 so", 64, 128, 3, 2, 0, true, 1, 0),
+    V_SK("d64c nc3 so+skip", 64, 128, 3, 2, 0, true, 1, 1),
+    V_SK("d64c nc3", 64, 128, 3, 2, 0, true, 0, 0),
+    V_SK("d64c nc3 skip", 64, 128, 3, 2, 0, true, 0, 1),
+    V_SK("d128c BN176 so", 128, 176, 2, 2, 0, true, 1, 0),
+    V_SK("d128c BN176 so+skip", 128, 176, 2, 2, 0, true, 1, 1),
+    V_SK("d256c", 256, 80, 2, 2, 0, false, 0, 0),
+    V_SK("d256c skip", 256, 80, 2, 2, 0, false, 0, 1),
+    V_SK("d256c again", 256, 80, 2, 2, 0, false, 0, 0),
 };
 
 static float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }

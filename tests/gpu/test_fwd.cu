@@ -313,6 +313,10 @@ int main(void) {
         {2, 1000, 1000, 40, 8, 64, 0, H, TU_BSHD},
         /* d64 causal from seqlen_k 8192: three warpgroups without SITOUT */
         {1, 100, 8200, 2, 1, 64, 1, B, TU_BSHD},
+        /* causal with seqlen_q > seqlen_k where warpgroups skip a first key
+         * block they see none of (SKIPDIAG: d64 three warpgroups, d256) */
+        {1, 2500, 2048, 2, 2, 64, 1, H, TU_BSHD},
+        {1, 700, 300, 2, 1, 256, 1, B, TU_BSHD},
     };
     const int only = getenv("FATTN_TEST_SMALL") ? 1 : 0; /* sanitizer runs: small shapes only */
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {

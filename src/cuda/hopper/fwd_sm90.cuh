@@ -89,7 +89,8 @@ template <int D_, int BN_, int NC_, int STAGES_, bool CAUSAL_, bool BF16_,
           int ROWMASK_ = 0 /* 1: query rows past seqlen_q masked, so their P is 0 (perf-notes v19) */,
           int TREEMAX_ = 0 /* 1: each row's block max as a pairwise tree, not a chain (perf-notes v21) */,
           int SITOUT_ = 0 /* 1: a warpgroup with no row before seqlen_q skips its tile's work (perf-notes v22) */,
-          int SPREAD_ = 0 /* 1: static order k*G + (c + k) mod G, so each CTA's m cycles (perf-notes v22) */>
+          int SPREAD_ = 0 /* 1: static order k*G + (c + k) mod G, so each CTA's m cycles (perf-notes v22) */,
+          int SKIPDIAG_ = 0 /* 1: causal: a warpgroup skips its tile's first key block when it sees none of it (perf-notes v23) */>
 struct FwdCfg {
     static constexpr int D = D_, BN = BN_, NC = NC_, STAGES = STAGES_;
     static constexpr bool CAUSAL = CAUSAL_, BF16 = BF16_, OVERLAP = OVERLAP_ != 0, PINGPONG = PINGPONG_ && NC_ > 1;
@@ -156,6 +157,14 @@ struct FwdCfg {
      * m-block) are shared out instead of all landing on the CTAs with
      * c = num_m_blocks - 1 (mod num_m_blocks) when num_m_blocks divides G. */
     static constexpr bool SPREAD = SPREAD_ == 1;
+    /* SKIPDIAG (causal): the tile's first key block (the last one, visited
+     * first) ends past the tile's last row, so with three warpgroups, or
+     * BN not a multiple of 64, the first warpgroups may see none of its
+     * keys: their QK^T, softmax and PV of that block only multiply masked
+     * scores.  Such a warpgroup only waits for the block's K and V, passes
+     * the pingpong token once and releases the stages, then starts its tile
+     * at the next block. */
+    static constexpr bool SKIPDIAG = SKIPDIAG_ == 1 && CAUSAL_ && !XTILE;
     static constexpr int Q_BYTES = BM * D * 2; /* one Q buffer set */
     static constexpr int QWG_BYTES = 64 * D * 2; /* one consumer warpgroup's Q rows */
     static constexpr int KV_BYTES = BN * D * 2;
@@ -749,6 +758,21 @@ __global__ void __launch_bounds__(C::THREADS, 1)
             int n = nblocks - 1;
             int s = it % STAGES;
             uint32_t ph = (it / STAGES) & 1;
+            if (C::SKIPDIAG && n > 0 && n * BN > row_base + 63 + p.causal_offset) {
+                /* no row of this warpgroup sees a key of block n: its turn
+                 * and its stages only (the tile's other blocks and turns
+                 * follow as usual) */
+                mbar_wait<false>(&full_k[s], ph);
+                pp_sync();
+                pp_arrive();
+                release(&empty_k[s]);
+                mbar_wait<false>(&full_v[s], ph);
+                release(&empty_v[s]);
+                ++it;
+                --n;
+                s = it % STAGES;
+                ph = (it / STAGES) & 1;
+            }
             if (C::XTILE && pending) {
                 /* this tile's first QK^T with the pending tile's last PV (its
                  * O already rescaled); then this block's softmax under that PV

@@ -4,6 +4,6 @@
 
 fattn_status fwd_sm90_hdim256(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_variant v) {
     /* D, BN, consumer warpgroups, K/V stages */
-    if (v.causal) FWD_SM90_CAUSAL(256, 80, 2, 2);
+    if (v.causal) FWD_SM90_CAUSAL_OPT(256, 80, 2, 2, 0, false, 0, 1);
     FWD_SM90_NONCAUSAL_PAIRED(256, 80, 2, 2);
 }

@@ -14,8 +14,8 @@ fattn_status fwd_sm90_hdim64(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_varian
         /* a warpgroup with no row in the sequence sits its tile out
          * (SITOUT): +1.8 / +1.2% at 2048 / 4096, -2.1 / -2.7% at 8192 /
          * 16384 (run 48, perf-notes v22) */
-        if (a->p.seqlen_k >= 2048 && a->p.seqlen_k < 8192) FWD_SM90_CAUSAL_OPT(64, 128, 3, 2, 0, true, 1);
-        if (a->p.seqlen_k >= 2048) FWD_SM90_CAUSAL_OPT(64, 128, 3, 2, 0, true, 0);
+        if (a->p.seqlen_k >= 2048 && a->p.seqlen_k < 8192) FWD_SM90_CAUSAL_OPT(64, 128, 3, 2, 0, true, 1, 1);
+        if (a->p.seqlen_k >= 2048) FWD_SM90_CAUSAL_OPT(64, 128, 3, 2, 0, true, 0, 1);
         FWD_SM90_CAUSAL(64, 128, 2, 2);
     }
     /* 3 K/V stages: +1-2% at seqlen 1024-4096 with the fenced wait (run 19);

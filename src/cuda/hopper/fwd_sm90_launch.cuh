@@ -128,14 +128,14 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
  * overlap and/or pingpong, and with the softmax always under the own PV GEMM
  * (FwdCfg OVERLAP_ 3), for the ablation (fattn_ctx_set_option). */
 /* QE: FwdCfg QEARLY; SL: FwdCfg SLEEP; SO: FwdCfg SITOUT (causal tiles are
- * scheduled dynamically: no SPREAD) */
-#define FWD_SM90_CAUSAL_OPT(D, BN, NC, STAGES, QE, SL, SO)                                                     \
+ * scheduled dynamically: no SPREAD); SK: FwdCfg SKIPDIAG */
+#define FWD_SM90_CAUSAL_OPT(D, BN, NC, STAGES, QE, SL, SO, SK)                                                 \
     do {                                                                                                       \
         if (v.bf16)                                                                                            \
-            return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, true, true, 1, true, -1, -1, 1, -1, 0, QE, SL, 0, 0, 0, SO>>(ctx, a); \
-        return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, true, false, 1, true, -1, -1, 1, -1, 0, QE, SL, 0, 0, 0, SO>>(ctx, a); \
+            return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, true, true, 1, true, -1, -1, 1, -1, 0, QE, SL, 0, 0, 0, SO, 0, SK>>(ctx, a); \
+        return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, true, false, 1, true, -1, -1, 1, -1, 0, QE, SL, 0, 0, 0, SO, 0, SK>>(ctx, a); \
     } while (0)
-#define FWD_SM90_CAUSAL(D, BN, NC, STAGES) FWD_SM90_CAUSAL_OPT(D, BN, NC, STAGES, 0, false, 0)
+#define FWD_SM90_CAUSAL(D, BN, NC, STAGES) FWD_SM90_CAUSAL_OPT(D, BN, NC, STAGES, 0, false, 0, 0)
 /* SO: FwdCfg SITOUT and SPREAD for the full design (the ablation's variants
  * without them) */
 #define FWD_SM90_NONCAUSAL_SO(D, BN, NC, STAGES, CL, SO)                                                       \
