@@ -12,10 +12,10 @@ fattn_status fwd_sm90_hdim64(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_varian
         /* with 3 warpgroups the waits sleep (SLEEP): +0.3..+1.0% in runs 36
          * and 41; with 2 they spin (sleeping measured -0.8..-1.8%, run 36) */
         /* a warpgroup with no row in the sequence sits its tile out
-         * (SITOUT): +1.8 / +1.2% at 2048 / 4096, -2.1 / -2.7% at 8192 /
-         * 16384 (run 48, perf-notes v22) */
-        if (a->p.seqlen_k >= 2048 && a->p.seqlen_k < 8192) FWD_SM90_CAUSAL_OPT(64, 128, 3, 2, 0, true, 1, 1);
-        if (a->p.seqlen_k >= 2048) FWD_SM90_CAUSAL_OPT(64, 128, 3, 2, 0, true, 0, 1);
+         * (SITOUT), and one that sees none of the tile's first key block
+         * skips it (SKIPDIAG): +7.6 / +5.9 / +2.0 / +1.4% at 2048 / 4096 /
+         * 8192 / 16384 against neither (run 50, perf-notes v22, v23) */
+        if (a->p.seqlen_k >= 2048) FWD_SM90_CAUSAL_OPT(64, 128, 3, 2, 0, true, 1, 1);
         FWD_SM90_CAUSAL(64, 128, 2, 2);
     }
     /* 3 K/V stages: +1-2% at seqlen 1024-4096 with the fenced wait (run 19);
