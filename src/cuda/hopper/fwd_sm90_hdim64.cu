@@ -14,8 +14,10 @@ fattn_status fwd_sm90_hdim64(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_varian
         /* a warpgroup with no row in the sequence sits its tile out
          * (SITOUT), and one that sees none of the tile's first key block
          * skips it (SKIPDIAG): +7.6 / +5.9 / +2.0 / +1.4% at 2048 / 4096 /
-         * 8192 / 16384 against neither (run 50, perf-notes v22, v23) */
-        if (a->p.seqlen_k >= 2048) FWD_SM90_CAUSAL_OPT(64, 128, 3, 2, 0, true, 1, 1);
+         * 8192 / 16384 against neither (run 50, perf-notes v22, v23); with
+         * both, 3 warpgroups against 2: -0.5 / -1.0 / +9.0 / +9.1% at 512 /
+         * 1024 / 1536 / 2048 (run 53), so 3 from seqlen_k 1536 (was 2048) */
+        if (a->p.seqlen_k >= 1536) FWD_SM90_CAUSAL_OPT(64, 128, 3, 2, 0, true, 1, 1);
         FWD_SM90_CAUSAL(64, 128, 2, 2);
     }
     /* 3 K/V stages: +1-2% at seqlen 1024-4096 with the fenced wait (run 19);
