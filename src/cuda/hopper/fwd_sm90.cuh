@@ -486,6 +486,17 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         if (lane == 0) mbar_arrive(bar);
         if (C::CLUSTER > 1 && lane == 1) mbar_arrive_cluster(bar, cta_rank ^ 1u);
     };
+    /* A key block this warpgroup has no use for (SITOUT, SKIPDIAG): its
+     * pingpong turn and the release of its two stages, nothing else (the
+     * waits spin: sleeping ones lengthened the 3-warpgroup causal loop) */
+    auto pass_block = [&](int s, uint32_t ph) {
+        mbar_wait<false>(&full_k[s], ph);
+        pp_sync();
+        pp_arrive();
+        release(&empty_k[s]);
+        mbar_wait<false>(&full_v[s], ph);
+        release(&empty_v[s]);
+    };
     /* O += P V_s (issue only). */
     auto issue_pv = [&](int s) {
         const uint64_t desc_v = smem_desc_sw128(sV + s * C::KV_BYTES, BN * 128, 1024);
@@ -759,15 +770,9 @@ __global__ void __launch_bounds__(C::THREADS, 1)
             int s = it % STAGES;
             uint32_t ph = (it / STAGES) & 1;
             if (C::SKIPDIAG && n > 0 && n * BN > row_base + 63 + p.causal_offset) {
-                /* no row of this warpgroup sees a key of block n: its turn
-                 * and its stages only (the tile's other blocks and turns
-                 * follow as usual) */
-                mbar_wait<false>(&full_k[s], ph);
-                pp_sync();
-                pp_arrive();
-                release(&empty_k[s]);
-                mbar_wait<false>(&full_v[s], ph);
-                release(&empty_v[s]);
+                /* no row of this warpgroup sees a key of block n (the tile's
+                 * other blocks and turns follow as usual) */
+                pass_block(s, ph);
                 ++it;
                 --n;
                 s = it % STAGES;
@@ -857,16 +862,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
              * working loop (one turn per key block and one for the last PV
              * GEMM), nothing else; the epilogue would write nothing */
             mbar_arrive(&empty_q[qi]);
-            for (int j = it; j < it + nblocks; ++j) {
-                const int s = j % STAGES;
-                const uint32_t ph = (j / STAGES) & 1;
-                mbar_wait<false>(&full_k[s], ph);
-                pp_sync();
-                pp_arrive();
-                release(&empty_k[s]);
-                mbar_wait<false>(&full_v[s], ph);
-                release(&empty_v[s]);
-            }
+            for (int j = it; j < it + nblocks; ++j) pass_block(j % STAGES, (j / STAGES) & 1);
             it += nblocks;
             pp_sync();
             pp_arrive();
