@@ -15,6 +15,9 @@
  *   the other's GEMMs.
  * Key blocks are visited from the last to the first, so the blocks that need
  * a mask (seqlen_k tail, causal diagonal) come first and the rest run unmasked.
+ * A warpgroup with no row in the sequence only keeps the protocol going for
+ * its tile (SITOUT), and a causal warpgroup that sees none of its tile's first
+ * key block does the same for that block (SKIPDIAG).
  *
  * Tile boundaries: each consumer warpgroup has its own 64-row Q buffer with its
  * own full/empty mbarriers, so its next Q is loaded as soon as it has issued
