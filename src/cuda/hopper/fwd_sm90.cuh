@@ -313,17 +313,14 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         /* Hand warpgroup w its next tile: wait until it has released the Q
          * buffer (its last QK^T of the tile that last used that buffer), write
          * the tile index, then load that tile's Q rows, or just arrive (no
-         * key to see, or the end); the arrive on full_q publishes the index
-         * (release semantics).  ++q_iter after all warpgroups. */
+         * key to see, the end, or with SITOUT no row of w in the sequence);
+         * the arrive on full_q publishes the index (release semantics).
+         * ++q_iter after all warpgroups. */
         auto hand_over = [&](int w, int tile, bool load, int m, int h, int b) {
             const int qb = q_iter % C::QBUF, qi = w * C::QBUF + qb;
             if (q_iter >= C::QBUF) mbar_wait<C::SLEEP>(&empty_q[qi], (q_iter / C::QBUF - 1) & 1);
             st_shared_s32(&tile_slot[qi], tile);
-            if (!load) {
-                mbar_arrive(&full_q[qi]);
-                return;
-            }
-            if (C::SITOUT && m * BM + w * 64 >= p.seqlen_q) { /* no row to compute: it sits the tile out */
+            if (!load || (C::SITOUT && m * BM + w * 64 >= p.seqlen_q)) {
                 mbar_arrive(&full_q[qi]);
                 return;
             }
