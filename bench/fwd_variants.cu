@@ -45,14 +45,26 @@ struct variant {
 #define OLD(name, D, BN, NC, ST, CAUSAL)
 #endif
 /* V_SK: the shipped kernel of a causal shape with SITOUT (perf-notes v22)
- * and SKIPDIAG (v23) on or off.  The list: d64 causal with 2 warpgroups
- * against 3 with both knobs, below seqlen_k 2048 (run 53). */
+ * and SKIPDIAG (v23) on or off. */
 #define V_SK(name, D, BN, NC, ST, QE, SL, SO, SK) \
     {name, D, 1, fwd_sm90_run<FwdCfg<D, BN, NC, ST, true, true, 1, true, -1, -1, 1, -1, 0, QE, SL, 0, 0, 0, SO, 0, SK>>, 0}
+/* V_NC: a non-causal kernel with LAZY, SITOUT and SPREAD spelled out */
+#define V_NC(name, D, BN, NC, ST, LAZY, SO) \
+    {name, D, 0, fwd_sm90_run<FwdCfg<D, BN, NC, ST, false, true, 1, true, -1, LAZY, 1, -1, 0, 0, false, 0, 0, 0, SO, SO>>, 0}
+/* V_CFG: any FwdCfg, spelled out */
+#define V_CFG(name, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0}
+/* The list: d128 causal BN 128 with QREG 2 against the shipped BN 176
+ * from 4096, and d64 causal two warpgroups with QREG 2 at short lengths
+ * (perf-notes v26, run 61). */
+#define QK(k) -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 0, 0, 0, k
 static const variant variants[] = {
-    V_SK("d64c nc2", 64, 128, 2, 2, 0, false, 0, 0),
-    V_SK("d64c nc3 so+skip", 64, 128, 3, 2, 0, true, 1, 1),
-    V_SK("d64c nc2 again", 64, 128, 2, 2, 0, false, 0, 0),
+    V_CFG("d64c nc2 shipped", 64, 1, 64, 128, 2, 2, true, true, 1, true),
+    V_CFG("d64c nc2 q2", 64, 1, 64, 128, 2, 2, true, true, 1, true, QK(2)),
+    V_CFG("d64c nc3 shipped", 64, 1, 64, 128, 3, 2, true, true, 1, true, -1, -1, 1, -1, 0, 0, true, 0, 0, 0, 1, 0, 1, 0),
+    V_CFG("d64c nc2 again", 64, 1, 64, 128, 2, 2, true, true, 1, true),
+    V_CFG("d128c bn176 shipped", 128, 1, 128, 176, 2, 2, true, true, 1, true, -1, -1, 1, -1, 0, 0, true, 0, 0, 0, 1, 0, 0, 0),
+    V_CFG("d128c bn128 q2", 128, 1, 128, 128, 2, 2, true, true, 1, true, -1, -1, 1, -1, 0, 1, true, 0, 0, 0, 0, 0, 0, 2),
+    V_CFG("d128c bn176 again", 128, 1, 128, 176, 2, 2, true, true, 1, true, -1, -1, 1, -1, 0, 0, true, 0, 0, 0, 1, 0, 0, 0),
 };
 
 static float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }

@@ -22,6 +22,7 @@ out.append("")
 out.append("/* SS: A and B from shared-memory descriptors, both K-major (no transpose).")
 out.append(" * RS: A from registers (K-major by definition), B from a descriptor, B")
 out.append(" *     MN-major (trans-b = 1): the V operand of O += P V.")
+out.append(" * RSK: as RS with B K-major (trans-b = 0): K in S = Q K^T, Q in registers.")
 out.append(" * scale_d = 0 computes D = A*B (no accumulator read), 1 computes D += A*B. */")
 for ptx_t, name in TYPES:
     for n in NS:
@@ -40,6 +41,13 @@ for ptx_t, name in TYPES:
         out.append("        : %s" % acc_constraints(nr))
         out.append("        : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(db), \"r\"(scale_d));")
         out.append("}")
+        # RS, trans-b = 0 (B K-major: the K operand of S = Q K^T with Q in registers)
+        out.append("__device__ __forceinline__ void wgmma_rsk_m64n%dk16_%s(float (&d)[%d], const uint32_t (&a)[4], uint64_t db, int scale_d) {" % (n, name, nr))
+        out.append("    asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n\"" % (nr + 5))
+        out.append("        \"wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s {%s}, {%%%d, %%%d, %%%d, %%%d}, %%%d, p, 1, 1, 0;\\n}\\n\"" % (n, ptx_t, ptx_t, regs(nr, 0), nr, nr + 1, nr + 2, nr + 3, nr + 4))
+        out.append("        : %s" % acc_constraints(nr))
+        out.append("        : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(db), \"r\"(scale_d));")
+        out.append("}")
 out.append("")
 # Dispatch templates so kernels can be written once for every N and dtype.
 out.append("template <int N, bool BF16> struct wgmma_op;")
@@ -49,5 +57,6 @@ for ptx_t, name in TYPES:
         out.append("template <> struct wgmma_op<%d, %s> {" % (n, bf))
         out.append("    static __device__ __forceinline__ void ss(float (&d)[%d], uint64_t da, uint64_t db, int sd) { wgmma_ss_m64n%dk16_%s(d, da, db, sd); }" % (n // 2, n, name))
         out.append("    static __device__ __forceinline__ void rs(float (&d)[%d], const uint32_t (&a)[4], uint64_t db, int sd) { wgmma_rs_m64n%dk16_%s(d, a, db, sd); }" % (n // 2, n, name))
+        out.append("    static __device__ __forceinline__ void rsk(float (&d)[%d], const uint32_t (&a)[4], uint64_t db, int sd) { wgmma_rsk_m64n%dk16_%s(d, a, db, sd); }" % (n // 2, n, name))
         out.append("};")
 print("\n".join(out))

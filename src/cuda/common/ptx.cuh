@@ -44,6 +44,19 @@ __device__ __forceinline__ int ld_shared_s32(const void *p) {
     return v;
 }
 
+/* ---- ldmatrix ------------------------------------------------------------ */
+/* Four 8x8 b16 matrices; lane l gives the shared address of row l % 8 of
+ * matrix l / 8, and receives in r[j] the pair of matrix j at (row lane / 4,
+ * columns 2 (lane % 4), +1): for a 16x16 tile loaded as (rows 0-7, k 0-7),
+ * (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15) that is the
+ * A fragment of a wgmma (HOPPER-PTX §3). */
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+
 /* ---- wgmma bookkeeping --------------------------------------------------- */
 /* wgmma.fence: order register accesses to accumulators / A fragments before a
  * following wgmma that uses them. */

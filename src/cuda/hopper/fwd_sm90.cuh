@@ -17,7 +17,9 @@
  * a mask (seqlen_k tail, causal diagonal) come first and the rest run unmasked.
  * A warpgroup with no row in the sequence only keeps the protocol going for
  * its tile (SITOUT), and a causal warpgroup that sees none of its tile's first
- * key block does the same for that block (SKIPDIAG).
+ * key block does the same for that block (SKIPDIAG).  Part of a warpgroup's
+ * Q can be copied into registers when its tile starts (QREG): those k-steps
+ * of S = Q K^T then read only K from shared memory.
  *
  * Tile boundaries: each consumer warpgroup has its own 64-row Q buffer with its
  * own full/empty mbarriers, so its next Q is loaded as soon as it has issued
@@ -93,7 +95,8 @@ template <int D_, int BN_, int NC_, int STAGES_, bool CAUSAL_, bool BF16_,
           int TREEMAX_ = 0 /* 1: each row's block max as a pairwise tree, not a chain (perf-notes v21) */,
           int SITOUT_ = 0 /* 1: a warpgroup with no row before seqlen_q skips its tile's work (perf-notes v22) */,
           int SPREAD_ = 0 /* 1: static order k*G + (c + k) mod G, so each CTA's m cycles (perf-notes v22) */,
-          int SKIPDIAG_ = 0 /* 1: causal: a warpgroup skips its tile's first key block when it sees none of it (perf-notes v23) */>
+          int SKIPDIAG_ = 0 /* 1: causal: a warpgroup skips its tile's first key block when it sees none of it (perf-notes v23) */,
+          int QREG_ = 0 /* k > 0: the first k 16-column slices of each warpgroup's Q in registers for S = Q K^T, -1 all (perf-notes v26) */>
 struct FwdCfg {
     static constexpr int D = D_, BN = BN_, NC = NC_, STAGES = STAGES_;
     static constexpr bool CAUSAL = CAUSAL_, BF16 = BF16_, OVERLAP = OVERLAP_ != 0, PINGPONG = PINGPONG_ && NC_ > 1;
@@ -168,6 +171,15 @@ struct FwdCfg {
      * the pingpong token once and releases the stages, then starts its tile
      * at the next block. */
     static constexpr bool SKIPDIAG = SKIPDIAG_ == 1 && CAUSAL_ && !XTILE;
+    /* QREG: a warpgroup copies its 64 Q rows from shared memory into
+     * registers (ldmatrix, the wgmma A fragment) when its tile starts and
+     * hands the Q buffer back to the producer at once; every S = Q K^T then
+     * reads only K from shared memory (RS wgmma, B K-major).  Costs D/4
+     * registers per thread; saves a quarter of the QK^T GEMM's shared-memory
+     * reads at d128 BN 176 (Q 16 KB of 61 KB per block and warpgroup). */
+    static constexpr int QREGK = XTILE ? 0 : QREG_ < 0 ? D / 16 : (QREG_ < D / 16 ? QREG_ : D / 16);
+    static constexpr bool QREG = QREGK > 0;
+    static constexpr bool QREG_ALL = QREGK == D / 16; /* the Q buffer goes back at the tile's start */
     static constexpr int Q_BYTES = BM * D * 2; /* one Q buffer set */
     static constexpr int QWG_BYTES = 64 * D * 2; /* one consumer warpgroup's Q rows */
     static constexpr int KV_BYTES = BN * D * 2;
@@ -469,6 +481,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     float sacc[BN / 2];
     float oacc[D / 2];
     uint32_t pfrag[BN / 16][4];
+    uint32_t qfrag[C::QREG ? C::QREGK : 1][4]; /* QREG: this tile's Q, A fragments per 16 columns */
 
     /* Pingpong token ring over the consumers (named barriers 8 .. 8+NC-1),
      * kept going across tiles: warpgroup 0 holds the token first. */
@@ -637,6 +650,24 @@ __global__ void __launch_bounds__(C::THREADS, 1)
             }
 
             const uint64_t desc_q = smem_desc_sw128(sQ + (qi % C::QBUF) * C::Q_BYTES + wg * 64 * 128, 16, 1024);
+            if (C::QREG) {
+                /* 16x16 block kk of warp w: rows 16w + (j % 2) 8 + lane % 8,
+                 * 16-byte chunk 2 (kk % 4) + j / 2 of slab kk / 4 for matrix
+                 * j = lane / 8, chunk index xor row % 8 (128-byte swizzle) */
+                const uint32_t qbase = smem_u32(sQ + (qi % C::QBUF) * C::Q_BYTES + wg * 64 * 128);
+                const int qrow = 16 * warp + ((lane >> 3) & 1) * 8 + (lane & 7);
+#pragma unroll
+                for (int kk = 0; kk < C::QREGK; ++kk) {
+                    const int chunk = 2 * (kk % 4) + (lane >> 4);
+                    ldsm_x4(qfrag[kk], qbase + (kk / 4) * BM * 128 + qrow * 128 + ((chunk ^ (qrow & 7)) << 4));
+                }
+                if (C::QREG_ALL) {
+                    /* the producer may overwrite the buffer (async proxy)
+                     * once every thread's reads are done */
+                    fence_async_shared();
+                    mbar_arrive(&empty_q[qi]);
+                }
+            }
 
             /* S = Q K_n^T into sacc (issue only). */
             auto issue_qk = [&](int s) {
@@ -645,7 +676,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                 for (int kk = 0; kk < D / 16; ++kk) {
                     const uint32_t off_q = (kk / 4) * BM * 128 + (kk % 4) * 32;
                     const uint32_t off_k = (kk / 4) * BN * 128 + (kk % 4) * 32;
-                    WG::ss(sacc, desc_add(desc_q, off_q), desc_add(desc_k, off_k), kk > 0);
+                    if (kk < C::QREGK) WG::rsk(sacc, qfrag[C::QREG ? kk : 0], desc_add(desc_k, off_k), kk > 0);
+                    else WG::ss(sacc, desc_add(desc_q, off_q), desc_add(desc_k, off_k), kk > 0);
                 }
             };
             /* Mask, new running max, p = exp2(s*c - m*c) in place, partial row
@@ -747,7 +779,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                 reg_fence(sacc);
                 FWD_TRACE(5);
                 release(&empty_k[s]);
-                if (n == 0) mbar_arrive(&empty_q[qi]);
+                if (!C::QREG_ALL && n == 0) mbar_arrive(&empty_q[qi]);
                 softmax_step(n, alpha, rescale); /* under the PV GEMM */
                 FWD_TRACE(6);
                 /* keeps the wait below the softmax in the SASS (both rows' sums) */
@@ -805,7 +837,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                 reg_fence(sacc);
                 FWD_TRACE(5);
                 release(&empty_k[s]);
-                if (n == 0) mbar_arrive(&empty_q[qi]);
+                if (!C::QREG_ALL && n == 0) mbar_arrive(&empty_q[qi]);
                 softmax_step(n, alpha, rescale);
                 convert_p();
                 FWD_TRACE(6);
@@ -836,7 +868,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                     reg_fence(oacc);
                     release(&empty_v[prev_s]);
                     release(&empty_k[s]);
-                    if (n == 0) mbar_arrive(&empty_q[qi]);
+                    if (!C::QREG_ALL && n == 0) mbar_arrive(&empty_q[qi]);
                     softmax_step(n, alpha, rescale);
                     convert_p();
                 }

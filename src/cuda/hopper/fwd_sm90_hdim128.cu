@@ -17,8 +17,14 @@ fattn_status fwd_sm90_hdim128(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_varia
          * warpgroup sits out at lengths that are multiples of 128: ptxas
          * builds a shorter key-block loop (878 against 910 instructions);
          * SKIPDIAG on top: +0.3 / -0.4 / -0.7% at 4096-16384 (run 50), off */
-        if (a->p.seqlen_k >= 4096) FWD_SM90_CAUSAL_OPT(128, 176, 2, 2, 0, true, 1, 0);
-        FWD_SM90_CAUSAL_OPT(128, 128, 2, 2, 1, true, 0, 0);
+        /* BN 128 with the first 32 of Q's 128 columns in registers (QREG 2):
+         * +1.1 / +1.7 / +2.0 / +2.6 / +1.8% over BN 128 without at 1024-16384
+         * (run 60; all of Q: -0.4..0%), and against BN 176 +17.6 / +13.0 / +9.0
+         * / +2.7 / -0.6 / -1.5% at 512 / 1024 / 1536 / 4096 / 8192 / 16384 (run
+         * 61, perf-notes v26): BN 176 from seqlen_k 8192 (was 4096; lengths
+         * between 4096 and 8192 measured only at 6144, in the other-shapes run) */
+        if (a->p.seqlen_k >= 8192) FWD_SM90_CAUSAL_OPT(128, 176, 2, 2, 0, true, 1, 0);
+        FWD_SM90_CAUSAL_Q(128, 128, 2, 2, 1, true, 0, 0, 2);
     }
     FWD_SM90_NONCAUSAL(128, 176, 2, 2);
 }

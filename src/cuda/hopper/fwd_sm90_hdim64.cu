@@ -18,11 +18,16 @@ fattn_status fwd_sm90_hdim64(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_varian
          * both, 3 warpgroups against 2: -0.5 / -1.0 / +9.0 / +9.1% at 512 /
          * 1024 / 1536 / 2048 (run 53), so 3 from seqlen_k 1536 (was 2048) */
         if (a->p.seqlen_k >= 1536) FWD_SM90_CAUSAL_OPT(64, 128, 3, 2, 0, true, 1, 1);
-        FWD_SM90_CAUSAL(64, 128, 2, 2);
+        /* the first 32 of Q's 64 columns in registers (QREG 2): +1.7 / +2.1%
+         * at 1024 (runs 60, 61), +2.1 / +1.1% at 512 / 1536 (run 61; perf-notes v26) */
+        FWD_SM90_CAUSAL_Q(64, 128, 2, 2, 0, false, 0, 0, 2);
     }
     /* 3 K/V stages: +1-2% at seqlen 1024-4096 with the fenced wait (run 19);
      * warpgroups with no row in the sequence sit the tile out and the static
      * order spreads those short tiles over the CTAs (SITOUT, SPREAD): +7.5%
      * at 1024, +3.2..+3.6% at 2048-4096, +0.4..+1.4% at 8192-16384 (run 48) */
-    FWD_SM90_NONCAUSAL_SO(64, 128, 3, 3, 1, 1);
+    /* the first 16 of Q's 64 columns in registers (QREG 1; all of them
+     * spill at 160 registers): +2.1 / +2.0 / +1.6 / +1.6 / +0.5% (run 59) and
+     * +2.2 / +2.6 / +1.9 / +1.4 / +1.5% (run 60) at 1024-16384 (perf-notes v26) */
+    FWD_SM90_NONCAUSAL_SOQ(64, 128, 3, 3, 1, 1, 1);
 }

@@ -128,22 +128,23 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
  * overlap and/or pingpong, and with the softmax always under the own PV GEMM
  * (FwdCfg OVERLAP_ 3), for the ablation (fattn_ctx_set_option). */
 /* QE: FwdCfg QEARLY; SL: FwdCfg SLEEP; SO: FwdCfg SITOUT (causal tiles are
- * scheduled dynamically: no SPREAD); SK: FwdCfg SKIPDIAG */
-#define FWD_SM90_CAUSAL_OPT(D, BN, NC, STAGES, QE, SL, SO, SK)                                                 \
+ * scheduled dynamically: no SPREAD); SK: FwdCfg SKIPDIAG; QR: FwdCfg QREG */
+#define FWD_SM90_CAUSAL_Q(D, BN, NC, STAGES, QE, SL, SO, SK, QR)                                               \
     do {                                                                                                       \
         if (v.bf16)                                                                                            \
-            return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, true, true, 1, true, -1, -1, 1, -1, 0, QE, SL, 0, 0, 0, SO, 0, SK>>(ctx, a); \
-        return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, true, false, 1, true, -1, -1, 1, -1, 0, QE, SL, 0, 0, 0, SO, 0, SK>>(ctx, a); \
+            return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, true, true, 1, true, -1, -1, 1, -1, 0, QE, SL, 0, 0, 0, SO, 0, SK, QR>>(ctx, a); \
+        return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, true, false, 1, true, -1, -1, 1, -1, 0, QE, SL, 0, 0, 0, SO, 0, SK, QR>>(ctx, a); \
     } while (0)
+#define FWD_SM90_CAUSAL_OPT(D, BN, NC, STAGES, QE, SL, SO, SK) FWD_SM90_CAUSAL_Q(D, BN, NC, STAGES, QE, SL, SO, SK, 0)
 #define FWD_SM90_CAUSAL(D, BN, NC, STAGES) FWD_SM90_CAUSAL_OPT(D, BN, NC, STAGES, 0, false, 0, 0)
-/* SO: FwdCfg SITOUT and SPREAD for the full design (the ablation's variants
- * without them) */
-#define FWD_SM90_NONCAUSAL_SO(D, BN, NC, STAGES, CL, SO)                                                       \
+/* SO: FwdCfg SITOUT and SPREAD, QR: FwdCfg QREG, for the full design (the
+ * ablation's variants without them) */
+#define FWD_SM90_NONCAUSAL_SOQ(D, BN, NC, STAGES, CL, SO, QR)                                                  \
     do {                                                                                                       \
         if (v.bf16) {                                                                                          \
             if (v.overlap && v.pingpong) {                                                                     \
                 if (v.under_pv) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, 3, true, -1, -1, CL>>(ctx, a); \
-                return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, 1, true, -1, -1, CL, -1, 0, 0, false, 0, 0, 0, SO, SO>>(ctx, a); \
+                return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, 1, true, -1, -1, CL, -1, 0, 0, false, 0, 0, 0, SO, SO, 0, QR>>(ctx, a); \
             }                                                                                                  \
             if (v.overlap) {                                                                                   \
                 if (v.under_pv) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, 3, false, -1, -1, CL>>(ctx, a); \
@@ -152,8 +153,9 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
             if (v.pingpong) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, 0, true, -1, -1, CL>>(ctx, a); \
             return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, 0, false, -1, -1, CL>>(ctx, a);     \
         }                                                                                                      \
-        return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, false, 1, true, -1, -1, CL, -1, 0, 0, false, 0, 0, 0, SO, SO>>(ctx, a); \
+        return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, false, 1, true, -1, -1, CL, -1, 0, 0, false, 0, 0, 0, SO, SO, 0, QR>>(ctx, a); \
     } while (0)
+#define FWD_SM90_NONCAUSAL_SO(D, BN, NC, STAGES, CL, SO) FWD_SM90_NONCAUSAL_SOQ(D, BN, NC, STAGES, CL, SO, 0)
 #define FWD_SM90_NONCAUSAL_CL(D, BN, NC, STAGES, CL) FWD_SM90_NONCAUSAL_SO(D, BN, NC, STAGES, CL, 0)
 #define FWD_SM90_NONCAUSAL(D, BN, NC, STAGES) FWD_SM90_NONCAUSAL_CL(D, BN, NC, STAGES, 1)
 /* CTA pairs sharing K/V loads (FwdCfg CLUSTER) when the query blocks pair up
