@@ -53,15 +53,20 @@ struct variant {
     {name, D, 0, fwd_sm90_run<FwdCfg<D, BN, NC, ST, false, true, 1, true, -1, LAZY, 1, -1, 0, 0, false, 0, 0, 0, SO, SO>>, 0}
 /* V_CFG: any FwdCfg, spelled out */
 #define V_CFG(name, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0}
-/* The list: d256 with BN 64 and half of Q in registers (QREG 4) against
- * the shipped BN 80 (perf-notes v27, run 64). */
+/* The list: short lengths, d128 non-causal with BN 128 / 144 and all of Q in
+ * registers, and d64 causal two warpgroups with 3 stages (perf-notes v28,
+ * run 65). */
+#define QK(k) -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 0, 0, 0, k
 static const variant variants[] = {
-    V_CFG("d256 shipped bn80", 256, 0, 256, 80, 2, 2, false, true, 1, true, -1, -1, 2),
-    V_CFG("d256 bn64 q4", 256, 0, 256, 64, 2, 2, false, true, 1, true, -1, -1, 2, -1, 0, 0, false, 0, 0, 0, 0, 0, 0, 4),
-    V_CFG("d256 shipped again", 256, 0, 256, 80, 2, 2, false, true, 1, true, -1, -1, 2),
-    V_CFG("d256c shipped bn80", 256, 1, 256, 80, 2, 2, true, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 0, 0, 1, 0),
-    V_CFG("d256c bn64 q4", 256, 1, 256, 64, 2, 2, true, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 0, 0, 1, 4),
-    V_CFG("d256c shipped again", 256, 1, 256, 80, 2, 2, true, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 0, 0, 1, 0),
+    V_CFG("d128 shipped bn176", 128, 0, 128, 176, 2, 2, false, true, 1, true),
+    V_CFG("d128 bn128 qall", 128, 0, 128, 128, 2, 2, false, true, 1, true, QK(-1)),
+    V_CFG("d128 bn128 qall st3", 128, 0, 128, 128, 2, 3, false, true, 1, true, QK(-1)),
+    V_CFG("d128 bn144 qall", 128, 0, 128, 144, 2, 2, false, true, 1, true, QK(-1)),
+    V_CFG("d128 shipped again", 128, 0, 128, 176, 2, 2, false, true, 1, true),
+    V_CFG("d64c nc2 q2 shipped", 64, 1, 64, 128, 2, 2, true, true, 1, true, QK(2)),
+    V_CFG("d64c nc2 q2 st3", 64, 1, 64, 128, 2, 3, true, true, 1, true, QK(2)),
+    V_CFG("d64c nc2 qall st3", 64, 1, 64, 128, 2, 3, true, true, 1, true, QK(-1)),
+    V_CFG("d64c nc2 q2 again", 64, 1, 64, 128, 2, 2, true, true, 1, true, QK(2)),
 };
 
 static float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
