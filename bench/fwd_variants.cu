@@ -53,20 +53,18 @@ struct variant {
     {name, D, 0, fwd_sm90_run<FwdCfg<D, BN, NC, ST, false, true, 1, true, -1, LAZY, 1, -1, 0, 0, false, 0, 0, 0, SO, SO>>, 0}
 /* V_CFG: any FwdCfg, spelled out */
 #define V_CFG(name, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0}
-/* The list: short lengths, d128 non-causal with BN 128 / 144 and all of Q in
- * registers, and d64 causal two warpgroups with 3 stages (perf-notes v28,
- * run 65). */
-#define QK(k) -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 0, 0, 0, k
+/* The list: d128 non-causal BN 176 with the last k slices of Q in
+ * registers (QREG k, QREGPOS 1) or every other slice (QREGPOS 2), against
+ * the shipped kernel (perf-notes v29, run 66). */
+#define QKP(k, pos) -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 0, 0, 0, k, pos
 static const variant variants[] = {
     V_CFG("d128 shipped bn176", 128, 0, 128, 176, 2, 2, false, true, 1, true),
-    V_CFG("d128 bn128 qall", 128, 0, 128, 128, 2, 2, false, true, 1, true, QK(-1)),
-    V_CFG("d128 bn128 qall st3", 128, 0, 128, 128, 2, 3, false, true, 1, true, QK(-1)),
-    V_CFG("d128 bn144 qall", 128, 0, 128, 144, 2, 2, false, true, 1, true, QK(-1)),
+    V_CFG("d128 q2 last", 128, 0, 128, 176, 2, 2, false, true, 1, true, QKP(2, 1)),
+    V_CFG("d128 q3 last", 128, 0, 128, 176, 2, 2, false, true, 1, true, QKP(3, 1)),
+    V_CFG("d128 q4 last", 128, 0, 128, 176, 2, 2, false, true, 1, true, QKP(4, 1)),
+    V_CFG("d128 q4 odd", 128, 0, 128, 176, 2, 2, false, true, 1, true, QKP(4, 2)),
+    V_CFG("d128 q4 first", 128, 0, 128, 176, 2, 2, false, true, 1, true, QKP(4, 0)),
     V_CFG("d128 shipped again", 128, 0, 128, 176, 2, 2, false, true, 1, true),
-    V_CFG("d64c nc2 q2 shipped", 64, 1, 64, 128, 2, 2, true, true, 1, true, QK(2)),
-    V_CFG("d64c nc2 q2 st3", 64, 1, 64, 128, 2, 3, true, true, 1, true, QK(2)),
-    V_CFG("d64c nc2 qall st3", 64, 1, 64, 128, 2, 3, true, true, 1, true, QK(-1)),
-    V_CFG("d64c nc2 q2 again", 64, 1, 64, 128, 2, 2, true, true, 1, true, QK(2)),
 };
 
 static float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
