@@ -48,23 +48,23 @@ struct variant {
  * and SKIPDIAG (v23) on or off. */
 #define V_SK(name, D, BN, NC, ST, QE, SL, SO, SK) \
     {name, D, 1, fwd_sm90_run<FwdCfg<D, BN, NC, ST, true, true, 1, true, -1, -1, 1, -1, 0, QE, SL, 0, 0, 0, SO, 0, SK>>, 0}
-/* V_NC: a non-causal kernel with LAZY, SITOUT and SPREAD spelled out */
-#define V_NC(name, D, BN, NC, ST, LAZY, SO) \
-    {name, D, 0, fwd_sm90_run<FwdCfg<D, BN, NC, ST, false, true, 1, true, -1, LAZY, 1, -1, 0, 0, false, 0, 0, 0, SO, SO>>, 0}
 /* V_CFG: any FwdCfg, spelled out */
 #define V_CFG(name, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0}
-/* The list: d128 non-causal BN 176 with the last k slices of Q in
- * registers (QREG k, QREGPOS 1) or every other slice (QREGPOS 2), against
- * the shipped kernel (perf-notes v29, run 66). */
-#define QKP(k, pos) -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 0, 0, 0, k, pos
+/* The list: the kernels shipped with Q partly in registers (QREG k) against
+ * the same kernels without it (perf-notes v26, runs 59-61; runs 64-66 used
+ * lists of their own, described in perf-notes v27-v29). */
+#define QK(k) -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 0, 0, 0, k
 static const variant variants[] = {
-    V_CFG("d128 shipped bn176", 128, 0, 128, 176, 2, 2, false, true, 1, true),
-    V_CFG("d128 q2 last", 128, 0, 128, 176, 2, 2, false, true, 1, true, QKP(2, 1)),
-    V_CFG("d128 q3 last", 128, 0, 128, 176, 2, 2, false, true, 1, true, QKP(3, 1)),
-    V_CFG("d128 q4 last", 128, 0, 128, 176, 2, 2, false, true, 1, true, QKP(4, 1)),
-    V_CFG("d128 q4 odd", 128, 0, 128, 176, 2, 2, false, true, 1, true, QKP(4, 2)),
-    V_CFG("d128 q4 first", 128, 0, 128, 176, 2, 2, false, true, 1, true, QKP(4, 0)),
-    V_CFG("d128 shipped again", 128, 0, 128, 176, 2, 2, false, true, 1, true),
+    V_CFG("d64 q0", 64, 0, 64, 128, 3, 3, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 1, 1, 0, 0),
+    V_CFG("d64 q1 (shipped)", 64, 0, 64, 128, 3, 3, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 1, 1, 0, 1),
+    V_CFG("d64 q0 again", 64, 0, 64, 128, 3, 3, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 1, 1, 0, 0),
+    V_CFG("d64c nc2 q0", 64, 1, 64, 128, 2, 2, true, true, 1, true),
+    V_CFG("d64c nc2 q2 (shipped)", 64, 1, 64, 128, 2, 2, true, true, 1, true, QK(2)),
+    V_CFG("d64c nc2 q0 again", 64, 1, 64, 128, 2, 2, true, true, 1, true),
+    V_CFG("d128c bn128 q0", 128, 1, 128, 128, 2, 2, true, true, 1, true, -1, -1, 1, -1, 0, 1, true, 0, 0, 0, 0, 0, 0, 0),
+    V_CFG("d128c bn128 q2 (shipped)", 128, 1, 128, 128, 2, 2, true, true, 1, true, -1, -1, 1, -1, 0, 1, true, 0, 0, 0, 0, 0, 0, 2),
+    V_CFG("d128c bn176 (>= 8192)", 128, 1, 128, 176, 2, 2, true, true, 1, true, -1, -1, 1, -1, 0, 0, true, 0, 0, 0, 1, 0, 0, 0),
+    V_CFG("d128c bn128 q0 again", 128, 1, 128, 128, 2, 2, true, true, 1, true, -1, -1, 1, -1, 0, 1, true, 0, 0, 0, 0, 0, 0, 0),
 };
 
 static float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
