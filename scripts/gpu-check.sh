@@ -22,9 +22,10 @@ step "resources (ptxas) and SASS"
       -Xptxas=-v,--warn-on-spills -c "$f" -o /dev/null 2>&1 | grep -E "Used|spill|warn|C75" | sort | uniq -c
   done
   echo "SASS instruction counts in libfattn:"
-  cuobjdump -sass "$BUILD/libfattn.so" | grep -oE "HGMMA\.[0-9x]+\.F32(\.BF16)?|UTMALDG\.[0-9]D|USETMAXREG\.[A-Z.]+" | sort | uniq -c
+  cuobjdump -sass "$BUILD/libfattn.so" >"$LOG/lib.sass"
+  grep -oE "HGMMA\.[0-9x]+\.F32(\.BF16)?|UTMALDG\.[0-9]D|USETMAXREG\.[A-Z.]+" "$LOG/lib.sass" | sort | uniq -c
   echo "key-block loops (scripts/sass_loops.py):"
-  cuobjdump -sass "$BUILD/libfattn.so" >"$LOG/lib.sass" && python3 scripts/sass_loops.py "$LOG/lib.sass"
+  python3 scripts/sass_loops.py "$LOG/lib.sass"
   rm -f "$LOG/lib.sass"
 } >"$LOG/sass.txt" 2>&1
 cat "$LOG/sass.txt" | tail -12

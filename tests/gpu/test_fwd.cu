@@ -311,9 +311,9 @@ int main(void) {
         {1, 1970, 2048, 2, 2, 64, 1, B, TU_BHSD},
         {1, 2000, 2100, 4, 1, 64, 1, H, TU_BSHD},
         {2, 1000, 1000, 40, 8, 64, 0, H, TU_BSHD},
-        /* d64 causal from seqlen_k 8192: three warpgroups without SITOUT;
-         * d128 causal from seqlen_k 8192: BN 176 (below it BN 128 with part
-         * of Q in registers) */
+        /* a long seqlen_k with short seqlen_q: d64 causal with three
+         * warpgroups, whose last sits its tile out; d128 causal from seqlen_k
+         * 8192: BN 176 (below it BN 128 with part of Q in registers) */
         {1, 100, 8200, 2, 1, 64, 1, B, TU_BSHD},
         {1, 1000, 8200, 2, 1, 128, 1, H, TU_BSHD},
         /* causal with seqlen_q > seqlen_k where warpgroups skip a first key

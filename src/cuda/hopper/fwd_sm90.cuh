@@ -171,12 +171,13 @@ struct FwdCfg {
      * the pingpong token once and releases the stages, then starts its tile
      * at the next block. */
     static constexpr bool SKIPDIAG = SKIPDIAG_ == 1 && CAUSAL_ && !XTILE;
-    /* QREG: a warpgroup copies its 64 Q rows from shared memory into
-     * registers (ldmatrix, the wgmma A fragment) when its tile starts and
-     * hands the Q buffer back to the producer at once; every S = Q K^T then
-     * reads only K from shared memory (RS wgmma, B K-major).  Costs D/4
-     * registers per thread; saves a quarter of the QK^T GEMM's shared-memory
-     * reads at d128 BN 176 (Q 16 KB of 61 KB per block and warpgroup). */
+    /* QREG: when its tile starts, a warpgroup copies the first QREGK
+     * 16-column slices of its 64 Q rows from shared memory into registers
+     * (ldmatrix, the wgmma A fragment); those k-steps of every S = Q K^T read
+     * only K from shared memory (RS wgmma, B K-major), the others stay SS.
+     * Costs 4 registers per thread and slice.  With all D/16 slices
+     * (QREG_ALL) the Q buffer goes back to the producer at once; else after
+     * the tile's last QK^T, as without QREG. */
     static constexpr int QREGK = XTILE ? 0 : QREG_ < 0 ? D / 16 : (QREG_ < D / 16 ? QREG_ : D / 16);
     static constexpr bool QREG = QREGK > 0;
     static constexpr bool QREG_ALL = QREGK == D / 16; /* the Q buffer goes back at the tile's start */
@@ -649,12 +650,13 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                 for (int i = 0; i < D / 2; ++i) oacc[i] = 0.f;
             }
 
-            const uint64_t desc_q = smem_desc_sw128(sQ + (qi % C::QBUF) * C::Q_BYTES + wg * 64 * 128, 16, 1024);
+            const uint8_t *sq_wg = sQ + (qi % C::QBUF) * C::Q_BYTES + wg * 64 * 128; /* this warpgroup's Q rows */
+            const uint64_t desc_q = smem_desc_sw128(sq_wg, 16, 1024);
             if (C::QREG) {
                 /* 16x16 block kk of warp w: rows 16w + (j % 2) 8 + lane % 8,
                  * 16-byte chunk 2 (kk % 4) + j / 2 of slab kk / 4 for matrix
                  * j = lane / 8, chunk index xor row % 8 (128-byte swizzle) */
-                const uint32_t qbase = smem_u32(sQ + (qi % C::QBUF) * C::Q_BYTES + wg * 64 * 128);
+                const uint32_t qbase = smem_u32(sq_wg);
                 const int qrow = 16 * warp + ((lane >> 3) & 1) * 8 + (lane & 7);
 #pragma unroll
                 for (int kk = 0; kk < C::QREGK; ++kk) {

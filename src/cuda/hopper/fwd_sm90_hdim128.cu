@@ -21,8 +21,8 @@ fattn_status fwd_sm90_hdim128(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_varia
          * +1.1 / +1.7 / +2.0 / +2.6 / +1.8% over BN 128 without at 1024-16384
          * (run 60; all of Q: -0.4..0%), and against BN 176 +17.6 / +13.0 / +9.0
          * / +2.7 / -0.6 / -1.5% at 512 / 1024 / 1536 / 4096 / 8192 / 16384 (run
-         * 61, perf-notes v26): BN 176 from seqlen_k 8192 (was 4096; lengths
-         * between 4096 and 8192 measured only at 6144, in the other-shapes run) */
+         * 61, perf-notes v26), and +2.6 / +1.1 / -0.1 / -0.4 / +0.3% at 4096 / 5120
+         * / 6144 / 7168 / 8192 (run 63): BN 176 from seqlen_k 8192 (was 4096) */
         if (a->p.seqlen_k >= 8192) FWD_SM90_CAUSAL_OPT(128, 176, 2, 2, 0, true, 1, 0);
         FWD_SM90_CAUSAL_Q(128, 128, 2, 2, 1, true, 0, 0, 2);
     }

@@ -18,7 +18,7 @@ fattn_status fwd_sm90_hdim64(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_varian
          * both, 3 warpgroups against 2: -0.5 / -1.0 / +9.0 / +9.1% at 512 /
          * 1024 / 1536 / 2048 (run 53), so 3 from seqlen_k 1536 (was 2048) */
         if (a->p.seqlen_k >= 1536) FWD_SM90_CAUSAL_OPT(64, 128, 3, 2, 0, true, 1, 1);
-        /* the first 32 of Q's 64 columns in registers (QREG 2): +1.7 / +2.1%
+        /* the first 32 of Q's 64 columns in registers (QREG 2): +1.7 / +1.4%
          * at 1024 (runs 60, 61), +2.1 / +1.1% at 512 / 1536 (run 61; perf-notes v26) */
         FWD_SM90_CAUSAL_Q(64, 128, 2, 2, 0, false, 0, 0, 2);
     }
