@@ -192,7 +192,7 @@ def main():
     ap.add_argument("--cooldown-ms", type=float, default=0.0,
                     help="the GPU idles this long before every turn (burst timing: use with --settle-ms 0, "
                          "so each backend's samples run before the power limit lowers the clock)")
-    ap.add_argument("--ab-option", choices=["disable_overlap", "disable_pingpong", "disable_pdl", "softmax_under_pv"],
+    ap.add_argument("--ab-option", choices=["disable_overlap", "disable_pingpong", "disable_pdl", "softmax_under_pv", "disable_split"],
                     help="also time fattn with this option set to 1, as one more backend taking turns "
                          "(a line 'A/B' under each row: its TFLOPs/s and their ratio to fattn's)")
     ap.add_argument("--clocks", action="store_true",

@@ -24,6 +24,7 @@ struct variant {
     int d, causal;
     run_fn fn;
     int no_pdl; /* FATTN_OPTION_DISABLE_PDL */
+    int no_split; /* FATTN_OPTION_DISABLE_SPLIT */
 };
 /* One variant: FwdCfg<D, BN, NC, STAGES, CAUSAL, bf16, overlap, pingpong, ...>
  * with the later options at their defaults (V, V_NOPDL: launched without
@@ -48,23 +49,26 @@ struct variant {
  * and SKIPDIAG (v23) on or off. */
 #define V_SK(name, D, BN, NC, ST, QE, SL, SO, SK) \
     {name, D, 1, fwd_sm90_run<FwdCfg<D, BN, NC, ST, true, true, 1, true, -1, -1, 1, -1, 0, QE, SL, 0, 0, 0, SO, 0, SK>>, 0}
-/* V_CFG: any FwdCfg, spelled out */
-#define V_CFG(name, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0}
-/* The list: the kernels shipped with Q partly in registers (QREG k) against
- * the same kernels without it (perf-notes v26, runs 59-61; runs 64-66 used
- * lists of their own, described in perf-notes v27-v29). */
-#define QK(k) -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 0, 0, 0, k
+/* V_CFG: any FwdCfg, spelled out; V_CFG_NOSPLIT: launched with FATTN_OPTION_DISABLE_SPLIT */
+#define V_CFG(name, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0, 0}
+#define V_CFG_NOSPLIT(name, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0, 1}
+/* The list: the shipped non-causal kernels with the last wave split along
+ * the keys (FwdCfg SPLIT, perf-notes v30), the same instance with the split
+ * turned off, and the kernel compiled without SPLIT (runs 59-61 and 64-66
+ * used lists of their own, described in perf-notes v26-v29). */
+#define NC64(sp) 64, 128, 3, 3, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 1, 1, 0, 1, sp
+#define NC128(sp) 128, 176, 2, 2, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 0, 0, 0, 0, sp
+#define NC256(sp) 256, 80, 2, 2, false, true, 1, true, -1, -1, 2, -1, 0, 0, false, 0, 0, 0, 0, 0, 0, 0, sp
 static const variant variants[] = {
-    V_CFG("d64 q0", 64, 0, 64, 128, 3, 3, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 1, 1, 0, 0),
-    V_CFG("d64 q1 (shipped)", 64, 0, 64, 128, 3, 3, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 1, 1, 0, 1),
-    V_CFG("d64 q0 again", 64, 0, 64, 128, 3, 3, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 1, 1, 0, 0),
-    V_CFG("d64c nc2 q0", 64, 1, 64, 128, 2, 2, true, true, 1, true),
-    V_CFG("d64c nc2 q2 (shipped)", 64, 1, 64, 128, 2, 2, true, true, 1, true, QK(2)),
-    V_CFG("d64c nc2 q0 again", 64, 1, 64, 128, 2, 2, true, true, 1, true),
-    V_CFG("d128c bn128 q0", 128, 1, 128, 128, 2, 2, true, true, 1, true, -1, -1, 1, -1, 0, 1, true, 0, 0, 0, 0, 0, 0, 0),
-    V_CFG("d128c bn128 q2 (shipped)", 128, 1, 128, 128, 2, 2, true, true, 1, true, -1, -1, 1, -1, 0, 1, true, 0, 0, 0, 0, 0, 0, 2),
-    V_CFG("d128c bn176 (>= 8192)", 128, 1, 128, 176, 2, 2, true, true, 1, true, -1, -1, 1, -1, 0, 0, true, 0, 0, 0, 1, 0, 0, 0),
-    V_CFG("d128c bn128 q0 again", 128, 1, 128, 128, 2, 2, true, true, 1, true, -1, -1, 1, -1, 0, 1, true, 0, 0, 0, 0, 0, 0, 0),
+    V_CFG("d64 no SPLIT", 64, 0, NC64(0)),
+    V_CFG("d64 split (shipped)", 64, 0, NC64(1)),
+    V_CFG_NOSPLIT("d64 split off", 64, 0, NC64(1)),
+    V_CFG("d128 no SPLIT", 128, 0, NC128(0)),
+    V_CFG("d128 split (shipped)", 128, 0, NC128(1)),
+    V_CFG_NOSPLIT("d128 split off", 128, 0, NC128(1)),
+    V_CFG("d256 no SPLIT", 256, 0, NC256(0)),
+    V_CFG("d256 split (shipped)", 256, 0, NC256(1)),
+    V_CFG_NOSPLIT("d256 split off", 256, 0, NC256(1)),
 };
 
 static float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
@@ -140,6 +144,7 @@ int main(int argc, char **argv) {
                 const variant &va = variants[vi];
                 cudaMemset(o, 0xFF, n * 2);
                 fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_PDL, va.no_pdl);
+                fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_SPLIT, va.no_split);
                 if (va.fn(ctx, &a) != FATTN_OK) { printf("%s: %s\n", va.name, fattn_last_error(ctx)); continue; }
                 cudaDeviceSynchronize();
                 ok[vi - g0] = 1;
@@ -173,6 +178,7 @@ int main(int argc, char **argv) {
                     if (!ok[vi - g0]) continue;
                     const variant &va = variants[vi];
                     fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_PDL, va.no_pdl);
+                    fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_SPLIT, va.no_split);
                     for (int w = 0; w < 2; ++w) va.fn(ctx, &a);
                     for (int j = 0; j < 3; ++j) {
                         cudaEventRecord(e0);

@@ -152,7 +152,13 @@ typedef enum fattn_option {
      * placement of the wait); 0 (default) = per kernel, the placement that
      * measured faster (docs/perf-notes.md, v8). */
     FATTN_OPTION_SOFTMAX_UNDER_PV = 3,
-    FATTN_OPTION_COUNT_ = 4
+    /* CUDA forward, non-causal 16-bit kernels: 1 = never split a tile's keys
+     * over CTAs.  By default the tiles that do not fill the last wave of CTAs
+     * (or all tiles, when there are fewer tiles than SMs) are split along
+     * the keys and their pieces merged by the CTA that finishes last, using a
+     * workspace the context allocates on first use (docs/design.md). */
+    FATTN_OPTION_DISABLE_SPLIT = 4,
+    FATTN_OPTION_COUNT_ = 5
 } fattn_option;
 
 /* Set an experimental option; INVALID_ARGUMENT for an unknown option or a

@@ -92,6 +92,7 @@ extern "C" void fattn_cuda_ctx_free(fattn_ctx *ctx) {
     int prev;
     (void)cuda_device_enter(ctx->device, &prev);
     (void)cudaFree(st->tile_counter); /* synchronises with the device first */
+    if (st->split_ws) (void)cudaFree(st->split_ws);
     (void)cudaEventDestroy((cudaEvent_t)st->switch_event);
     cuda_device_leave(prev);
     (void)cudaGetLastError();
@@ -165,6 +166,35 @@ fattn_status cuda_order_after(fattn_ctx *ctx) {
         (void)cudaGetLastError();
         return fattn_fail(ctx, FATTN_ERROR_CUDA, "cudaEventRecord: %s", cudaGetErrorString(e));
     }
+    return FATTN_OK;
+}
+
+fattn_status cuda_split_workspace(fattn_ctx *ctx, size_t bytes, void **ws, unsigned **counters) {
+    fattn_cuda_state *st = (fattn_cuda_state *)ctx->cuda;
+    *ws = NULL;
+    *counters = NULL;
+    if (st->split_bytes < bytes) {
+        const int cap = stream_capturing(ctx);
+        if (cap < 0) return FATTN_ERROR_CUDA;
+        if (cap) return FATTN_OK; /* no allocation inside a capture: unsplit */
+        const size_t grow = (bytes + (4u << 20) - 1) / (4u << 20) * (4u << 20); /* 4 MB steps */
+        void *buf = NULL;
+        cudaError_t e = cudaMalloc(&buf, grow + CUDA_SPLIT_COUNTERS * sizeof(unsigned));
+        if (e == cudaSuccess)
+            e = cudaMemsetAsync((char *)buf + grow, 0, CUDA_SPLIT_COUNTERS * sizeof(unsigned),
+                                (cudaStream_t)ctx->stream);
+        if (e != cudaSuccess) { /* out of memory, say: this call runs unsplit */
+            if (buf) (void)cudaFree(buf);
+            (void)cudaGetLastError();
+            return FATTN_OK;
+        }
+        /* the old buffer's users are done: cudaFree waits for the device */
+        if (st->split_ws) (void)cudaFree(st->split_ws);
+        st->split_ws = buf;
+        st->split_bytes = grow;
+    }
+    *ws = st->split_ws;
+    *counters = (unsigned *)((char *)st->split_ws + st->split_bytes);
     return FATTN_OK;
 }
 

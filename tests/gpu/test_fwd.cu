@@ -320,6 +320,21 @@ int main(void) {
          * block they see none of (SKIPDIAG: d64 three warpgroups, d256) */
         {1, 2500, 2048, 2, 2, 64, 1, H, TU_BSHD},
         {1, 700, 300, 2, 1, 256, 1, B, TU_BSHD},
+        /* non-causal tiles split along the keys (FwdCfg SPLIT, perf-notes
+         * v30, where it saves 6 key blocks, 10 at d256): past the last full
+         * wave (136 tiles: one wave and 4, pieces of one key block; d64 160 tiles of 192 rows whose pieces cross
+         * tiles; d256 72 CTA pairs on the pairs that fit), and below one
+         * wave all tiles (GQA, BHSD, seqlen_q 1 with two of three
+         * warpgroups sitting out); the small ones also run under the
+         * sanitizers */
+        {1, 1000, 2000, 17, 17, 128, 0, B, TU_BSHD},
+        {1, 700, 1500, 40, 8, 64, 0, H, TU_BSHD},
+        {1, 512, 1000, 36, 12, 256, 0, B, TU_BSHD},
+        {1, 300, 9000, 4, 2, 128, 0, H, TU_BHSD},
+        {2, 1, 4097, 8, 1, 64, 0, B, TU_BSHD},
+        {1, 30, 2900, 2, 1, 128, 0, B, TU_BSHD},
+        {1, 30, 2900, 2, 2, 64, 0, H, TU_BSHD},
+        {1, 40, 2000, 2, 1, 256, 0, B, TU_BHSD},
     };
     const int only = getenv("FATTN_TEST_SMALL") ? 1 : 0; /* sanitizer runs: small shapes only */
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
@@ -342,6 +357,11 @@ int main(void) {
     fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_OVERLAP, 0);
     fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_PINGPONG, 0);
     fattn_ctx_set_option(ctx, FATTN_OPTION_SOFTMAX_UNDER_PV, 0);
+    /* the same kernels with the split turned off */
+    fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_SPLIT, 1);
+    run_case(ctx, &rng, fwd_case{1, 1000, 2000, 17, 17, 128, 0, B, TU_BSHD, 0, "[split off]"});
+    run_case(ctx, &rng, fwd_case{1, 40, 2000, 2, 1, 256, 0, H, TU_BSHD, 0, "[split off]"});
+    fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_SPLIT, 0);
     if (!only) {
         two_streams(ctx, &rng);
         graph_capture(ctx, &rng);

@@ -42,6 +42,7 @@
  * rows x 64 elements (128 bytes per row), each written by one TMA box.
  */
 #pragma once
+#include <type_traits>
 #include <math.h>
 #include <stdint.h>
 
@@ -80,6 +81,29 @@ struct FwdParams {
     float softmax_scale, scale_log2;
 };
 
+/* SPLIT (perf-notes v30): the kernel's second parameter block, only in the
+ * instances with SPLIT (with these tables in FwdParams every kernel's
+ * key-block loop changed, d128 811 -> 817 SASS instructions).  Workers are CTAs, or CTA pairs with a cluster; work tiles
+ * are tiles, or pairs of tiles.  Each worker runs its first `waves` items
+ * whole, in the static order; the work tiles from `first` on (those that do
+ * not fill a wave) are laid end to end as key blocks, and each worker w <
+ * `workers` takes an equal run of them: at most two pieces, the end of one
+ * tile and the start of the next.  The host lays this out in the tables, so
+ * the kernel divides nothing: ranges computed in the kernel (from the tile
+ * count, or with runtime divisions) moved the key-block loop's counters and
+ * descriptors off the uniform datapath, 817 -> 866-901 SASS instructions per
+ * block at d128. */
+#define FWD_SPLIT_MAX_WORKERS 160 /* H100 / H200 have 132 SMs */
+struct FwdSplit {
+    int waves, first, workers;
+    float4 *ws;      /* two slots per worker: partial O, row max, row sum (fragment order) */
+    unsigned *count; /* pieces done per tail tile, CTA of a pair, warpgroup and warp; zero between launches */
+    int tile[FWD_SPLIT_MAX_WORKERS];    /* worker w: work tile of its first piece */
+    int rng[2][FWD_SPLIT_MAX_WORKERS];  /* worker w: key blocks lo | hi << 16 of its pieces (0: none) */
+    int owners[FWD_SPLIT_MAX_WORKERS];  /* tail tile r: workers first | last << 16 of its pieces */
+};
+struct FwdNoSplit {};
+
 template <int D_, int BN_, int NC_, int STAGES_, bool CAUSAL_, bool BF16_,
           int OVERLAP_ /* 0 off; on: 1 measured wait placement, 2 wait where ptxas puts it, 3 fenced */,
           bool PINGPONG_,
@@ -96,7 +120,8 @@ template <int D_, int BN_, int NC_, int STAGES_, bool CAUSAL_, bool BF16_,
           int SITOUT_ = 0 /* 1: a warpgroup with no row before seqlen_q skips its tile's work (perf-notes v22) */,
           int SPREAD_ = 0 /* 1: static order k*G + (c + k) mod G, so each CTA's m cycles (perf-notes v22) */,
           int SKIPDIAG_ = 0 /* 1: causal: a warpgroup skips its tile's first key block when it sees none of it (perf-notes v23) */,
-          int QREG_ = 0 /* k > 0: the first k 16-column slices of each warpgroup's Q in registers for S = Q K^T, -1 all (perf-notes v26) */>
+          int QREG_ = 0 /* k > 0: the first k 16-column slices of each warpgroup's Q in registers for S = Q K^T, -1 all (perf-notes v26) */,
+          int SPLIT_ = 0 /* 1: tiles past the last full wave split along the keys (FwdSplit, perf-notes v30) */>
 struct FwdCfg {
     static constexpr int D = D_, BN = BN_, NC = NC_, STAGES = STAGES_;
     static constexpr bool CAUSAL = CAUSAL_, BF16 = BF16_, OVERLAP = OVERLAP_ != 0, PINGPONG = PINGPONG_ && NC_ > 1;
@@ -191,6 +216,12 @@ struct FwdCfg {
     static constexpr int OFF_BAR = OFF_V + STAGES * KV_BYTES;
     static constexpr int NUM_BARS = 4 * STAGES + 2 * NC * QBUF;
     static constexpr int OFF_SLOT = OFF_BAR + NUM_BARS * 8; /* tile index per consumer warpgroup and Q buffer */
+    static constexpr bool SPLIT = SPLIT_ == 1;
+    /* the same kernel without SPLIT, which runs when the host splits nothing
+     * (the split instance's key-block loop is 0.5-3% longer: d128 810 -> 819,
+     * d256 CTA pairs 655 -> 676 SASS instructions) */
+    using NoSplit = FwdCfg<D_, BN_, NC_, STAGES_, CAUSAL_, BF16_, OVERLAP_, PINGPONG_, SCHED_, LAZY_, CLUSTER_, OSTORE_,
+                           XTILE_, QEARLY_, SLEEP_, L2HINT_, ROWMASK_, TREEMAX_, SITOUT_, SPREAD_, SKIPDIAG_, QREG_, 0>;
     static constexpr int SMEM_BYTES = OFF_SLOT + NC * QBUF * 4 + 1024; /* + alignment slack */
     static constexpr bool DYNAMIC = SCHED_ < 0 ? CAUSAL : SCHED_ == 1; /* tile scheduler: atomic counter */
     /* CLUSTER 2: the two CTAs of a cluster work on tiles 2k and 2k+1, adjacent
@@ -220,6 +251,7 @@ struct FwdCfg {
     static_assert(D % 64 == 0 && BN % 16 == 0 && BN <= 256 && D <= 256, "tile shape");
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
     static_assert(CLUSTER == 1 || (CLUSTER == 2 && SLABS % 2 == 0 && !CAUSAL && !DYNAMIC), "cluster variant");
+    static_assert(!SPLIT || (!CAUSAL && !DYNAMIC && !XTILE && !QEARLY), "SPLIT: static non-causal kernels");
 };
 
 /* Tile t -> (m_block, head, batch).  Non-causal: m fastest, so the CTAs in
@@ -257,10 +289,13 @@ __device__ __forceinline__ int fwd_num_n_blocks(const FwdParams &p, int m) {
     return n;
 }
 
-template <class C>
-__global__ void __launch_bounds__(C::THREADS, 1)
-    fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-                    const __grid_constant__ CUtensorMap tm_v, const FwdParams p) {
+/* The kernel's body; sp: the FwdSplit parameter with SPLIT (the kernels
+ * without SPLIT keep the parameter list they had: an empty struct after
+ * FwdParams moved the d256 CTA-pair kernel's key-block loop from 656 to 669
+ * SASS instructions). */
+template <class C, class SP>
+__device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUtensorMap &tm_k,
+                                              const CUtensorMap &tm_v, const FwdParams p, const SP &sp) {
     constexpr int D = C::D, BN = C::BN, BM = C::BM, NC = C::NC, STAGES = C::STAGES;
     using WG = wgmma_op<BN, C::BF16>;  /* S = Q K^T: m64 n=BN k16 */
     using WGO = wgmma_op<D, C::BF16>;  /* O += P V:  m64 n=D  k16 */
@@ -387,17 +422,38 @@ __global__ void __launch_bounds__(C::THREADS, 1)
             return C::SPREAD ? k * (int)gridDim.x + ((int)blockIdx.x + C::CLUSTER * k) % (int)gridDim.x
                              : k * (int)gridDim.x + (int)blockIdx.x;
         };
-        int t = blockIdx.x; /* grid <= num_tiles; static_tile(0) */
+        /* SPLIT: this CTA's k-th item, a tile and its key-block range lo | hi
+         * << 16 (FwdSplit); num_tiles when it has no more */
+        auto split_item = [&](int k, int &rng) {
+            if constexpr (C::SPLIT) {
+                if (k < sp.waves) {
+                    const int st = static_tile(k);
+                    return st < p.num_tiles ? st : p.num_tiles;
+                }
+                const int w = (int)blockIdx.x / C::CLUSTER, j = k - sp.waves;
+                if (w >= sp.workers || j > 1 || sp.rng[j][w] == 0) return p.num_tiles;
+                rng = sp.rng[j][w];
+                return (sp.tile[w] + j) * C::CLUSTER + (int)cta_rank;
+            } else {
+                (void)rng;
+                return static_tile(k);
+            }
+        };
+        int rng = fwd_num_n_blocks<C>(p, 0) << 16; /* SPLIT: whole tiles until the tail */
+        int t = C::SPLIT ? split_item(0, rng) : (int)blockIdx.x; /* else grid <= num_tiles; static_tile(0) */
         int wave = 0;
         if (C::QEARLY) hand_over_all(t);
-        for (;;) {
+        for (bool go = !C::SPLIT || t < p.num_tiles; go;) {
             /* the next tile is picked one ahead, so its Q can be prefetched */
             ++wave;
-            const int t_next =
-                C::DYNAMIC ? (int)gridDim.x + (int)atomicAdd(&p.tile_counter[0], 1u) : static_tile(wave);
+            int rng_next = rng;
+            const int t_next = C::DYNAMIC ? (int)gridDim.x + (int)atomicAdd(&p.tile_counter[0], 1u)
+                               : C::SPLIT ? split_item(wave, rng_next)
+                                          : static_tile(wave);
             int m, h, b;
             fwd_tile_decode<C::CAUSAL>(p, t, m, h, b);
             const int nblocks = fwd_num_n_blocks<C>(p, m);
+            const int n_lo = C::SPLIT ? rng & 0xffff : 0, n_hi = C::SPLIT ? rng >> 16 : nblocks;
             const int hk = h / p.group;
             FWD_TRACE(20);
             /* Q is read once, from DRAM: start pulling the next tile's Q into
@@ -419,14 +475,14 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                     ++q_iter;
                 }
             }
-            for (int n = nblocks - 1; n >= 0; --n, ++it) {
+            for (int n = n_hi - 1; n >= n_lo; --n, ++it) {
                 const int s = it % STAGES;
                 const uint32_t ph = (it / STAGES) & 1;
                 wait_empty(&empty_k[s], ph ^ 1);
                 FWD_TRACE(21);
                 mbar_expect_tx_arrive(&full_k[s], C::KV_BYTES);
                 load_kv(sK + s * C::KV_BYTES, &tm_k, n, hk, b, &full_k[s]);
-                if (!C::QEARLY && n == nblocks - 1) {
+                if (!C::QEARLY && n == n_hi - 1) {
                     /* the first K's stage frees before the Q buffers do (one
                      * block earlier), so K goes first; then each warpgroup's
                      * tile index and Q, as soon as that warpgroup has issued
@@ -443,9 +499,10 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                  * this tile.  That buffer's previous tile (two back) has
                  * issued its last QK^T by now: the V stage just waited for
                  * was freed after it. */
-                if (C::QEARLY && n == nblocks - 1) hand_over_all(t_next);
+                if (C::QEARLY && n == n_hi - 1) hand_over_all(t_next);
             }
             t = t_next;
+            rng = rng_next;
             if (t >= p.num_tiles) break;
         }
         /* end of work for the consumers (QEARLY: handed over with the last tile) */
@@ -594,8 +651,76 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     float pend_max[2] = {0.f, 0.f}, pend_sum[2] = {0.f, 0.f};
     bool pending = false;
     int it = 0;
+    /* SPLIT: a piece of tile t (keys split over workers) is finished: its
+     * partial O, row max and row sum go to this worker's slot, each warp
+     * counts itself on its tile's counter, and the warp that completes the
+     * count merges the other pieces into its registers and writes the tile
+     * (perf-notes v30). */
+    auto split_finish = [&](const float (&rmax)[2], const float (&rsum)[2], int t, int eb, int eh, int erow) {
+        if constexpr (C::SPLIT) {
+            const int rank = t % C::CLUSTER, wt = t / C::CLUSTER, rel = wt - sp.first;
+            const int w_first = sp.owners[rel] & 0xffff, w_last = sp.owners[rel] >> 16;
+            const int self = (int)blockIdx.x / C::CLUSTER;
+            constexpr int CH = D / 8 + 1; /* float4 per thread: O, then (max r0, max r0+8, sum, sum) */
+            /* worker x's piece of this tile: slot 0 if x's range starts in it, else 1 */
+            auto slot = [&](int x) {
+                const int sl = sp.tile[x] == wt ? 0 : 1;
+                return sp.ws + ((((size_t)x * 2 + sl) * C::CLUSTER + rank) * NC + wg) * CH * 128 + tid;
+            };
+            float l[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                l[r] = rsum[r];
+                l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
+                l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
+            }
+            {
+                float4 *dst = slot(self);
+#pragma unroll
+                for (int c = 0; c < D / 8; ++c)
+                    __stcg(dst + c * 128, make_float4(oacc[4 * c], oacc[4 * c + 1], oacc[4 * c + 2], oacc[4 * c + 3]));
+                __stcg(dst + (CH - 1) * 128, make_float4(rmax[0], rmax[1], l[0], l[1]));
+            }
+            __threadfence();
+            __syncwarp();
+            unsigned *cnt = sp.count + (((size_t)rel * C::CLUSTER + rank) * NC + wg) * 4 + warp;
+            unsigned done = 0;
+            if (lane == 0) done = atomicAdd(cnt, 1u);
+            done = __shfl_sync(0xffffffffu, done, 0);
+            if (done != (unsigned)(w_last - w_first)) return; /* a later piece merges */
+            __threadfence();
+            if (lane == 0) *cnt = 0u; /* zero for the next launch */
+            float mm[2] = {rmax[0], rmax[1]};
+            for (int x = w_first; x <= w_last; ++x) {
+                if (x == self) continue;
+                const float4 *src = slot(x);
+                const float4 ml = __ldcg(src + (CH - 1) * 128);
+                const float mx[2] = {ml.x, ml.y}, lx[2] = {ml.z, ml.w};
+                float fa[2], fb[2];
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const float mn = fmaxf(mm[r], mx[r]);
+                    fa[r] = mm[r] == -INFINITY ? 0.f : exp2f((mm[r] - mn) * c2);
+                    fb[r] = mx[r] == -INFINITY ? 0.f : exp2f((mx[r] - mn) * c2);
+                    l[r] = l[r] * fa[r] + lx[r] * fb[r];
+                    mm[r] = mn;
+                }
+#pragma unroll
+                for (int c = 0; c < D / 8; ++c) {
+                    const float4 v = __ldcg(src + c * 128);
+                    oacc[4 * c + 0] = oacc[4 * c + 0] * fa[0] + v.x * fb[0];
+                    oacc[4 * c + 1] = oacc[4 * c + 1] * fa[0] + v.y * fb[0];
+                    oacc[4 * c + 2] = oacc[4 * c + 2] * fa[1] + v.z * fb[1];
+                    oacc[4 * c + 3] = oacc[4 * c + 3] * fa[1] + v.w * fb[1];
+                }
+            }
+            /* the epilogue sums its row sums over the quad */
+            const float lq[2] = {q4 == 0 ? l[0] : 0.f, q4 == 0 ? l[1] : 0.f};
+            epilogue(mm, lq, eb, eh, erow);
+        }
+    };
     auto last_pv_and_epilogue = [&](int ps, uint32_t pph, const float (&rmax)[2], const float (&rsum)[2], int eb,
-                                    int eh, int erow) {
+                                    int eh, int erow, int split_t = -1) {
         mbar_wait<C::SLEEP>(&full_v[ps], pph);
         FWD_TRACE(2);
         pp_sync();
@@ -608,7 +733,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         reg_fence(oacc);
         FWD_TRACE(7);
         release(&empty_v[ps]);
-        epilogue(rmax, rsum, eb, eh, erow);
+        if (C::SPLIT && split_t >= 0) split_finish(rmax, rsum, split_t, eb, eh, erow);
+        else epilogue(rmax, rsum, eb, eh, erow);
     };
     /* the pending tile's coordinates, for its epilogue */
     auto pend_epilogue = [&]() {
@@ -638,6 +764,17 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         int m, h, b;
         fwd_tile_decode<C::CAUSAL>(p, t, m, h, b);
         const int nblocks = fwd_num_n_blocks<C>(p, m);
+        /* SPLIT: this tile's key blocks n_lo .. n_hi - 1 (all of them unless
+         * it is a tail tile: this worker's first or second piece) */
+        int n_lo = 0, n_hi = nblocks;
+        if constexpr (C::SPLIT) {
+            if (t >= sp.first * C::CLUSTER) {
+                const int w = (int)blockIdx.x / C::CLUSTER;
+                const int rng = sp.rng[t / C::CLUSTER == sp.tile[w] ? 0 : 1][w];
+                n_lo = rng & 0xffff;
+                n_hi = rng >> 16;
+            }
+        }
         const int row_base = m * BM + wg * 64; /* first query row of this warpgroup */
 
         /* SITOUT: no row of this warpgroup is in the sequence (it got no Q) */
@@ -685,7 +822,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
             /* Mask, new running max, p = exp2(s*c - m*c) in place, partial row
              * sums; returns the factor the old O and l must be scaled by. */
             auto softmax_step = [&](int n, float (&alpha)[2], bool &rescale) {
-                const int col0 = n * BN;
+                const int col0 = (n + n_lo) * BN; /* n counts from the tile's (SPLIT: piece's) first block */
                 const bool need_mask = col0 + BN > p.seqlen_k ||
                                        (C::CAUSAL && col0 + BN - 1 > m * BM + p.causal_offset) ||
                                        (C::ROWMASK && row_base + 64 > p.seqlen_q);
@@ -800,7 +937,9 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                 after_pv();
                 convert_p();
             };
-            int n = nblocks - 1;
+            /* n counts the tile's (SPLIT: piece's) key blocks down to 0; the
+             * block itself is n + n_lo */
+            int n = n_hi - n_lo - 1;
             int s = it % STAGES;
             uint32_t ph = (it / STAGES) & 1;
             if (C::SKIPDIAG && n > 0 && n * BN > row_base + 63 + p.causal_offset) {
@@ -889,15 +1028,17 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                     pend_sum[r] = row_sum[r];
                 }
             } else {
-                last_pv_and_epilogue(prev_s, prev_ph, row_max, row_sum, b, h, row_base);
+                last_pv_and_epilogue(prev_s, prev_ph, row_max, row_sum, b, h, row_base,
+                                     C::SPLIT && (n_lo > 0 || n_hi < nblocks) ? t : -1);
             }
         } else if (nblocks > 0) {
             /* sitting out: the same waits, releases and pingpong turns as the
              * working loop (one turn per key block and one for the last PV
              * GEMM), nothing else; the epilogue would write nothing */
             mbar_arrive(&empty_q[qi]);
-            for (int j = it; j < it + nblocks; ++j) pass_block(j % STAGES, (j / STAGES) & 1);
-            it += nblocks;
+            const int nblk = n_hi - n_lo;
+            for (int j = it; j < it + nblk; ++j) pass_block(j % STAGES, (j / STAGES) & 1);
+            it += nblk;
             pp_sync();
             pp_arrive();
         } else {
@@ -923,4 +1064,19 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     if (C::PINGPONG && wg == 0) named_bar_sync(8, 256);
     FWD_TRACE_END();
     if (C::CLUSTER > 1) cluster_sync_all();
+}
+
+template <class C>
+__global__ void __launch_bounds__(C::THREADS, 1)
+    fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                    const __grid_constant__ CUtensorMap tm_v, const FwdParams p) {
+    fwd_sm90_body<C>(tm_q, tm_k, tm_v, p, FwdNoSplit());
+}
+
+template <class C>
+__global__ void __launch_bounds__(C::THREADS, 1)
+    fwd_sm90_split_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                          const __grid_constant__ CUtensorMap tm_v, const FwdParams p,
+                          const __grid_constant__ FwdSplit sp) {
+    fwd_sm90_body<C>(tm_q, tm_k, tm_v, p, sp);
 }

@@ -4,24 +4,99 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <climits>
 #include <string.h>
 
 #include "../cuda_engine.h"
 #include "fwd_sm90.cuh"
 
+/* the kernel's parameters (three tensor maps, FwdParams and SPLIT's
+ * tables) stay within the classic 4 KB limit */
+static_assert(3 * sizeof(CUtensorMap) + sizeof(FwdParams) + sizeof(FwdSplit) <= 4096, "kernel parameters");
+
+/* the kernel of an instance: with SPLIT it takes a FwdSplit after FwdParams */
+template <class C>
+auto fwd_sm90_kernel_of() {
+    if constexpr (C::SPLIT) return fwd_sm90_split_kernel<C>;
+    else return fwd_sm90_kernel<C>;
+}
+
+/* SPLIT (perf-notes v30): the work tiles that do not fill the last wave of
+ * W workers are split along the keys, so that every worker gets the same
+ * number of key blocks; with fewer tiles than workers, all of them (pieces
+ * of at least SPLIT_MIN_BLOCKS).  Only where that shortens the run by
+ * SPLIT_MIN_GAIN key blocks (a piece's own prologue, epilogue and workspace
+ * traffic cost about a block or two each, more at d256: run 69 lost 1.2% at
+ * d128 1024 with a gain of 2 blocks, 3.8% at d256 1024 with 3) and by 0.5%
+ * of the run.  *split false: the caller runs the instance without SPLIT. */
+template <class C>
+fattn_status fwd_split_plan(fattn_ctx *ctx, const fattn_problem *pr, int num_tiles, int max_ctas, FwdSplit *sp,
+                            int *grid, bool *split) {
+    constexpr int SPLIT_MIN_BLOCKS = 4, SPLIT_MIN_GAIN = C::D > 128 ? 10 : 6;
+    *split = false;
+    const int nb = (pr->seqlen_k + C::BN - 1) / C::BN;
+    if (ctx->options[FATTN_OPTION_DISABLE_SPLIT] || nb >= 65536) return FATTN_OK;
+    const int W = max_ctas / C::CLUSTER, work = num_tiles / C::CLUSTER;
+    int waves = 0, rem = 0;
+    long long units = 0, workers = 0;
+    if (work >= W) {
+        waves = work / W;
+        rem = work - waves * W;
+        if (rem > 0 && (double)(W - rem) >= 0.005 * W * (waves + 1)) {
+            units = (long long)rem * nb;
+            workers = units < W ? units : W;
+        }
+    } else {
+        rem = work;
+        units = (long long)work * nb;
+        workers = units / SPLIT_MIN_BLOCKS < W ? units / SPLIT_MIN_BLOCKS : W;
+        if (workers <= work) units = 0; /* no more workers than tiles: nothing to gain */
+    }
+    /* the last wave: nb blocks whole, ceil(units / workers) split */
+    if (units == 0 || nb - (units + workers - 1) / workers < SPLIT_MIN_GAIN) return FATTN_OK;
+    if ((size_t)rem * C::CLUSTER * C::NC * 4 > CUDA_SPLIT_COUNTERS || workers > FWD_SPLIT_MAX_WORKERS ||
+        rem > FWD_SPLIT_MAX_WORKERS)
+        return FATTN_OK;
+    const size_t bytes = 2 * (size_t)workers * C::CLUSTER * C::NC * 128 * (C::D / 8 + 1) * 16;
+    void *ws;
+    unsigned *cnt;
+    fattn_status s;
+    if ((s = cuda_split_workspace(ctx, bytes, &ws, &cnt)) != FATTN_OK) return s;
+    if (!ws) return FATTN_OK; /* none now (graph capture, out of memory): unsplit */
+    *split = true;
+    sp->waves = waves;
+    sp->first = waves * W;
+    sp->workers = (int)workers;
+    sp->ws = (float4 *)ws;
+    sp->count = cnt;
+    /* worker w takes key blocks [w U / workers, (w + 1) U / workers) of the
+     * tail tiles laid end to end: its first piece runs to the end of that
+     * range or of its tile, the second (if any) from the next tile's start;
+     * every range is non-empty (workers <= units) and at most a tile long */
+    for (int r = 0; r < rem; ++r) sp->owners[r] = -1;
+    for (int w = 0; w < (int)workers; ++w) {
+        const long long lo = w * units / workers, hi = (w + 1) * units / workers;
+        const long long r0 = lo / nb, end0 = (r0 + 1) * nb < hi ? (r0 + 1) * nb : hi;
+        sp->tile[w] = sp->first + (int)r0;
+        sp->rng[0][w] = (int)(lo - r0 * nb) | (int)(end0 - r0 * nb) << 16;
+        sp->rng[1][w] = end0 < hi ? (int)(hi - end0) << 16 : 0;
+        /* the workers of a tail tile are consecutive: first | last << 16 */
+        for (long long r = r0; r <= (hi - 1) / nb; ++r) {
+            if (sp->owners[r] == -1) sp->owners[r] = w;
+            sp->owners[r] = (sp->owners[r] & 0xffff) | w << 16;
+        }
+    }
+    *grid = (int)(waves > 0 ? W : workers) * C::CLUSTER;
+    return FATTN_OK;
+}
+
 template <class C>
 fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
     const fattn_problem *pr = &a->p;
-    CUtensorMap tq, tk, tv;
     fattn_status s;
-    if ((s = cuda_make_tensor_map(ctx, &tq, &a->q, C::D, pr->seqlen_q, pr->heads_q, pr->batch, 64, "q")) != FATTN_OK)
-        return s;
-    if ((s = cuda_make_tensor_map(ctx, &tk, &a->k, C::D, pr->seqlen_k, pr->heads_kv, pr->batch, C::BN, "k")) != FATTN_OK)
-        return s;
-    if ((s = cuda_make_tensor_map(ctx, &tv, &a->v, C::D, pr->seqlen_k, pr->heads_kv, pr->batch, C::BN, "v")) != FATTN_OK)
-        return s;
     const fattn_cuda_state *st = (const fattn_cuda_state *)ctx->cuda;
     FwdParams p;
+    memset(&p, 0, sizeof p);
     p.o = a->o.data;
     p.lse = a->lse;
     p.o_sb = a->o.stride_batch;
@@ -55,18 +130,15 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
         p.head_group = (int)(hg < nbh ? hg : nbh);
     }
     p.tile_counter = NULL;
-    if (C::DYNAMIC) {
-        p.tile_counter = st->tile_counter;
-        if ((s = cuda_order_before(ctx)) != FATTN_OK) return s;
-    }
+    if (C::DYNAMIC) p.tile_counter = st->tile_counter;
     p.softmax_scale = pr->softmax_scale;
     p.scale_log2 = pr->softmax_scale * 1.4426950408889634f;
 
     if (C::CLUSTER > 1 && p.num_m_blocks % C::CLUSTER != 0)
         return fattn_fail(ctx, FATTN_ERROR_INTERNAL, "cluster kernel needs an even number of query blocks (%d)",
                           p.num_m_blocks);
-    int grid = p.num_tiles < st->num_sms ? p.num_tiles : st->num_sms;
-    auto kern = fwd_sm90_kernel<C>;
+    int max_ctas = st->num_sms;
+    auto kern = fwd_sm90_kernel_of<C>();
     /* the shared-memory opt-in is per function and device: once each (a
      * repeated set from two threads at once is harmless) */
     static std::atomic<uint64_t> smem_set{0};
@@ -81,7 +153,7 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
      * with griddepcontrol.wait before it touches global memory) */
     cudaLaunchConfig_t cfg;
     memset(&cfg, 0, sizeof cfg);
-    cfg.gridDim = dim3(grid);
+    cfg.gridDim = dim3(max_ctas - max_ctas % C::CLUSTER); /* the launch's own is set below */
     cfg.blockDim = dim3(C::THREADS);
     cfg.dynamicSmemBytes = C::SMEM_BYTES;
     cfg.stream = (cudaStream_t)ctx->stream;
@@ -106,10 +178,29 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
                                   cudaGetErrorString(e), mc);
             if (ctx->device < 64) max_clusters[ctx->device].store(mc, std::memory_order_relaxed);
         }
-        if (grid > C::CLUSTER * mc) grid = C::CLUSTER * mc;
-        grid -= grid % C::CLUSTER; /* num_tiles is even, so grid >= 2 */
-        cfg.gridDim = dim3(grid);
+        if (max_ctas > C::CLUSTER * mc) max_ctas = C::CLUSTER * mc;
+        max_ctas -= max_ctas % C::CLUSTER;
     }
+    int grid = p.num_tiles < max_ctas ? p.num_tiles : max_ctas; /* num_tiles is even with a cluster */
+    FwdSplit sp;
+    memset(&sp, 0, sizeof sp);
+    bool split = false;
+    if constexpr (C::SPLIT) {
+        if ((s = fwd_split_plan<C>(ctx, pr, p.num_tiles, max_ctas, &sp, &grid, &split)) != FATTN_OK) return s;
+    }
+    if (C::SPLIT && !split) return fwd_sm90_run<typename C::NoSplit>(ctx, a);
+    CUtensorMap tq, tk, tv;
+    if ((s = cuda_make_tensor_map(ctx, &tq, &a->q, C::D, pr->seqlen_q, pr->heads_q, pr->batch, 64, "q")) != FATTN_OK)
+        return s;
+    if ((s = cuda_make_tensor_map(ctx, &tk, &a->k, C::D, pr->seqlen_k, pr->heads_kv, pr->batch, C::BN, "k")) != FATTN_OK)
+        return s;
+    if ((s = cuda_make_tensor_map(ctx, &tv, &a->v, C::D, pr->seqlen_k, pr->heads_kv, pr->batch, C::BN, "v")) != FATTN_OK)
+        return s;
+    /* the tile counter and the split workspace are the context's: their
+     * users run one after another */
+    const bool ordered = C::DYNAMIC || split;
+    if (ordered && (s = cuda_order_before(ctx)) != FATTN_OK) return s;
+    cfg.gridDim = dim3(grid);
     if (!ctx->options[FATTN_OPTION_DISABLE_PDL]) {
         attr[nattr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attr[nattr].val.programmaticStreamSerializationAllowed = 1;
@@ -117,10 +208,11 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
     }
     cfg.attrs = attr;
     cfg.numAttrs = nattr;
-    e = cudaLaunchKernelEx(&cfg, kern, tq, tk, tv, p);
+    if constexpr (C::SPLIT) e = cudaLaunchKernelEx(&cfg, kern, tq, tk, tv, p, sp);
+    else e = cudaLaunchKernelEx(&cfg, kern, tq, tk, tv, p);
     if (e == cudaSuccess) e = cudaGetLastError();
     if (e != cudaSuccess) return fattn_fail(ctx, FATTN_ERROR_CUDA, "forward kernel launch: %s", cudaGetErrorString(e));
-    return C::DYNAMIC ? cuda_order_after(ctx) : FATTN_OK;
+    return ordered ? cuda_order_after(ctx) : FATTN_OK;
 }
 
 /* Instantiate and dispatch the variants of one head dim.  Causal kernels
@@ -138,13 +230,14 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
 #define FWD_SM90_CAUSAL_OPT(D, BN, NC, STAGES, QE, SL, SO, SK) FWD_SM90_CAUSAL_Q(D, BN, NC, STAGES, QE, SL, SO, SK, 0)
 #define FWD_SM90_CAUSAL(D, BN, NC, STAGES) FWD_SM90_CAUSAL_OPT(D, BN, NC, STAGES, 0, false, 0, 0)
 /* SO: FwdCfg SITOUT and SPREAD, QR: FwdCfg QREG, for the full design (the
- * ablation's variants without them) */
+ * ablation's variants without them); the full design also splits the last
+ * wave's tiles along the keys (FwdCfg SPLIT, unless FATTN_OPTION_DISABLE_SPLIT) */
 #define FWD_SM90_NONCAUSAL_SOQ(D, BN, NC, STAGES, CL, SO, QR)                                                  \
     do {                                                                                                       \
         if (v.bf16) {                                                                                          \
             if (v.overlap && v.pingpong) {                                                                     \
                 if (v.under_pv) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, 3, true, -1, -1, CL>>(ctx, a); \
-                return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, 1, true, -1, -1, CL, -1, 0, 0, false, 0, 0, 0, SO, SO, 0, QR>>(ctx, a); \
+                return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, 1, true, -1, -1, CL, -1, 0, 0, false, 0, 0, 0, SO, SO, 0, QR, 1>>(ctx, a); \
             }                                                                                                  \
             if (v.overlap) {                                                                                   \
                 if (v.under_pv) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, 3, false, -1, -1, CL>>(ctx, a); \
@@ -153,7 +246,7 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
             if (v.pingpong) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, 0, true, -1, -1, CL>>(ctx, a); \
             return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, 0, false, -1, -1, CL>>(ctx, a);     \
         }                                                                                                      \
-        return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, false, 1, true, -1, -1, CL, -1, 0, 0, false, 0, 0, 0, SO, SO, 0, QR>>(ctx, a); \
+        return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, false, 1, true, -1, -1, CL, -1, 0, 0, false, 0, 0, 0, SO, SO, 0, QR, 1>>(ctx, a); \
     } while (0)
 #define FWD_SM90_NONCAUSAL_SO(D, BN, NC, STAGES, CL, SO) FWD_SM90_NONCAUSAL_SOQ(D, BN, NC, STAGES, CL, SO, 0)
 #define FWD_SM90_NONCAUSAL_CL(D, BN, NC, STAGES, CL) FWD_SM90_NONCAUSAL_SO(D, BN, NC, STAGES, CL, 0)
