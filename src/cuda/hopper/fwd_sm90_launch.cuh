@@ -9,6 +9,7 @@
 
 #include "../cuda_engine.h"
 #include "fwd_sm90.cuh"
+#include "split_layout.h"
 
 /* the kernel's parameters (three tensor maps, FwdParams and SPLIT's
  * tables) stay within the classic 4 KB limit */
@@ -35,7 +36,7 @@ fattn_status fwd_split_plan(fattn_ctx *ctx, const fattn_problem *pr, int num_til
     constexpr int SPLIT_MIN_BLOCKS = 4, SPLIT_MIN_GAIN = C::D > 128 ? 10 : 6;
     *split = false;
     const int nb = (pr->seqlen_k + C::BN - 1) / C::BN;
-    if (ctx->options[FATTN_OPTION_DISABLE_SPLIT] || nb >= 65536) return FATTN_OK;
+    if (ctx->options[FATTN_OPTION_DISABLE_SPLIT] || nb > 32767) return FATTN_OK;
     const int W = max_ctas / C::CLUSTER, work = num_tiles / C::CLUSTER;
     int waves = 0, rem = 0;
     long long units = 0, workers = 0;
@@ -57,6 +58,9 @@ fattn_status fwd_split_plan(fattn_ctx *ctx, const fattn_problem *pr, int num_til
     if ((size_t)rem * C::CLUSTER * C::NC * 4 > CUDA_SPLIT_COUNTERS || workers > FWD_SPLIT_MAX_WORKERS ||
         rem > FWD_SPLIT_MAX_WORKERS)
         return FATTN_OK;
+    /* worker w: at most two pieces, the end of one tail tile and the start
+     * of the next (split_layout.h); tail tiles are numbered from sp->first */
+    if (fattn_split_layout(rem, nb, (int)workers, sp->tile, sp->rng[0], sp->rng[1], sp->owners) != 0) return FATTN_OK;
     const size_t bytes = 2 * (size_t)workers * C::CLUSTER * C::NC * 128 * (C::D / 8 + 1) * 16;
     void *ws;
     unsigned *cnt;
@@ -69,23 +73,7 @@ fattn_status fwd_split_plan(fattn_ctx *ctx, const fattn_problem *pr, int num_til
     sp->workers = (int)workers;
     sp->ws = (float4 *)ws;
     sp->count = cnt;
-    /* worker w takes key blocks [w U / workers, (w + 1) U / workers) of the
-     * tail tiles laid end to end: its first piece runs to the end of that
-     * range or of its tile, the second (if any) from the next tile's start;
-     * every range is non-empty (workers <= units) and at most a tile long */
-    for (int r = 0; r < rem; ++r) sp->owners[r] = -1;
-    for (int w = 0; w < (int)workers; ++w) {
-        const long long lo = w * units / workers, hi = (w + 1) * units / workers;
-        const long long r0 = lo / nb, end0 = (r0 + 1) * nb < hi ? (r0 + 1) * nb : hi;
-        sp->tile[w] = sp->first + (int)r0;
-        sp->rng[0][w] = (int)(lo - r0 * nb) | (int)(end0 - r0 * nb) << 16;
-        sp->rng[1][w] = end0 < hi ? (int)(hi - end0) << 16 : 0;
-        /* the workers of a tail tile are consecutive: first | last << 16 */
-        for (long long r = r0; r <= (hi - 1) / nb; ++r) {
-            if (sp->owners[r] == -1) sp->owners[r] = w;
-            sp->owners[r] = (sp->owners[r] & 0xffff) | w << 16;
-        }
-    }
+    for (int w = 0; w < (int)workers; ++w) sp->tile[w] += sp->first;
     *grid = (int)(waves > 0 ? W : workers) * C::CLUSTER;
     return FATTN_OK;
 }
