@@ -118,14 +118,18 @@ FATTN_API fattn_backend fattn_ctx_backend(const fattn_ctx *ctx);
 /* CUDA contexts: the cudaStream_t (passed as void*) that later calls are
  * enqueued on; NULL = the legacy default stream.  Calls on a CUDA context are
  * asynchronous with respect to the host unless stated otherwise.  Causal
- * forward calls share per-context scheduler state, so each one waits for the
- * context's previous causal call, whatever stream that ran on (even one since
- * destroyed); other calls on different streams may overlap.  For causal work
- * on concurrent streams use one context per stream; a context is not for use
- * from two threads at once.  Calls may be captured into CUDA graphs (the
- * context allocates nothing per call); a captured causal call is ordered by
- * the graph's streams only, so a graph holding causal calls must not run
- * concurrently with other causal work of the same context.
+ * forward calls, and non-causal ones that split tiles along the keys (see
+ * FATTN_OPTION_DISABLE_SPLIT), share per-context state, so each one waits for
+ * the context's previous such call, whatever stream that ran on (even one
+ * since destroyed); other calls on different streams may overlap.  For such
+ * work on concurrent streams use one context per stream; a context is not for
+ * use from two threads at once.  Calls may be captured into CUDA graphs: the
+ * only allocation a call can make, the split workspace (16-36 MB by head dim,
+ * kept until fattn_ctx_free), is never made during a capture (a captured call that
+ * would need it first runs unsplit, with the same result).  A captured call
+ * that uses the shared state is ordered by the graph's streams only, so such
+ * a graph must not run concurrently with other causal or split work of the
+ * same context.
  * CPU contexts: INVALID_ARGUMENT unless stream is NULL. */
 FATTN_API fattn_status fattn_ctx_set_stream(fattn_ctx *ctx, void *stream);
 

@@ -13,14 +13,18 @@ struct fattn_cuda_state {
     /* both made with the context (fattn_cuda_ctx_init), freed with it */
     void *split_ws;         /* split forward's workspace (cuda_split_workspace), NULL until first needed */
     size_t split_bytes;     /* its slot bytes; CUDA_SPLIT_COUNTERS zeroed counters follow them */
+    void *split_retired[8]; /* outgrown workspaces: a captured graph may still use them, freed with the context */
+    int split_nretired;
 };
 
 /* The split forward's workspace (perf-notes v30): at least `bytes` of slots
  * and CUDA_SPLIT_COUNTERS counters that are zero between launches, made or
- * grown on first need and zeroed in ctx->stream's order.  *ws is NULL (and
- * FATTN_OK returned) when none can be had now: while ctx->stream is being
- * captured into a graph, or when the allocation fails; the caller then runs
- * unsplit.  Launches that use it are ordered with cuda_order_before/after. */
+ * grown (at least doubled) on first need and zeroed in ctx->stream's order;
+ * an outgrown one is kept until the context is freed, since a graph captured
+ * earlier may use it.  *ws is NULL (and FATTN_OK returned) when none can be
+ * had now: while ctx->stream is being captured into a graph, when the
+ * allocation fails or after 8 growths; the caller then runs unsplit.
+ * Launches that use it are ordered with cuda_order_before/after. */
 #define CUDA_SPLIT_COUNTERS 4096
 fattn_status cuda_split_workspace(fattn_ctx *ctx, size_t bytes, void **ws, unsigned **counters);
 

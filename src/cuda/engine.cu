@@ -93,6 +93,7 @@ extern "C" void fattn_cuda_ctx_free(fattn_ctx *ctx) {
     (void)cuda_device_enter(ctx->device, &prev);
     (void)cudaFree(st->tile_counter); /* synchronises with the device first */
     if (st->split_ws) (void)cudaFree(st->split_ws);
+    for (int i = 0; i < st->split_nretired; ++i) (void)cudaFree(st->split_retired[i]);
     (void)cudaEventDestroy((cudaEvent_t)st->switch_event);
     cuda_device_leave(prev);
     (void)cudaGetLastError();
@@ -177,7 +178,9 @@ fattn_status cuda_split_workspace(fattn_ctx *ctx, size_t bytes, void **ws, unsig
         const int cap = stream_capturing(ctx);
         if (cap < 0) return FATTN_ERROR_CUDA;
         if (cap) return FATTN_OK; /* no allocation inside a capture: unsplit */
-        const size_t grow = (bytes + (4u << 20) - 1) / (4u << 20) * (4u << 20); /* 4 MB steps */
+        if (st->split_ws && st->split_nretired == 8) return FATTN_OK;
+        size_t grow = (bytes + (4u << 20) - 1) / (4u << 20) * (4u << 20); /* 4 MB steps */
+        if (grow < 2 * st->split_bytes) grow = 2 * st->split_bytes;
         void *buf = NULL;
         cudaError_t e = cudaMalloc(&buf, grow + CUDA_SPLIT_COUNTERS * sizeof(unsigned));
         if (e == cudaSuccess)
@@ -188,8 +191,8 @@ fattn_status cuda_split_workspace(fattn_ctx *ctx, size_t bytes, void **ws, unsig
             (void)cudaGetLastError();
             return FATTN_OK;
         }
-        /* the old buffer's users are done: cudaFree waits for the device */
-        if (st->split_ws) (void)cudaFree(st->split_ws);
+        /* kept, not freed: a graph captured while it was current may use it */
+        if (st->split_ws) st->split_retired[st->split_nretired++] = st->split_ws;
         st->split_ws = buf;
         st->split_bytes = grow;
     }
