@@ -218,6 +218,9 @@ static void test_contexts(void) {
     EXPECT(fattn_ctx_set_option(ctx, FATTN_OPTION_SOFTMAX_UNDER_PV, 1) == FATTN_OK &&
                fattn_ctx_set_option(ctx, FATTN_OPTION_SOFTMAX_UNDER_PV, 0) == FATTN_OK,
            "set_option SOFTMAX_UNDER_PV 1 / 0");
+    EXPECT(fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_SPLIT, 1) == FATTN_OK &&
+               fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_SPLIT, 0) == FATTN_OK,
+           "set_option DISABLE_SPLIT 1 / 0");
     EXPECT(fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_OVERLAP, 2) == INV && fattn_last_error(ctx)[0] != '\0',
            "set_option value 2");
     EXPECT(fattn_ctx_set_option(ctx, FATTN_OPTION_COUNT_, 0) == INV, "set_option unknown option");
