@@ -42,7 +42,6 @@
  * rows x 64 elements (128 bytes per row), each written by one TMA box.
  */
 #pragma once
-#include <type_traits>
 #include <math.h>
 #include <stdint.h>
 
@@ -83,8 +82,8 @@ struct FwdParams {
 
 /* SPLIT (perf-notes v30): the kernel's second parameter block, only in the
  * instances with SPLIT (with these tables in FwdParams every kernel's
- * key-block loop changed, d128 811 -> 817 SASS instructions).  Workers are CTAs, or CTA pairs with a cluster; work tiles
- * are tiles, or pairs of tiles.  Each worker runs its first `waves` items
+ * key-block loop changed, d128 811 -> 817 SASS instructions).  Workers are
+ * CTAs, or CTA pairs with a cluster; work tiles are tiles, or pairs of tiles.  Each worker runs its first `waves` items
  * whole, in the static order; the work tiles from `first` on (those that do
  * not fill a wave) are laid end to end as key blocks, and each worker w <
  * `workers` takes an equal run of them: at most two pieces, the end of one

@@ -4,7 +4,6 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
-#include <climits>
 #include <string.h>
 
 #include "../cuda_engine.h"
