@@ -52,23 +52,21 @@ struct variant {
 /* V_CFG: any FwdCfg, spelled out; V_CFG_NOSPLIT: launched with FATTN_OPTION_DISABLE_SPLIT */
 #define V_CFG(name, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0, 0}
 #define V_CFG_NOSPLIT(name, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0, 1}
-/* The list: the shipped non-causal kernels with the last wave split along
- * the keys (FwdCfg SPLIT, perf-notes v30), the same instance with the split
- * turned off, and the kernel compiled without SPLIT (runs 59-61 and 64-66
- * used lists of their own, described in perf-notes v26-v29). */
-#define NC64(sp) 64, 128, 3, 3, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 1, 1, 0, 1, sp
-#define NC128(sp) 128, 176, 2, 2, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 0, 0, 0, 0, sp
-#define NC256(sp) 256, 80, 2, 2, false, true, 1, true, -1, -1, 2, -1, 0, 0, false, 0, 0, 0, 0, 0, 0, 0, sp
+/* The list (run 74, perf-notes v31): the shipped d128 non-causal kernel
+ * (twice: the duplicate shows the noise), the same with CTA pairs sharing
+ * each K/V load (FwdCfg CLUSTER 2, as d256 ships), and with SITOUT and
+ * SPREAD (as d64 ships); d256 (CTA pairs) with and without SITOUT and SPREAD.  Earlier runs' lists are described in perf-notes
+ * (v26-v30). */
+#define NC256X(so) 256, 80, 2, 2, false, true, 1, true, -1, -1, 2, -1, 0, 0, false, 0, 0, 0, so, so, 0, 0, 1
+#define NC128X(cl, so) 128, 176, 2, 2, false, true, 1, true, -1, -1, cl, -1, 0, 0, false, 0, 0, 0, so, so, 0, 0, 1
 static const variant variants[] = {
-    V_CFG("d64 no SPLIT", 64, 0, NC64(0)),
-    V_CFG("d64 split (shipped)", 64, 0, NC64(1)),
-    V_CFG_NOSPLIT("d64 split off", 64, 0, NC64(1)),
-    V_CFG("d128 no SPLIT", 128, 0, NC128(0)),
-    V_CFG("d128 split (shipped)", 128, 0, NC128(1)),
-    V_CFG_NOSPLIT("d128 split off", 128, 0, NC128(1)),
-    V_CFG("d256 no SPLIT", 256, 0, NC256(0)),
-    V_CFG("d256 split (shipped)", 256, 0, NC256(1)),
-    V_CFG_NOSPLIT("d256 split off", 256, 0, NC256(1)),
+    V_CFG("d128 shipped", 128, 0, NC128X(1, 0)),
+    V_CFG("d128 CTA pairs", 128, 0, NC128X(2, 0)),
+    V_CFG("d128 SITOUT SPREAD", 128, 0, NC128X(1, 1)),
+    V_CFG("d128 shipped again", 128, 0, NC128X(1, 0)),
+    V_CFG("d256 shipped", 256, 0, NC256X(0)),
+    V_CFG("d256 SITOUT SPREAD", 256, 0, NC256X(1)),
+    V_CFG("d256 shipped again", 256, 0, NC256X(0)),
 };
 
 static float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }

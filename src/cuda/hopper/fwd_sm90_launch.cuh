@@ -77,8 +77,60 @@ fattn_status fwd_split_plan(fattn_ctx *ctx, const fattn_problem *pr, int num_til
     return FATTN_OK;
 }
 
+/* The persistent grid's size for instance C: one CTA per SM, or as many
+ * CTA pairs as fit at once with a cluster.  Also opts the kernel into its
+ * dynamic shared memory (once per function and device). */
 template <class C>
-fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
+fattn_status fwd_sm90_max_ctas(fattn_ctx *ctx, int *max_ctas_out) {
+    const fattn_cuda_state *st = (const fattn_cuda_state *)ctx->cuda;
+    auto kern = fwd_sm90_kernel_of<C>();
+    /* a repeated set from two threads at once is harmless */
+    static std::atomic<uint64_t> smem_set{0};
+    const uint64_t dev_bit = ctx->device < 64 ? 1ull << ctx->device : 0;
+    cudaError_t e;
+    if (!dev_bit || !(smem_set.load(std::memory_order_relaxed) & dev_bit)) {
+        e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM_BYTES);
+        if (e != cudaSuccess) return fattn_fail(ctx, FATTN_ERROR_CUDA, "cudaFuncSetAttribute: %s", cudaGetErrorString(e));
+        smem_set.fetch_or(dev_bit, std::memory_order_relaxed);
+    }
+    int max_ctas = st->num_sms;
+    if (C::CLUSTER > 1) {
+        /* persistent: as many clusters as fit at once (SMs of a GPC pair up;
+         * an odd one out stays idle), asked once per device */
+        static std::atomic<int> max_clusters[64];
+        int mc = ctx->device < 64 ? max_clusters[ctx->device].load(std::memory_order_relaxed) : 0;
+        if (mc <= 0) {
+            cudaLaunchConfig_t cfg;
+            memset(&cfg, 0, sizeof cfg);
+            cfg.gridDim = dim3(max_ctas - max_ctas % C::CLUSTER);
+            cfg.blockDim = dim3(C::THREADS);
+            cfg.dynamicSmemBytes = C::SMEM_BYTES;
+            cfg.stream = (cudaStream_t)ctx->stream;
+            cudaLaunchAttribute attr;
+            attr.id = cudaLaunchAttributeClusterDimension;
+            attr.val.clusterDim.x = C::CLUSTER;
+            attr.val.clusterDim.y = 1;
+            attr.val.clusterDim.z = 1;
+            cfg.attrs = &attr;
+            cfg.numAttrs = 1;
+            e = cudaOccupancyMaxActiveClusters(&mc, kern, &cfg);
+            if (e != cudaSuccess || mc <= 0)
+                return fattn_fail(ctx, FATTN_ERROR_CUDA, "cudaOccupancyMaxActiveClusters: %s (%d clusters)",
+                                  cudaGetErrorString(e), mc);
+            if (ctx->device < 64) max_clusters[ctx->device].store(mc, std::memory_order_relaxed);
+        }
+        if (max_ctas > C::CLUSTER * mc) max_ctas = C::CLUSTER * mc;
+        max_ctas -= max_ctas % C::CLUSTER;
+    }
+    *max_ctas_out = max_ctas;
+    return FATTN_OK;
+}
+
+/* Launch instance C; sp: SPLIT's tables (split instances only), grid: the
+ * grid the split plan chose (else from the tile count). */
+template <class C>
+fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, int max_ctas, const FwdSplit *sp,
+                                  int grid) {
     const fattn_problem *pr = &a->p;
     fattn_status s;
     const fattn_cuda_state *st = (const fattn_cuda_state *)ctx->cuda;
@@ -120,27 +172,24 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
     if (C::DYNAMIC) p.tile_counter = st->tile_counter;
     p.softmax_scale = pr->softmax_scale;
     p.scale_log2 = pr->softmax_scale * 1.4426950408889634f;
+    if (!sp) grid = p.num_tiles < max_ctas ? p.num_tiles : max_ctas; /* num_tiles is even with a cluster */
 
-    if (C::CLUSTER > 1 && p.num_m_blocks % C::CLUSTER != 0)
-        return fattn_fail(ctx, FATTN_ERROR_INTERNAL, "cluster kernel needs an even number of query blocks (%d)",
-                          p.num_m_blocks);
-    int max_ctas = st->num_sms;
-    auto kern = fwd_sm90_kernel_of<C>();
-    /* the shared-memory opt-in is per function and device: once each (a
-     * repeated set from two threads at once is harmless) */
-    static std::atomic<uint64_t> smem_set{0};
-    const uint64_t dev_bit = ctx->device < 64 ? 1ull << ctx->device : 0;
-    cudaError_t e;
-    if (!dev_bit || !(smem_set.load(std::memory_order_relaxed) & dev_bit)) {
-        e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM_BYTES);
-        if (e != cudaSuccess) return fattn_fail(ctx, FATTN_ERROR_CUDA, "cudaFuncSetAttribute: %s", cudaGetErrorString(e));
-        smem_set.fetch_or(dev_bit, std::memory_order_relaxed);
-    }
+    CUtensorMap tq, tk, tv;
+    if ((s = cuda_make_tensor_map(ctx, &tq, &a->q, C::D, pr->seqlen_q, pr->heads_q, pr->batch, 64, "q")) != FATTN_OK)
+        return s;
+    if ((s = cuda_make_tensor_map(ctx, &tk, &a->k, C::D, pr->seqlen_k, pr->heads_kv, pr->batch, C::BN, "k")) != FATTN_OK)
+        return s;
+    if ((s = cuda_make_tensor_map(ctx, &tv, &a->v, C::D, pr->seqlen_k, pr->heads_kv, pr->batch, C::BN, "v")) != FATTN_OK)
+        return s;
+    /* the tile counter and the split workspace are the context's: their
+     * users run one after another */
+    const bool ordered = C::DYNAMIC || sp;
+    if (ordered && (s = cuda_order_before(ctx)) != FATTN_OK) return s;
     /* programmatic dependent launch (the kernel waits for its predecessor
      * with griddepcontrol.wait before it touches global memory) */
     cudaLaunchConfig_t cfg;
     memset(&cfg, 0, sizeof cfg);
-    cfg.gridDim = dim3(max_ctas - max_ctas % C::CLUSTER); /* the launch's own is set below */
+    cfg.gridDim = dim3(grid);
     cfg.blockDim = dim3(C::THREADS);
     cfg.dynamicSmemBytes = C::SMEM_BYTES;
     cfg.stream = (cudaStream_t)ctx->stream;
@@ -152,42 +201,7 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
         attr[nattr].val.clusterDim.y = 1;
         attr[nattr].val.clusterDim.z = 1;
         ++nattr;
-        /* persistent: as many clusters as fit at once (SMs of a GPC pair up;
-         * an odd one out stays idle), asked once per device */
-        static std::atomic<int> max_clusters[64];
-        int mc = ctx->device < 64 ? max_clusters[ctx->device].load(std::memory_order_relaxed) : 0;
-        if (mc <= 0) {
-            cfg.attrs = attr;
-            cfg.numAttrs = nattr;
-            e = cudaOccupancyMaxActiveClusters(&mc, kern, &cfg);
-            if (e != cudaSuccess || mc <= 0)
-                return fattn_fail(ctx, FATTN_ERROR_CUDA, "cudaOccupancyMaxActiveClusters: %s (%d clusters)",
-                                  cudaGetErrorString(e), mc);
-            if (ctx->device < 64) max_clusters[ctx->device].store(mc, std::memory_order_relaxed);
-        }
-        if (max_ctas > C::CLUSTER * mc) max_ctas = C::CLUSTER * mc;
-        max_ctas -= max_ctas % C::CLUSTER;
     }
-    int grid = p.num_tiles < max_ctas ? p.num_tiles : max_ctas; /* num_tiles is even with a cluster */
-    FwdSplit sp;
-    memset(&sp, 0, sizeof sp);
-    bool split = false;
-    if constexpr (C::SPLIT) {
-        if ((s = fwd_split_plan<C>(ctx, pr, p.num_tiles, max_ctas, &sp, &grid, &split)) != FATTN_OK) return s;
-    }
-    if (C::SPLIT && !split) return fwd_sm90_run<typename C::NoSplit>(ctx, a);
-    CUtensorMap tq, tk, tv;
-    if ((s = cuda_make_tensor_map(ctx, &tq, &a->q, C::D, pr->seqlen_q, pr->heads_q, pr->batch, 64, "q")) != FATTN_OK)
-        return s;
-    if ((s = cuda_make_tensor_map(ctx, &tk, &a->k, C::D, pr->seqlen_k, pr->heads_kv, pr->batch, C::BN, "k")) != FATTN_OK)
-        return s;
-    if ((s = cuda_make_tensor_map(ctx, &tv, &a->v, C::D, pr->seqlen_k, pr->heads_kv, pr->batch, C::BN, "v")) != FATTN_OK)
-        return s;
-    /* the tile counter and the split workspace are the context's: their
-     * users run one after another */
-    const bool ordered = C::DYNAMIC || split;
-    if (ordered && (s = cuda_order_before(ctx)) != FATTN_OK) return s;
-    cfg.gridDim = dim3(grid);
     if (!ctx->options[FATTN_OPTION_DISABLE_PDL]) {
         attr[nattr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attr[nattr].val.programmaticStreamSerializationAllowed = 1;
@@ -195,11 +209,42 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
     }
     cfg.attrs = attr;
     cfg.numAttrs = nattr;
-    if constexpr (C::SPLIT) e = cudaLaunchKernelEx(&cfg, kern, tq, tk, tv, p, sp);
-    else e = cudaLaunchKernelEx(&cfg, kern, tq, tk, tv, p);
+    cudaError_t e;
+    if constexpr (C::SPLIT) e = cudaLaunchKernelEx(&cfg, fwd_sm90_split_kernel<C>, tq, tk, tv, p, *sp);
+    else e = cudaLaunchKernelEx(&cfg, fwd_sm90_kernel<C>, tq, tk, tv, p);
     if (e == cudaSuccess) e = cudaGetLastError();
     if (e != cudaSuccess) return fattn_fail(ctx, FATTN_ERROR_CUDA, "forward kernel launch: %s", cudaGetErrorString(e));
     return ordered ? cuda_order_after(ctx) : FATTN_OK;
+}
+
+/* Run instance C.  A split instance plans the split first, from the tile
+ * count and the grid alone, and runs the instance without SPLIT when it
+ * splits nothing (the common call), so the host work is done once. */
+template <class C>
+fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
+    const fattn_problem *pr = &a->p;
+    const int num_m_blocks = (pr->seqlen_q + C::BM - 1) / C::BM;
+    if (C::CLUSTER > 1 && num_m_blocks % C::CLUSTER != 0)
+        return fattn_fail(ctx, FATTN_ERROR_INTERNAL, "cluster kernel needs an even number of query blocks (%d)",
+                          num_m_blocks);
+    fattn_status s;
+    int max_ctas;
+    if constexpr (C::SPLIT) {
+        if ((s = fwd_sm90_max_ctas<C>(ctx, &max_ctas)) != FATTN_OK) return s;
+        const int num_tiles = num_m_blocks * pr->heads_q * pr->batch;
+        FwdSplit sp;
+        memset(&sp, 0, sizeof sp);
+        int grid = 0;
+        bool split = false;
+        if ((s = fwd_split_plan<C>(ctx, pr, num_tiles, max_ctas, &sp, &grid, &split)) != FATTN_OK) return s;
+        if (split) return fwd_sm90_launch_inst<C>(ctx, a, max_ctas, &sp, grid);
+        /* the instance without SPLIT sets its own shared-memory attribute */
+        if ((s = fwd_sm90_max_ctas<typename C::NoSplit>(ctx, &max_ctas)) != FATTN_OK) return s;
+        return fwd_sm90_launch_inst<typename C::NoSplit>(ctx, a, max_ctas, NULL, 0);
+    } else {
+        if ((s = fwd_sm90_max_ctas<C>(ctx, &max_ctas)) != FATTN_OK) return s;
+        return fwd_sm90_launch_inst<C>(ctx, a, max_ctas, NULL, 0);
+    }
 }
 
 /* Instantiate and dispatch the variants of one head dim.  Causal kernels
