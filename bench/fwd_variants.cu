@@ -5,7 +5,7 @@
  * Build (from the repo root, after the library is built into build-gpu/):
  *   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 --use_fast_math -Iinclude -Isrc \
  *        bench/fwd_variants.cu build-gpu/libfattn.a -cudart static -o build-gpu/fwd_variants
- * Run: [FV_NORMAL=1] build-gpu/fwd_variants [seqlen ...]   (TFLOPs/s per variant and seqlen, bf16,
+ * Run: [FV_NORMAL=1] [FV_SEED=n] build-gpu/fwd_variants [seqlen ...]   (TFLOPs/s per variant and seqlen, bf16,
  * 16k tokens, hidden 2048, and the largest difference from the group's first
  * variant; seqlens 1024 2048 4096 8192 16384 unless given, at most 8).
  * Results of past runs: bench/results-ab-run*.txt. */
@@ -52,21 +52,23 @@ struct variant {
 /* V_CFG: any FwdCfg, spelled out; V_CFG_NOSPLIT: launched with FATTN_OPTION_DISABLE_SPLIT */
 #define V_CFG(name, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0, 0}
 #define V_CFG_NOSPLIT(name, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0, 1}
-/* The list (run 74, perf-notes v31): the shipped d128 non-causal kernel
- * (twice: the duplicate shows the noise), the same with CTA pairs sharing
- * each K/V load (FwdCfg CLUSTER 2, as d256 ships), and with SITOUT and
- * SPREAD (as d64 ships); d256 (CTA pairs) with and without SITOUT and SPREAD.  Earlier runs' lists are described in perf-notes
- * (v26-v30). */
-#define NC256X(so) 256, 80, 2, 2, false, true, 1, true, -1, -1, 2, -1, 0, 0, false, 0, 0, 0, so, so, 0, 0, 1
-#define NC128X(cl, so) 128, 176, 2, 2, false, true, 1, true, -1, -1, cl, -1, 0, 0, false, 0, 0, 0, so, so, 0, 0, 1
+/* The list (runs 74-75, perf-notes v31, v32): the shipped d128 and d256
+ * (CTA pairs) non-causal kernels, whose split instances have SITOUT and
+ * SPREAD (FwdCfg SITOUT_ / SPREAD_ 2), the previous ones without (0), the
+ * shipped ones whose unsplit twin takes the warpgroup index through a
+ * shuffle (FwdCfg UNIWG), and a duplicate of the shipped one (the noise).
+ * Earlier runs' lists are described in perf-notes (v26-v31). */
+#define NC128X(so, u) 128, 176, 2, 2, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, so, so, 0, 0, 1, u
+#define NC256X(so, u) 256, 80, 2, 2, false, true, 1, true, -1, -1, 2, -1, 0, 0, false, 0, 0, 0, so, so, 0, 0, 1, u
 static const variant variants[] = {
-    V_CFG("d128 shipped", 128, 0, NC128X(1, 0)),
-    V_CFG("d128 CTA pairs", 128, 0, NC128X(2, 0)),
-    V_CFG("d128 SITOUT SPREAD", 128, 0, NC128X(1, 1)),
-    V_CFG("d128 shipped again", 128, 0, NC128X(1, 0)),
-    V_CFG("d256 shipped", 256, 0, NC256X(0)),
-    V_CFG("d256 SITOUT SPREAD", 256, 0, NC256X(1)),
-    V_CFG("d256 shipped again", 256, 0, NC256X(0)),
+    V_CFG("d128 shipped", 128, 0, NC128X(2, 0)),
+    V_CFG("d128 before (SO 0)", 128, 0, NC128X(0, 0)),
+    V_CFG("d128 UNIWG", 128, 0, NC128X(2, 1)),
+    V_CFG("d128 shipped again", 128, 0, NC128X(2, 0)),
+    V_CFG("d256 shipped", 256, 0, NC256X(2, 0)),
+    V_CFG("d256 before (SO 0)", 256, 0, NC256X(0, 0)),
+    V_CFG("d256 UNIWG", 256, 0, NC256X(2, 1)),
+    V_CFG("d256 shipped again", 256, 0, NC256X(2, 0)),
 };
 
 static float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
@@ -92,7 +94,7 @@ int main(int argc, char **argv) {
     cudaMalloc(&o, maxel * 2);
     for (int si = 0; si < nseq; ++si) cudaMalloc(&o0[si], maxel * 2); /* the reference output per seqlen */
     uint16_t *h = (uint16_t *)malloc(maxel * 2);
-    srand(5);
+    srand(getenv("FV_SEED") ? (unsigned)atoi(getenv("FV_SEED")) : 5u);
     if (getenv("FV_NORMAL")) {
         /* independent N(0, 1) Q, K and V, as bench/compare.py draws them */
         printf("inputs: independent normal Q, K, V\n");

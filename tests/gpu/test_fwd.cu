@@ -335,6 +335,13 @@ int main(void) {
         {1, 30, 2900, 2, 1, 128, 0, B, TU_BSHD},
         {1, 30, 2900, 2, 2, 64, 0, H, TU_BSHD},
         {1, 40, 2000, 2, 1, 256, 0, B, TU_BHSD},
+        /* split instances with SITOUT and SPREAD (d128, d256 CTA pairs;
+         * perf-notes v31): a tail split past one wave in the spread order
+         * whose last m-block's second warpgroup sits out (1030 rows), and
+         * CTA pairs below one wave whose second CTA's second warpgroup sits
+         * out (180 rows) */
+        {1, 1030, 2000, 16, 4, 128, 0, H, TU_BSHD},
+        {1, 180, 3000, 4, 2, 256, 0, B, TU_BSHD},
     };
     const int only = getenv("FATTN_TEST_SMALL") ? 1 : 0; /* sanitizer runs: small shapes only */
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {

@@ -116,11 +116,12 @@ template <int D_, int BN_, int NC_, int STAGES_, bool CAUSAL_, bool BF16_,
           int L2HINT_ = 0 /* 1: K and V loaded with L2 evict_last; 2: and Q with evict_first (perf-notes v18) */,
           int ROWMASK_ = 0 /* 1: query rows past seqlen_q masked, so their P is 0 (perf-notes v19) */,
           int TREEMAX_ = 0 /* 1: each row's block max as a pairwise tree, not a chain (perf-notes v21) */,
-          int SITOUT_ = 0 /* 1: a warpgroup with no row before seqlen_q skips its tile's work (perf-notes v22) */,
-          int SPREAD_ = 0 /* 1: static order k*G + (c + k) mod G, so each CTA's m cycles (perf-notes v22) */,
+          int SITOUT_ = 0 /* 1: a warpgroup with no row before seqlen_q skips its tile's work (perf-notes v22); 2: with SPLIT only (v31) */,
+          int SPREAD_ = 0 /* 1: static order k*G + (c + k) mod G, so each CTA's m cycles (perf-notes v22); 2: with SPLIT only (v31) */,
           int SKIPDIAG_ = 0 /* 1: causal: a warpgroup skips its tile's first key block when it sees none of it (perf-notes v23) */,
           int QREG_ = 0 /* k > 0: the first k 16-column slices of each warpgroup's Q in registers for S = Q K^T, -1 all (perf-notes v26) */,
-          int SPLIT_ = 0 /* 1: tiles past the last full wave split along the keys (FwdSplit, perf-notes v30) */>
+          int SPLIT_ = 0 /* 1: tiles past the last full wave split along the keys (FwdSplit, perf-notes v30) */,
+          int UNIWG_ = 0 /* 1: the consumer's warpgroup index through a lane-0 shuffle without SITOUT (perf-notes v32) */>
 struct FwdCfg {
     static constexpr int D = D_, BN = BN_, NC = NC_, STAGES = STAGES_;
     static constexpr bool CAUSAL = CAUSAL_, BF16 = BF16_, OVERLAP = OVERLAP_ != 0, PINGPONG = PINGPONG_ && NC_ > 1;
@@ -178,15 +179,19 @@ struct FwdCfg {
      * a loop of its own over the tile's key blocks: it only waits for each
      * K and V, releases the stages and passes the pingpong token as often as
      * a working warpgroup does, so the tile's other warpgroups run with
-     * fewer partners and the tile ends sooner. */
-    static constexpr bool SITOUT = SITOUT_ == 1 && !XTILE;
+     * fewer partners and the tile ends sooner.  SITOUT_ (and SPREAD_) 2:
+     * only in the SPLIT instance, not in its NoSplit twin: at d128 the split
+     * instance's loop then loses its 16 R2UR (819 -> 798 SASS instructions
+     * per block) and ran 3.4-6.6% faster, where the unsplit kernel with
+     * SITOUT loses 1.3% (runs 48, 74; perf-notes v31). */
+    static constexpr bool SITOUT = (SITOUT_ == 1 || (SITOUT_ == 2 && SPLIT_ == 1)) && !XTILE;
     /* SPREAD: static (non-dynamic) order.  CTA c's k-th tile is
      * k*G + (c + CLUSTER*k) mod G instead of k*G + c (G = gridDim.x): each
      * wave covers the same tiles (the same heads in L2), but a CTA's m-block
      * changes from wave to wave, so the cheap tiles SITOUT makes (the last
      * m-block) are shared out instead of all landing on the CTAs with
      * c = num_m_blocks - 1 (mod num_m_blocks) when num_m_blocks divides G. */
-    static constexpr bool SPREAD = SPREAD_ == 1;
+    static constexpr bool SPREAD = SPREAD_ == 1 || (SPREAD_ == 2 && SPLIT_ == 1);
     /* SKIPDIAG (causal): the tile's first key block (the last one, visited
      * first) ends past the tile's last row, so with three warpgroups, or
      * BN not a multiple of 64, the first warpgroups may see none of its
@@ -216,11 +221,15 @@ struct FwdCfg {
     static constexpr int NUM_BARS = 4 * STAGES + 2 * NC * QBUF;
     static constexpr int OFF_SLOT = OFF_BAR + NUM_BARS * 8; /* tile index per consumer warpgroup and Q buffer */
     static constexpr bool SPLIT = SPLIT_ == 1;
+    /* UNIWG: the warpgroup index through the lane-0 shuffle SITOUT uses
+     * (see there), so the Q descriptors are known to be warp-uniform */
+    static constexpr bool UNIWG = UNIWG_ == 1;
     /* the same kernel without SPLIT, which runs when the host splits nothing
      * (the split instance's key-block loop is 0.5-3% longer: d128 810 -> 819,
      * d256 CTA pairs 655 -> 676 SASS instructions) */
     using NoSplit = FwdCfg<D_, BN_, NC_, STAGES_, CAUSAL_, BF16_, OVERLAP_, PINGPONG_, SCHED_, LAZY_, CLUSTER_, OSTORE_,
-                           XTILE_, QEARLY_, SLEEP_, L2HINT_, ROWMASK_, TREEMAX_, SITOUT_, SPREAD_, SKIPDIAG_, QREG_, 0>;
+                           XTILE_, QEARLY_, SLEEP_, L2HINT_, ROWMASK_, TREEMAX_, SITOUT_, SPREAD_, SKIPDIAG_, QREG_, 0,
+                           UNIWG_>;
     static constexpr int SMEM_BYTES = OFF_SLOT + NC * QBUF * 4 + 1024; /* + alignment slack */
     static constexpr bool DYNAMIC = SCHED_ < 0 ? CAUSAL : SCHED_ == 1; /* tile scheduler: atomic counter */
     /* CLUSTER 2: the two CTAs of a cluster work on tiles 2k and 2k+1, adjacent
@@ -529,7 +538,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
      * key-block loop left the uniform datapath (d64: 611 -> 644 SASS
      * instructions per block).  Without SITOUT the shuffle moves other
      * kernels' loops by -32..+13 instructions: kept out of them. */
-    const int wg = C::SITOUT ? __shfl_sync(0xffffffffu, warpgroup - 1, 0) : warpgroup - 1;
+    const int wg = C::SITOUT || C::UNIWG ? __shfl_sync(0xffffffffu, warpgroup - 1, 0) : warpgroup - 1;
     const int r0 = 16 * warp + lane / 4; /* accumulator rows r0 and r0 + 8 (HOPPER-PTX §3) */
     const int q4 = lane % 4;
     const float c2 = p.scale_log2;

@@ -26,5 +26,9 @@ fattn_status fwd_sm90_hdim128(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_varia
         if (a->p.seqlen_k >= 8192) FWD_SM90_CAUSAL_OPT(128, 176, 2, 2, 0, true, 1, 0);
         FWD_SM90_CAUSAL_Q(128, 128, 2, 2, 1, true, 0, 0, 2);
     }
-    FWD_SM90_NONCAUSAL(128, 176, 2, 2);
+    /* the split instance with SITOUT and SPREAD (2: not its unsplit twin):
+     * +4.8 / +6.6 / +3.4% at 4096 / 8192 / 16384, where it splits; the
+     * unsplit kernel with them -1.3 / -1.4% at 1024 / 2048 (run 74, perf-notes
+     * v31; run 48) */
+    FWD_SM90_NONCAUSAL_SO(128, 176, 2, 2, 1, 2);
 }

@@ -261,7 +261,7 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
     } while (0)
 #define FWD_SM90_CAUSAL_OPT(D, BN, NC, STAGES, QE, SL, SO, SK) FWD_SM90_CAUSAL_Q(D, BN, NC, STAGES, QE, SL, SO, SK, 0)
 #define FWD_SM90_CAUSAL(D, BN, NC, STAGES) FWD_SM90_CAUSAL_OPT(D, BN, NC, STAGES, 0, false, 0, 0)
-/* SO: FwdCfg SITOUT and SPREAD, QR: FwdCfg QREG, for the full design (the
+/* SO: FwdCfg SITOUT and SPREAD (2: in the split instance only), QR: FwdCfg QREG, for the full design (the
  * ablation's variants without them); the full design also splits the last
  * wave's tiles along the keys (FwdCfg SPLIT, unless FATTN_OPTION_DISABLE_SPLIT) */
 #define FWD_SM90_NONCAUSAL_SOQ(D, BN, NC, STAGES, CL, SO, QR)                                                  \
@@ -285,8 +285,8 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
 #define FWD_SM90_NONCAUSAL(D, BN, NC, STAGES) FWD_SM90_NONCAUSAL_CL(D, BN, NC, STAGES, 1)
 /* CTA pairs sharing K/V loads (FwdCfg CLUSTER) when the query blocks pair up
  * within each head */
-#define FWD_SM90_NONCAUSAL_PAIRED(D, BN, NC, STAGES)                                                           \
+#define FWD_SM90_NONCAUSAL_PAIRED(D, BN, NC, STAGES, SO2)                                                      \
     do {                                                                                                       \
-        if (((a->p.seqlen_q + 64 * (NC)-1) / (64 * (NC))) % 2 == 0) FWD_SM90_NONCAUSAL_CL(D, BN, NC, STAGES, 2); \
+        if (((a->p.seqlen_q + 64 * (NC)-1) / (64 * (NC))) % 2 == 0) FWD_SM90_NONCAUSAL_SO(D, BN, NC, STAGES, 2, SO2); \
         FWD_SM90_NONCAUSAL_CL(D, BN, NC, STAGES, 1);                                                           \
     } while (0)
