@@ -224,6 +224,7 @@ struct FwdCfg {
     /* UNIWG: the warpgroup index through the lane-0 shuffle SITOUT uses
      * (see there), so the Q descriptors are known to be warp-uniform */
     static constexpr bool UNIWG = UNIWG_ == 1;
+    static constexpr int UNIWG_ARG = UNIWG_; /* 2: the Q descriptor rebuilt per key block (an experiment, v32) */
     /* the same kernel without SPLIT, which runs when the host splits nothing
      * (the split instance's key-block loop is 0.5-3% longer: d128 810 -> 819,
      * d256 CTA pairs 655 -> 676 SASS instructions) */
@@ -796,7 +797,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
             }
 
             const uint8_t *sq_wg = sQ + (qi % C::QBUF) * C::Q_BYTES + wg * 64 * 128; /* this warpgroup's Q rows */
-            const uint64_t desc_q = smem_desc_sw128(sq_wg, 16, 1024);
+            const uint64_t desc_q_tile = smem_desc_sw128(sq_wg, 16, 1024);
             if (C::QREG) {
                 /* 16x16 block kk of warp w: rows 16w + (j % 2) 8 + lane % 8,
                  * 16-byte chunk 2 (kk % 4) + j / 2 of slab kk / 4 for matrix
@@ -819,6 +820,13 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
             /* S = Q K_n^T into sacc (issue only). */
             auto issue_qk = [&](int s) {
                 const uint64_t desc_k = smem_desc_sw128(sK + s * C::KV_BYTES, 16, 1024);
+                uint64_t desc_q = desc_q_tile;
+                if constexpr (C::UNIWG_ARG == 2) {
+                    /* per block from a fresh shuffle: nothing of it lives
+                     * across the loop (v32) */
+                    const int wgu = __shfl_sync(0xffffffffu, warpgroup - 1, 0);
+                    desc_q = smem_desc_sw128(sQ + (qi % C::QBUF) * C::Q_BYTES + wgu * 64 * 128, 16, 1024);
+                }
 #pragma unroll
                 for (int kk = 0; kk < D / 16; ++kk) {
                     const uint32_t off_q = (kk / 4) * BM * 128 + (kk % 4) * 32;
