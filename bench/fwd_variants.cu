@@ -26,6 +26,7 @@ struct variant {
     run_fn fn;
     int no_pdl; /* FATTN_OPTION_DISABLE_PDL */
     int no_split; /* FATTN_OPTION_DISABLE_SPLIT */
+    int min_gain; /* SPLIT's minimum gain in key blocks (fwd_split_min_gain_ab; 0: the library's rule) */
 };
 /* One variant: FwdCfg<D, BN, NC, STAGES, CAUSAL, bf16, overlap, pingpong, ...>
  * with the later options at their defaults (V, V_NOPDL: launched without
@@ -53,24 +54,18 @@ struct variant {
 /* V_CFG: any FwdCfg, spelled out; V_CFG_NOSPLIT: launched with FATTN_OPTION_DISABLE_SPLIT */
 #define V_CFG(name, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0, 0}
 #define V_CFG_NOSPLIT(name, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0, 1}
-/* The list (run 76, perf-notes v32): the shipped d128 and d256 (CTA pairs)
- * non-causal kernels and the d256 causal one, each with the Q descriptor
- * rebuilt per key block (FwdCfg UNIWG 2), and a duplicate of the shipped
- * one (the noise).  Earlier runs' lists are described in perf-notes
- * (v26-v32). */
+/* V_CFG_GAIN: any FwdCfg, split wherever that saves at least g key blocks */
+#define V_CFG_GAIN(name, g, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0, 0, g}
+/* The list (run 77, perf-notes v33): the shipped d128 non-causal kernel,
+ * which splits where that saves 6 key blocks of the last wave, the same
+ * splitting from 4 and from 2, and a duplicate of the shipped one (the
+ * noise).  Earlier runs' lists are described in perf-notes (v26-v32). */
 #define NC128X(so, u) 128, 176, 2, 2, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, so, so, 0, 0, 1, u
-#define NC256X(so, u) 256, 80, 2, 2, false, true, 1, true, -1, -1, 2, -1, 0, 0, false, 0, 0, 0, so, so, 0, 0, 1, u
-#define C256X(u) 256, 80, 2, 2, true, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 0, 0, 1, 0, 0, u
 static const variant variants[] = {
     V_CFG("d128 shipped", 128, 0, NC128X(2, 0)),
-    V_CFG("d128 Q desc per block", 128, 0, NC128X(2, 2)),
+    V_CFG_GAIN("d128 split from 4", 4, 128, 0, NC128X(2, 0)),
+    V_CFG_GAIN("d128 split from 2", 2, 128, 0, NC128X(2, 0)),
     V_CFG("d128 shipped again", 128, 0, NC128X(2, 0)),
-    V_CFG("d256 shipped", 256, 0, NC256X(2, 0)),
-    V_CFG("d256 Q desc per block", 256, 0, NC256X(2, 2)),
-    V_CFG("d256 shipped again", 256, 0, NC256X(2, 0)),
-    V_CFG("d256c shipped", 256, 1, C256X(0)),
-    V_CFG("d256c Q desc per block", 256, 1, C256X(2)),
-    V_CFG("d256c shipped again", 256, 1, C256X(0)),
 };
 
 static float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
@@ -147,6 +142,7 @@ int main(int argc, char **argv) {
                 cudaMemset(o, 0xFF, n * 2);
                 fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_PDL, va.no_pdl);
                 fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_SPLIT, va.no_split);
+                fwd_split_min_gain_ab = va.min_gain;
                 if (va.fn(ctx, &a) != FATTN_OK) { printf("%s: %s\n", va.name, fattn_last_error(ctx)); continue; }
                 cudaDeviceSynchronize();
                 ok[vi - g0] = 1;
@@ -163,6 +159,9 @@ int main(int argc, char **argv) {
             {
                 cudaEvent_t s0, s1;
                 cudaEventCreate(&s0); cudaEventCreate(&s1);
+                fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_PDL, variants[g0].no_pdl);
+                fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_SPLIT, variants[g0].no_split);
+                fwd_split_min_gain_ab = variants[g0].min_gain;
                 cudaEventRecord(s0);
                 for (float ms = 0.f; ms < 500.f;) {
                     for (int c = 0; c < 10; ++c) variants[g0].fn(ctx, &a);
@@ -185,6 +184,7 @@ int main(int argc, char **argv) {
                     const variant &va = variants[vi];
                     fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_PDL, va.no_pdl);
                     fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_SPLIT, va.no_split);
+                    fwd_split_min_gain_ab = va.min_gain;
                     for (int w = 0; w < 2; ++w) va.fn(ctx, &a);
                     for (int j = 0; j < 3; ++j) {
                         cudaEventRecord(e0);
