@@ -27,8 +27,8 @@ auto fwd_sm90_kernel_of() {
  * of at least SPLIT_MIN_BLOCKS).  Only where that shortens the run by
  * SPLIT_MIN_GAIN key blocks (a piece's own prologue, epilogue and workspace
  * traffic cost about a block or two each, more at d256: run 69 lost 1.2% at
- * d128 1024 with a gain of 2 blocks, 3.8% at d256 1024 with 3) and by 0.5%
- * of the run.  *split false: the caller runs the instance without SPLIT. */
+ * d128 1024 with a gain of 2 blocks, 3.8% at d256 1024 with 3; d128 from 4
+ * since v31) and by 0.5% of the run.  *split false: the caller runs the instance without SPLIT. */
 /* bench/fwd_variants.cu only: a different SPLIT_MIN_GAIN (0: the rule below) */
 inline int fwd_split_min_gain_ab = 0;
 
@@ -36,7 +36,10 @@ template <class C>
 fattn_status fwd_split_plan(fattn_ctx *ctx, const fattn_problem *pr, int num_tiles, int max_ctas, FwdSplit *sp,
                             int *grid, bool *split) {
     constexpr int SPLIT_MIN_BLOCKS = 4;
-    const int SPLIT_MIN_GAIN = fwd_split_min_gain_ab > 0 ? fwd_split_min_gain_ab : C::D > 128 ? 10 : 6;
+    /* d128: 4 since its split instance's loop got shorter (v31): +1.2 /
+     * +2.1% at 1536 / 2048 with gains of 4 / 5 blocks, +0.3% at 1024 with
+     * 2 (run 77, perf-notes v33) */
+    const int SPLIT_MIN_GAIN = fwd_split_min_gain_ab > 0 ? fwd_split_min_gain_ab : C::D > 128 ? 10 : C::D == 128 ? 4 : 6;
     *split = false;
     const int nb = (pr->seqlen_k + C::BN - 1) / C::BN;
     if (ctx->options[FATTN_OPTION_DISABLE_SPLIT] || nb > 32767) return FATTN_OK;
