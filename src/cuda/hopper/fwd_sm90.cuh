@@ -121,7 +121,7 @@ template <int D_, int BN_, int NC_, int STAGES_, bool CAUSAL_, bool BF16_,
           int SKIPDIAG_ = 0 /* 1: causal: a warpgroup skips its tile's first key block when it sees none of it (perf-notes v23) */,
           int QREG_ = 0 /* k > 0: the first k 16-column slices of each warpgroup's Q in registers for S = Q K^T, -1 all (perf-notes v26) */,
           int SPLIT_ = 0 /* 1: tiles past the last full wave split along the keys (FwdSplit, perf-notes v30) */,
-          int UNIWG_ = 0 /* 1: the consumer's warpgroup index through a lane-0 shuffle without SITOUT (perf-notes v32) */>
+          int UNIWG_ = 0 /* 1: the consumer's warpgroup index through a lane-0 shuffle without SITOUT (perf-notes v32); 2: the Q descriptor rebuilt per key block (v32b); neither shipped */>
 struct FwdCfg {
     static constexpr int D = D_, BN = BN_, NC = NC_, STAGES = STAGES_;
     static constexpr bool CAUSAL = CAUSAL_, BF16 = BF16_, OVERLAP = OVERLAP_ != 0, PINGPONG = PINGPONG_ && NC_ > 1;
@@ -182,8 +182,8 @@ struct FwdCfg {
      * fewer partners and the tile ends sooner.  SITOUT_ (and SPREAD_) 2:
      * only in the SPLIT instance, not in its NoSplit twin: at d128 the split
      * instance's loop then loses its 16 R2UR (819 -> 798 SASS instructions
-     * per block) and ran 3.4-6.6% faster, where the unsplit kernel with
-     * SITOUT loses 1.3% (runs 48, 74; perf-notes v31). */
+     * per block) and runs 2.3-3.0% faster where it splits, while the
+     * unsplit kernel with SITOUT loses 1.3% (runs 48, 74, 75; perf-notes v31). */
     static constexpr bool SITOUT = (SITOUT_ == 1 || (SITOUT_ == 2 && SPLIT_ == 1)) && !XTILE;
     /* SPREAD: static (non-dynamic) order.  CTA c's k-th tile is
      * k*G + (c + CLUSTER*k) mod G instead of k*G + c (G = gridDim.x): each
@@ -226,8 +226,9 @@ struct FwdCfg {
     static constexpr bool UNIWG = UNIWG_ == 1;
     static constexpr int UNIWG_ARG = UNIWG_; /* 2: the Q descriptor rebuilt per key block (an experiment, v32) */
     /* the same kernel without SPLIT, which runs when the host splits nothing
-     * (the split instance's key-block loop is 0.5-3% longer: d128 810 -> 819,
-     * d256 CTA pairs 655 -> 676 SASS instructions) */
+     * (without SITOUT the split instance's key-block loop is 0.5-3% longer:
+     * d128 810 -> 819, d256 CTA pairs 655 -> 676 SASS instructions; with
+     * SITOUT_ 2 only the split instance takes it: 798, 656; v31) */
     using NoSplit = FwdCfg<D_, BN_, NC_, STAGES_, CAUSAL_, BF16_, OVERLAP_, PINGPONG_, SCHED_, LAZY_, CLUSTER_, OSTORE_,
                            XTILE_, QEARLY_, SLEEP_, L2HINT_, ROWMASK_, TREEMAX_, SITOUT_, SPREAD_, SKIPDIAG_, QREG_, 0,
                            UNIWG_>;

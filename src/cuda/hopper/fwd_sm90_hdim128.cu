@@ -27,8 +27,9 @@ fattn_status fwd_sm90_hdim128(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_varia
         FWD_SM90_CAUSAL_Q(128, 128, 2, 2, 1, true, 0, 0, 2);
     }
     /* the split instance with SITOUT and SPREAD (2: not its unsplit twin):
-     * +4.8 / +6.6 / +3.4% at 4096 / 8192 / 16384, where it splits; the
-     * unsplit kernel with them -1.3 / -1.4% at 1024 / 2048 (run 74, perf-notes
-     * v31; run 48) */
+     * +2.6 / +2.5 / +0.8% at 4096 / 8192 / 16384 and +3.0 / +2.8 / +2.3% at
+     * 3000 / 6144 / 12000, where it splits (run 75; run 74's larger figures
+     * had fwd_variants' position bias); the unsplit kernel with them -1.3 /
+     * -1.4% at 1024 / 2048 (runs 48, 74; perf-notes v31) */
     FWD_SM90_NONCAUSAL_SO(128, 176, 2, 2, 1, 2);
 }

@@ -7,7 +7,8 @@ fattn_status fwd_sm90_hdim256(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_varia
     /* causal: the first warpgroup skips a first key block it sees none of
      * (SKIPDIAG): +2.3 / +1.3 / +0.6 / -0.2 / +0.6% at 1024-16384 (run 50) */
     if (v.causal) FWD_SM90_CAUSAL_OPT(256, 80, 2, 2, 0, false, 0, 1);
-    /* CTA pairs; their split instance with SITOUT and SPREAD: +1.0 / +0.7 /
-     * +1.2% at 4096 / 8192 / 16384 (run 74, perf-notes v31) */
+    /* CTA pairs; their split instance with SITOUT and SPREAD: -0.5..+0.7%
+     * (runs 74-75, perf-notes v31), kept for its shorter loop (656 against
+     * 676 instructions per block) and fewer spilled bytes (4 against 16) */
     FWD_SM90_NONCAUSAL_PAIRED(256, 80, 2, 2, 2);
 }

@@ -28,7 +28,8 @@ auto fwd_sm90_kernel_of() {
  * SPLIT_MIN_GAIN key blocks (a piece's own prologue, epilogue and workspace
  * traffic cost about a block or two each, more at d256: run 69 lost 1.2% at
  * d128 1024 with a gain of 2 blocks, 3.8% at d256 1024 with 3; d128 from 4
- * since v31) and by 0.5% of the run.  *split false: the caller runs the instance without SPLIT. */
+ * since v31) and by 0.5% of the run.  *split false: the caller runs the
+ * instance without SPLIT. */
 /* bench/fwd_variants.cu only: a different SPLIT_MIN_GAIN (0: the rule below) */
 inline int fwd_split_min_gain_ab = 0;
 
