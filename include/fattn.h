@@ -126,7 +126,8 @@ FATTN_API fattn_backend fattn_ctx_backend(const fattn_ctx *ctx);
  * use from two threads at once.  Calls may be captured into CUDA graphs: the
  * only allocation a call can make, the split workspace (16-36 MB by head dim,
  * kept until fattn_ctx_free), is never made during a capture (a captured call that
- * would need it first runs unsplit, with the same result).  A captured call
+ * would need it first runs unsplit, with the same result, as does a call
+ * whose workspace cannot be allocated).  A captured call
  * that uses the shared state is ordered by the graph's streams only, so such
  * a graph must not run concurrently with other causal or split work of the
  * same context.

@@ -35,6 +35,25 @@ struct fwd_case {
     const char *variant; /* the fattn_ctx_set_option knobs set for this case, for the report */
 };
 
+/* run_case with the device memory exhausted around the fattn_fwd call
+ * (hog_device_memory), so that a workspace the call wants cannot be made */
+static int g_hog = 0;
+static size_t g_hog_free = 0; /* free device memory at the hogged call */
+
+/* Allocate device memory in halving chunks until not even 1 MB is left;
+ * returns the count of chunks in hog[] (at most 4096). */
+static int hog_device_memory(void **hog) {
+    int n = 0;
+    for (size_t chunk = (size_t)1 << 32; chunk >= ((size_t)1 << 20) && n < 4096;) {
+        if (cudaMalloc(&hog[n], chunk) == cudaSuccess) ++n;
+        else {
+            (void)cudaGetLastError();
+            chunk /= 2;
+        }
+    }
+    return n;
+}
+
 static int run_case(fattn_ctx *ctx, tu_rng *rng, const fwd_case &c) {
     const int fails_before = tu_failures;
     tu_tensor q, k, v, o;
@@ -83,12 +102,21 @@ static int run_case(fattn_ctx *ctx, tu_rng *rng, const fwd_case &c) {
     a.v = v.t; a.v.data = dv;
     a.o = o.t; a.o.data = dout_at;
     a.lse = dlse;
+    static void *hog[4096];
+    int nhog = 0;
+    if (g_hog) {
+        CK(cudaDeviceSynchronize());
+        nhog = hog_device_memory(hog);
+        size_t total;
+        CK(cudaMemGetInfo(&g_hog_free, &total));
+    }
     fattn_status st = fattn_fwd(ctx, &a);
     if (st != FATTN_OK) {
         fprintf(stderr, "fattn_fwd: %s: %s\n", fattn_status_string(st), fattn_last_error(ctx));
         tu_failures++;
     }
     cudaError_t e = cudaDeviceSynchronize();
+    for (int i = 0; i < nhog; ++i) cudaFree(hog[i]);
     TU_CHECK(e == cudaSuccess, "kernel failed: %s", cudaGetErrorString(e));
     if (e != cudaSuccess) exit(1);
     CK(cudaMemcpy(o.t.data, dout_at, o.bytes, cudaMemcpyDeviceToHost));
@@ -372,6 +400,28 @@ int main(void) {
     if (!only) {
         two_streams(ctx, &rng);
         graph_capture(ctx, &rng);
+        /* a split whose workspace cannot be made: a fresh context (no
+         * workspace yet) with the device memory exhausted around the call,
+         * which then runs unsplit.  The kernels it uses are loaded first,
+         * by the same call with the split turned off. */
+        fattn_ctx *c2 = NULL;
+        if (fattn_ctx_create(&c2, FATTN_BACKEND_CUDA, 0) != FATTN_OK) {
+            fprintf(stderr, "fattn_ctx_create: %s\n", fattn_last_error(NULL));
+            tu_failures++;
+        } else {
+            const fwd_case oom{1, 300, 9000, 4, 2, 128, 0, B, TU_BSHD, 0, "[split workspace out of memory]"};
+            fattn_ctx_set_option(c2, FATTN_OPTION_DISABLE_SPLIT, 1);
+            run_case(c2, &rng, oom);
+            fattn_ctx_set_option(c2, FATTN_OPTION_DISABLE_SPLIT, 0);
+            g_hog = 1;
+            run_case(c2, &rng, oom);
+            g_hog = 0;
+            /* the d128 workspace is 20 MB: the hog must have left less */
+            TU_CHECK(g_hog_free < ((size_t)8 << 20), "device memory left at the hogged call: %zu bytes", g_hog_free);
+            printf("split workspace out of memory: %zu bytes of device memory free at the call\n", g_hog_free);
+            run_case(c2, &rng, fwd_case{1, 300, 9000, 4, 2, 128, 0, B, TU_BSHD, 0, "[split after the out-of-memory call]"});
+            fattn_ctx_free(c2);
+        }
     }
     fattn_ctx_free(ctx);
     return tu_finish("gpu fwd");
