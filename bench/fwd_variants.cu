@@ -56,16 +56,17 @@ struct variant {
 #define V_CFG_NOSPLIT(name, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0, 1}
 /* V_CFG_GAIN: any FwdCfg, split wherever that saves at least g key blocks */
 #define V_CFG_GAIN(name, g, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0, 0, g}
-/* The list (run 77, perf-notes v33): the shipped d128 non-causal kernel,
- * which splits where that saves 6 key blocks of the last wave, the same
- * splitting from 4 and from 2, and a duplicate of the shipped one (the
- * noise).  Earlier runs' lists are described in perf-notes (v26-v32). */
-#define NC128X(so, u) 128, 176, 2, 2, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, so, so, 0, 0, 1, u
+/* The list (run 82, perf-notes v34): the shipped d256 causal kernel, the
+ * same with SITOUT (its warpgroup index through the shuffle and the sit-out
+ * loop; no warpgroup sits out at these lengths), with SITOUT and sleeping
+ * waits, and a duplicate of the shipped one (the noise).  Earlier runs'
+ * lists are described in perf-notes (v26-v33). */
+#define C256X(sl, so) 256, 80, 2, 2, true, true, 1, true, -1, -1, 1, -1, 0, 0, sl, 0, 0, 0, so, 0, 1, 0, 0, 0
 static const variant variants[] = {
-    V_CFG("d128 shipped", 128, 0, NC128X(2, 0)),
-    V_CFG_GAIN("d128 split from 4", 4, 128, 0, NC128X(2, 0)),
-    V_CFG_GAIN("d128 split from 2", 2, 128, 0, NC128X(2, 0)),
-    V_CFG("d128 shipped again", 128, 0, NC128X(2, 0)),
+    V_CFG("d256c shipped", 256, 1, C256X(false, 0)),
+    V_CFG("d256c SITOUT", 256, 1, C256X(false, 1)),
+    V_CFG("d256c SITOUT SLEEP", 256, 1, C256X(true, 1)),
+    V_CFG("d256c shipped again", 256, 1, C256X(false, 0)),
 };
 
 static float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
