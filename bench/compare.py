@@ -121,6 +121,21 @@ class Case:
                       ("fa2", sdpa, SDPBackend.FLASH_ATTENTION)]
 
 
+def small_bench_args(doc, add=None):
+    """The command line of the small comparison scripts (bench/split.py,
+    bench/waves.py): their own options (add(ap)), then one dtype, samples per
+    round, settle time and a JSON file.  Returns (args, torch dtype)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if add:
+        add(ap)
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    ap.add_argument("--iters", type=int, default=4)
+    ap.add_argument("--settle-ms", type=float, default=300.0)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    return a, torch.bfloat16 if a.dtype == "bf16" else torch.float16
+
+
 def bench_case(ctx, dtype, b, s, h, d, causal, iters, peers=True, rounds=3, rotate=True, settle_ms=0.0,
                cooldown_ms=0.0, ab_option=None):
     case = Case(ctx, dtype, b, s, h, d, causal, 1234 + s + d)

@@ -12,7 +12,6 @@ the keys are split.  FLOPs = 4 b h s_q s_k d; TFLOPs/s from the median of
 CUDA-event samples, the backends taking turns over 3 rounds, each running
 for --settle-ms first (bench/compare.py's timing).
 """
-import argparse
 import contextlib
 import json
 import os
@@ -39,13 +38,7 @@ SHAPES = [
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
-    ap.add_argument("--iters", type=int, default=4)
-    ap.add_argument("--settle-ms", type=float, default=300.0)
-    ap.add_argument("--json")
-    a = ap.parse_args()
-    dt = torch.bfloat16 if a.dtype == "bf16" else torch.float16
+    a, dt = compare.small_bench_args(__doc__)
     ctx = fattn.Context(fattn.BACKEND_CUDA, 0)
     ctx.set_stream(torch.cuda.current_stream().cuda_stream)
     print("device: %s, %s, non-causal; TFLOPs/s (split / unsplit / cuDNN / FA2)" % (torch.cuda.get_device_name(),

@@ -11,7 +11,6 @@ the heads; a last wave that keeps only part of the SMs busy shows as a dip at
 fractional wave counts (perf-notes: the last-wave item).  Timing as
 bench/compare.py (interleaved backends, settled clocks, CUDA events).
 """
-import argparse
 import json
 import os
 import sys
@@ -28,14 +27,7 @@ PLAN = {128: (128, list(range(56, 65))), 256: (128, list(range(56, 65))), 64: (1
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--head-dims", default="128,256,64")
-    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
-    ap.add_argument("--iters", type=int, default=4)
-    ap.add_argument("--settle-ms", type=float, default=300.0)
-    ap.add_argument("--json")
-    a = ap.parse_args()
-    dt = torch.bfloat16 if a.dtype == "bf16" else torch.float16
+    a, dt = compare.small_bench_args(__doc__, lambda ap: ap.add_argument("--head-dims", default="128,256,64"))
     ctx = fattn.Context(fattn.BACKEND_CUDA, 0)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     out = []
