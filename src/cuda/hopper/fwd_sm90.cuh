@@ -221,10 +221,10 @@ struct FwdCfg {
     static constexpr int NUM_BARS = 4 * STAGES + 2 * NC * QBUF;
     static constexpr int OFF_SLOT = OFF_BAR + NUM_BARS * 8; /* tile index per consumer warpgroup and Q buffer */
     static constexpr bool SPLIT = SPLIT_ == 1;
-    /* UNIWG: the warpgroup index through the lane-0 shuffle SITOUT uses
-     * (see there), so the Q descriptors are known to be warp-uniform */
-    static constexpr bool UNIWG = UNIWG_ == 1;
-    static constexpr int UNIWG_ARG = UNIWG_; /* 2: the Q descriptor rebuilt per key block (an experiment, v32) */
+    /* UNIWG 1: the warpgroup index through the lane-0 shuffle SITOUT uses
+     * (see there), so the Q descriptors are known to be warp-uniform; 2: the
+     * Q descriptor rebuilt per key block (experiments, v32, v32b) */
+    static constexpr int UNIWG = UNIWG_;
     /* the same kernel without SPLIT, which runs when the host splits nothing
      * (without SITOUT the split instance's key-block loop is 0.5-3% longer:
      * d128 810 -> 819, d256 CTA pairs 655 -> 676 SASS instructions; with
@@ -540,7 +540,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
      * key-block loop left the uniform datapath (d64: 611 -> 644 SASS
      * instructions per block).  Without SITOUT the shuffle moves other
      * kernels' loops by -32..+13 instructions: kept out of them. */
-    const int wg = C::SITOUT || C::UNIWG ? __shfl_sync(0xffffffffu, warpgroup - 1, 0) : warpgroup - 1;
+    const int wg = C::SITOUT || C::UNIWG == 1 ? __shfl_sync(0xffffffffu, warpgroup - 1, 0) : warpgroup - 1;
     const int r0 = 16 * warp + lane / 4; /* accumulator rows r0 and r0 + 8 (HOPPER-PTX §3) */
     const int q4 = lane % 4;
     const float c2 = p.scale_log2;
@@ -822,7 +822,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
             auto issue_qk = [&](int s) {
                 const uint64_t desc_k = smem_desc_sw128(sK + s * C::KV_BYTES, 16, 1024);
                 uint64_t desc_q = desc_q_tile;
-                if constexpr (C::UNIWG_ARG == 2) {
+                if constexpr (C::UNIWG == 2) {
                     /* per block from a fresh shuffle: nothing of it lives
                      * across the loop (v32) */
                     const int wgu = __shfl_sync(0xffffffffu, warpgroup - 1, 0);
