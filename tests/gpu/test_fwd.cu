@@ -349,7 +349,7 @@ int main(void) {
         {1, 2500, 2048, 2, 2, 64, 1, H, TU_BSHD},
         {1, 700, 300, 2, 1, 256, 1, B, TU_BSHD},
         /* non-causal tiles split along the keys (FwdCfg SPLIT, perf-notes
-         * v30, where it saves 6 key blocks, 10 at d256): past the last full
+         * v30, where it saves 6 key blocks, 4 at d128, 10 at d256): past the last full
          * wave (136 tiles: one wave and 4, pieces of one key block; d64 160 tiles of 192 rows whose pieces cross
          * tiles; d256 72 CTA pairs on the pairs that fit), and below one
          * wave all tiles (GQA, BHSD, seqlen_q 1 with two of three
