@@ -27,6 +27,7 @@ struct variant {
     int no_pdl; /* FATTN_OPTION_DISABLE_PDL */
     int no_split; /* FATTN_OPTION_DISABLE_SPLIT */
     int min_gain; /* SPLIT's minimum gain in key blocks (fwd_split_min_gain_ab; 0: the library's rule) */
+    int sk_mult;  /* > 0: seqlen_k rounded down to a multiple of it (no partial last key block) */
 };
 /* One variant: FwdCfg<D, BN, NC, STAGES, CAUSAL, bf16, overlap, pingpong, ...>
  * with the later options at their defaults (V, V_NOPDL: launched without
@@ -56,17 +57,24 @@ struct variant {
 #define V_CFG_NOSPLIT(name, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0, 1}
 /* V_CFG_GAIN: any FwdCfg, split wherever that saves at least g key blocks */
 #define V_CFG_GAIN(name, g, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0, 0, g}
-/* The list (run 82, perf-notes v34): the shipped d256 causal kernel, the
- * same with SITOUT (its warpgroup index through the shuffle and the sit-out
- * loop; no warpgroup sits out at these lengths), with SITOUT and sleeping
- * waits, and a duplicate of the shipped one (the noise).  Earlier runs'
- * lists are described in perf-notes (v26-v33). */
-#define C256X(sl, so) 256, 80, 2, 2, true, true, 1, true, -1, -1, 1, -1, 0, 0, sl, 0, 0, 0, so, 0, 1, 0, 0, 0
+/* V_CFG_WHOLE: any FwdCfg, run with seqlen_k rounded down to a multiple of m
+ * (its output is not comparable: maxdiff is printed but means nothing) */
+#define V_CFG_WHOLE(name, m, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0, 0, 0, m}
+/* The list (run 84, perf-notes v35): what the partial last key block costs.
+ * The shipped d128 and d256 non-causal kernels, each also run with seqlen_k
+ * cut to whole key blocks (4096 -> 4048 at BN 176); if the masked columns of
+ * the partial block cost what full ones do, the cut call takes 23/24 of the
+ * time at 4096, else 4048/4096.  Earlier runs' lists are described in
+ * perf-notes (v26-v34). */
+#define C128N 128, 176, 2, 2, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1
+#define C256N 256, 80, 2, 2, false, true, 1, true, -1, -1, 2, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1
 static const variant variants[] = {
-    V_CFG("d256c shipped", 256, 1, C256X(false, 0)),
-    V_CFG("d256c SITOUT", 256, 1, C256X(false, 1)),
-    V_CFG("d256c SITOUT SLEEP", 256, 1, C256X(true, 1)),
-    V_CFG("d256c shipped again", 256, 1, C256X(false, 0)),
+    V_CFG("d128 shipped", 128, 0, C128N),
+    V_CFG_WHOLE("d128 keys cut to 176s", 176, 128, 0, C128N),
+    V_CFG("d128 shipped again", 128, 0, C128N),
+    V_CFG("d256 shipped", 256, 0, C256N),
+    V_CFG_WHOLE("d256 keys cut to 80s", 80, 256, 0, C256N),
+    V_CFG("d256 shipped again", 256, 0, C256N),
 };
 
 static float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
@@ -119,7 +127,7 @@ int main(int argc, char **argv) {
     }
     uint16_t *ha = (uint16_t *)malloc(maxel * 2), *hb = (uint16_t *)malloc(maxel * 2);
     cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
-    printf("%-24s %6s %9s %9s\n", "variant", "seqlen", "TFLOPs/s", "maxdiff");
+    printf("%-24s %6s %9s %9s %9s\n", "variant", "seqlen", "TFLOPs/s", "maxdiff", "us");
     const int nvar = (int)(sizeof variants / sizeof variants[0]);
     /* variants with the same (d, causal) form a group: checked against the
      * group's first, and timed interleaved (round r times every variant of
@@ -138,13 +146,18 @@ int main(int argc, char **argv) {
             const size_t n = (size_t)b * s * hh * d;
             float md[32] = {0};
             int ok[32] = {0};
+            fattn_fwd_args av[32]; /* per variant: seqlen_k cut for V_CFG_WHOLE */
+            for (int vi = g0; vi < g1; ++vi) {
+                av[vi - g0] = a;
+                if (variants[vi].sk_mult > 0 && s >= variants[vi].sk_mult) av[vi - g0].p.seqlen_k = s / variants[vi].sk_mult * variants[vi].sk_mult;
+            }
             for (int vi = g0; vi < g1; ++vi) {
                 const variant &va = variants[vi];
                 cudaMemset(o, 0xFF, n * 2);
                 fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_PDL, va.no_pdl);
                 fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_SPLIT, va.no_split);
                 fwd_split_min_gain_ab = va.min_gain;
-                if (va.fn(ctx, &a) != FATTN_OK) { printf("%s: %s\n", va.name, fattn_last_error(ctx)); continue; }
+                if (va.fn(ctx, &av[vi - g0]) != FATTN_OK) { printf("%s: %s\n", va.name, fattn_last_error(ctx)); continue; }
                 cudaDeviceSynchronize();
                 ok[vi - g0] = 1;
                 if (vi == g0) cudaMemcpy(o0[si], o, n * 2, cudaMemcpyDeviceToDevice);
@@ -165,7 +178,7 @@ int main(int argc, char **argv) {
                 fwd_split_min_gain_ab = variants[g0].min_gain;
                 cudaEventRecord(s0);
                 for (float ms = 0.f; ms < 500.f;) {
-                    for (int c = 0; c < 10; ++c) variants[g0].fn(ctx, &a);
+                    for (int c = 0; c < 10; ++c) variants[g0].fn(ctx, &av[0]);
                     cudaEventRecord(s1);
                     cudaEventSynchronize(s1);
                     cudaEventElapsedTime(&ms, s0, s1);
@@ -186,10 +199,10 @@ int main(int argc, char **argv) {
                     fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_PDL, va.no_pdl);
                     fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_SPLIT, va.no_split);
                     fwd_split_min_gain_ab = va.min_gain;
-                    for (int w = 0; w < 2; ++w) va.fn(ctx, &a);
+                    for (int w = 0; w < 2; ++w) va.fn(ctx, &av[vi - g0]);
                     for (int j = 0; j < 3; ++j) {
                         cudaEventRecord(e0);
-                        for (int c = 0; c < 10; ++c) va.fn(ctx, &a);
+                        for (int c = 0; c < 10; ++c) va.fn(ctx, &av[vi - g0]);
                         cudaEventRecord(e1);
                         cudaEventSynchronize(e1);
                         float ms;
@@ -201,8 +214,8 @@ int main(int argc, char **argv) {
                 if (!ok[vi - g0]) continue;
                 float *x = ts[vi - g0];
                 for (int i = 0; i < 15; ++i) for (int j = i + 1; j < 15; ++j) if (x[j] < x[i]) { float y = x[i]; x[i] = x[j]; x[j] = y; }
-                double fl = 4.0 * b * hh * (double)s * s * d * (causal ? 0.5 : 1.0);
-                printf("%-24s %6d %9.1f %9.2e\n", variants[vi].name, s, fl / (x[7] * 1e-3) / 1e12, md[vi - g0]);
+                double fl = 4.0 * b * hh * (double)s * av[vi - g0].p.seqlen_k * d * (causal ? 0.5 : 1.0);
+                printf("%-24s %6d %9.1f %9.2e %9.1f\n", variants[vi].name, s, fl / (x[7] * 1e-3) / 1e12, md[vi - g0], x[7] * 1e3);
             }
             fflush(stdout);
         }
