@@ -126,8 +126,9 @@ FATTN_API fattn_backend fattn_ctx_backend(const fattn_ctx *ctx);
  * use from two threads at once.  Calls may be captured into CUDA graphs: the
  * only allocation a call can make, the split workspace (16-36 MB by head dim,
  * kept until fattn_ctx_free), is never made during a capture (a captured call that
- * would need it first runs unsplit, with the same result, as does a call
- * whose workspace cannot be allocated).  A captured call
+ * would need it first runs unsplit, with the same values up to rounding, as
+ * does a call whose workspace cannot be allocated).  Otherwise a forward call
+ * repeated on the same GPU gives the same bits.  A captured call
  * that uses the shared state is ordered by the graph's streams only, so such
  * a graph must not run concurrently with other causal or split work of the
  * same context.
@@ -160,8 +161,9 @@ typedef enum fattn_option {
     /* CUDA forward, non-causal 16-bit kernels: 1 = never split a tile's keys
      * over CTAs.  By default the tiles that do not fill the last wave of CTAs
      * (or all tiles, when there are fewer tiles than SMs) are split along
-     * the keys and their pieces merged by the CTA that finishes last, using a
-     * workspace the context allocates on first use (docs/design.md). */
+     * the keys and their pieces merged, in a fixed order, by the CTA that
+     * finishes last, using a workspace the context allocates on first use
+     * (docs/design.md). */
     FATTN_OPTION_DISABLE_SPLIT = 4,
     FATTN_OPTION_COUNT_ = 5
 } fattn_option;

@@ -700,9 +700,16 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
             if (done != (unsigned)(w_last - w_first)) return; /* a later piece merges */
             __threadfence();
             if (lane == 0) *cnt = 0u; /* zero for the next launch */
-            float mm[2] = {rmax[0], rmax[1]};
+            /* every piece, this one too, is merged from the workspace in
+             * worker order, so the result does not depend on which piece
+             * finished last: identical calls give identical bits (merging
+             * into this piece's registers made the rounding follow the
+             * finishing order, run 84) */
+            float mm[2] = {-INFINITY, -INFINITY};
+            l[0] = l[1] = 0.f;
+#pragma unroll
+            for (int i = 0; i < D / 2; ++i) oacc[i] = 0.f;
             for (int x = w_first; x <= w_last; ++x) {
-                if (x == self) continue;
                 const float4 *src = slot(x);
                 const float4 ml = __ldcg(src + (CH - 1) * 128);
                 const float mx[2] = {ml.x, ml.y}, lx[2] = {ml.z, ml.w};
