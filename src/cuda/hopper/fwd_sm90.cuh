@@ -102,7 +102,6 @@ struct FwdSplit {
     int owners[FWD_SPLIT_MAX_WORKERS];  /* tail tile r: workers first | last << 16 of its pieces */
 };
 struct FwdNoSplit {};
-template <int V> struct fwd_int_c { static constexpr int value = V; };
 
 template <int D_, int BN_, int NC_, int STAGES_, bool CAUSAL_, bool BF16_,
           int OVERLAP_ /* 0 off; on: 1 measured wait placement, 2 wait where ptxas puts it, 3 fenced */,
@@ -122,8 +121,7 @@ template <int D_, int BN_, int NC_, int STAGES_, bool CAUSAL_, bool BF16_,
           int SKIPDIAG_ = 0 /* 1: causal: a warpgroup skips its tile's first key block when it sees none of it (perf-notes v23) */,
           int QREG_ = 0 /* k > 0: the first k 16-column slices of each warpgroup's Q in registers for S = Q K^T, -1 all (perf-notes v26) */,
           int SPLIT_ = 0 /* 1: tiles past the last full wave split along the keys (FwdSplit, perf-notes v30) */,
-          int UNIWG_ = 0 /* 1: the consumer's warpgroup index through a lane-0 shuffle without SITOUT (perf-notes v32); 2: the Q descriptor rebuilt per key block (v32b); neither shipped */,
-          int TAILLAST_ = 0 /* non-causal: 1 key blocks in ascending order (the partial one last); 2 and its PV GEMM only over its keys (perf-notes v37) */>
+          int UNIWG_ = 0 /* 1: the consumer's warpgroup index through a lane-0 shuffle without SITOUT (perf-notes v32); 2: the Q descriptor rebuilt per key block (v32b); neither shipped */>
 struct FwdCfg {
     static constexpr int D = D_, BN = BN_, NC = NC_, STAGES = STAGES_;
     static constexpr bool CAUSAL = CAUSAL_, BF16 = BF16_, OVERLAP = OVERLAP_ != 0, PINGPONG = PINGPONG_ && NC_ > 1;
@@ -227,19 +225,13 @@ struct FwdCfg {
      * (see there), so the Q descriptors are known to be warp-uniform; 2: the
      * Q descriptor rebuilt per key block (experiments, v32, v32b) */
     static constexpr int UNIWG = UNIWG_;
-    /* TAILLAST (non-causal): key blocks visited in ascending order, so the
-     * partial block at seqlen_k comes last; with 2 its PV GEMM, the tile's
-     * last, issued outside the key-block loop, runs only the k-steps that
-     * hold a key in range (a partial block costs what a full one does:
-     * perf-notes v35) */
-    static constexpr int TAILLAST = TAILLAST_;
     /* the same kernel without SPLIT, which runs when the host splits nothing
      * (without SITOUT the split instance's key-block loop is 0.5-3% longer:
      * d128 810 -> 819, d256 CTA pairs 655 -> 676 SASS instructions; with
      * SITOUT_ 2 only the split instance takes it: 798, 656; v31) */
     using NoSplit = FwdCfg<D_, BN_, NC_, STAGES_, CAUSAL_, BF16_, OVERLAP_, PINGPONG_, SCHED_, LAZY_, CLUSTER_, OSTORE_,
                            XTILE_, QEARLY_, SLEEP_, L2HINT_, ROWMASK_, TREEMAX_, SITOUT_, SPREAD_, SKIPDIAG_, QREG_, 0,
-                           UNIWG_, TAILLAST_>;
+                           UNIWG_>;
     static constexpr int SMEM_BYTES = OFF_SLOT + NC * QBUF * 4 + 1024; /* + alignment slack */
     static constexpr bool DYNAMIC = SCHED_ < 0 ? CAUSAL : SCHED_ == 1; /* tile scheduler: atomic counter */
     /* CLUSTER 2: the two CTAs of a cluster work on tiles 2k and 2k+1, adjacent
@@ -270,7 +262,6 @@ struct FwdCfg {
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
     static_assert(CLUSTER == 1 || (CLUSTER == 2 && SLABS % 2 == 0 && !CAUSAL && !DYNAMIC), "cluster variant");
     static_assert(!SPLIT || (!CAUSAL && !DYNAMIC && !XTILE && !QEARLY), "SPLIT: static non-causal kernels");
-    static_assert(TAILLAST == 0 || (!CAUSAL && !XTILE && !QEARLY), "TAILLAST: non-causal kernels without XTILE");
 };
 
 /* Tile t -> (m_block, head, batch).  Non-causal: m fastest, so the CTAs in
@@ -494,16 +485,14 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
                     ++q_iter;
                 }
             }
-            /* the blocks from the last to the first (TAILLAST: the first to the last) */
-            const int n_first = C::TAILLAST ? n_lo : n_hi - 1;
-            for (int n = n_first; C::TAILLAST ? n < n_hi : n >= n_lo; n += C::TAILLAST ? 1 : -1, ++it) {
+            for (int n = n_hi - 1; n >= n_lo; --n, ++it) {
                 const int s = it % STAGES;
                 const uint32_t ph = (it / STAGES) & 1;
                 wait_empty(&empty_k[s], ph ^ 1);
                 FWD_TRACE(21);
                 mbar_expect_tx_arrive(&full_k[s], C::KV_BYTES);
                 load_kv(sK + s * C::KV_BYTES, &tm_k, n, hk, b, &full_k[s]);
-                if (!C::QEARLY && n == n_first) {
+                if (!C::QEARLY && n == n_hi - 1) {
                     /* the first K's stage frees before the Q buffers do (one
                      * block earlier), so K goes first; then each warpgroup's
                      * tile index and Q, as soon as that warpgroup has issued
@@ -520,7 +509,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
                  * this tile.  That buffer's previous tile (two back) has
                  * issued its last QK^T by now: the V stage just waited for
                  * was freed after it. */
-                if (C::QEARLY && n == n_first) hand_over_all(t_next);
+                if (C::QEARLY && n == n_hi - 1) hand_over_all(t_next);
             }
             t = t_next;
             rng = rng_next;
@@ -595,34 +584,6 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
 #pragma unroll
         for (int ks = 0; ks < BN / 16; ++ks)
             WGO::rs(oacc, pfrag[ks], desc_add(desc_v, ks * 2048), 1);
-    };
-    /* O += P V_s over the first nks k-steps only (TAILLAST 2: the partial
-     * block's keys; the rest of P is 0) */
-    auto issue_pv_part = [&](int s, int nks) {
-        const uint64_t desc_v = smem_desc_sw128(sV + s * C::KV_BYTES, BN * 128, 1024);
-        /* one straight-line chain per length (predicated wgmma made ptxas
-         * inject warpgroup.arrive, C7519) */
-        auto chain = [&](auto kc) {
-#pragma unroll
-            for (int ks = 0; ks < decltype(kc)::value; ++ks) WGO::rs(oacc, pfrag[ks], desc_add(desc_v, ks * 2048), 1);
-        };
-        switch (nks) {
-        case 1: chain(fwd_int_c<1>()); break;
-        case 2: chain(fwd_int_c<2>()); break;
-        case 3: chain(fwd_int_c<3>()); break;
-        case 4: chain(fwd_int_c<4>()); break;
-        case 5: chain(fwd_int_c<5>()); break;
-        case 6: chain(fwd_int_c<6>()); break;
-        case 7: chain(fwd_int_c<7>()); break;
-        case 8: chain(fwd_int_c<8>()); break;
-        case 9: chain(fwd_int_c<9>()); break;
-        case 10: chain(fwd_int_c<10>()); break;
-        case 11: chain(fwd_int_c<11 < BN / 16 ? 11 : BN / 16>()); break;
-        case 12: chain(fwd_int_c<12 < BN / 16 ? 12 : BN / 16>()); break;
-        case 13: chain(fwd_int_c<13 < BN / 16 ? 13 : BN / 16>()); break;
-        case 14: chain(fwd_int_c<14 < BN / 16 ? 14 : BN / 16>()); break;
-        default: chain(fwd_int_c<BN / 16>()); break;
-        }
     };
     /* S accumulator -> bf16/f16 A fragments of the PV GEMM (HOPPER-PTX §3:
      * the layouts coincide, no data movement across threads). */
@@ -776,14 +737,13 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
         }
     };
     auto last_pv_and_epilogue = [&](int ps, uint32_t pph, const float (&rmax)[2], const float (&rsum)[2], int eb,
-                                    int eh, int erow, int split_t = -1, int nks = C::BN / 16) {
+                                    int eh, int erow, int split_t = -1) {
         mbar_wait<C::SLEEP>(&full_v[ps], pph);
         FWD_TRACE(2);
         pp_sync();
         FWD_TRACE(8);
         wgmma_fence();
-        if (C::TAILLAST == 2 && nks < BN / 16) issue_pv_part(ps, nks);
-        else issue_pv(ps);
+        issue_pv(ps);
         wgmma_commit();
         pp_arrive();
         wgmma_wait<0>();
@@ -886,9 +846,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
             /* Mask, new running max, p = exp2(s*c - m*c) in place, partial row
              * sums; returns the factor the old O and l must be scaled by. */
             auto softmax_step = [&](int n, float (&alpha)[2], bool &rescale) {
-                /* n counts down to 0 from the tile's (SPLIT: piece's) block
-                 * count; block n + n_lo, or with TAILLAST n_hi - 1 - n */
-                const int col0 = (C::TAILLAST ? n_hi - 1 - n : n + n_lo) * BN;
+                const int col0 = (n + n_lo) * BN; /* n counts from the tile's (SPLIT: piece's) first block */
                 const bool need_mask = col0 + BN > p.seqlen_k ||
                                        (C::CAUSAL && col0 + BN - 1 > m * BM + p.causal_offset) ||
                                        (C::ROWMASK && row_base + 64 > p.seqlen_q);
@@ -1094,10 +1052,8 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
                     pend_sum[r] = row_sum[r];
                 }
             } else {
-                /* TAILLAST 2: the last block's k-steps that hold a key */
-                const int nks = C::TAILLAST == 2 ? min(BN / 16, (p.seqlen_k - (n_hi - 1) * BN + 15) / 16) : BN / 16;
                 last_pv_and_epilogue(prev_s, prev_ph, row_max, row_sum, b, h, row_base,
-                                     C::SPLIT && (n_lo > 0 || n_hi < nblocks) ? t : -1, nks);
+                                     C::SPLIT && (n_lo > 0 || n_hi < nblocks) ? t : -1);
             }
         } else if (nblocks > 0) {
             /* sitting out: the same waits, releases and pingpong turns as the
