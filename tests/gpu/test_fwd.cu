@@ -287,7 +287,8 @@ static void graph_capture(fattn_ctx *ctx, tu_rng *rng) {
  * pieces are merged by whichever CTA finishes last, and the merge must not
  * depend on which one that is.  Each shape is called seven times; every
  * output must equal the first bit for bit (the merge that started from the
- * last piece's registers gave differences of up to 1.2e-4 here, run 84). */
+ * last piece's registers failed this in 6, 5 and 6 of the 6 repeats, run 85;
+ * perf-notes v36). */
 static void split_repeats(fattn_ctx *ctx, tu_rng *rng) {
     const struct { fattn_dtype dt; int B, S, H, D; } shapes[] = {
         {FATTN_DTYPE_BF16, 4, 4096, 16, 128}, /* 2048 tiles: 15.5 waves, the last split */
