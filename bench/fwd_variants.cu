@@ -28,6 +28,7 @@ struct variant {
     int no_split; /* FATTN_OPTION_DISABLE_SPLIT */
     int min_gain; /* SPLIT's minimum gain in key blocks (fwd_split_min_gain_ab; 0: the library's rule) */
     int sk_mult;  /* > 0: seqlen_k rounded down to a multiple of it (no partial last key block) */
+    int sk_x;     /* > 1: seqlen_k = sk_x * seqlen (then rounded down as above), K and V sized for it */
 };
 /* One variant: FwdCfg<D, BN, NC, STAGES, CAUSAL, bf16, overlap, pingpong, ...>
  * with the later options at their defaults (V, V_NOPDL: launched without
@@ -60,18 +61,29 @@ struct variant {
 /* V_CFG_WHOLE: any FwdCfg, run with seqlen_k rounded down to a multiple of m
  * (its output is not comparable: maxdiff is printed but means nothing) */
 #define V_CFG_WHOLE(name, m, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0, 0, 0, m}
-/* The list (run 88, perf-notes v38): the shipped d128 non-causal kernel
- * splitting its last wave from a gain of 2 or 3 key blocks (4 shipped: at
- * 1024 nothing splits, the gain there is 2.9 blocks), and a duplicate of the
- * shipped one (the noise).  Runs 84 (seqlen_k cut to whole blocks,
- * V_CFG_WHOLE), 87 (TAILLAST, v37) and the NARROW build of v38 (not run) are
- * described in perf-notes, as are the earlier lists. */
-#define C128N 128, 176, 2, 2, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1
+/* V_CFG_KEYS: any FwdCfg, launched without the split, with seqlen_k = x
+ * times the length rounded down to a multiple of m: the same tiles with x
+ * times the key blocks, to fit time = per tile + per block (run 89) */
+#define V_CFG_KEYS(name, x, m, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0, 1, 0, m, x}
+/* The list (run 89, perf-notes v39): what a tile costs beyond its key
+ * blocks.  The shipped non-causal kernels of each head dim (unsplit) with
+ * seqlen_q = the length and seqlen_k 1, 2 and 4 times it, cut to whole key
+ * blocks: the same tiles (and waves) with 1, 2 and 4 times the blocks.  Run
+ * 88's list (d128 splitting from a gain of 2 or 3), 84 (V_CFG_WHOLE), 87
+ * (TAILLAST, v37) and earlier ones are described in perf-notes. */
+#define C128N 128, 176, 2, 2, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 0, 0, 0, 0, 0
+#define C256N 256, 80, 2, 2, false, true, 1, true, -1, -1, 2, -1, 0, 0, false, 0, 0, 0, 0, 0, 0, 0, 0
+#define C64N 64, 128, 3, 3, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 1, 1, 0, 1, 0
 static const variant variants[] = {
-    V_CFG("d128 shipped", 128, 0, C128N),
-    V_CFG_GAIN("d128 split gain 2", 2, 128, 0, C128N),
-    V_CFG_GAIN("d128 split gain 3", 3, 128, 0, C128N),
-    V_CFG("d128 shipped again", 128, 0, C128N),
+    V_CFG_KEYS("d128 keys x1", 1, 176, 128, 0, C128N),
+    V_CFG_KEYS("d128 keys x2", 2, 176, 128, 0, C128N),
+    V_CFG_KEYS("d128 keys x4", 4, 176, 128, 0, C128N),
+    V_CFG_KEYS("d256 keys x1", 1, 80, 256, 0, C256N),
+    V_CFG_KEYS("d256 keys x2", 2, 80, 256, 0, C256N),
+    V_CFG_KEYS("d256 keys x4", 4, 80, 256, 0, C256N),
+    V_CFG_KEYS("d64 keys x1", 1, 128, 64, 0, C64N),
+    V_CFG_KEYS("d64 keys x2", 2, 128, 64, 0, C64N),
+    V_CFG_KEYS("d64 keys x4", 4, 128, 64, 0, C64N),
 };
 
 static float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
@@ -93,7 +105,8 @@ int main(int argc, char **argv) {
     }
     const size_t maxel = (size_t)16384 * 2048;
     uint16_t *q, *k, *v, *o, *o0[8];
-    cudaMalloc(&q, maxel * 2); cudaMalloc(&k, maxel * 2); cudaMalloc(&v, maxel * 2);
+    /* K and V hold 4 copies of their maxel elements (V_CFG_KEYS up to 4x) */
+    cudaMalloc(&q, maxel * 2); cudaMalloc(&k, 4 * maxel * 2); cudaMalloc(&v, 4 * maxel * 2);
     cudaMalloc(&o, maxel * 2);
     for (int si = 0; si < nseq; ++si) cudaMalloc(&o0[si], maxel * 2); /* the reference output per seqlen */
     uint16_t *h = (uint16_t *)malloc(maxel * 2);
@@ -122,6 +135,10 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < maxel; ++i) h[i] ^= 0x8000;
         cudaMemcpy(v, h, maxel * 2, cudaMemcpyHostToDevice);
     }
+    for (int c = 1; c < 4; ++c) {
+        cudaMemcpy(k + c * maxel, k, maxel * 2, cudaMemcpyDeviceToDevice);
+        cudaMemcpy(v + c * maxel, v, maxel * 2, cudaMemcpyDeviceToDevice);
+    }
     uint16_t *ha = (uint16_t *)malloc(maxel * 2), *hb = (uint16_t *)malloc(maxel * 2);
     cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
     printf("%-24s %6s %9s %9s %9s\n", "variant", "seqlen", "TFLOPs/s", "maxdiff", "us");
@@ -146,7 +163,10 @@ int main(int argc, char **argv) {
             fattn_fwd_args av[32]; /* per variant: seqlen_k cut for V_CFG_WHOLE */
             for (int vi = g0; vi < g1; ++vi) {
                 av[vi - g0] = a;
-                if (variants[vi].sk_mult > 0 && s >= variants[vi].sk_mult) av[vi - g0].p.seqlen_k = s / variants[vi].sk_mult * variants[vi].sk_mult;
+                const int sx = variants[vi].sk_x > 1 ? variants[vi].sk_x * s : s;
+                if (variants[vi].sk_mult > 0 && sx >= variants[vi].sk_mult) av[vi - g0].p.seqlen_k = sx / variants[vi].sk_mult * variants[vi].sk_mult;
+                else av[vi - g0].p.seqlen_k = sx;
+                av[vi - g0].k.stride_batch = av[vi - g0].v.stride_batch = (int64_t)av[vi - g0].p.seqlen_k * hh * d;
             }
             for (int vi = g0; vi < g1; ++vi) {
                 const variant &va = variants[vi];
