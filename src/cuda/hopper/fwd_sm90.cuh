@@ -121,8 +121,7 @@ template <int D_, int BN_, int NC_, int STAGES_, bool CAUSAL_, bool BF16_,
           int SKIPDIAG_ = 0 /* 1: causal: a warpgroup skips its tile's first key block when it sees none of it (perf-notes v23) */,
           int QREG_ = 0 /* k > 0: the first k 16-column slices of each warpgroup's Q in registers for S = Q K^T, -1 all (perf-notes v26) */,
           int SPLIT_ = 0 /* 1: tiles past the last full wave split along the keys (FwdSplit, perf-notes v30) */,
-          int UNIWG_ = 0 /* 1: the consumer's warpgroup index through a lane-0 shuffle without SITOUT (perf-notes v32); 2: the Q descriptor rebuilt per key block (v32b); neither shipped */,
-          int QPF_ = 0 /* k > 0: the next tile's Q prefetched into L2 when k key blocks of this tile are left to load, not at its start (perf-notes v39) */>
+          int UNIWG_ = 0 /* 1: the consumer's warpgroup index through a lane-0 shuffle without SITOUT (perf-notes v32); 2: the Q descriptor rebuilt per key block (v32b); neither shipped */>
 struct FwdCfg {
     static constexpr int D = D_, BN = BN_, NC = NC_, STAGES = STAGES_;
     static constexpr bool CAUSAL = CAUSAL_, BF16 = BF16_, OVERLAP = OVERLAP_ != 0, PINGPONG = PINGPONG_ && NC_ > 1;
@@ -226,19 +225,13 @@ struct FwdCfg {
      * (see there), so the Q descriptors are known to be warp-uniform; 2: the
      * Q descriptor rebuilt per key block (experiments, v32, v32b) */
     static constexpr int UNIWG = UNIWG_;
-    /* QPF: the L2 prefetch of the next tile's Q moves from the start of this
-     * tile to the load of its k-th last key block: a tile ahead, the Q of a
-     * long tile may be evicted by the K/V streaming past before it is loaded
-     * (run 89: a tile costs 1.6 key blocks beyond its own at d128 4096, 1.05
-     * at 1024-2048) */
-    static constexpr int QPF = QEARLY ? 0 : QPF_;
     /* the same kernel without SPLIT, which runs when the host splits nothing
      * (without SITOUT the split instance's key-block loop is 0.5-3% longer:
      * d128 810 -> 819, d256 CTA pairs 655 -> 676 SASS instructions; with
      * SITOUT_ 2 only the split instance takes it: 798, 656; v31) */
     using NoSplit = FwdCfg<D_, BN_, NC_, STAGES_, CAUSAL_, BF16_, OVERLAP_, PINGPONG_, SCHED_, LAZY_, CLUSTER_, OSTORE_,
                            XTILE_, QEARLY_, SLEEP_, L2HINT_, ROWMASK_, TREEMAX_, SITOUT_, SPREAD_, SKIPDIAG_, QREG_, 0,
-                           UNIWG_, QPF_>;
+                           UNIWG_>;
     static constexpr int SMEM_BYTES = OFF_SLOT + NC * QBUF * 4 + 1024; /* + alignment slack */
     static constexpr bool DYNAMIC = SCHED_ < 0 ? CAUSAL : SCHED_ == 1; /* tile scheduler: atomic counter */
     /* CLUSTER 2: the two CTAs of a cluster work on tiles 2k and 2k+1, adjacent
@@ -476,13 +469,12 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
             /* Q is read once, from DRAM: start pulling the next tile's Q into
              * L2 now, a tile ahead of its load into shared memory (QEARLY
              * loads that Q itself after this tile's first V: no prefetch) */
-            auto prefetch_next_q = [&]() {
+            if (!C::QEARLY && t_next < p.num_tiles) {
                 int m2, h2, b2;
                 fwd_tile_decode<C::CAUSAL>(p, t_next, m2, h2, b2);
                 for (int w = 0; w < NC; ++w)
                     for (int c = 0; c < C::SLABS; ++c) tma_prefetch_l2_4d(&tm_q, c * 64, m2 * BM + w * 64, h2, b2);
-            };
-            if (!C::QEARLY && !C::QPF && t_next < p.num_tiles) prefetch_next_q();
+            }
             if (nblocks == 0) {
                 /* every row masked: the consumers only write O = 0, LSE = -inf
                  * (QEARLY: this tile was handed over already; hand over the next) */
@@ -496,8 +488,6 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
             for (int n = n_hi - 1; n >= n_lo; --n, ++it) {
                 const int s = it % STAGES;
                 const uint32_t ph = (it / STAGES) & 1;
-                if (C::QPF && t_next < p.num_tiles && n == (n_lo + C::QPF < n_hi ? n_lo + C::QPF : n_hi - 1))
-                    prefetch_next_q();
                 wait_empty(&empty_k[s], ph ^ 1);
                 FWD_TRACE(21);
                 mbar_expect_tx_arrive(&full_k[s], C::KV_BYTES);
