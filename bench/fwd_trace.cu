@@ -26,13 +26,13 @@ struct variant {
 /* OV: FwdCfg's OVERLAP (1 the measured wait placement, 2 ptxas's, 3 fenced) */
 #define V(name, D, BN, NC, CAUSAL, S) V_OPT(name, D, BN, NC, CAUSAL, S, 1, -1, 1)
 static const variant variants[] = {
-    V("d64c NC2 s1024", 64, 128, 2, true, 1024),
-    V("d64 NC3 s1024 (fenced)", 64, 128, 3, false, 1024),
-    V("d64 NC3 s4096 (fenced)", 64, 128, 3, false, 4096),
+    /* run 91 (perf-notes, run 89's follow-up): the d128 non-causal kernel's
+     * tile boundary at four lengths (the list of run 25 had d64 and causal
+     * d128 kernels too) */
+    V("d128 BN176 s1024", 128, 176, 2, false, 1024),
+    V("d128 BN176 s2048", 128, 176, 2, false, 2048),
     V("d128 BN176 s4096", 128, 176, 2, false, 4096),
-    V_OPT("d128 BN176 s4096 fenced", 128, 176, 2, false, 4096, 1, -1, 3),
-    V_OPT("d128c BN128 s2048 fenced", 128, 128, 2, true, 2048, 1, -1, 3),
-    V("d128c BN128 s2048", 128, 128, 2, true, 2048),
+    V("d128 BN176 s8192", 128, 176, 2, false, 8192),
 };
 
 int main() {
