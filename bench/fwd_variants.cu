@@ -65,23 +65,25 @@ struct variant {
  * times the length rounded down to a multiple of m: the same tiles with x
  * times the key blocks, to fit time = per tile + per block (run 89) */
 #define V_CFG_KEYS(name, x, m, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0, 1, 0, m, x}
-/* The list (run 92, perf-notes v40): the shipped d128 and d256 non-causal
- * kernels (split instances, CTA pairs at d256) with the next tile's first k
- * K and V blocks prefetched into L2 when a tile starts (KVPF k), and a
- * duplicate of the shipped one (the noise).  Run 89's list (V_CFG_KEYS:
- * seqlen_k 1, 2 and 4 times the length) and earlier ones are described in
- * perf-notes. */
-#define C128N(k) 128, 176, 2, 2, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1, 0, k
-#define C256N(k) 256, 80, 2, 2, false, true, 1, true, -1, -1, 2, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1, 0, k
+/* The list (run 89, perf-notes): what a tile costs beyond its key blocks.
+ * The shipped non-causal kernels of each head dim (unsplit) with seqlen_q =
+ * the length and seqlen_k 1, 2 and 4 times it, cut to whole key blocks: the
+ * same tiles (and waves) with 1, 2 and 4 times the blocks.  Runs 90 (QPF,
+ * v39) and 92 (KVPF, v40) ran experiments no longer in the code; they and
+ * earlier lists are described in perf-notes. */
+#define C128N 128, 176, 2, 2, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 0, 0, 0, 0, 0
+#define C256N 256, 80, 2, 2, false, true, 1, true, -1, -1, 2, -1, 0, 0, false, 0, 0, 0, 0, 0, 0, 0, 0
+#define C64N 64, 128, 3, 3, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 1, 1, 0, 1, 0
 static const variant variants[] = {
-    V_CFG("d128 shipped", 128, 0, C128N(0)),
-    V_CFG("d128 KVPF 1", 128, 0, C128N(1)),
-    V_CFG("d128 KVPF 2", 128, 0, C128N(2)),
-    V_CFG("d128 shipped again", 128, 0, C128N(0)),
-    V_CFG("d256 shipped", 256, 0, C256N(0)),
-    V_CFG("d256 KVPF 1", 256, 0, C256N(1)),
-    V_CFG("d256 KVPF 2", 256, 0, C256N(2)),
-    V_CFG("d256 shipped again", 256, 0, C256N(0)),
+    V_CFG_KEYS("d128 keys x1", 1, 176, 128, 0, C128N),
+    V_CFG_KEYS("d128 keys x2", 2, 176, 128, 0, C128N),
+    V_CFG_KEYS("d128 keys x4", 4, 176, 128, 0, C128N),
+    V_CFG_KEYS("d256 keys x1", 1, 80, 256, 0, C256N),
+    V_CFG_KEYS("d256 keys x2", 2, 80, 256, 0, C256N),
+    V_CFG_KEYS("d256 keys x4", 4, 80, 256, 0, C256N),
+    V_CFG_KEYS("d64 keys x1", 1, 128, 64, 0, C64N),
+    V_CFG_KEYS("d64 keys x2", 2, 128, 64, 0, C64N),
+    V_CFG_KEYS("d64 keys x4", 4, 128, 64, 0, C64N),
 };
 
 static float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }

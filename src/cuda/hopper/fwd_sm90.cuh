@@ -121,8 +121,7 @@ template <int D_, int BN_, int NC_, int STAGES_, bool CAUSAL_, bool BF16_,
           int SKIPDIAG_ = 0 /* 1: causal: a warpgroup skips its tile's first key block when it sees none of it (perf-notes v23) */,
           int QREG_ = 0 /* k > 0: the first k 16-column slices of each warpgroup's Q in registers for S = Q K^T, -1 all (perf-notes v26) */,
           int SPLIT_ = 0 /* 1: tiles past the last full wave split along the keys (FwdSplit, perf-notes v30) */,
-          int UNIWG_ = 0 /* 1: the consumer's warpgroup index through a lane-0 shuffle without SITOUT (perf-notes v32); 2: the Q descriptor rebuilt per key block (v32b); neither shipped */,
-          int KVPF_ = 0 /* k > 0: the next tile's first k K and V blocks prefetched into L2 when a tile starts (perf-notes v40) */>
+          int UNIWG_ = 0 /* 1: the consumer's warpgroup index through a lane-0 shuffle without SITOUT (perf-notes v32); 2: the Q descriptor rebuilt per key block (v32b); neither shipped */>
 struct FwdCfg {
     static constexpr int D = D_, BN = BN_, NC = NC_, STAGES = STAGES_;
     static constexpr bool CAUSAL = CAUSAL_, BF16 = BF16_, OVERLAP = OVERLAP_ != 0, PINGPONG = PINGPONG_ && NC_ > 1;
@@ -226,17 +225,13 @@ struct FwdCfg {
      * (see there), so the Q descriptors are known to be warp-uniform; 2: the
      * Q descriptor rebuilt per key block (experiments, v32, v32b) */
     static constexpr int UNIWG = UNIWG_;
-    /* KVPF: when the producer starts a tile it also prefetches the next
-     * tile's first KVPF K and V blocks into L2 (as it does that tile's Q):
-     * at a tile boundary the first K waits 600-900 cycles after the Q (run 91) */
-    static constexpr int KVPF = KVPF_;
     /* the same kernel without SPLIT, which runs when the host splits nothing
      * (without SITOUT the split instance's key-block loop is 0.5-3% longer:
      * d128 810 -> 819, d256 CTA pairs 655 -> 676 SASS instructions; with
      * SITOUT_ 2 only the split instance takes it: 798, 656; v31) */
     using NoSplit = FwdCfg<D_, BN_, NC_, STAGES_, CAUSAL_, BF16_, OVERLAP_, PINGPONG_, SCHED_, LAZY_, CLUSTER_, OSTORE_,
                            XTILE_, QEARLY_, SLEEP_, L2HINT_, ROWMASK_, TREEMAX_, SITOUT_, SPREAD_, SKIPDIAG_, QREG_, 0,
-                           UNIWG_, KVPF_>;
+                           UNIWG_>;
     static constexpr int SMEM_BYTES = OFF_SLOT + NC * QBUF * 4 + 1024; /* + alignment slack */
     static constexpr bool DYNAMIC = SCHED_ < 0 ? CAUSAL : SCHED_ == 1; /* tile scheduler: atomic counter */
     /* CLUSTER 2: the two CTAs of a cluster work on tiles 2k and 2k+1, adjacent
@@ -479,16 +474,6 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
                 fwd_tile_decode<C::CAUSAL>(p, t_next, m2, h2, b2);
                 for (int w = 0; w < NC; ++w)
                     for (int c = 0; c < C::SLABS; ++c) tma_prefetch_l2_4d(&tm_q, c * 64, m2 * BM + w * 64, h2, b2);
-                if constexpr (C::KVPF > 0) {
-                    /* its first blocks (the last ones, visited first) */
-                    const int nh2 = C::SPLIT ? rng_next >> 16 : fwd_num_n_blocks<C>(p, m2);
-                    const int nl2 = C::SPLIT ? rng_next & 0xffff : 0;
-                    for (int j = 1; j <= C::KVPF && nh2 - j >= nl2; ++j)
-                        for (int c = 0; c < C::SLABS; ++c) {
-                            tma_prefetch_l2_4d(&tm_k, c * 64, (nh2 - j) * BN, h2 / p.group, b2);
-                            tma_prefetch_l2_4d(&tm_v, c * 64, (nh2 - j) * BN, h2 / p.group, b2);
-                        }
-                }
             }
             if (nblocks == 0) {
                 /* every row masked: the consumers only write O = 0, LSE = -inf
