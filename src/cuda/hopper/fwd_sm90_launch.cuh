@@ -32,6 +32,9 @@ auto fwd_sm90_kernel_of() {
  * instance without SPLIT. */
 /* bench/fwd_variants.cu only: a different SPLIT_MIN_GAIN (0: the rule below) */
 inline int fwd_split_min_gain_ab = 0;
+/* bench/fwd_variants.cu only: the causal head group by L2 alone, without
+ * the two-waves minimum (-1), or a fixed size (> 0); 0: the rule below */
+inline int fwd_head_group_ab = 0;
 
 template <class C>
 fattn_status fwd_split_plan(fattn_ctx *ctx, const fattn_problem *pr, int num_tiles, int max_ctas, FwdSplit *sp,
@@ -171,7 +174,8 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, int m
          * cuDNN with 2-head groups).  Kept with the dynamic scheduler, which
          * balances across groups by itself; not re-measured without it. */
         const long min_hg = (2L * st->num_sms + p.num_m_blocks - 1) / p.num_m_blocks;
-        if (hg < min_hg) hg = min_hg;
+        if (hg < min_hg && fwd_head_group_ab == 0) hg = min_hg;
+        if (fwd_head_group_ab > 0) hg = fwd_head_group_ab;
         if (hg < 1) hg = 1;
         const long nbh = (long)pr->batch * pr->heads_q;
         p.head_group = (int)(hg < nbh ? hg : nbh);
