@@ -68,17 +68,27 @@ struct variant {
 #define V_CFG_KEYS(name, x, m, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0, 1, 0, m, x}
 /* V_CFG_HG: any FwdCfg, causal heads grouped by g (fwd_head_group_ab) */
 #define V_CFG_HG(name, g, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0, 0, 0, 0, 0, g}
-/* The list (run 93, perf-notes v41): the shipped d256 causal kernel with
- * its heads grouped as the library does (K/V of ~24 MB, but at least two
- * waves of tiles per group), by L2 alone (-1), and a duplicate (the noise);
- * at 16k tokens the two-waves minimum binds only at d256.  Run
- * 89's list (V_CFG_KEYS: seqlen_k 1, 2 and 4 times the length), runs 90 and
- * 92 (QPF, KVPF: not in the code) and earlier ones are in perf-notes. */
+/* The list (run 95, perf-notes v41): the shipped causal kernels with their
+ * heads grouped as the library does and in one group of all heads (the
+ * dynamic scheduler's longest-first order over every tile), with a duplicate
+ * of the shipped one: d256, d128 BN 128 (below seqlen_k 8192) and BN 176,
+ * d64 three warpgroups (from 1536).  Runs 93-94 (d256 group sizes), 89
+ * (V_CFG_KEYS), 90 and 92 (QPF, KVPF: not in the code) and earlier lists
+ * are in perf-notes. */
 #define C256C 256, 80, 2, 2, true, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 1, 0, 1, 0, 0, 0
+#define C128C 128, 128, 2, 2, true, true, 1, true, -1, -1, 1, -1, 0, 1, true, 0, 0, 0, 0, 0, 0, 2, 0, 0
+#define C176C 128, 176, 2, 2, true, true, 1, true, -1, -1, 1, -1, 0, 0, true, 0, 0, 0, 1, 0, 0, 0, 0, 0
+#define C64C 64, 128, 3, 2, true, true, 1, true, -1, -1, 1, -1, 0, 0, true, 0, 0, 0, 1, 0, 1, 0, 0, 0
 static const variant variants[] = {
     V_CFG("d256c shipped", 256, 1, C256C),
-    V_CFG_HG("d256c groups by L2", -1, 256, 1, C256C),
+    V_CFG_HG("d256c one group", 1 << 20, 256, 1, C256C),
     V_CFG("d256c shipped again", 256, 1, C256C),
+    V_CFG("d128c BN128 shipped", 128, 1, C128C),
+    V_CFG_HG("d128c BN128 one group", 1 << 20, 128, 1, C128C),
+    V_CFG("d128c BN176 shipped", 128, 1, C176C),
+    V_CFG_HG("d128c BN176 one group", 1 << 20, 128, 1, C176C),
+    V_CFG("d64c shipped", 64, 1, C64C),
+    V_CFG_HG("d64c one group", 1 << 20, 64, 1, C64C),
 };
 
 static float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
