@@ -68,8 +68,9 @@ struct variant {
 #define V_CFG_KEYS(name, x, m, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0, 1, 0, m, x}
 /* V_CFG_HG: any FwdCfg, causal heads grouped by g (fwd_head_group_ab) */
 #define V_CFG_HG(name, g, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0, 0, 0, 0, 0, g}
-/* The list (run 95, perf-notes v41): the shipped causal kernels with their
- * heads grouped as the library does and in one group of all heads (the
+/* The list (perf-notes v41; prepared for run 95, which the eleventh
+ * session had no device time left to run): the shipped causal kernels with
+ * their heads grouped as the library does and in one group of all heads (the
  * dynamic scheduler's longest-first order over every tile), with a duplicate
  * of the shipped one: d256, d128 BN 128 (below seqlen_k 8192) and BN 176,
  * d64 three warpgroups (from 1536).  Runs 93-94 (d256 group sizes), 89
