@@ -33,7 +33,9 @@ auto fwd_sm90_kernel_of() {
 /* bench/fwd_variants.cu only: a different SPLIT_MIN_GAIN (0: the rule below) */
 inline int fwd_split_min_gain_ab = 0;
 /* bench/fwd_variants.cu only: the causal head group by L2 alone, without
- * the two-waves minimum (-1), or a fixed size (> 0); 0: the rule below */
+ * the two-waves minimum (-1), the rule's size evened out over as many
+ * groups (-2: no small last group, perf-notes v41), or a fixed size (> 0);
+ * 0: the rule below */
 inline int fwd_head_group_ab = 0;
 
 template <class C>
@@ -178,6 +180,10 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, int m
         if (fwd_head_group_ab > 0) hg = fwd_head_group_ab;
         if (hg < 1) hg = 1;
         const long nbh = (long)pr->batch * pr->heads_q;
+        if (fwd_head_group_ab == -2 && hg < nbh) {
+            const long ng = (nbh + hg - 1) / hg;
+            hg = (nbh + ng - 1) / ng;
+        }
         p.head_group = (int)(hg < nbh ? hg : nbh);
     }
     p.tile_counter = NULL;
