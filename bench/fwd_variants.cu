@@ -7,10 +7,13 @@
  *   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 --use_fast_math -Iinclude -Isrc \
  *        bench/fwd_variants.cu build-gpu/libfattn.a -cudart static -o build-gpu/fwd_variants
  * Run: [FV_NORMAL=1] [FV_SEED=n] build-gpu/fwd_variants [seqlen ...]   (TFLOPs/s per variant and seqlen, bf16,
- * 16k tokens, hidden 2048, and the largest difference from the group's first
- * variant; seqlens 1024 2048 4096 8192 16384 unless given, at most 8).
+ * 16k tokens, hidden 2048, the largest difference from the group's first
+ * variant, the median time, SM clock and board power of the samples (NVML,
+ * 0 where it is missing); seqlens 1024 2048 4096 8192 16384 unless given, at
+ * most 8).
  * Results of past runs: bench/results-ab-run*.txt. */
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,6 +100,41 @@ static const variant variants[] = {
     V_CFG_HG("d64c even groups", -2, 64, 1, C64C),
 };
 
+/* The SM clock and board power through NVML (dlopen'd, so nothing more to
+ * link; absent on a machine without the driver's libnvidia-ml): read after
+ * each timed sample, so a variant's median clock shows when the power limit,
+ * not the kernel, made it faster or slower (perf-notes v41, run 94). */
+struct nvml_probe {
+    void *dev = NULL;
+    int (*clock)(void *, int, unsigned *) = NULL;
+    int (*power)(void *, unsigned *) = NULL;
+    bool init() {
+        void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+        if (!lib) return false;
+        auto nvml_init = (int (*)(void))dlsym(lib, "nvmlInit_v2");
+        auto by_bus = (int (*)(const char *, void **))dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2");
+        clock = (int (*)(void *, int, unsigned *))dlsym(lib, "nvmlDeviceGetClockInfo");
+        power = (int (*)(void *, unsigned *))dlsym(lib, "nvmlDeviceGetPowerUsage");
+        char bus[32];
+        if (!nvml_init || !by_bus || !clock || !power || nvml_init() != 0) return false;
+        if (cudaDeviceGetPCIBusId(bus, sizeof bus, 0) != cudaSuccess || by_bus(bus, &dev) != 0) return false;
+        return true;
+    }
+    /* SM clock in MHz (NVML_CLOCK_SM = 1) and power in W; 0 when unknown */
+    void read(float *mhz, float *watts) const {
+        unsigned c = 0, mw = 0;
+        if (dev && clock(dev, 1, &c) == 0) *mhz = (float)c;
+        else *mhz = 0.f;
+        if (dev && power(dev, &mw) == 0) *watts = mw / 1000.f;
+        else *watts = 0.f;
+    }
+};
+
+static float median15(float *x) {
+    for (int i = 0; i < 15; ++i) for (int j = i + 1; j < 15; ++j) if (x[j] < x[i]) { float y = x[i]; x[i] = x[j]; x[j] = y; }
+    return x[7];
+}
+
 static float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
 
 int main(int argc, char **argv) {
@@ -152,7 +190,9 @@ int main(int argc, char **argv) {
     }
     uint16_t *ha = (uint16_t *)malloc(maxel * 2), *hb = (uint16_t *)malloc(maxel * 2);
     cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
-    printf("%-24s %6s %9s %9s %9s\n", "variant", "seqlen", "TFLOPs/s", "maxdiff", "us");
+    nvml_probe nv;
+    if (!nv.init()) nv.dev = NULL;
+    printf("%-24s %6s %9s %9s %9s %6s %5s\n", "variant", "seqlen", "TFLOPs/s", "maxdiff", "us", "MHz", "W");
     const int nvar = (int)(sizeof variants / sizeof variants[0]);
     /* variants with the same (d, causal) form a group: checked against the
      * group's first, and timed interleaved (round r times every variant of
@@ -217,7 +257,7 @@ int main(int argc, char **argv) {
             }
             /* 5 rounds x 3 samples, each (events around 10 back-to-back calls)
              * / 10, so host-side launch cost overlaps the previous call */
-            float ts[32][15];
+            float ts[32][15], mhz[32][15], watts[32][15];
             /* round r starts at the group's variant r (mod the group's
              * size): a variant that always followed a slower one ran ~1.5%
              * faster than its identical twin (run 75, perf-notes v32) */
@@ -229,7 +269,7 @@ int main(int argc, char **argv) {
                     fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_PDL, va.no_pdl);
                     fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_SPLIT, va.no_split);
                     fwd_split_min_gain_ab = va.min_gain;
-                fwd_head_group_ab = va.hg;
+                    fwd_head_group_ab = va.hg;
                     for (int w = 0; w < 2; ++w) va.fn(ctx, &av[vi - g0]);
                     for (int j = 0; j < 3; ++j) {
                         cudaEventRecord(e0);
@@ -239,14 +279,16 @@ int main(int argc, char **argv) {
                         float ms;
                         cudaEventElapsedTime(&ms, e0, e1);
                         ts[vi - g0][3 * r + j] = ms / 10;
+                        nv.read(&mhz[vi - g0][3 * r + j], &watts[vi - g0][3 * r + j]);
                     }
                 }
             for (int vi = g0; vi < g1; ++vi) {
                 if (!ok[vi - g0]) continue;
-                float *x = ts[vi - g0];
-                for (int i = 0; i < 15; ++i) for (int j = i + 1; j < 15; ++j) if (x[j] < x[i]) { float y = x[i]; x[i] = x[j]; x[j] = y; }
+                const float t = median15(ts[vi - g0]);
+                const float f = median15(mhz[vi - g0]), w = median15(watts[vi - g0]);
                 double fl = 4.0 * b * hh * (double)s * av[vi - g0].p.seqlen_k * d * (causal ? 0.5 : 1.0);
-                printf("%-24s %6d %9.1f %9.2e %9.1f\n", variants[vi].name, s, fl / (x[7] * 1e-3) / 1e12, md[vi - g0], x[7] * 1e3);
+                printf("%-24s %6d %9.1f %9.2e %9.1f %6.0f %5.0f\n", variants[vi].name, s, fl / (t * 1e-3) / 1e12, md[vi - g0],
+                       t * 1e3, f, w);
             }
             fflush(stdout);
         }
