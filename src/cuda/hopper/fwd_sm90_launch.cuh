@@ -176,7 +176,7 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, int m
          * cuDNN with 2-head groups).  Kept with the dynamic scheduler, which
          * balances across groups by itself; not re-measured without it. */
         const long min_hg = (2L * st->num_sms + p.num_m_blocks - 1) / p.num_m_blocks;
-        if (hg < min_hg && fwd_head_group_ab == 0) hg = min_hg;
+        if (hg < min_hg && (fwd_head_group_ab == 0 || fwd_head_group_ab == -2)) hg = min_hg;
         if (fwd_head_group_ab > 0) hg = fwd_head_group_ab;
         if (hg < 1) hg = 1;
         const long nbh = (long)pr->batch * pr->heads_q;
