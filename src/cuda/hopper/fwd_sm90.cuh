@@ -664,8 +664,8 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
     /* SPLIT: a piece of tile t (keys split over workers) is finished: its
      * partial O, row max and row sum go to this worker's slot, each warp
      * counts itself on its tile's counter, and the warp that completes the
-     * count merges the other pieces into its registers and writes the tile
-     * (perf-notes v30). */
+     * count merges every piece from the workspace, in worker order, and
+     * writes the tile (perf-notes v30, v36). */
     auto split_finish = [&](const float (&rmax)[2], const float (&rsum)[2], int t, int eb, int eh, int erow) {
         if constexpr (C::SPLIT) {
             const int rank = t % C::CLUSTER, wt = t / C::CLUSTER, rel = wt - sp.first;
