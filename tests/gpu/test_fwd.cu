@@ -410,6 +410,10 @@ int main(void) {
          * out (180 rows) */
         {1, 1030, 2000, 16, 4, 128, 0, H, TU_BSHD},
         {1, 180, 3000, 4, 2, 256, 0, B, TU_BSHD},
+        /* causal head groups (perf-notes v42) with a remainder merged into
+         * the last group: 640 (batch, head) pairs of one 192-row tile each
+         * in groups of 264 (two waves), 640 = 264 + 376 */
+        {4, 1, 2048, 160, 32, 64, 1, H, TU_BSHD},
     };
     const int only = getenv("FATTN_TEST_SMALL") ? 1 : 0; /* sanitizer runs: small shapes only */
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {

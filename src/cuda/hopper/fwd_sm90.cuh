@@ -75,7 +75,8 @@ struct FwdParams {
     int seqlen_q, seqlen_k;
     int causal_offset; /* seqlen_k - seqlen_q */
     int num_m_blocks, num_tiles;
-    int head_group; /* causal schedule: (batch, head) pairs whose K/V share L2 */
+    int head_group;  /* causal schedule: (batch, head) pairs per group ... */
+    int head_groups; /* ... and the number of groups; the last takes the rest */
     unsigned *tile_counter; /* causal: [next tile - gridDim.x, CTAs done], zero between launches */
     float softmax_scale, scale_log2;
 };
@@ -266,16 +267,17 @@ struct FwdCfg {
 
 /* Tile t -> (m_block, head, batch).  Non-causal: m fastest, so the CTAs in
  * flight share the K/V of one or two heads in L2.  Causal: heads are taken in
- * groups of p.head_group whose K and V fit in L2 together; inside a group the
- * longest rows (largest m) come first, so each group's tail is short tiles. */
+ * p.head_groups groups of p.head_group (the last takes the rest, up to twice
+ * that); inside a group the longest rows (largest m) come first, so each
+ * group's tail is short tiles. */
 template <bool CAUSAL>
 __device__ __forceinline__ void fwd_tile_decode(const FwdParams &p, int t, int &m, int &h, int &b) {
     int bh;
     if (CAUSAL) {
         const int nbh = p.batch * p.heads_q;
         const int per_group = p.head_group * p.num_m_blocks;
-        const int g = t / per_group, within = t - g * per_group;
-        const int gsize = min(p.head_group, nbh - g * p.head_group);
+        const int g = min(t / per_group, p.head_groups - 1), within = t - g * per_group;
+        const int gsize = g == p.head_groups - 1 ? nbh - g * p.head_group : p.head_group;
         m = p.num_m_blocks - 1 - within / gsize;
         bh = g * p.head_group + within % gsize;
     } else {

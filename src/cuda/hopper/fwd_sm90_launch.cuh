@@ -32,9 +32,12 @@ auto fwd_sm90_kernel_of() {
  * instance without SPLIT. */
 /* bench/fwd_variants.cu only: a different SPLIT_MIN_GAIN (0: the rule below) */
 inline int fwd_split_min_gain_ab = 0;
-/* bench/fwd_variants.cu only: the causal head group by L2 alone, without
+/* bench/fwd_variants.cu only: the causal head groups by L2 alone, without
  * the two-waves minimum (-1), the rule's size evened out over as many
- * groups (-2: no small last group, perf-notes v41), or a fixed size (> 0);
+ * groups (-2), the v15 rule (-3: L2 size with the two-waves minimum, a small
+ * remainder group last), run 96's rule (-4: one group up to SMs / 2 pairs,
+ * the remainder merged), or a fixed size (> 0,
+ * remainder group last);
  * 0: the rule below */
 inline int fwd_head_group_ab = 0;
 
@@ -165,26 +168,43 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, int m
     p.num_m_blocks = (pr->seqlen_q + C::BM - 1) / C::BM;
     p.num_tiles = p.num_m_blocks * pr->heads_q * pr->batch;
     {
-        /* K + V bytes of one head; aim for ~24 MB of the 50 MB L2 (H100/H200),
-         * counting GQA heads that share a kv head once */
-        const double kv_bytes = 2.0 * pr->seqlen_k * C::D * 2;
-        const int group = p.group;
-        long hg = (long)(24.0e6 / kv_bytes) * group;
-        /* but at least two waves of tiles per group: with fewer, v3's static
-         * round-robin handed long tiles of the next group to CTAs that already
-         * had long ones (measured: d256 causal 8192 fell from 0.88x to 0.68x
-         * cuDNN with 2-head groups).  Kept with the dynamic scheduler, which
-         * balances across groups by itself; not re-measured without it. */
-        const long min_hg = (2L * st->num_sms + p.num_m_blocks - 1) / p.num_m_blocks;
-        if (hg < min_hg && (fwd_head_group_ab == 0 || fwd_head_group_ab == -2)) hg = min_hg;
-        if (fwd_head_group_ab > 0) hg = fwd_head_group_ab;
-        if (hg < 1) hg = 1;
+        /* Causal head groups (fwd_tile_decode).  The dynamic scheduler takes
+         * a group's tiles longest first, so a group must hold enough work
+         * for its longest tiles not to run alone at its end; only the last
+         * group's end is not covered by the next group's tiles.
+         * - groups whose K and V take ~24 MB of the 50 MB L2 (H100/H200),
+         *   GQA heads that share a kv head counted once, but at least two
+         *   waves of tiles per group (v3: d256 causal 8192 fell from 0.88x
+         *   to 0.68x cuDNN with 2-head groups);
+         * - a remainder smaller than the two-waves minimum joins the last
+         *   group (up to twice the size) instead of running its longest
+         *   tiles alone at the end (v41, v42: d128 causal 1024 +2.5% in
+         *   run 96; d256 causal 8192, 5 + 5 + 5 + 1 heads before, 1.04x ->
+         *   1.10x cuDNN in compare.py, run 98).
+         * Not taken (v42, runs 95-98): all pairs in one group.  It won 3-20%
+         * in fwd_variants' short A/Bs, but under compare.py's sustained load
+         * its extra DRAM reads take power and the power limit the clock:
+         * d128 causal 4096 -5%, d64 8192 -4%, and with 16 pairs or fewer
+         * +1% at d256, -3.7% at d128 16384 against the merge alone. */
         const long nbh = (long)pr->batch * pr->heads_q;
-        if (fwd_head_group_ab == -2 && hg < nbh) {
+        const double kv_bytes = 2.0 * pr->seqlen_k * C::D * 2;
+        const long min_hg = (2L * st->num_sms + p.num_m_blocks - 1) / p.num_m_blocks;
+        long hg = (long)(24.0e6 / kv_bytes) * p.group;
+        const int ab = fwd_head_group_ab;
+        if (hg < min_hg && ab != -1) hg = min_hg;
+        if (2 * nbh <= st->num_sms && ab == -4) hg = nbh;
+        if (ab > 0) hg = ab;
+        if (hg < 1) hg = 1;
+        if (hg > nbh) hg = nbh;
+        if (ab == -2) {
             const long ng = (nbh + hg - 1) / hg;
             hg = (nbh + ng - 1) / ng;
         }
-        p.head_group = (int)(hg < nbh ? hg : nbh);
+        long ng = (nbh + hg - 1) / hg;
+        const long rem = nbh - (ng - 1) * hg;
+        if ((ab == 0 || ab == -2 || ab == -4) && ng > 1 && rem < hg && rem < min_hg) ng--;
+        p.head_group = (int)hg;
+        p.head_groups = (int)ng;
     }
     p.tile_counter = NULL;
     if (C::DYNAMIC) p.tile_counter = st->tile_counter;
