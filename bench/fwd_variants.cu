@@ -6,7 +6,10 @@
  * Build (from the repo root, after the library is built into build-gpu/):
  *   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 --use_fast_math -Iinclude -Isrc \
  *        bench/fwd_variants.cu build-gpu/libfattn.a -cudart static -o build-gpu/fwd_variants
- * Run: [FV_NORMAL=1] [FV_SEED=n] build-gpu/fwd_variants [seqlen ...]   (TFLOPs/s per variant and seqlen, bf16,
+ * Run: [FV_NORMAL=1] [FV_SEED=n] [FV_SETTLE_MS=ms] build-gpu/fwd_variants [seqlen ...]
+ * (FV_SETTLE_MS: each variant runs alone that long before its samples in
+ * every round, as in compare.py; use it for changes in DRAM traffic, v42)
+ * (TFLOPs/s per variant and seqlen, bf16,
  * 16k tokens, hidden 2048, the largest difference from the group's first
  * variant, the median time, SM clock and board power of the samples (NVML,
  * 0 where it is missing); seqlens 1024 2048 4096 8192 16384 unless given, at
@@ -194,6 +197,8 @@ int main(int argc, char **argv) {
     cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
     nvml_probe nv;
     if (!nv.init()) nv.dev = NULL;
+    const float settle_ms = getenv("FV_SETTLE_MS") ? (float)atof(getenv("FV_SETTLE_MS")) : 0.f;
+    if (settle_ms > 0.f) printf("each variant runs alone for %.0f ms before its samples in every round\n", settle_ms);
     printf("%-24s %6s %9s %9s %9s %6s %5s\n", "variant", "seqlen", "TFLOPs/s", "maxdiff", "us", "MHz", "W");
     const int nvar = (int)(sizeof variants / sizeof variants[0]);
     /* variants with the same (d, causal) form a group: checked against the
@@ -273,6 +278,20 @@ int main(int argc, char **argv) {
                     fwd_split_min_gain_ab = va.min_gain;
                     fwd_head_group_ab = va.hg;
                     for (int w = 0; w < 2; ++w) va.fn(ctx, &av[vi - g0]);
+                    if (settle_ms > 0.f) {
+                        /* FV_SETTLE_MS: the variant alone first, as compare.py's
+                         * turns, so its samples run at the clock its own draw
+                         * sustains at the power limit (v42: short samples
+                         * after other variants overstated a schedule that
+                         * reads more from DRAM) */
+                        cudaEventRecord(e0);
+                        for (float ms = 0.f; ms < settle_ms;) {
+                            for (int c = 0; c < 10; ++c) va.fn(ctx, &av[vi - g0]);
+                            cudaEventRecord(e1);
+                            cudaEventSynchronize(e1);
+                            cudaEventElapsedTime(&ms, e0, e1);
+                        }
+                    }
                     for (int j = 0; j < 3; ++j) {
                         cudaEventRecord(e0);
                         for (int c = 0; c < 10; ++c) va.fn(ctx, &av[vi - g0]);
