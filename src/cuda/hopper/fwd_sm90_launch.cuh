@@ -36,9 +36,8 @@ inline int fwd_split_min_gain_ab = 0;
  * the two-waves minimum (-1), the rule's size evened out over as many
  * groups (-2), the v15 rule (-3: L2 size with the two-waves minimum, a small
  * remainder group last), run 96's rule (-4: one group up to SMs / 2 pairs,
- * the remainder merged), or a fixed size (> 0,
- * remainder group last);
- * 0: the rule below */
+ * the remainder merged), or a fixed size (> 0, the remainder a group of its
+ * own); 0: the rule below */
 inline int fwd_head_group_ab = 0;
 
 template <class C>
