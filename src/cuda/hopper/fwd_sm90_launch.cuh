@@ -32,12 +32,12 @@ auto fwd_sm90_kernel_of() {
  * instance without SPLIT. */
 /* bench/fwd_variants.cu only: a different SPLIT_MIN_GAIN (0: the rule below) */
 inline int fwd_split_min_gain_ab = 0;
-/* bench/fwd_variants.cu only: the causal head groups by L2 alone, without
- * the two-waves minimum (-1), the rule's size evened out over as many
- * groups (-2), the v15 rule (-3: L2 size with the two-waves minimum, a small
- * remainder group last), run 96's rule (-4: one group up to SMs / 2 pairs,
- * the remainder merged), or a fixed size (> 0, the remainder a group of its
- * own); 0: the rule below */
+/* bench/fwd_variants.cu only: the causal head groups by the v15 rule (-3:
+ * L2 size with the two-waves minimum, a small remainder group last), by
+ * run 96's rule (-4: one group up to SMs / 2 pairs, the remainder merged),
+ * or of a fixed size (> 0, the remainder a group of its own); 0: the rule
+ * below.  (Runs 93 and 95's -1, L2 alone, and -2, evened groups, are gone
+ * with their lists; perf-notes v41.) */
 inline int fwd_head_group_ab = 0;
 
 template <class C>
@@ -166,7 +166,7 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, int m
     p.causal_offset = pr->seqlen_k - pr->seqlen_q;
     p.num_m_blocks = (pr->seqlen_q + C::BM - 1) / C::BM;
     p.num_tiles = p.num_m_blocks * pr->heads_q * pr->batch;
-    {
+    if (C::CAUSAL) {
         /* Causal head groups (fwd_tile_decode).  The dynamic scheduler takes
          * a group's tiles longest first, so a group must hold enough work
          * for its longest tiles not to run alone at its end; only the last
@@ -190,18 +190,13 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, int m
         const long min_hg = (2L * st->num_sms + p.num_m_blocks - 1) / p.num_m_blocks;
         long hg = (long)(24.0e6 / kv_bytes) * p.group;
         const int ab = fwd_head_group_ab;
-        if (hg < min_hg && ab != -1) hg = min_hg;
+        if (hg < min_hg) hg = min_hg;
         if (2 * nbh <= st->num_sms && ab == -4) hg = nbh;
         if (ab > 0) hg = ab;
-        if (hg < 1) hg = 1;
         if (hg > nbh) hg = nbh;
-        if (ab == -2) {
-            const long ng = (nbh + hg - 1) / hg;
-            hg = (nbh + ng - 1) / ng;
-        }
         long ng = (nbh + hg - 1) / hg;
-        const long rem = nbh - (ng - 1) * hg;
-        if ((ab == 0 || ab == -2 || ab == -4) && ng > 1 && rem < hg && rem < min_hg) ng--;
+        const long rem = nbh - (ng - 1) * hg; /* 1 .. hg */
+        if ((ab == 0 || ab == -4) && ng > 1 && rem < min_hg) ng--;
         p.head_group = (int)hg;
         p.head_groups = (int)ng;
     }
