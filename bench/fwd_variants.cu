@@ -195,6 +195,23 @@ int main(int argc, char **argv) {
     }
     uint16_t *ha = (uint16_t *)malloc(maxel * 2), *hb = (uint16_t *)malloc(maxel * 2);
     cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
+    /* a variant's options and bench knobs, for the calls that follow */
+    auto select = [&](const variant &va) {
+        fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_PDL, va.no_pdl);
+        fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_SPLIT, va.no_split);
+        fwd_split_min_gain_ab = va.min_gain;
+        fwd_head_group_ab = va.hg;
+    };
+    /* the selected variant alone for ms milliseconds, in bursts of 10 calls */
+    auto run_alone = [&](const variant &va, fattn_fwd_args &args, float ms_total) {
+        cudaEventRecord(e0);
+        for (float ms = 0.f; ms < ms_total;) {
+            for (int c = 0; c < 10; ++c) va.fn(ctx, &args);
+            cudaEventRecord(e1);
+            cudaEventSynchronize(e1);
+            cudaEventElapsedTime(&ms, e0, e1);
+        }
+    };
     nvml_probe nv;
     if (!nv.init()) nv.dev = NULL;
     const float settle_ms = getenv("FV_SETTLE_MS") ? (float)atof(getenv("FV_SETTLE_MS")) : 0.f;
@@ -229,10 +246,7 @@ int main(int argc, char **argv) {
             for (int vi = g0; vi < g1; ++vi) {
                 const variant &va = variants[vi];
                 cudaMemset(o, 0xFF, n * 2);
-                fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_PDL, va.no_pdl);
-                fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_SPLIT, va.no_split);
-                fwd_split_min_gain_ab = va.min_gain;
-                fwd_head_group_ab = va.hg;
+                select(va);
                 if (va.fn(ctx, &av[vi - g0]) != FATTN_OK) { printf("%s: %s\n", va.name, fattn_last_error(ctx)); continue; }
                 cudaDeviceSynchronize();
                 ok[vi - g0] = 1;
@@ -246,22 +260,8 @@ int main(int argc, char **argv) {
              * then starts the rounds at the clock its 700 W limit sustains
              * (run 33: started cold, the first timing of the run was 15% above
              * an identical later one) */
-            {
-                cudaEvent_t s0, s1;
-                cudaEventCreate(&s0); cudaEventCreate(&s1);
-                fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_PDL, variants[g0].no_pdl);
-                fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_SPLIT, variants[g0].no_split);
-                fwd_split_min_gain_ab = variants[g0].min_gain;
-                fwd_head_group_ab = variants[g0].hg;
-                cudaEventRecord(s0);
-                for (float ms = 0.f; ms < 500.f;) {
-                    for (int c = 0; c < 10; ++c) variants[g0].fn(ctx, &av[0]);
-                    cudaEventRecord(s1);
-                    cudaEventSynchronize(s1);
-                    cudaEventElapsedTime(&ms, s0, s1);
-                }
-                cudaEventDestroy(s0); cudaEventDestroy(s1);
-            }
+            select(variants[g0]);
+            run_alone(variants[g0], av[0], 500.f);
             /* 5 rounds x 3 samples, each (events around 10 back-to-back calls)
              * / 10, so host-side launch cost overlaps the previous call */
             float ts[32][15], mhz[32][15], watts[32][15];
@@ -273,25 +273,14 @@ int main(int argc, char **argv) {
                     const int vi = g0 + (vj + r) % (g1 - g0);
                     if (!ok[vi - g0]) continue;
                     const variant &va = variants[vi];
-                    fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_PDL, va.no_pdl);
-                    fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_SPLIT, va.no_split);
-                    fwd_split_min_gain_ab = va.min_gain;
-                    fwd_head_group_ab = va.hg;
+                    select(va);
                     for (int w = 0; w < 2; ++w) va.fn(ctx, &av[vi - g0]);
-                    if (settle_ms > 0.f) {
-                        /* FV_SETTLE_MS: the variant alone first, as compare.py's
-                         * turns, so its samples run at the clock its own draw
-                         * sustains at the power limit (v42: short samples
-                         * after other variants overstated a schedule that
-                         * reads more from DRAM) */
-                        cudaEventRecord(e0);
-                        for (float ms = 0.f; ms < settle_ms;) {
-                            for (int c = 0; c < 10; ++c) va.fn(ctx, &av[vi - g0]);
-                            cudaEventRecord(e1);
-                            cudaEventSynchronize(e1);
-                            cudaEventElapsedTime(&ms, e0, e1);
-                        }
-                    }
+                    /* FV_SETTLE_MS: the variant alone first, as compare.py's
+                     * turns, so its samples run at the clock its own draw
+                     * sustains at the power limit (v42: short samples after
+                     * other variants overstated a schedule that reads more
+                     * from DRAM) */
+                    if (settle_ms > 0.f) run_alone(va, av[vi - g0], settle_ms);
                     for (int j = 0; j < 3; ++j) {
                         cudaEventRecord(e0);
                         for (int c = 0; c < 10; ++c) va.fn(ctx, &av[vi - g0]);
