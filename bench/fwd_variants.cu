@@ -74,35 +74,36 @@ struct variant {
 #define V_CFG_KEYS(name, x, m, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0, 1, 0, m, x}
 /* V_CFG_HG: any FwdCfg, causal heads grouped by g (fwd_head_group_ab) */
 #define V_CFG_HG(name, g, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0, 0, 0, 0, 0, g}
-/* The list (perf-notes v42): the shipped causal kernels with their heads
- * grouped by the library's rule (v15's groups, a remainder smaller than the
- * two-waves minimum merged into the last group), by the v15 rule
- * (fwd_head_group_ab -3) and by run 96's rule (-4: one group up to SMs / 2
- * pairs), for d256, d128 BN 128 (below seqlen_k 8192) and BN 176, d64 three
- * warpgroups (from 1536).  Run 96 ran it when "shipped" was run 96's rule
- * and -4 the same without the merge.  These short interleaved A/Bs run
- * below the power limit and overstate schedules that read more from DRAM:
- * decide by compare.py (v42, run 97).  Runs 93-95 (group sizes, one group,
- * evened groups), 89 (V_CFG_KEYS), 90 and 92 (QPF, KVPF: not in the code)
- * and earlier lists are in perf-notes. */
-#define C256C 256, 80, 2, 2, true, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 1, 0, 1, 0, 0, 0
-#define C128C 128, 128, 2, 2, true, true, 1, true, -1, -1, 1, -1, 0, 1, true, 0, 0, 0, 0, 0, 0, 2, 0, 0
-#define C176C 128, 176, 2, 2, true, true, 1, true, -1, -1, 1, -1, 0, 0, true, 0, 0, 0, 1, 0, 0, 0, 0, 0
+/* The list (perf-notes v43): the shipped kernels with O written from
+ * registers against the same kernels with O through shared memory and a
+ * TMA store (FwdCfg OTMA), where shared memory has room for it: d64
+ * non-causal, d64 causal with three and with two warpgroups, d128 causal
+ * BN 128; and d128 non-causal at BN 128 (no partial key block at lengths
+ * that are multiples of 128) with and without it, against the shipped BN
+ * 176.  The outputs must match the group's first bit for bit.  Runs 95-98's
+ * list (head groups, v42), 89 (V_CFG_KEYS), 90 and 92 (QPF, KVPF: not in
+ * the code) and earlier lists are in perf-notes. */
+#define C64N 64, 128, 3, 3, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 1, 1, 0, 1, 1, 0
 #define C64C 64, 128, 3, 2, true, true, 1, true, -1, -1, 1, -1, 0, 0, true, 0, 0, 0, 1, 0, 1, 0, 0, 0
+#define C64C2 64, 128, 2, 2, true, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 0, 0, 0, 2, 0, 0
+#define C128C 128, 128, 2, 2, true, true, 1, true, -1, -1, 1, -1, 0, 1, true, 0, 0, 0, 0, 0, 0, 2, 0, 0
+#define C176N 128, 176, 2, 2, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1, 0
+#define C128N 128, 128, 2, 2, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1, 0
 static const variant variants[] = {
-    V_CFG_HG("d256c v15 rule", -3, 256, 1, C256C),
-    V_CFG("d256c shipped", 256, 1, C256C),
-    V_CFG_HG("d256c run-96 rule", -4, 256, 1, C256C),
-    V_CFG_HG("d256c v15 again", -3, 256, 1, C256C),
-    V_CFG_HG("d128c BN128 v15 rule", -3, 128, 1, C128C),
-    V_CFG("d128c BN128 shipped", 128, 1, C128C),
-    V_CFG_HG("d128c BN128 run-96 rule", -4, 128, 1, C128C),
-    V_CFG_HG("d128c BN176 v15 rule", -3, 128, 1, C176C),
-    V_CFG("d128c BN176 shipped", 128, 1, C176C),
-    V_CFG_HG("d128c BN176 run-96 rule", -4, 128, 1, C176C),
-    V_CFG_HG("d64c v15 rule", -3, 64, 1, C64C),
-    V_CFG("d64c shipped", 64, 1, C64C),
-    V_CFG_HG("d64c run-96 rule", -4, 64, 1, C64C),
+    V_CFG("d64 shipped", 64, 0, C64N, 0),
+    V_CFG("d64 OTMA", 64, 0, C64N, 1),
+    V_CFG("d64 shipped again", 64, 0, C64N, 0),
+    V_CFG("d64c 3wg", 64, 1, C64C, 0),
+    V_CFG("d64c 3wg OTMA", 64, 1, C64C, 1),
+    V_CFG("d64c 2wg", 64, 1, C64C2, 0),
+    V_CFG("d64c 2wg OTMA", 64, 1, C64C2, 1),
+    V_CFG("d128c BN128", 128, 1, C128C, 0),
+    V_CFG("d128c BN128 OTMA", 128, 1, C128C, 1),
+    V_CFG("d128c BN128 again", 128, 1, C128C, 0),
+    V_CFG("d128 BN176 shipped", 128, 0, C176N, 0),
+    V_CFG("d128 BN128", 128, 0, C128N, 0),
+    V_CFG("d128 BN128 OTMA", 128, 0, C128N, 1),
+    V_CFG("d128 BN176 again", 128, 0, C176N, 0),
 };
 
 /* The SM clock and board power through NVML (dlopen'd, so nothing more to

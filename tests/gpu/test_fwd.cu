@@ -120,6 +120,17 @@ static int run_case(fattn_ctx *ctx, tu_rng *rng, const fwd_case &c) {
     TU_CHECK(e == cudaSuccess, "kernel failed: %s", cudaGetErrorString(e));
     if (e != cudaSuccess) exit(1);
     CK(cudaMemcpy(o.t.data, dout_at, o.bytes, cudaMemcpyDeviceToHost));
+    {
+        /* the poisoned bytes past O's last element stay untouched: a store
+         * of rows past seqlen_q (a TMA box not clipped, a row test off by
+         * one) of the last head lands there first */
+        uint8_t tail[16];
+        const size_t nt = 16 - 2 * (size_t)c.o_off;
+        CK(cudaMemcpy(tail, dout_at + o.bytes, nt, cudaMemcpyDeviceToHost));
+        size_t bad = 0;
+        for (size_t i = 0; i < nt; ++i) bad += tail[i] != 0xFF;
+        TU_CHECK(bad == 0, "%zu bytes written past the end of O", bad);
+    }
     CK(cudaMemcpy(lse, dlse, nlse * 4, cudaMemcpyDeviceToHost));
     tu_tensor_get(&o, got);
 

@@ -229,6 +229,29 @@ __device__ __forceinline__ void tma_prefetch_l2_4d(const CUtensorMap *map, int c
 __device__ __forceinline__ void tma_prefetch_desc(const CUtensorMap *map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
 }
+/* ---- TMA store (bulk-group completion; HOPPER-PTX §4) --------------------- */
+/* 4-D tiled store shared -> global [d, seq, head, batch]: elements outside
+ * the tensor's bounds are not written.  Completes in this thread's bulk
+ * async-group (commit, then wait). */
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap *map, const void *src, int c0, int c1, int c2, int c3) {
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(map),
+                 "r"(smem_u32(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+/* this thread's committed bulk groups have finished reading shared memory */
+__device__ __forceinline__ void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+/* ... and finished altogether (their writes performed) */
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+/* Four 8x8 b16 matrices from registers to shared memory: register j of each
+ * lane holds row lane / 4, columns 2 (lane % 4), +1 of matrix j (the wgmma
+ * accumulator's layout); lanes 8j .. 8j + 7 give the 16-byte row addresses
+ * of matrix j. */
+__device__ __forceinline__ void stsm_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+                 "r"(r2), "r"(r3)
+                 : "memory");
+}
 /* Make generic-proxy shared-memory writes visible to the async proxy
  * (wgmma operand reads, TMA stores). */
 __device__ __forceinline__ void fence_async_shared() { ptx::fence_proxy_async(ptx::space_shared); }

@@ -70,7 +70,7 @@ struct FwdParams {
     void *o;
     float *lse;
     int64_t o_sb, o_ss, o_sh; /* O strides, elements */
-    int o_wide;               /* O base 16-byte aligned, strides multiples of 8: 16-byte stores */
+    int o_wide;               /* O base 16-byte aligned, strides multiples of 8: 16-byte stores; 2: and OTMA's map of O */
     int batch, heads_q, heads_kv, group; /* group = heads_q / heads_kv */
     int seqlen_q, seqlen_k;
     int causal_offset; /* seqlen_k - seqlen_q */
@@ -122,7 +122,8 @@ template <int D_, int BN_, int NC_, int STAGES_, bool CAUSAL_, bool BF16_,
           int SKIPDIAG_ = 0 /* 1: causal: a warpgroup skips its tile's first key block when it sees none of it (perf-notes v23) */,
           int QREG_ = 0 /* k > 0: the first k 16-column slices of each warpgroup's Q in registers for S = Q K^T, -1 all (perf-notes v26) */,
           int SPLIT_ = 0 /* 1: tiles past the last full wave split along the keys (FwdSplit, perf-notes v30) */,
-          int UNIWG_ = 0 /* 1: the consumer's warpgroup index through a lane-0 shuffle without SITOUT (perf-notes v32); 2: the Q descriptor rebuilt per key block (v32b); neither shipped */>
+          int UNIWG_ = 0 /* 1: the consumer's warpgroup index through a lane-0 shuffle without SITOUT (perf-notes v32); 2: the Q descriptor rebuilt per key block (v32b); neither shipped */,
+          int OTMA_ = 0 /* 1: O through shared memory and a TMA store, per warp (perf-notes v43) */>
 struct FwdCfg {
     static constexpr int D = D_, BN = BN_, NC = NC_, STAGES = STAGES_;
     static constexpr bool CAUSAL = CAUSAL_, BF16 = BF16_, OVERLAP = OVERLAP_ != 0, PINGPONG = PINGPONG_ && NC_ > 1;
@@ -232,8 +233,20 @@ struct FwdCfg {
      * SITOUT_ 2 only the split instance takes it: 798, 656; v31) */
     using NoSplit = FwdCfg<D_, BN_, NC_, STAGES_, CAUSAL_, BF16_, OVERLAP_, PINGPONG_, SCHED_, LAZY_, CLUSTER_, OSTORE_,
                            XTILE_, QEARLY_, SLEEP_, L2HINT_, ROWMASK_, TREEMAX_, SITOUT_, SPREAD_, SKIPDIAG_, QREG_, 0,
-                           UNIWG_>;
-    static constexpr int SMEM_BYTES = OFF_SLOT + NC * QBUF * 4 + 1024; /* + alignment slack */
+                           UNIWG_, OTMA_>;
+    /* OTMA: each consumer warp stages its 16 rows of O / l in shared memory
+     * (stmatrix into the 128-byte swizzle, D / 64 slabs of 16 x 128 bytes)
+     * and one lane stores them with TMA (box 64 x 16; rows past seqlen_q
+     * are outside the tensor and not written).  Before the warp writes its
+     * staging again, that lane waits until the previous store has read it.
+     * Only where O's base and strides suit TMA (FwdParams.o_wide 2), else
+     * the register stores below; needs NC x 8 KB (d64) or 16 KB (d128) of
+     * shared memory, which d128 BN 176 and d256 do not have. */
+    static constexpr bool OTMA = OTMA_ == 1;
+    static constexpr int OFF_OST = (OFF_SLOT + NC * QBUF * 4 + 1023) / 1024 * 1024;
+    static constexpr int OST_WARP_BYTES = 16 * D * 2;
+    static constexpr int SMEM_BYTES = (OTMA ? OFF_OST + 4 * NC * OST_WARP_BYTES : OFF_SLOT + NC * QBUF * 4) +
+                                      1024; /* + alignment slack */
     static constexpr bool DYNAMIC = SCHED_ < 0 ? CAUSAL : SCHED_ == 1; /* tile scheduler: atomic counter */
     /* CLUSTER 2: the two CTAs of a cluster work on tiles 2k and 2k+1, adjacent
      * m-blocks of one head (the launcher requires an even number of m-blocks),
@@ -307,7 +320,8 @@ __device__ __forceinline__ int fwd_num_n_blocks(const FwdParams &p, int m) {
  * SASS instructions). */
 template <class C, class SP>
 __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUtensorMap &tm_k,
-                                              const CUtensorMap &tm_v, const FwdParams p, const SP &sp) {
+                                              const CUtensorMap &tm_v, const FwdParams p, const SP &sp,
+                                              const CUtensorMap *tm_o /* OTMA only */) {
     constexpr int D = C::D, BN = C::BN, BM = C::BM, NC = C::NC, STAGES = C::STAGES;
     using WG = wgmma_op<BN, C::BF16>;  /* S = Q K^T: m64 n=BN k16 */
     using WGO = wgmma_op<D, C::BF16>;  /* O += P V:  m64 n=D  k16 */
@@ -608,8 +622,58 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
             oacc[4 * i + 3] *= alpha[1];
         }
     };
+    /* OTMA: O / l of this warp's 16 rows (erow + 16 warp ..) through its
+     * staging buffer and a TMA store issued by lane 0; inv: 1 / l of rows
+     * r0 and r0 + 8 */
+    auto store_o_tma = [&](const float (&inv)[2], int eb, int eh, int erow) {
+        if constexpr (C::OTMA) {
+            uint8_t *stage = smem + C::OFF_OST + (wg * 4 + warp) * C::OST_WARP_BYTES;
+            const uint32_t sbase = smem_u32(stage);
+            /* this lane's row address: matrix j = lane / 8 of each x4 is
+             * (column block i + j / 2, rows 8 (j % 2) ..) */
+            const int mrow = 8 * ((lane >> 3) & 1) + (lane & 7);
+            auto packed = [&](int i, int r) {
+                const float lo = oacc[4 * i + 2 * r] * inv[r], hi = oacc[4 * i + 2 * r + 1] * inv[r];
+                return C::BF16 ? pack_bf16x2(lo, hi) : pack_f16x2(lo, hi);
+            };
+            if (lane == 0) bulk_wait_read_all(); /* the previous tile's store has read the buffer */
+            __syncwarp();
+#pragma unroll
+            for (int i = 0; i < D / 8; i += 2) {
+                const int ib = i + (lane >> 4);
+                const uint32_t addr = sbase + (ib / 8) * 2048 + mrow * 128 + (((ib % 8) ^ (mrow & 7)) << 4);
+                stsm_x4(addr, packed(i, 0), packed(i, 1), packed(i + 1, 0), packed(i + 1, 1));
+            }
+            fence_async_shared(); /* visible to the TMA unit (async proxy) */
+            __syncwarp();
+            if (lane == 0) {
+#pragma unroll
+                for (int c = 0; c < C::SLABS; ++c) tma_store_4d(tm_o, stage + c * 2048, c * 64, erow + 16 * warp, eh, eb);
+                bulk_commit_group();
+            }
+        } else {
+            (void)inv, (void)eb, (void)eh, (void)erow;
+        }
+    };
     /* O / l and LSE of a finished tile (rows erow + r0, + 8 of head eh, batch eb) */
     auto epilogue = [&](const float (&rmax)[2], const float (&rsum)[2], int eb, int eh, int erow) {
+        if (C::OTMA && p.o_wide == 2) {
+            float inv[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                float l = rsum[r];
+                l += __shfl_xor_sync(0xffffffff, l, 1);
+                l += __shfl_xor_sync(0xffffffff, l, 2);
+                inv[r] = l > 0.f ? 1.f / l : 0.f;
+                const int row = erow + r0 + 8 * r;
+                if (p.lse && q4 == 0 && row < p.seqlen_q)
+                    p.lse[((int64_t)eb * p.heads_q + eh) * p.seqlen_q + row] =
+                        l > 0.f ? rmax[r] * p.softmax_scale + logf(l) : -INFINITY;
+            }
+            store_o_tma(inv, eb, eh, erow);
+            FWD_TRACE(9);
+            return;
+        }
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             float l = rsum[r];
@@ -1085,6 +1149,9 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
         }
     }
     if (C::XTILE && pending) finish_pending();
+    /* OTMA: this warp's last O store has landed before the CTA (and its
+     * shared memory) goes */
+    if (C::OTMA && lane == 0) bulk_wait_all();
     /* the ring's last hand-over (to warpgroup 0) has no taker: take it, so no
      * arrival is left pending on a named barrier at exit */
     if (C::PINGPONG && wg == 0) named_bar_sync(8, 256);
@@ -1096,7 +1163,7 @@ template <class C>
 __global__ void __launch_bounds__(C::THREADS, 1)
     fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                     const __grid_constant__ CUtensorMap tm_v, const FwdParams p) {
-    fwd_sm90_body<C>(tm_q, tm_k, tm_v, p, FwdNoSplit());
+    fwd_sm90_body<C>(tm_q, tm_k, tm_v, p, FwdNoSplit(), nullptr);
 }
 
 template <class C>
@@ -1104,5 +1171,22 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     fwd_sm90_split_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                           const __grid_constant__ CUtensorMap tm_v, const FwdParams p,
                           const __grid_constant__ FwdSplit sp) {
-    fwd_sm90_body<C>(tm_q, tm_k, tm_v, p, sp);
+    fwd_sm90_body<C>(tm_q, tm_k, tm_v, p, sp, nullptr);
+}
+
+/* OTMA: the same kernels with O's tensor map (box 64 x 16) */
+template <class C>
+__global__ void __launch_bounds__(C::THREADS, 1)
+    fwd_sm90_kernel_o(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                      const __grid_constant__ CUtensorMap tm_v, const FwdParams p,
+                      const __grid_constant__ CUtensorMap tm_o) {
+    fwd_sm90_body<C>(tm_q, tm_k, tm_v, p, FwdNoSplit(), &tm_o);
+}
+
+template <class C>
+__global__ void __launch_bounds__(C::THREADS, 1)
+    fwd_sm90_split_kernel_o(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                            const __grid_constant__ CUtensorMap tm_v, const FwdParams p,
+                            const __grid_constant__ FwdSplit sp, const __grid_constant__ CUtensorMap tm_o) {
+    fwd_sm90_body<C>(tm_q, tm_k, tm_v, p, sp, &tm_o);
 }

@@ -10,14 +10,17 @@
 #include "fwd_sm90.cuh"
 #include "split_layout.h"
 
-/* the kernel's parameters (three tensor maps, FwdParams and SPLIT's
- * tables) stay within the classic 4 KB limit */
-static_assert(3 * sizeof(CUtensorMap) + sizeof(FwdParams) + sizeof(FwdSplit) <= 4096, "kernel parameters");
+/* the kernel's parameters (three tensor maps, FwdParams, SPLIT's tables
+ * and OTMA's map of O) stay within the classic 4 KB limit */
+static_assert(4 * sizeof(CUtensorMap) + sizeof(FwdParams) + sizeof(FwdSplit) <= 4096, "kernel parameters");
 
-/* the kernel of an instance: with SPLIT it takes a FwdSplit after FwdParams */
+/* the kernel of an instance: with SPLIT it takes a FwdSplit after FwdParams,
+ * with OTMA O's tensor map last */
 template <class C>
 auto fwd_sm90_kernel_of() {
-    if constexpr (C::SPLIT) return fwd_sm90_split_kernel<C>;
+    if constexpr (C::SPLIT && C::OTMA) return fwd_sm90_split_kernel_o<C>;
+    else if constexpr (C::SPLIT) return fwd_sm90_split_kernel<C>;
+    else if constexpr (C::OTMA) return fwd_sm90_kernel_o<C>;
     else return fwd_sm90_kernel<C>;
 }
 
@@ -213,6 +216,20 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, int m
         return s;
     if ((s = cuda_make_tensor_map(ctx, &tv, &a->v, C::D, pr->seqlen_k, pr->heads_kv, pr->batch, C::BN, "v")) != FATTN_OK)
         return s;
+    /* OTMA: O through TMA stores where TMA can address it (o_wide: base and
+     * strides 16-byte multiples; strides below 2^40 bytes), else the
+     * kernel's register stores (the map is then never read) */
+    CUtensorMap to;
+    memset(&to, 0, sizeof to);
+    if (C::OTMA && p.o_wide) {
+        const int64_t lim = (int64_t)1 << 39; /* elements: 2^40 bytes */
+        if (p.o_sb < lim && p.o_ss < lim && p.o_sh < lim) {
+            if ((s = cuda_make_tensor_map(ctx, &to, &a->o, C::D, pr->seqlen_q, pr->heads_q, pr->batch, 16, "o")) !=
+                FATTN_OK)
+                return s;
+            p.o_wide = 2;
+        }
+    }
     /* the tile counter and the split workspace are the context's: their
      * users run one after another */
     const bool ordered = C::DYNAMIC || sp;
@@ -242,7 +259,9 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, int m
     cfg.attrs = attr;
     cfg.numAttrs = nattr;
     cudaError_t e;
-    if constexpr (C::SPLIT) e = cudaLaunchKernelEx(&cfg, fwd_sm90_split_kernel<C>, tq, tk, tv, p, *sp);
+    if constexpr (C::SPLIT && C::OTMA) e = cudaLaunchKernelEx(&cfg, fwd_sm90_split_kernel_o<C>, tq, tk, tv, p, *sp, to);
+    else if constexpr (C::SPLIT) e = cudaLaunchKernelEx(&cfg, fwd_sm90_split_kernel<C>, tq, tk, tv, p, *sp);
+    else if constexpr (C::OTMA) e = cudaLaunchKernelEx(&cfg, fwd_sm90_kernel_o<C>, tq, tk, tv, p, to);
     else e = cudaLaunchKernelEx(&cfg, fwd_sm90_kernel<C>, tq, tk, tv, p);
     if (e == cudaSuccess) e = cudaGetLastError();
     if (e != cudaSuccess) return fattn_fail(ctx, FATTN_ERROR_CUDA, "forward kernel launch: %s", cudaGetErrorString(e));
@@ -284,34 +303,40 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
  * overlap and/or pingpong, and with the softmax always under the own PV GEMM
  * (FwdCfg OVERLAP_ 3), for the ablation (fattn_ctx_set_option). */
 /* QE: FwdCfg QEARLY; SL: FwdCfg SLEEP; SO: FwdCfg SITOUT (causal tiles are
- * scheduled dynamically: no SPREAD); SK: FwdCfg SKIPDIAG; QR: FwdCfg QREG */
-#define FWD_SM90_CAUSAL_Q(D, BN, NC, STAGES, QE, SL, SO, SK, QR)                                               \
+ * scheduled dynamically: no SPREAD); SK: FwdCfg SKIPDIAG; QR: FwdCfg QREG;
+ * OT: FwdCfg OTMA */
+#define FWD_SM90_CAUSAL_QO(D, BN, NC, STAGES, QE, SL, SO, SK, QR, OT)                                          \
     do {                                                                                                       \
         if (v.bf16)                                                                                            \
-            return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, true, true, 1, true, -1, -1, 1, -1, 0, QE, SL, 0, 0, 0, SO, 0, SK, QR>>(ctx, a); \
-        return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, true, false, 1, true, -1, -1, 1, -1, 0, QE, SL, 0, 0, 0, SO, 0, SK, QR>>(ctx, a); \
+            return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, true, true, 1, true, -1, -1, 1, -1, 0, QE, SL, 0, 0, 0, SO, 0, SK, QR, 0, 0, OT>>(ctx, a); \
+        return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, true, false, 1, true, -1, -1, 1, -1, 0, QE, SL, 0, 0, 0, SO, 0, SK, QR, 0, 0, OT>>(ctx, a); \
     } while (0)
+#define FWD_SM90_CAUSAL_Q(D, BN, NC, STAGES, QE, SL, SO, SK, QR) FWD_SM90_CAUSAL_QO(D, BN, NC, STAGES, QE, SL, SO, SK, QR, 0)
 #define FWD_SM90_CAUSAL_OPT(D, BN, NC, STAGES, QE, SL, SO, SK) FWD_SM90_CAUSAL_Q(D, BN, NC, STAGES, QE, SL, SO, SK, 0)
 #define FWD_SM90_CAUSAL(D, BN, NC, STAGES) FWD_SM90_CAUSAL_OPT(D, BN, NC, STAGES, 0, false, 0, 0)
 /* SO: FwdCfg SITOUT and SPREAD (2: in the split instance only), QR: FwdCfg QREG, for the full design (the
  * ablation's variants without them); the full design also splits the last
- * wave's tiles along the keys (FwdCfg SPLIT, unless FATTN_OPTION_DISABLE_SPLIT) */
-#define FWD_SM90_NONCAUSAL_SOQ(D, BN, NC, STAGES, CL, SO, QR)                                                  \
+ * wave's tiles along the keys (FwdCfg SPLIT, unless FATTN_OPTION_DISABLE_SPLIT);
+ * OT: FwdCfg OTMA, for every variant */
+#define FWD_SM90_NC_CFG(D, BN, NC, STAGES, BF, OV, PP, CL, OT) \
+    FwdCfg<D, BN, NC, STAGES, false, BF, OV, PP, -1, -1, CL, -1, 0, 0, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, OT>
+#define FWD_SM90_NONCAUSAL_SOQO(D, BN, NC, STAGES, CL, SO, QR, OT)                                             \
     do {                                                                                                       \
         if (v.bf16) {                                                                                          \
             if (v.overlap && v.pingpong) {                                                                     \
-                if (v.under_pv) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, 3, true, -1, -1, CL>>(ctx, a); \
-                return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, 1, true, -1, -1, CL, -1, 0, 0, false, 0, 0, 0, SO, SO, 0, QR, 1>>(ctx, a); \
+                if (v.under_pv) return fwd_sm90_run<FWD_SM90_NC_CFG(D, BN, NC, STAGES, true, 3, true, CL, OT)>(ctx, a); \
+                return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, 1, true, -1, -1, CL, -1, 0, 0, false, 0, 0, 0, SO, SO, 0, QR, 1, 0, OT>>(ctx, a); \
             }                                                                                                  \
             if (v.overlap) {                                                                                   \
-                if (v.under_pv) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, 3, false, -1, -1, CL>>(ctx, a); \
-                return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, 1, false, -1, -1, CL>>(ctx, a);     \
+                if (v.under_pv) return fwd_sm90_run<FWD_SM90_NC_CFG(D, BN, NC, STAGES, true, 3, false, CL, OT)>(ctx, a); \
+                return fwd_sm90_run<FWD_SM90_NC_CFG(D, BN, NC, STAGES, true, 1, false, CL, OT)>(ctx, a);       \
             }                                                                                                  \
-            if (v.pingpong) return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, 0, true, -1, -1, CL>>(ctx, a); \
-            return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, 0, false, -1, -1, CL>>(ctx, a);     \
+            if (v.pingpong) return fwd_sm90_run<FWD_SM90_NC_CFG(D, BN, NC, STAGES, true, 0, true, CL, OT)>(ctx, a); \
+            return fwd_sm90_run<FWD_SM90_NC_CFG(D, BN, NC, STAGES, true, 0, false, CL, OT)>(ctx, a);           \
         }                                                                                                      \
-        return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, false, 1, true, -1, -1, CL, -1, 0, 0, false, 0, 0, 0, SO, SO, 0, QR, 1>>(ctx, a); \
+        return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, false, 1, true, -1, -1, CL, -1, 0, 0, false, 0, 0, 0, SO, SO, 0, QR, 1, 0, OT>>(ctx, a); \
     } while (0)
+#define FWD_SM90_NONCAUSAL_SOQ(D, BN, NC, STAGES, CL, SO, QR) FWD_SM90_NONCAUSAL_SOQO(D, BN, NC, STAGES, CL, SO, QR, 0)
 #define FWD_SM90_NONCAUSAL_SO(D, BN, NC, STAGES, CL, SO) FWD_SM90_NONCAUSAL_SOQ(D, BN, NC, STAGES, CL, SO, 0)
 #define FWD_SM90_NONCAUSAL_CL(D, BN, NC, STAGES, CL) FWD_SM90_NONCAUSAL_SO(D, BN, NC, STAGES, CL, 0)
 #define FWD_SM90_NONCAUSAL(D, BN, NC, STAGES) FWD_SM90_NONCAUSAL_CL(D, BN, NC, STAGES, 1)
