@@ -90,20 +90,18 @@ struct variant {
 #define C176N 128, 176, 2, 2, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1, 0
 #define C128N 128, 128, 2, 2, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1, 0
 static const variant variants[] = {
-    V_CFG("d64 shipped", 64, 0, C64N, 0),
-    V_CFG("d64 OTMA", 64, 0, C64N, 1),
-    V_CFG("d64 shipped again", 64, 0, C64N, 0),
+    V_CFG("d64c 2wg", 64, 1, C64C2, 0),
     V_CFG("d64c 3wg", 64, 1, C64C, 0),
     V_CFG("d64c 3wg OTMA", 64, 1, C64C, 1),
-    V_CFG("d64c 2wg", 64, 1, C64C2, 0),
-    V_CFG("d64c 2wg OTMA", 64, 1, C64C2, 1),
+    V_CFG("d64c 3wg OTMA late", 64, 1, C64C, 2),
     V_CFG("d128c BN128", 128, 1, C128C, 0),
     V_CFG("d128c BN128 OTMA", 128, 1, C128C, 1),
+    V_CFG("d128c BN128 OTMA late", 128, 1, C128C, 2),
     V_CFG("d128c BN128 again", 128, 1, C128C, 0),
-    V_CFG("d128 BN176 shipped", 128, 0, C176N, 0),
-    V_CFG("d128 BN128", 128, 0, C128N, 0),
-    V_CFG("d128 BN128 OTMA", 128, 0, C128N, 1),
-    V_CFG("d128 BN176 again", 128, 0, C176N, 0),
+    V_CFG("d64 shipped", 64, 0, C64N, 0),
+    V_CFG("d64 OTMA", 64, 0, C64N, 1),
+    V_CFG("d64 OTMA late", 64, 0, C64N, 2),
+    V_CFG("d64 shipped again", 64, 0, C64N, 0),
 };
 
 /* The SM clock and board power through NVML (dlopen'd, so nothing more to

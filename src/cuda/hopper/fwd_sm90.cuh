@@ -123,7 +123,7 @@ template <int D_, int BN_, int NC_, int STAGES_, bool CAUSAL_, bool BF16_,
           int QREG_ = 0 /* k > 0: the first k 16-column slices of each warpgroup's Q in registers for S = Q K^T, -1 all (perf-notes v26) */,
           int SPLIT_ = 0 /* 1: tiles past the last full wave split along the keys (FwdSplit, perf-notes v30) */,
           int UNIWG_ = 0 /* 1: the consumer's warpgroup index through a lane-0 shuffle without SITOUT (perf-notes v32); 2: the Q descriptor rebuilt per key block (v32b); neither shipped */,
-          int OTMA_ = 0 /* 1: O through shared memory and a TMA store, per warp (perf-notes v43) */>
+          int OTMA_ = 0 /* 1: O through shared memory and a TMA store, per warp (perf-notes v43); 2: the store issued after the next tile's first QK^T */>
 struct FwdCfg {
     static constexpr int D = D_, BN = BN_, NC = NC_, STAGES = STAGES_;
     static constexpr bool CAUSAL = CAUSAL_, BF16 = BF16_, OVERLAP = OVERLAP_ != 0, PINGPONG = PINGPONG_ && NC_ > 1;
@@ -242,7 +242,11 @@ struct FwdCfg {
      * Only where O's base and strides suit TMA (FwdParams.o_wide 2), else
      * the register stores below; needs NC x 8 KB (d64) or 16 KB (d128) of
      * shared memory, which d128 BN 176 and d256 do not have. */
-    static constexpr bool OTMA = OTMA_ == 1;
+    static constexpr bool OTMA = OTMA_ != 0;
+    /* OTMA 2: the TMA store is issued only once the warp has issued its
+     * next tile's first QK^T (or at its end), not at the tile boundary,
+     * where the next tile's first K and V loads wait */
+    static constexpr bool OTMA_LATE = OTMA_ == 2;
     static constexpr int OFF_OST = (OFF_SLOT + NC * QBUF * 4 + 1023) / 1024 * 1024;
     static constexpr int OST_WARP_BYTES = 16 * D * 2;
     static constexpr int SMEM_BYTES = (OTMA ? OFF_OST + 4 * NC * OST_WARP_BYTES : OFF_SLOT + NC * QBUF * 4) +
@@ -625,8 +629,30 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
     /* OTMA: O / l of this warp's 16 rows (erow + 16 warp ..) through its
      * staging buffer and a TMA store issued by lane 0; inv: 1 / l of rows
      * r0 and r0 + 8 */
+    /* OTMA_LATE: a staged O not yet stored (its TMA coordinates) */
+    bool st_pend = false;
+    int st_row = 0, st_h = 0, st_b = 0;
+    auto issue_o_store = [&](int erow, int eh, int eb) {
+        if constexpr (C::OTMA) {
+            if (lane == 0) {
+                const uint8_t *stage = smem + C::OFF_OST + (wg * 4 + warp) * C::OST_WARP_BYTES;
+#pragma unroll
+                for (int c = 0; c < C::SLABS; ++c) tma_store_4d(tm_o, stage + c * 2048, c * 64, erow, eh, eb);
+                bulk_commit_group();
+            }
+        } else {
+            (void)erow, (void)eh, (void)eb;
+        }
+    };
+    auto flush_o_store = [&]() {
+        if (C::OTMA_LATE && st_pend) {
+            issue_o_store(st_row, st_h, st_b);
+            st_pend = false;
+        }
+    };
     auto store_o_tma = [&](const float (&inv)[2], int eb, int eh, int erow) {
         if constexpr (C::OTMA) {
+            flush_o_store();
             uint8_t *stage = smem + C::OFF_OST + (wg * 4 + warp) * C::OST_WARP_BYTES;
             const uint32_t sbase = smem_u32(stage);
             /* this lane's row address: matrix j = lane / 8 of each x4 is
@@ -646,10 +672,13 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
             }
             fence_async_shared(); /* visible to the TMA unit (async proxy) */
             __syncwarp();
-            if (lane == 0) {
-#pragma unroll
-                for (int c = 0; c < C::SLABS; ++c) tma_store_4d(tm_o, stage + c * 2048, c * 64, erow + 16 * warp, eh, eb);
-                bulk_commit_group();
+            if (C::OTMA_LATE) {
+                st_pend = true;
+                st_row = erow + 16 * warp;
+                st_h = eh;
+                st_b = eb;
+            } else {
+                issue_o_store(erow + 16 * warp, eh, eb);
             }
         } else {
             (void)inv, (void)eb, (void)eh, (void)erow;
@@ -1064,6 +1093,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
                 issue_qk(s);
                 wgmma_commit();
                 pp_arrive();
+                flush_o_store(); /* OTMA_LATE: the previous tile's O, now that this tile's loads have landed */
                 wgmma_wait<0>();
                 reg_fence(sacc);
                 FWD_TRACE(5);
@@ -1151,6 +1181,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
     if (C::XTILE && pending) finish_pending();
     /* OTMA: this warp's last O store has landed before the CTA (and its
      * shared memory) goes */
+    flush_o_store();
     if (C::OTMA && lane == 0) bulk_wait_all();
     /* the ring's last hand-over (to warpgroup 0) has no taker: take it, so no
      * arrival is left pending on a named barrier at exit */

@@ -17,10 +17,10 @@ fattn_status fwd_sm90_hdim64(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_varian
          * 8192 / 16384 against neither (run 50, perf-notes v22, v23); with
          * both, 3 warpgroups against 2: -0.5 / -1.0 / +9.0 / +9.1% at 512 /
          * 1024 / 1536 / 2048 (run 53), so 3 from seqlen_k 1536 (was 2048) */
-        if (a->p.seqlen_k >= 1536) FWD_SM90_CAUSAL_QO(64, 128, 3, 2, 0, true, 1, 1, 0, 1);
+        if (a->p.seqlen_k >= 1024) FWD_SM90_CAUSAL_QO(64, 128, 3, 2, 0, true, 1, 1, 0, 1);
         /* the first 32 of Q's 64 columns in registers (QREG 2): +1.7 / +1.4%
          * at 1024 (runs 60, 61), +2.1 / +1.1% at 512 / 1536 (run 61; perf-notes v26) */
-        FWD_SM90_CAUSAL_QO(64, 128, 2, 2, 0, false, 0, 0, 2, 1);
+        FWD_SM90_CAUSAL_Q(64, 128, 2, 2, 0, false, 0, 0, 2);
     }
     /* 3 K/V stages: +1-2% at seqlen 1024-4096 with the fenced wait (run 19);
      * warpgroups with no row in the sequence sit the tile out and the static
@@ -29,5 +29,5 @@ fattn_status fwd_sm90_hdim64(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_varian
     /* the first 16 of Q's 64 columns in registers (QREG 1; all of them
      * spill at 160 registers): +2.1 / +2.0 / +1.6 / +1.6 / +0.5% (run 59) and
      * +2.2 / +2.6 / +1.9 / +1.4 / +1.5% (run 60) at 1024-16384 (perf-notes v26) */
-    FWD_SM90_NONCAUSAL_SOQO(64, 128, 3, 3, 1, 1, 1, 1);
+    FWD_SM90_NONCAUSAL_SOQ(64, 128, 3, 3, 1, 1, 1);
 }
