@@ -381,6 +381,13 @@ int main(void) {
         {1, 300, 300, 2, 2, 128, 0, H, TU_BSHD, 2},
         {2, 100, 140, 4, 2, 256, 1, B, TU_BSHD, 2},
         {1, 200, 200, 2, 1, 64, 1, B, TU_BHSD, 2},
+        /* ... and in the kernels that otherwise store O with TMA (FwdCfg
+         * OTMA: d64 causal from seqlen_k 512, d128 causal below 8192) */
+        {1, 600, 700, 2, 1, 64, 1, H, TU_BSHD, 2},
+        {1, 300, 500, 4, 2, 128, 1, B, TU_BHSD, 2},
+        /* the TMA-store kernels on a shape small enough for the sanitizer
+         * runs: 160 tiles on 132 CTAs (a staging buffer used twice), rows past seqlen_q */
+        {4, 120, 600, 40, 8, 64, 1, B, TU_BSHD},
         /* 192-row tiles (d64 non-causal; d64 causal from seqlen_k 2048) whose
          * last warpgroups have no row in the sequence sit the tile out
          * (FwdCfg SITOUT): one or two of the three, causal with unequal

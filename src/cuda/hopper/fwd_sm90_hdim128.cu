@@ -24,7 +24,11 @@ fattn_status fwd_sm90_hdim128(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_varia
          * 61, perf-notes v26), and +2.6 / +1.1 / -0.1 / -0.4 / +0.3% at 4096 / 5120
          * / 6144 / 7168 / 8192 (run 63): BN 176 from seqlen_k 8192 (was 4096) */
         if (a->p.seqlen_k >= 8192) FWD_SM90_CAUSAL_OPT(128, 176, 2, 2, 0, true, 1, 0);
-        FWD_SM90_CAUSAL_Q(128, 128, 2, 2, 1, true, 0, 0, 2);
+        /* O through shared memory and a TMA store issued after the next
+         * tile's first QK^T (OTMA 2): +0.7 / +0.7 / +0.8 / +0.3 / +0.2 / +0.1 /
+         * +1.0% at 512-8192; issued at the tile's end (OTMA 1) -1.5..-2.5%
+         * (run 100, perf-notes v43b) */
+        FWD_SM90_CAUSAL_QO(128, 128, 2, 2, 1, true, 0, 0, 2, 2);
     }
     /* the split instance with SITOUT and SPREAD (2: not its unsplit twin):
      * +2.6 / +2.5 / +0.8% at 4096 / 8192 / 16384 and +3.0 / +2.8 / +2.3% at

@@ -17,7 +17,13 @@ fattn_status fwd_sm90_hdim64(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_varian
          * 8192 / 16384 against neither (run 50, perf-notes v22, v23); with
          * both, 3 warpgroups against 2: -0.5 / -1.0 / +9.0 / +9.1% at 512 /
          * 1024 / 1536 / 2048 (run 53), so 3 from seqlen_k 1536 (was 2048) */
-        if (a->p.seqlen_k >= 1024) FWD_SM90_CAUSAL_QO(64, 128, 3, 2, 0, true, 1, 1, 0, 1);
+        /* O through shared memory and a TMA store issued after the next
+         * tile's first QK^T (OTMA 2; the 4-byte register stores of three
+         * warpgroups go): +10.2 / +8.6 / +7.4 / +4.5 / +3.4 / +1.9 / +1.4% at
+         * 512 / 768 / 1024 / 1536 / 2048 / 4096 / 8192, and against two
+         * warpgroups +7.6 / +13.1 / +5.6% at 512 / 768 / 1024 (run 100,
+         * perf-notes v43b), so 3 from seqlen_k 512 (was 1536) */
+        if (a->p.seqlen_k >= 512) FWD_SM90_CAUSAL_QO(64, 128, 3, 2, 0, true, 1, 1, 0, 2);
         /* the first 32 of Q's 64 columns in registers (QREG 2): +1.7 / +1.4%
          * at 1024 (runs 60, 61), +2.1 / +1.1% at 512 / 1536 (run 61; perf-notes v26) */
         FWD_SM90_CAUSAL_Q(64, 128, 2, 2, 0, false, 0, 0, 2);
