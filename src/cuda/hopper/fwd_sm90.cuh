@@ -110,7 +110,7 @@ template <int D_, int BN_, int NC_, int STAGES_, bool CAUSAL_, bool BF16_,
           int SCHED_ = -1 /* 1 dynamic, 0 static, -1 dynamic for causal only */,
           int LAZY_ = -1 /* 1 lazy rescaling, 0 eager, -1 measured choice per D */,
           int CLUSTER_ = 1 /* 2: CTA pairs share each K/V load (TMA multicast) */,
-          int OSTORE_ = -1 /* O stores: 16 bytes after a quad transpose (when O allows) or 4; -1: 16 with 2 consumers */,
+          int OSTORE_ = -1 /* O stores: 16 bytes after a quad transpose (when O allows) or 4; -1: 16 with 2 consumers; 0: none (a diagnostic: O is not written, perf-notes v44) */,
           int XTILE_ = 0 /* 1: a tile's last PV GEMM goes with the next tile's first QK^T (an experiment) */,
           int QEARLY_ = 0 /* 1: two Q buffers per warpgroup, each tile's Q loaded a tile early (perf-notes v17) */,
           bool SLEEP_ = false /* true: mbarrier waits sleep (suspend-time hint; perf-notes v16, v20) */,
@@ -720,7 +720,9 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
                 const float lo = oacc[4 * i + 2 * r] * inv, hi = oacc[4 * i + 2 * r + 1] * inv;
                 return C::BF16 ? pack_bf16x2(lo, hi) : pack_f16x2(lo, hi);
             };
-            if (C::OSTORE == 16 && p.o_wide) {
+            if (C::OSTORE == 0) {
+                (void)packed; /* diagnostic: what the O stores cost (LSE still written) */
+            } else if (C::OSTORE == 16 && p.o_wide) {
                 /* a quad holds 32 columns as a 4x4 matrix of packed pairs
                  * (lane, group): transpose it with two xor-shuffle steps
                  * (2x2 blocks across lanes ^2, then within blocks across
