@@ -74,33 +74,36 @@ struct variant {
 #define V_CFG_KEYS(name, x, m, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0, 1, 0, m, x}
 /* V_CFG_HG: any FwdCfg, causal heads grouped by g (fwd_head_group_ab) */
 #define V_CFG_HG(name, g, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0, 0, 0, 0, 0, g}
-/* The list (perf-notes v43): the shipped kernels with O written from
- * registers against the same kernels with O through shared memory and a
- * TMA store (FwdCfg OTMA), where shared memory has room for it: d64
- * non-causal, d64 causal with three and with two warpgroups, d128 causal
- * BN 128; and d128 non-causal at BN 128 (no partial key block at lengths
- * that are multiples of 128) with and without it, against the shipped BN
- * 176.  The outputs must match the group's first bit for bit.  Runs 95-98's
- * list (head groups, v42), 89 (V_CFG_KEYS), 90 and 92 (QPF, KVPF: not in
- * the code) and earlier lists are in perf-notes. */
+/* Configurations (FwdCfg's parameters up to UNIWG; V_CFG appends OTMA):
+ * d64 non-causal, d64 causal with three and two warpgroups, d128 causal BN
+ * 128, d128 non-causal BN 176 (shipped) and BN 128.  Runs 95-98's list (head
+ * groups, v42), 89 (V_CFG_KEYS), 90 and 92 (QPF, KVPF: not in the code), 99
+ * (OTMA 1, d128 BN 128) and earlier lists are in perf-notes. */
 #define C64N 64, 128, 3, 3, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 1, 1, 0, 1, 1, 0
 #define C64C 64, 128, 3, 2, true, true, 1, true, -1, -1, 1, -1, 0, 0, true, 0, 0, 0, 1, 0, 1, 0, 0, 0
 #define C64C2 64, 128, 2, 2, true, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 0, 0, 0, 2, 0, 0
 #define C128C 128, 128, 2, 2, true, true, 1, true, -1, -1, 1, -1, 0, 1, true, 0, 0, 0, 0, 0, 0, 2, 0, 0
 #define C176N 128, 176, 2, 2, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1, 0
 #define C128N 128, 128, 2, 2, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1, 0
-/* v44b (run 103): the 16-byte O stores issued after the next tile's first
- * QK^T (FwdCfg OSTORE 17, OLATE) against the shipped d128 kernels (at
- * d256 it spills ~500 bytes: not run); run 102's
- * list (OSTORE 0, a diagnostic) is in perf-notes v44 */
-#define C176NS(os) 128, 176, 2, 2, false, true, 1, true, -1, -1, 1, os, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1, 0, 0
-#define C176CS(os) 128, 176, 2, 2, true, true, 1, true, -1, -1, 1, os, 0, 0, true, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0
+/* The list of run 100 (perf-notes v43b): OTMA 1 and 2 against the register
+ * stores in the kernels with shared memory to spare, and the d64 causal
+ * switch length.  Runs 102 (OSTORE 0: O not written, a diagnostic whose
+ * unsplit instances lost their PV GEMMs to dead-code elimination) and 103
+ * (OLATE: the register stores after the next tile's first QK^T) ran code
+ * that is no longer here: commits 249ca85 and 1f4454f, perf-notes v44. */
 static const variant variants[] = {
-    V_CFG("d128 BN176 shipped", 128, 0, C176NS(-1)),
-    V_CFG("d128 BN176 OLATE", 128, 0, C176NS(17)),
-    V_CFG("d128 BN176 again", 128, 0, C176NS(-1)),
-    V_CFG("d128c BN176", 128, 1, C176CS(-1)),
-    V_CFG("d128c BN176 OLATE", 128, 1, C176CS(17)),
+    V_CFG("d64c 2wg", 64, 1, C64C2, 0),
+    V_CFG("d64c 3wg", 64, 1, C64C, 0),
+    V_CFG("d64c 3wg OTMA", 64, 1, C64C, 1),
+    V_CFG("d64c 3wg OTMA late", 64, 1, C64C, 2),
+    V_CFG("d128c BN128", 128, 1, C128C, 0),
+    V_CFG("d128c BN128 OTMA", 128, 1, C128C, 1),
+    V_CFG("d128c BN128 OTMA late", 128, 1, C128C, 2),
+    V_CFG("d128c BN128 again", 128, 1, C128C, 0),
+    V_CFG("d64 shipped", 64, 0, C64N, 0),
+    V_CFG("d64 OTMA", 64, 0, C64N, 1),
+    V_CFG("d64 OTMA late", 64, 0, C64N, 2),
+    V_CFG("d64 shipped again", 64, 0, C64N, 0),
 };
 
 /* The SM clock and board power through NVML (dlopen'd, so nothing more to

@@ -110,7 +110,7 @@ template <int D_, int BN_, int NC_, int STAGES_, bool CAUSAL_, bool BF16_,
           int SCHED_ = -1 /* 1 dynamic, 0 static, -1 dynamic for causal only */,
           int LAZY_ = -1 /* 1 lazy rescaling, 0 eager, -1 measured choice per D */,
           int CLUSTER_ = 1 /* 2: CTA pairs share each K/V load (TMA multicast) */,
-          int OSTORE_ = -1 /* O stores: 16 bytes after a quad transpose (when O allows) or 4; -1: 16 with 2 consumers; 0: none (a diagnostic: O is not written, perf-notes v44); 17: 16, issued after the next tile's first QK^T (v44b) */,
+          int OSTORE_ = -1 /* O stores: 16 bytes after a quad transpose (when O allows) or 4; -1: 16 with 2 consumers */,
           int XTILE_ = 0 /* 1: a tile's last PV GEMM goes with the next tile's first QK^T (an experiment) */,
           int QEARLY_ = 0 /* 1: two Q buffers per warpgroup, each tile's Q loaded a tile early (perf-notes v17) */,
           bool SLEEP_ = false /* true: mbarrier waits sleep (suspend-time hint; perf-notes v16, v20) */,
@@ -260,12 +260,7 @@ struct FwdCfg {
      * consumers of both CTAs have released it. */
     static constexpr int CLUSTER = CLUSTER_;
     /* three consumers (160 registers) spill 4-32 bytes with the transpose */
-    static constexpr int OSTORE = OSTORE_ < 0 ? (NC == 2 ? 16 : 4) : OSTORE_ == 17 ? 16 : OSTORE_;
-    /* OLATE (OSTORE_ 17): the epilogue only converts O / l to 16-bit pairs
-     * (D / 4 registers held) and writes LSE; the transposes and 16-byte
-     * stores run after the warp has issued its next tile's first QK^T, under
-     * that GEMM, instead of on the tile boundary's chain */
-    static constexpr bool OLATE = OSTORE_ == 17;
+    static constexpr int OSTORE = OSTORE_ < 0 ? (NC == 2 ? 16 : 4) : OSTORE_;
     /* lazy rescaling (FA4): a row's reference max moves only when the block
      * max exceeds it by more than LAZY_LOG2 (log2 units), so P <= 2^8 and O
      * is rescaled only by warps where some row's reference moved.  Measured
@@ -689,45 +684,8 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
             (void)inv, (void)eb, (void)eh, (void)erow;
         }
     };
-    /* 16-byte stores of one row's D / 8 packed pairs get(i) (columns 8i +
-     * 2 q4, +1): a quad holds 32 columns as a 4x4 matrix of packed pairs
-     * (lane, group); transpose it with two xor-shuffle steps (2x2 blocks
-     * across lanes ^2, then within blocks across ^1) so each lane owns 8
-     * adjacent columns, one 16-byte store instead of four 4-byte ones */
-    auto store16_row = [&](uint8_t *orow, bool row_ok, auto &&get) {
-#pragma unroll
-        for (int j = 0; j < D / 32; ++j) {
-            uint32_t m0 = get(4 * j), m1 = get(4 * j + 1), m2 = get(4 * j + 2), m3 = get(4 * j + 3);
-            const bool lo_half = (q4 & 2) == 0, even = (q4 & 1) == 0;
-            uint32_t s0 = lo_half ? m2 : m0, s1 = lo_half ? m3 : m1;
-            s0 = __shfl_xor_sync(0xffffffffu, s0, 2);
-            s1 = __shfl_xor_sync(0xffffffffu, s1, 2);
-            if (lo_half) { m2 = s0; m3 = s1; } else { m0 = s0; m1 = s1; }
-            uint32_t t0 = even ? m1 : m0, t1 = even ? m3 : m2;
-            t0 = __shfl_xor_sync(0xffffffffu, t0, 1);
-            t1 = __shfl_xor_sync(0xffffffffu, t1, 1);
-            if (even) { m1 = t0; m3 = t1; } else { m0 = t0; m2 = t1; }
-            if (row_ok) *(uint4 *)(orow + 16 * (4 * j + q4)) = make_uint4(m0, m1, m2, m3);
-        }
-    };
-    /* OLATE: a finished tile's O / l as packed pairs, not yet stored */
-    uint32_t ost[2][C::OLATE ? D / 8 : 1];
-    bool ost_pend = false;
-    int ost_row = 0, ost_h = 0, ost_b = 0;
-    auto flush_o_regs = [&]() {
-        if (C::OLATE && ost_pend) {
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const int row = ost_row + r0 + 8 * r;
-                uint8_t *orow = (uint8_t *)p.o + 2 * (ost_b * p.o_sb + (int64_t)row * p.o_ss + ost_h * p.o_sh);
-                store16_row(orow, row < p.seqlen_q, [&](int i) { return ost[r][C::OLATE ? i : 0]; });
-            }
-            ost_pend = false;
-        }
-    };
     /* O / l and LSE of a finished tile (rows erow + r0, + 8 of head eh, batch eb) */
     auto epilogue = [&](const float (&rmax)[2], const float (&rsum)[2], int eb, int eh, int erow) {
-        flush_o_regs();
         if (C::OTMA && p.o_wide == 2) {
             float inv[2];
 #pragma unroll
@@ -762,17 +720,26 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
                 const float lo = oacc[4 * i + 2 * r] * inv, hi = oacc[4 * i + 2 * r + 1] * inv;
                 return C::BF16 ? pack_bf16x2(lo, hi) : pack_f16x2(lo, hi);
             };
-            if (C::OSTORE == 0) {
-                (void)packed; /* diagnostic: what the O stores cost (LSE still written) */
-            } else if (C::OLATE && p.o_wide) {
+            if (C::OSTORE == 16 && p.o_wide) {
+                /* a quad holds 32 columns as a 4x4 matrix of packed pairs
+                 * (lane, group): transpose it with two xor-shuffle steps
+                 * (2x2 blocks across lanes ^2, then within blocks across
+                 * ^1) so each lane owns 8 adjacent columns, one 16-byte
+                 * store instead of four 4-byte ones */
 #pragma unroll
-                for (int i = 0; i < D / 8; ++i) ost[r][C::OLATE ? i : 0] = packed(i);
-                ost_pend = true;
-                ost_row = erow;
-                ost_h = eh;
-                ost_b = eb;
-            } else if (C::OSTORE == 16 && p.o_wide) {
-                store16_row(orow, row_ok, packed);
+                for (int j = 0; j < D / 32; ++j) {
+                    uint32_t m0 = packed(4 * j), m1 = packed(4 * j + 1), m2 = packed(4 * j + 2), m3 = packed(4 * j + 3);
+                    const bool lo_half = (q4 & 2) == 0, even = (q4 & 1) == 0;
+                    uint32_t s0 = lo_half ? m2 : m0, s1 = lo_half ? m3 : m1;
+                    s0 = __shfl_xor_sync(0xffffffffu, s0, 2);
+                    s1 = __shfl_xor_sync(0xffffffffu, s1, 2);
+                    if (lo_half) { m2 = s0; m3 = s1; } else { m0 = s0; m1 = s1; }
+                    uint32_t t0 = even ? m1 : m0, t1 = even ? m3 : m2;
+                    t0 = __shfl_xor_sync(0xffffffffu, t0, 1);
+                    t1 = __shfl_xor_sync(0xffffffffu, t1, 1);
+                    if (even) { m1 = t0; m3 = t1; } else { m0 = t0; m2 = t1; }
+                    if (row_ok) *(uint4 *)(orow + 16 * (4 * j + q4)) = make_uint4(m0, m1, m2, m3);
+                }
             } else if (row_ok) {
 #pragma unroll
                 for (int i = 0; i < D / 8; ++i) *(uint32_t *)(orow + 2 * (8 * i + 2 * q4)) = packed(i);
@@ -1127,7 +1094,6 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
                 wgmma_commit();
                 pp_arrive();
                 flush_o_store(); /* OTMA_LATE: the previous tile's O, now that this tile's loads have landed */
-                flush_o_regs();  /* OLATE: the previous tile's O stores, under this QK^T */
                 wgmma_wait<0>();
                 reg_fence(sacc);
                 FWD_TRACE(5);
@@ -1216,7 +1182,6 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
     /* OTMA: this warp's last O store has landed before the CTA (and its
      * shared memory) goes */
     flush_o_store();
-    flush_o_regs();
     if (C::OTMA && lane == 0) bulk_wait_all();
     /* the ring's last hand-over (to warpgroup 0) has no taker: take it, so no
      * arrival is left pending on a named barrier at exit */
