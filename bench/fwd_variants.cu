@@ -85,25 +85,20 @@ struct variant {
 #define C128C 128, 128, 2, 2, true, true, 1, true, -1, -1, 1, -1, 0, 1, true, 0, 0, 0, 0, 0, 0, 2, 0, 0
 #define C176N 128, 176, 2, 2, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1, 0
 #define C128N 128, 128, 2, 2, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1, 0
-/* The list of run 100 (perf-notes v43b): OTMA 1 and 2 against the register
- * stores in the kernels with shared memory to spare, and the d64 causal
- * switch length.  Runs 102 (OSTORE 0: O not written, a diagnostic whose
- * unsplit instances lost their PV GEMMs to dead-code elimination) and 103
- * (OLATE: the register stores after the next tile's first QK^T) ran code
- * that is no longer here: commits 249ca85 and 1f4454f, perf-notes v44. */
+/* v45 (run 104): the shipped d64 causal kernel (three warpgroups, OTMA 2)
+ * with 16 of Q's columns in registers (QREG 1, as d64 non-causal), three
+ * K/V stages (as d64 non-causal), both, and each tile's Q loaded a tile
+ * early (QEARLY, as d128 causal BN 128).  Run 100's list (OTMA) is in
+ * perf-notes v43b; runs 102 (OSTORE 0) and 103 (OLATE) ran code that is no
+ * longer here: commits 249ca85 and 1f4454f, perf-notes v44. */
+#define C64CX(st, qe, qr) 64, 128, 3, st, true, true, 1, true, -1, -1, 1, -1, 0, qe, true, 0, 0, 0, 1, 0, 1, qr, 0, 0, 2
 static const variant variants[] = {
-    V_CFG("d64c 2wg", 64, 1, C64C2, 0),
-    V_CFG("d64c 3wg", 64, 1, C64C, 0),
-    V_CFG("d64c 3wg OTMA", 64, 1, C64C, 1),
-    V_CFG("d64c 3wg OTMA late", 64, 1, C64C, 2),
-    V_CFG("d128c BN128", 128, 1, C128C, 0),
-    V_CFG("d128c BN128 OTMA", 128, 1, C128C, 1),
-    V_CFG("d128c BN128 OTMA late", 128, 1, C128C, 2),
-    V_CFG("d128c BN128 again", 128, 1, C128C, 0),
-    V_CFG("d64 shipped", 64, 0, C64N, 0),
-    V_CFG("d64 OTMA", 64, 0, C64N, 1),
-    V_CFG("d64 OTMA late", 64, 0, C64N, 2),
-    V_CFG("d64 shipped again", 64, 0, C64N, 0),
+    V_CFG("d64c shipped", 64, 1, C64CX(2, 0, 0)),
+    V_CFG("d64c QREG 1", 64, 1, C64CX(2, 0, 1)),
+    V_CFG("d64c 3 stages", 64, 1, C64CX(3, 0, 0)),
+    V_CFG("d64c 3 stages QREG 1", 64, 1, C64CX(3, 0, 1)),
+    V_CFG("d64c QEARLY", 64, 1, C64CX(2, 1, 0)),
+    V_CFG("d64c shipped again", 64, 1, C64CX(2, 0, 0)),
 };
 
 /* The SM clock and board power through NVML (dlopen'd, so nothing more to
