@@ -23,7 +23,11 @@ fattn_status fwd_sm90_hdim64(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_varian
          * 512 / 768 / 1024 / 1536 / 2048 / 4096 / 8192, and against two
          * warpgroups +7.6 / +13.1 / +5.6% at 512 / 768 / 1024 (run 100,
          * perf-notes v43b), so 3 from seqlen_k 512 (was 1536) */
-        if (a->p.seqlen_k >= 512) FWD_SM90_CAUSAL_QO(64, 128, 3, 2, 0, true, 1, 1, 0, 2);
+        /* three K/V stages and the first 16 of Q's columns in registers
+         * (QREG 1), as the non-causal kernel: +0.5 / +2.1 / +1.0 / +1.5 / +2.1 /
+         * +2.1% at 512 / 1024 / 1536 / 2048 / 4096 / 8192 (run 104, perf-notes
+         * v45; QREG 1 alone +0.2..+2.4%, three stages alone -2.0..+0.8%) */
+        if (a->p.seqlen_k >= 512) FWD_SM90_CAUSAL_QO(64, 128, 3, 3, 0, true, 1, 1, 1, 2);
         /* the first 32 of Q's 64 columns in registers (QREG 2): +1.7 / +1.4%
          * at 1024 (runs 60, 61), +2.1 / +1.1% at 512 / 1536 (run 61; perf-notes v26) */
         FWD_SM90_CAUSAL_Q(64, 128, 2, 2, 0, false, 0, 0, 2);
