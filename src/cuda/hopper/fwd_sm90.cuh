@@ -626,9 +626,6 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
             oacc[4 * i + 3] *= alpha[1];
         }
     };
-    /* OTMA: O / l of this warp's 16 rows (erow + 16 warp ..) through its
-     * staging buffer and a TMA store issued by lane 0; inv: 1 / l of rows
-     * r0 and r0 + 8 */
     /* OTMA_LATE: a staged O not yet stored (its TMA coordinates) */
     bool st_pend = false;
     int st_row = 0, st_h = 0, st_b = 0;
@@ -650,6 +647,9 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
             st_pend = false;
         }
     };
+    /* OTMA: O / l of this warp's 16 rows (erow + 16 warp ..) through its
+     * staging buffer and a TMA store issued by lane 0 (OTMA_LATE: after the
+     * warp's next first QK^T); inv: 1 / l of rows r0 and r0 + 8 */
     auto store_o_tma = [&](const float (&inv)[2], int eb, int eh, int erow) {
         if constexpr (C::OTMA) {
             flush_o_store();
