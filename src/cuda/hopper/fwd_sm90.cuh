@@ -34,7 +34,9 @@
  * starts tile t+1 while the last warpgroup still finishes tile t.
  *
  * Epilogue: O / l from registers; with two consumer warpgroups each quad
- * transposes its packed pairs so every lane stores 16 contiguous bytes.
+ * transposes its packed pairs so every lane stores 16 contiguous bytes.  With
+ * OTMA each warp stages its rows in shared memory (stmatrix) and stores them
+ * with TMA, after its next tile's first QK^T (OTMA 2).
  * CLUSTER 2 (d256 non-causal): CTA pairs on adjacent query blocks of one head
  * share each K/V load through TMA multicast.  Timeline probe: FWD_TRACE.
  *
