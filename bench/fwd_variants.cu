@@ -75,26 +75,19 @@ struct variant {
 /* V_CFG_HG: any FwdCfg, causal heads grouped by g (fwd_head_group_ab) */
 #define V_CFG_HG(name, g, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0, 0, 0, 0, 0, g}
 /* Configurations (FwdCfg's parameters up to UNIWG; V_CFG appends OTMA):
- * d64 non-causal, d64 causal with three and two warpgroups, d128 causal BN
- * 128, d128 non-causal BN 176 (shipped) and BN 128.  Runs 95-98's list (head
- * groups, v42), 89 (V_CFG_KEYS), 90 and 92 (QPF, KVPF: not in the code), 99
- * (OTMA 1, d128 BN 128) and earlier lists are in perf-notes. */
+ * d64 non-causal and d128 non-causal BN 176 as shipped, d128 non-causal BN
+ * 160.  The list is prepared for the next session, not run yet (perf-notes,
+ * open items after the thirteenth session): BN 160 leaves shared memory for
+ * OTMA 2 (226 of 227 KB) and wastes fewer keys than BN 176 at 4096 (26 blocks
+ * for 25.6 against 24 for 23.3), timed with and without OTMA 2 against the
+ * shipped BN 176; and d64 non-causal with OTMA 1 (+3-5% at 512-768 in run
+ * 100).  Earlier lists, with their configurations, are in perf-notes: runs
+ * 95-98 (head groups, v42), 89 (V_CFG_KEYS), 99-100 (OTMA, v43-v43b), 104
+ * (d64 causal: QREG 1, three stages, QEARLY, v45); runs 90 and 92 (QPF,
+ * KVPF), 102 (OSTORE 0) and 103 (OLATE) ran code that is no longer here
+ * (102 and 103: commits 249ca85 and 1f4454f, v44). */
 #define C64N 64, 128, 3, 3, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 1, 1, 0, 1, 1, 0
-#define C64C 64, 128, 3, 2, true, true, 1, true, -1, -1, 1, -1, 0, 0, true, 0, 0, 0, 1, 0, 1, 0, 0, 0
-#define C64C2 64, 128, 2, 2, true, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 0, 0, 0, 2, 0, 0
-#define C128C 128, 128, 2, 2, true, true, 1, true, -1, -1, 1, -1, 0, 1, true, 0, 0, 0, 0, 0, 0, 2, 0, 0
 #define C176N 128, 176, 2, 2, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1, 0
-#define C128N 128, 128, 2, 2, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1, 0
-/* Prepared for the next session, not run yet (perf-notes, open items after
- * the thirteenth session): d128 non-causal at BN 160, which leaves shared
- * memory for OTMA 2 (226 of 227 KB) and wastes fewer keys than BN 176 at 4096
- * (26 blocks for 25.6 against 24 for 23.3), with and without OTMA 2, against
- * the shipped BN 176; and d64 non-causal with OTMA 1 (+3-5% at 512-768 in run
- * 100).  Run 104's list (d64 causal: QREG 1, three stages, QEARLY) was
- * C64CX(st, qe, qr) below; run 100's list (OTMA) is in perf-notes v43b; runs
- * 102 (OSTORE 0) and 103 (OLATE) ran code that is no longer here: commits
- * 249ca85 and 1f4454f, perf-notes v44. */
-#define C64CX(st, qe, qr) 64, 128, 3, st, true, true, 1, true, -1, -1, 1, -1, 0, qe, true, 0, 0, 0, 1, 0, 1, qr, 0, 0, 2
 #define C160N 128, 160, 2, 2, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1, 0
 static const variant variants[] = {
     V_CFG("d128 BN176 shipped", 128, 0, C176N, 0),
