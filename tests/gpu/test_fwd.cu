@@ -203,6 +203,14 @@ static void dev_problem_make(dev_problem *dp, tu_rng *rng, fattn_dtype dt, int B
     a->q = t; a->k = t; a->k.data = dp->k; a->v = t; a->v.data = dp->v; a->o = t; a->o.data = dp->o[0];
 }
 
+/* Outputs of a dev_problem (copied to the host) still holding the 0xFF
+ * poison: elements no call wrote */
+static size_t count_poisoned(const uint16_t *h, size_t n) {
+    size_t poisoned = 0;
+    for (size_t i = 0; i < n; ++i) poisoned += h[i] == 0xFFFF;
+    return poisoned;
+}
+
 static void dev_problem_free(dev_problem *dp) {
     cudaFree(dp->q); cudaFree(dp->k); cudaFree(dp->v);
     for (int i = 0; i < dp->outs; ++i) cudaFree(dp->o[i]);
@@ -229,8 +237,7 @@ static void two_streams(fattn_ctx *ctx, tu_rng *rng) {
     CK(cudaDeviceSynchronize());
     uint16_t *h = (uint16_t *)tu_malloc(n * 2), *g = (uint16_t *)tu_malloc(n * 2);
     CK(cudaMemcpy(h, dp.o[0], n * 2, cudaMemcpyDeviceToHost));
-    size_t poisoned = 0;
-    for (size_t i = 0; i < n; ++i) poisoned += h[i] == 0xFFFF;
+    const size_t poisoned = count_poisoned(h, n);
     TU_CHECK(poisoned == 0, "two streams: %zu outputs never written", poisoned);
     for (int i = 1; i < 3; ++i) {
         CK(cudaMemcpy(g, dp.o[i], n * 2, cudaMemcpyDeviceToHost));
@@ -316,8 +323,7 @@ static void split_repeats(fattn_ctx *ctx, tu_rng *rng) {
         TU_CHECK(fattn_fwd(ctx, &dp.a) == FATTN_OK, "split repeats d%d: %s", sh.D, fattn_last_error(ctx));
         CK(cudaDeviceSynchronize());
         CK(cudaMemcpy(h, dp.o[0], n * 2, cudaMemcpyDeviceToHost));
-        size_t poisoned = 0;
-        for (size_t i = 0; i < n; ++i) poisoned += h[i] == 0xFFFF;
+        const size_t poisoned = count_poisoned(h, n);
         TU_CHECK(poisoned == 0, "split repeats d%d: %zu outputs never written", sh.D, poisoned);
         int differ = 0;
         dp.a.o.data = dp.o[1];
