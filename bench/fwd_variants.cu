@@ -75,24 +75,23 @@ struct variant {
 /* V_CFG_HG: any FwdCfg, causal heads grouped by g (fwd_head_group_ab) */
 #define V_CFG_HG(name, g, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0, 0, 0, 0, 0, g}
 /* Configurations (FwdCfg's parameters up to UNIWG; V_CFG appends OTMA):
- * d64 non-causal and d128 non-causal BN 176 as shipped, d128 non-causal BN
- * 160.  The list is prepared for the next session, not run yet (perf-notes,
- * open items after the thirteenth session): BN 160 leaves shared memory for
- * OTMA 2 (226 of 227 KB) and wastes fewer keys than BN 176 at 4096 (26 blocks
- * for 25.6 against 24 for 23.3), timed with and without OTMA 2 against the
- * shipped BN 176; and d64 non-causal with OTMA 1 (+3-5% at 512-768 in run
- * 100).  Earlier lists, with their configurations, are in perf-notes: runs
- * 95-98 (head groups, v42), 89 (V_CFG_KEYS), 99-100 (OTMA, v43-v43b), 104
- * (d64 causal: QREG 1, three stages, QEARLY, v45); runs 90 and 92 (QPF,
- * KVPF), 102 (OSTORE 0) and 103 (OLATE) ran code that is no longer here
- * (102 and 103: commits 249ca85 and 1f4454f, v44). */
+ * d64 non-causal and d128 non-causal BN 176 as shipped before the
+ * fourteenth session, d128 non-causal BN 160 (shipped with OTMA 2 where it
+ * needs no more key blocks than BN 176, perf-notes v46) and BN 192 (v47).
+ * Earlier lists, with their configurations, are in perf-notes: runs 95-98
+ * (head groups, v42), 89 (V_CFG_KEYS), 99-100 (OTMA, v43-v43b), 104 (d64
+ * causal: QREG 1, three stages, QEARLY, v45), 106 (BN 160 with and without
+ * OTMA 2); runs 90 and 92 (QPF, KVPF), 102 (OSTORE 0) and 103 (OLATE) ran
+ * code that is no longer here (102 and 103: commits 249ca85 and 1f4454f,
+ * v44). */
 #define C64N 64, 128, 3, 3, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 1, 1, 0, 1, 1, 0
 #define C176N 128, 176, 2, 2, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1, 0
 #define C160N 128, 160, 2, 2, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1, 0
+#define C192N 128, 192, 2, 2, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1, 0
 static const variant variants[] = {
     V_CFG("d128 BN176 shipped", 128, 0, C176N, 0),
-    V_CFG("d128 BN160", 128, 0, C160N, 0),
     V_CFG("d128 BN160 OTMA late", 128, 0, C160N, 2),
+    V_CFG("d128 BN192", 128, 0, C192N, 0),
     V_CFG("d128 BN176 again", 128, 0, C176N, 0),
     V_CFG("d64 shipped", 64, 0, C64N, 0),
     V_CFG("d64 OTMA", 64, 0, C64N, 1),

@@ -388,9 +388,12 @@ int main(void) {
         {2, 100, 140, 4, 2, 256, 1, B, TU_BSHD, 2},
         {1, 200, 200, 2, 1, 64, 1, B, TU_BHSD, 2},
         /* ... and in the kernels that otherwise store O with TMA (FwdCfg
-         * OTMA: d64 causal from seqlen_k 512, d128 causal below 8192) */
+         * OTMA: d64 causal from seqlen_k 512, d64 non-causal, d128 causal
+         * below 8192, d128 non-causal with BN 160, as the 300 x 300 case
+         * above) */
         {1, 600, 700, 2, 1, 64, 1, H, TU_BSHD, 2},
         {1, 300, 500, 4, 2, 128, 1, B, TU_BHSD, 2},
+        {2, 400, 333, 4, 2, 64, 0, B, TU_BSHD, 2},
         /* the TMA-store kernels on a shape small enough for the sanitizer
          * runs: 160 tiles on 132 CTAs (a staging buffer used twice), rows past seqlen_q */
         {4, 120, 600, 40, 8, 64, 1, B, TU_BSHD},
@@ -438,6 +441,15 @@ int main(void) {
          * the last group: 640 (batch, head) pairs of one 192-row tile each
          * in groups of 264 (two waves), 640 = 264 + 376 */
         {4, 1, 2048, 160, 32, 64, 1, H, TU_BSHD},
+        /* d128 non-causal takes the key block that pads seqlen_k least
+         * (perf-notes v46-v47): 160 keys with TMA stores of O (17, 90, 256,
+         * 300 and 1100 above run it too; here 160 tiles on 132 CTAs, small
+         * enough for the sanitizers) and 192 keys (9000 above; here GQA 3:1
+         * with tails in both lengths over two and a half waves, and four
+         * tiles split along the keys, small enough for the sanitizers) */
+        {4, 250, 300, 20, 4, 128, 0, H, TU_BSHD},
+        {2, 777, 720, 24, 8, 128, 0, B, TU_BSHD},
+        {1, 50, 1536, 4, 2, 128, 0, H, TU_BSHD},
     };
     const int only = getenv("FATTN_TEST_SMALL") ? 1 : 0; /* sanitizer runs: small shapes only */
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {

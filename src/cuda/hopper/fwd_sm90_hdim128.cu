@@ -6,6 +6,17 @@
  * seqlen_k. */
 #include "fwd_sm90_launch.cuh"
 
+/* the full design's non-causal kernel with key blocks of BN and OTMA OT (as
+ * FWD_SM90_NONCAUSAL_SO(128, BN, 2, 2, 1, 2) would build it for bf16 and fp16) */
+#define D128_NONCAUSAL_FULL(BN, OT)                                                                             \
+    do {                                                                                                        \
+        if (v.bf16)                                                                                             \
+            return fwd_sm90_run<FwdCfg<128, BN, 2, 2, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, \
+                                       0, 1, 0, OT>>(ctx, a);                                                   \
+        return fwd_sm90_run<FwdCfg<128, BN, 2, 2, false, false, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, \
+                                   1, 0, OT>>(ctx, a);                                                          \
+    } while (0)
+
 fattn_status fwd_sm90_hdim128(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_variant v) {
     /* D, BN, consumer warpgroups, K/V stages */
     if (v.causal) {
@@ -35,5 +46,21 @@ fattn_status fwd_sm90_hdim128(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_varia
      * 3000 / 6144 / 12000, where it splits (run 75; run 74's larger figures
      * had fwd_variants' position bias); the unsplit kernel with them -1.3 /
      * -1.4% at 1024 / 2048 (runs 48, 74; perf-notes v31) */
+    /* The key block whose padded keys (seqlen_k rounded up to whole blocks)
+     * cost least: per key, BN 160 costs 2.8% more than BN 176 and BN 192 the
+     * same (runs 106-107, perf-notes v46-v47), so BN 160 takes lengths it
+     * pads much less (640-800, 1100-1440: +6..+7% over BN 176), BN 192
+     * those it pads less at all (720, 900, 3000, 6144, 8192, 12000, 16384:
+     * +9.4 / +5.8 / +2.4 / +1.3 / +0.7 / +1.2 / +0.8%), BN 176 the rest and
+     * the ties (1024, 2048, 4096).  BN 160 stores O with TMA (OTMA 2); BN 176
+     * and 192 leave no shared memory for it.  The full design only (the
+     * ablation's variants keep BN 176). */
+    if (!v.bf16 || (v.overlap && v.pingpong && !v.under_pv)) {
+        const int64_t sk = a->p.seqlen_k;
+        const double k160 = 1.028 * (double)((sk + 159) / 160 * 160);
+        const double k176 = (double)((sk + 175) / 176 * 176), k192 = (double)((sk + 191) / 192 * 192);
+        if (k192 < k176 && k192 <= k160) D128_NONCAUSAL_FULL(192, 0);
+        if (k160 < k176) D128_NONCAUSAL_FULL(160, 2);
+    }
     FWD_SM90_NONCAUSAL_SO(128, 176, 2, 2, 1, 2);
 }

@@ -39,5 +39,11 @@ fattn_status fwd_sm90_hdim64(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_varian
     /* the first 16 of Q's 64 columns in registers (QREG 1; all of them
      * spill at 160 registers): +2.1 / +2.0 / +1.6 / +1.6 / +0.5% (run 59) and
      * +2.2 / +2.6 / +1.9 / +1.4 / +1.5% (run 60) at 1024-16384 (perf-notes v26) */
-    FWD_SM90_NONCAUSAL_SOQ(64, 128, 3, 3, 1, 1, 1);
+    /* O through shared memory and a TMA store at the tile's end (OTMA 1):
+     * +5.3 / +3.1 / +1.7 / +1.6 / +1.8 / +0.3 / +1.0% at 512 / 768 / 1024 /
+     * 1536 / 2048 / 4096 / 8192 (run 100) and +5.3 / +3.0 / +1.5 / +1.9 / +1.6
+     * / +1.1 / +1.4 / +1.1% at 512 / 768 / 1024 / 2048 / 3000 / 4096 / 8192 /
+     * 16384 (run 106); run 99: -1.4..+0.6% at 1024-8192 (perf-notes v43, v46).
+     * Issued after the next QK^T (OTMA 2) it lost 1.6-4% from 1536 (run 100) */
+    FWD_SM90_NONCAUSAL_SOQO(64, 128, 3, 3, 1, 1, 1, 1);
 }
