@@ -49,10 +49,10 @@ fattn_status fwd_sm90_hdim128(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_varia
     /* The key block whose padded keys (seqlen_k rounded up to whole blocks)
      * cost least: per key, BN 160 costs 2.8% more than BN 176 and BN 192 the
      * same (runs 106-107, perf-notes v46-v47), so BN 160 takes lengths it
-     * pads much less (640-800, 1100-1440: +6..+7% over BN 176), BN 192
-     * those it pads less at all (720, 900, 3000, 6144, 8192, 12000, 16384:
-     * +9.4 / +5.8 / +2.4 / +1.3 / +0.7 / +1.2 / +0.8%), BN 176 the rest and
-     * the ties (1024, 2048, 4096).  BN 160 stores O with TMA (OTMA 2); BN 176
+     * pads much less (640, 800, 1100, 1280, 1440: +5.9..+7.1% over BN 176),
+     * BN 192 those it pads less at all (720, 900, 3000, 6144, 8192, 12000,
+     * 16384: +9.4 / +5.7 / +2.4 / +1.3 / +0.7 / +1.2 / +0.7%), BN 176 the
+     * rest and the ties (1000, 1024, 2048, 4096).  BN 160 stores O with TMA (OTMA 2); BN 176
      * and 192 leave no shared memory for it.  The full design only (the
      * ablation's variants keep BN 176). */
     if (!v.bf16 || (v.overlap && v.pingpong && !v.under_pv)) {
