@@ -6,17 +6,6 @@
  * seqlen_k. */
 #include "fwd_sm90_launch.cuh"
 
-/* the full design's non-causal kernel with key blocks of BN and OTMA OT (as
- * FWD_SM90_NONCAUSAL_SO(128, BN, 2, 2, 1, 2) would build it for bf16 and fp16) */
-#define D128_NONCAUSAL_FULL(BN, OT)                                                                             \
-    do {                                                                                                        \
-        if (v.bf16)                                                                                             \
-            return fwd_sm90_run<FwdCfg<128, BN, 2, 2, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, \
-                                       0, 1, 0, OT>>(ctx, a);                                                   \
-        return fwd_sm90_run<FwdCfg<128, BN, 2, 2, false, false, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, \
-                                   1, 0, OT>>(ctx, a);                                                          \
-    } while (0)
-
 fattn_status fwd_sm90_hdim128(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_variant v) {
     /* D, BN, consumer warpgroups, K/V stages */
     if (v.causal) {
@@ -59,8 +48,8 @@ fattn_status fwd_sm90_hdim128(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_varia
         const int64_t sk = a->p.seqlen_k;
         const double k160 = 1.028 * (double)((sk + 159) / 160 * 160);
         const double k176 = (double)((sk + 175) / 176 * 176), k192 = (double)((sk + 191) / 192 * 192);
-        if (k192 < k176 && k192 <= k160) D128_NONCAUSAL_FULL(192, 0);
-        if (k160 < k176) D128_NONCAUSAL_FULL(160, 2);
+        if (k192 < k176 && k192 <= k160) FWD_SM90_NONCAUSAL_FULL(128, 192, 2, 2, 1, 2, 0, 0);
+        if (k160 < k176) FWD_SM90_NONCAUSAL_FULL(128, 160, 2, 2, 1, 2, 0, 2);
     }
     FWD_SM90_NONCAUSAL_SO(128, 176, 2, 2, 1, 2);
 }

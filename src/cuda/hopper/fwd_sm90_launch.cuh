@@ -320,12 +320,20 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
  * OT: FwdCfg OTMA, for every variant */
 #define FWD_SM90_NC_CFG(D, BN, NC, STAGES, BF, OV, PP, CL, OT) \
     FwdCfg<D, BN, NC, STAGES, false, BF, OV, PP, -1, -1, CL, -1, 0, 0, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, OT>
+/* the full design alone (no ablation variants), bf16 or fp16 */
+#define FWD_SM90_NC_FULL_CFG(D, BN, NC, STAGES, BF, CL, SO, QR, OT) \
+    FwdCfg<D, BN, NC, STAGES, false, BF, 1, true, -1, -1, CL, -1, 0, 0, false, 0, 0, 0, SO, SO, 0, QR, 1, 0, OT>
+#define FWD_SM90_NONCAUSAL_FULL(D, BN, NC, STAGES, CL, SO, QR, OT)                                             \
+    do {                                                                                                       \
+        if (v.bf16) return fwd_sm90_run<FWD_SM90_NC_FULL_CFG(D, BN, NC, STAGES, true, CL, SO, QR, OT)>(ctx, a); \
+        return fwd_sm90_run<FWD_SM90_NC_FULL_CFG(D, BN, NC, STAGES, false, CL, SO, QR, OT)>(ctx, a);           \
+    } while (0)
 #define FWD_SM90_NONCAUSAL_SOQO(D, BN, NC, STAGES, CL, SO, QR, OT)                                             \
     do {                                                                                                       \
         if (v.bf16) {                                                                                          \
             if (v.overlap && v.pingpong) {                                                                     \
                 if (v.under_pv) return fwd_sm90_run<FWD_SM90_NC_CFG(D, BN, NC, STAGES, true, 3, true, CL, OT)>(ctx, a); \
-                return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, true, 1, true, -1, -1, CL, -1, 0, 0, false, 0, 0, 0, SO, SO, 0, QR, 1, 0, OT>>(ctx, a); \
+                return fwd_sm90_run<FWD_SM90_NC_FULL_CFG(D, BN, NC, STAGES, true, CL, SO, QR, OT)>(ctx, a);    \
             }                                                                                                  \
             if (v.overlap) {                                                                                   \
                 if (v.under_pv) return fwd_sm90_run<FWD_SM90_NC_CFG(D, BN, NC, STAGES, true, 3, false, CL, OT)>(ctx, a); \
@@ -334,7 +342,7 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
             if (v.pingpong) return fwd_sm90_run<FWD_SM90_NC_CFG(D, BN, NC, STAGES, true, 0, true, CL, OT)>(ctx, a); \
             return fwd_sm90_run<FWD_SM90_NC_CFG(D, BN, NC, STAGES, true, 0, false, CL, OT)>(ctx, a);           \
         }                                                                                                      \
-        return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, false, false, 1, true, -1, -1, CL, -1, 0, 0, false, 0, 0, 0, SO, SO, 0, QR, 1, 0, OT>>(ctx, a); \
+        return fwd_sm90_run<FWD_SM90_NC_FULL_CFG(D, BN, NC, STAGES, false, CL, SO, QR, OT)>(ctx, a);           \
     } while (0)
 #define FWD_SM90_NONCAUSAL_SOQ(D, BN, NC, STAGES, CL, SO, QR) FWD_SM90_NONCAUSAL_SOQO(D, BN, NC, STAGES, CL, SO, QR, 0)
 #define FWD_SM90_NONCAUSAL_SO(D, BN, NC, STAGES, CL, SO) FWD_SM90_NONCAUSAL_SOQ(D, BN, NC, STAGES, CL, SO, 0)
