@@ -26,13 +26,11 @@ struct variant {
 /* OV: FwdCfg's OVERLAP (1 the measured wait placement, 2 ptxas's, 3 fenced) */
 #define V(name, D, BN, NC, CAUSAL, S) V_OPT(name, D, BN, NC, CAUSAL, S, 1, -1, 1)
 static const variant variants[] = {
-    /* run 91 (perf-notes, run 89's follow-up): the d128 non-causal kernel's
-     * tile boundary at four lengths (the list of run 25 had d64 and causal
-     * d128 kernels too) */
+    /* run 110: the producer's K/V issue times around the tile boundary
+     * next to the consumers' (bench/fwd_trace.py prints both); run 91's
+     * list was the same four lengths */
     V("d128 BN176 s1024", 128, 176, 2, false, 1024),
-    V("d128 BN176 s2048", 128, 176, 2, false, 2048),
     V("d128 BN176 s4096", 128, 176, 2, false, 4096),
-    V("d128 BN176 s8192", 128, 176, 2, false, 8192),
 };
 
 int main() {
