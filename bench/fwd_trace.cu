@@ -23,6 +23,8 @@ struct variant {
  * CL and OS are FwdCfg's CLUSTER and OSTORE */
 #define V_OPT(name, D, BN, NC, CAUSAL, S, CL, OS, OV) \
     {name, D, CAUSAL, S, fwd_sm90_run<FwdCfg<D, BN, NC, 2, CAUSAL, true, OV, true, CAUSAL ? 1 : 0, D != 128 ? 1 : 0, CL, OS>>}
+/* V_CFG: any FwdCfg, spelled out */
+#define V_CFG(name, D, CAUSAL, S, ...) {name, D, CAUSAL, S, fwd_sm90_run<FwdCfg<__VA_ARGS__>>}
 /* OV: FwdCfg's OVERLAP (1 the measured wait placement, 2 ptxas's, 3 fenced) */
 #define V(name, D, BN, NC, CAUSAL, S) V_OPT(name, D, BN, NC, CAUSAL, S, 1, -1, 1)
 static const variant variants[] = {
@@ -31,6 +33,11 @@ static const variant variants[] = {
      * list was the same four lengths */
     V("d128 BN176 s1024", 128, 176, 2, false, 1024),
     V("d128 BN176 s4096", 128, 176, 2, false, 4096),
+    /* run 112: BN 160 with register stores and with OTMA 2 (stmatrix and
+     * a TMA store instead of the 16-byte global stores): does the wait
+     * after the tile index shrink without the global stores? */
+    V_CFG("d128 BN160 s4096", 128, false, 4096, 128, 160, 2, 2, false, true, 1, true, 0, 0, 1, -1, 0, 0, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+    V_CFG("d128 BN160 OTMA2 s4096", 128, false, 4096, 128, 160, 2, 2, false, true, 1, true, 0, 0, 1, -1, 0, 0, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2),
 };
 
 int main() {
