@@ -77,7 +77,8 @@ struct variant {
 /* Configurations (FwdCfg's parameters up to UNIWG; V_CFG appends OTMA):
  * d64 non-causal and d128 non-causal BN 176 as shipped before the
  * fourteenth session, d128 non-causal BN 160 (shipped with OTMA 2 where it
- * needs no more key blocks than BN 176, perf-notes v46) and BN 192 (v47).
+ * needs no more key blocks than BN 176, perf-notes v46) and BN 192 (v47):
+ * this list ran as runs 107 and 113 (113 with FV_SETTLE_MS=300).
  * Earlier lists, with their configurations, are in perf-notes: runs 95-98
  * (head groups, v42), 89 (V_CFG_KEYS), 99-100 (OTMA, v43-v43b), 104 (d64
  * causal: QREG 1, three stages, QEARLY, v45), 106 (BN 160 with and without
