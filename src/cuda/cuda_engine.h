@@ -49,6 +49,9 @@ fattn_status fwd_sm90_launch(fattn_ctx *ctx, const fattn_fwd_args *a);
 /* Kernel variant knobs (the paper's ablation), from fattn_ctx_set_option. */
 struct fwd_variant {
     bool bf16, causal, overlap, pingpong, under_pv;
+    /* the full design: every fp16 call, and bf16 unless the ablation turned
+     * a technique off (the ablation's variants are bf16 only) */
+    bool full_design() const { return !bf16 || (overlap && pingpong && !under_pv); }
 };
 fattn_status fwd_sm90_hdim64(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_variant v);
 fattn_status fwd_sm90_hdim128(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_variant v);

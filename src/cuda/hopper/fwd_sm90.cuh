@@ -249,10 +249,10 @@ struct FwdCfg {
      * next tile's first QK^T (or at its end), not at the tile boundary,
      * where the next tile's first K and V loads wait */
     static constexpr bool OTMA_LATE = OTMA_ == 2;
-    static constexpr int OFF_OST = (OFF_SLOT + NC * QBUF * 4 + 1023) / 1024 * 1024;
+    static constexpr int END_SLOT = OFF_SLOT + NC * QBUF * 4;
+    static constexpr int OFF_OST = (END_SLOT + 1023) / 1024 * 1024;
     static constexpr int OST_WARP_BYTES = 16 * D * 2;
-    static constexpr int SMEM_BYTES = (OTMA ? OFF_OST + 4 * NC * OST_WARP_BYTES : OFF_SLOT + NC * QBUF * 4) +
-                                      1024; /* + alignment slack */
+    static constexpr int SMEM_BYTES = (OTMA ? OFF_OST + 4 * NC * OST_WARP_BYTES : END_SLOT) + 1024; /* + alignment slack */
     static constexpr bool DYNAMIC = SCHED_ < 0 ? CAUSAL : SCHED_ == 1; /* tile scheduler: atomic counter */
     /* CLUSTER 2: the two CTAs of a cluster work on tiles 2k and 2k+1, adjacent
      * m-blocks of one head (the launcher requires an even number of m-blocks),
@@ -687,35 +687,33 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
         }
     };
     /* O / l and LSE of a finished tile (rows erow + r0, + 8 of head eh, batch eb) */
+    /* row r0 + 8 r of a finished tile: its sum over the quad, the LSE
+     * written, and 1 / l returned */
+    auto finish_row = [&](int r, const float (&rmax)[2], const float (&rsum)[2], int eb, int eh, int erow) {
+        float l = rsum[r];
+        l += __shfl_xor_sync(0xffffffff, l, 1);
+        l += __shfl_xor_sync(0xffffffff, l, 2);
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const int row = erow + r0 + 8 * r;
+        if (p.lse && q4 == 0 && row < p.seqlen_q)
+            p.lse[((int64_t)eb * p.heads_q + eh) * p.seqlen_q + row] =
+                l > 0.f ? rmax[r] * p.softmax_scale + logf(l) : -INFINITY;
+        return inv;
+    };
     auto epilogue = [&](const float (&rmax)[2], const float (&rsum)[2], int eb, int eh, int erow) {
         if (C::OTMA && p.o_wide == 2) {
             float inv[2];
 #pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                float l = rsum[r];
-                l += __shfl_xor_sync(0xffffffff, l, 1);
-                l += __shfl_xor_sync(0xffffffff, l, 2);
-                inv[r] = l > 0.f ? 1.f / l : 0.f;
-                const int row = erow + r0 + 8 * r;
-                if (p.lse && q4 == 0 && row < p.seqlen_q)
-                    p.lse[((int64_t)eb * p.heads_q + eh) * p.seqlen_q + row] =
-                        l > 0.f ? rmax[r] * p.softmax_scale + logf(l) : -INFINITY;
-            }
+            for (int r = 0; r < 2; ++r) inv[r] = finish_row(r, rmax, rsum, eb, eh, erow);
             store_o_tma(inv, eb, eh, erow);
             FWD_TRACE(9);
             return;
         }
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            float l = rsum[r];
-            l += __shfl_xor_sync(0xffffffff, l, 1);
-            l += __shfl_xor_sync(0xffffffff, l, 2);
-            const float inv = l > 0.f ? 1.f / l : 0.f;
+            const float inv = finish_row(r, rmax, rsum, eb, eh, erow);
             const int row = erow + r0 + 8 * r;
             const bool row_ok = row < p.seqlen_q; /* the same for the 4 lanes of a quad */
-            if (p.lse && q4 == 0 && row_ok)
-                p.lse[((int64_t)eb * p.heads_q + eh) * p.seqlen_q + row] =
-                    l > 0.f ? rmax[r] * p.softmax_scale + logf(l) : -INFINITY;
             uint8_t *orow = (uint8_t *)p.o + 2 * (eb * p.o_sb + (int64_t)row * p.o_ss + eh * p.o_sh);
             /* columns 8i + 2*q4, +1 of this row, packed */
             auto packed = [&](int i) {

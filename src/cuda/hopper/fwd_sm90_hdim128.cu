@@ -44,7 +44,7 @@ fattn_status fwd_sm90_hdim128(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_varia
      * rest and the ties (1000, 1024, 2048, 4096).  BN 160 stores O with TMA (OTMA 2); BN 176
      * and 192 leave no shared memory for it.  The full design only (the
      * ablation's variants keep BN 176). */
-    if (!v.bf16 || (v.overlap && v.pingpong && !v.under_pv)) {
+    if (v.full_design()) {
         const int64_t sk = a->p.seqlen_k;
         const double k160 = 1.028 * (double)((sk + 159) / 160 * 160);
         const double k176 = (double)((sk + 175) / 176 * 176), k192 = (double)((sk + 191) / 192 * 192);

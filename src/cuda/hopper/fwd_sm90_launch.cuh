@@ -330,19 +330,15 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
     } while (0)
 #define FWD_SM90_NONCAUSAL_SOQO(D, BN, NC, STAGES, CL, SO, QR, OT)                                             \
     do {                                                                                                       \
-        if (v.bf16) {                                                                                          \
-            if (v.overlap && v.pingpong) {                                                                     \
-                if (v.under_pv) return fwd_sm90_run<FWD_SM90_NC_CFG(D, BN, NC, STAGES, true, 3, true, CL, OT)>(ctx, a); \
-                return fwd_sm90_run<FWD_SM90_NC_FULL_CFG(D, BN, NC, STAGES, true, CL, SO, QR, OT)>(ctx, a);    \
-            }                                                                                                  \
-            if (v.overlap) {                                                                                   \
-                if (v.under_pv) return fwd_sm90_run<FWD_SM90_NC_CFG(D, BN, NC, STAGES, true, 3, false, CL, OT)>(ctx, a); \
-                return fwd_sm90_run<FWD_SM90_NC_CFG(D, BN, NC, STAGES, true, 1, false, CL, OT)>(ctx, a);       \
-            }                                                                                                  \
-            if (v.pingpong) return fwd_sm90_run<FWD_SM90_NC_CFG(D, BN, NC, STAGES, true, 0, true, CL, OT)>(ctx, a); \
-            return fwd_sm90_run<FWD_SM90_NC_CFG(D, BN, NC, STAGES, true, 0, false, CL, OT)>(ctx, a);           \
+        if (v.full_design()) FWD_SM90_NONCAUSAL_FULL(D, BN, NC, STAGES, CL, SO, QR, OT);                       \
+        /* the ablation's bf16 variants */                                                                     \
+        if (v.overlap && v.pingpong) return fwd_sm90_run<FWD_SM90_NC_CFG(D, BN, NC, STAGES, true, 3, true, CL, OT)>(ctx, a); \
+        if (v.overlap) {                                                                                       \
+            if (v.under_pv) return fwd_sm90_run<FWD_SM90_NC_CFG(D, BN, NC, STAGES, true, 3, false, CL, OT)>(ctx, a); \
+            return fwd_sm90_run<FWD_SM90_NC_CFG(D, BN, NC, STAGES, true, 1, false, CL, OT)>(ctx, a);           \
         }                                                                                                      \
-        return fwd_sm90_run<FWD_SM90_NC_FULL_CFG(D, BN, NC, STAGES, false, CL, SO, QR, OT)>(ctx, a);           \
+        if (v.pingpong) return fwd_sm90_run<FWD_SM90_NC_CFG(D, BN, NC, STAGES, true, 0, true, CL, OT)>(ctx, a); \
+        return fwd_sm90_run<FWD_SM90_NC_CFG(D, BN, NC, STAGES, true, 0, false, CL, OT)>(ctx, a);               \
     } while (0)
 #define FWD_SM90_NONCAUSAL_SOQ(D, BN, NC, STAGES, CL, SO, QR) FWD_SM90_NONCAUSAL_SOQO(D, BN, NC, STAGES, CL, SO, QR, 0)
 #define FWD_SM90_NONCAUSAL_SO(D, BN, NC, STAGES, CL, SO) FWD_SM90_NONCAUSAL_SOQ(D, BN, NC, STAGES, CL, SO, 0)
