@@ -14,8 +14,9 @@
  * and OTMA's map of O) stay within the classic 4 KB limit */
 static_assert(4 * sizeof(CUtensorMap) + sizeof(FwdParams) + sizeof(FwdSplit) <= 4096, "kernel parameters");
 
-/* the kernel of an instance: with SPLIT it takes a FwdSplit after FwdParams,
- * with OTMA O's tensor map last */
+/* the kernel of an instance: (Q, K, V tensor maps, FwdParams), with SPLIT a
+ * FwdSplit after FwdParams, with OTMA O's tensor map last; the launch passes
+ * its arguments in that order */
 template <class C>
 auto fwd_sm90_kernel_of() {
     if constexpr (C::SPLIT && C::OTMA) return fwd_sm90_split_kernel_o<C>;
@@ -258,11 +259,12 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, int m
     }
     cfg.attrs = attr;
     cfg.numAttrs = nattr;
-    cudaError_t e;
-    if constexpr (C::SPLIT && C::OTMA) e = cudaLaunchKernelEx(&cfg, fwd_sm90_split_kernel_o<C>, tq, tk, tv, p, *sp, to);
-    else if constexpr (C::SPLIT) e = cudaLaunchKernelEx(&cfg, fwd_sm90_split_kernel<C>, tq, tk, tv, p, *sp);
-    else if constexpr (C::OTMA) e = cudaLaunchKernelEx(&cfg, fwd_sm90_kernel_o<C>, tq, tk, tv, p, to);
-    else e = cudaLaunchKernelEx(&cfg, fwd_sm90_kernel<C>, tq, tk, tv, p);
+    /* the arguments in the order of the kernel's parameters (fwd_sm90_kernel_of) */
+    void *args[6] = {&tq, &tk, &tv, &p};
+    int nargs = 4;
+    if constexpr (C::SPLIT) args[nargs++] = const_cast<FwdSplit *>(sp);
+    if constexpr (C::OTMA) args[nargs++] = &to;
+    cudaError_t e = cudaLaunchKernelExC(&cfg, (const void *)fwd_sm90_kernel_of<C>(), args);
     if (e == cudaSuccess) e = cudaGetLastError();
     if (e != cudaSuccess) return fattn_fail(ctx, FATTN_ERROR_CUDA, "forward kernel launch: %s", cudaGetErrorString(e));
     return ordered ? cuda_order_after(ctx) : FATTN_OK;
