@@ -686,7 +686,6 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
             (void)inv, (void)eb, (void)eh, (void)erow;
         }
     };
-    /* O / l and LSE of a finished tile (rows erow + r0, + 8 of head eh, batch eb) */
     /* row r0 + 8 r of a finished tile: its sum over the quad, the LSE
      * written, and 1 / l returned */
     auto finish_row = [&](int r, const float (&rmax)[2], const float (&rsum)[2], int eb, int eh, int erow) {
@@ -700,6 +699,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
                 l > 0.f ? rmax[r] * p.softmax_scale + logf(l) : -INFINITY;
         return inv;
     };
+    /* O / l and LSE of a finished tile (rows erow + r0, + 8 of head eh, batch eb) */
     auto epilogue = [&](const float (&rmax)[2], const float (&rsum)[2], int eb, int eh, int erow) {
         if (C::OTMA && p.o_wide == 2) {
             float inv[2];
