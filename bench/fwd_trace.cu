@@ -28,16 +28,16 @@ struct variant {
 /* OV: FwdCfg's OVERLAP (1 the measured wait placement, 2 ptxas's, 3 fenced) */
 #define V(name, D, BN, NC, CAUSAL, S) V_OPT(name, D, BN, NC, CAUSAL, S, 1, -1, 1)
 static const variant variants[] = {
-    /* run 110: the producer's K/V issue times around the tile boundary
-     * next to the consumers' (bench/fwd_trace.py prints both); run 91's
-     * list was the same four lengths */
-    V("d128 BN176 s1024", 128, 176, 2, false, 1024),
-    V("d128 BN176 s4096", 128, 176, 2, false, 4096),
-    /* run 112: BN 160 with register stores and with OTMA 2 (stmatrix and
-     * a TMA store instead of the 16-byte global stores): does the wait
-     * after the tile index shrink without the global stores? */
-    V_CFG("d128 BN160 s4096", 128, false, 4096, 128, 160, 2, 2, false, true, 1, true, 0, 0, 1, -1, 0, 0, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
-    V_CFG("d128 BN160 OTMA2 s4096", 128, false, 4096, 128, 160, 2, 2, false, true, 1, true, 0, 0, 1, -1, 0, 0, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2),
+    /* run 123: d256 (BN 80, the non-causal CTA pairs and the causal kernel,
+     * as shipped but unsplit) at 1024 and 4096: what its tile boundary,
+     * ~2.7-3.3 key blocks (run 89), is made of.  (Run 122's list: d128 BN
+     * 176 unsplit at 4096 with and without PSUM, perf-notes v52; run 121's
+     * the same with LSUM, v51; run 120's: BN 128 with QEARLY and with XTILE
+     * at 1024 and 4096; run 112's: BN 160 with and without OTMA 2 at 4096;
+     * run 110's: BN 176 at 1024 and 4096.) */
+    V_CFG("d256 pairs s1024", 256, false, 1024, 256, 80, 2, 2, false, true, 1, true, 0, 1, 2, -1, 0, 0, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+    V_CFG("d256 pairs s4096", 256, false, 4096, 256, 80, 2, 2, false, true, 1, true, 0, 1, 2, -1, 0, 0, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+    V_CFG("d256 causal s1024", 256, true, 1024, 256, 80, 2, 2, true, true, 1, true, 1, 1, 1, -1, 0, 0, false, 0, 0, 0, 1, 0, 1, 0, 0, 0, 0),
 };
 
 int main() {

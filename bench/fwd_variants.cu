@@ -75,28 +75,39 @@ struct variant {
 /* V_CFG_HG: any FwdCfg, causal heads grouped by g (fwd_head_group_ab) */
 #define V_CFG_HG(name, g, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0, 0, 0, 0, 0, g}
 /* Configurations (FwdCfg's parameters up to UNIWG; V_CFG appends OTMA):
- * d64 non-causal and d128 non-causal BN 176 as shipped before the
- * fourteenth session, d128 non-causal BN 160 (shipped with OTMA 2 where it
- * needs no more key blocks than BN 176, perf-notes v46) and BN 192 (v47):
- * this list ran as runs 107 and 113 (113 with FV_SETTLE_MS=300).
- * Earlier lists, with their configurations, are in perf-notes: runs 95-98
- * (head groups, v42), 89 (V_CFG_KEYS), 99-100 (OTMA, v43-v43b), 104 (d64
- * causal: QREG 1, three stages, QEARLY, v45), 106 (BN 160 with and without
- * OTMA 2); runs 90 and 92 (QPF, KVPF), 102 (OSTORE 0) and 103 (OLATE) ran
- * code that is no longer here (102 and 103: commits 249ca85 and 1f4454f,
- * v44). */
+ * d128 non-causal BN 176 (shipped, the split instance) and BN 192 with
+ * eager and lazy rescaling (perf-notes v53), d256 CTA pairs and d256
+ * causal with 16- and 4-byte O stores: this list ran as run 124.
+ * Earlier lists, with their configurations, are in perf-notes: runs 119
+ * (d128 BN 128 with QEARLY and XTILE, v50), 107 and 113 (BN 160 / 192,
+ * d64 OTMA 1), 95-98 (head groups, v42), 89 (V_CFG_KEYS), 99-100 (OTMA,
+ * v43-v43b), 104 (d64 causal: QREG 1, three stages, QEARLY, v45), 106 (BN
+ * 160 with and without OTMA 2); runs 90 and 92 (QPF, KVPF), 102 (OSTORE 0),
+ * 103 (OLATE), 121 (LSUM, v51) and 122 (PSUM, v52) ran code that is no
+ * longer here (102 and 103: commits 249ca85 and 1f4454f, v44; 121-122: in
+ * no commit). */
 #define C64N 64, 128, 3, 3, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 1, 1, 0, 1, 1, 0
 #define C176N 128, 176, 2, 2, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1, 0
 #define C160N 128, 160, 2, 2, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1, 0
 #define C192N 128, 192, 2, 2, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1, 0
+#define C256P 256, 80, 2, 2, false, true, 1, true, -1, -1, 2, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1, 0
+#define C256P4 256, 80, 2, 2, false, true, 1, true, -1, -1, 2, 4, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1, 0
+#define C256C 256, 80, 2, 2, true, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 1, 0, 1, 0, 0, 0
+#define C256C4 256, 80, 2, 2, true, true, 1, true, -1, -1, 1, 4, 0, 0, false, 0, 0, 0, 1, 0, 1, 0, 0, 0
+#define C176L 128, 176, 2, 2, false, true, 1, true, -1, 1, 1, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1, 0
+#define C192L 128, 192, 2, 2, false, true, 1, true, -1, 1, 1, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1, 0
 static const variant variants[] = {
     V_CFG("d128 BN176 shipped", 128, 0, C176N, 0),
-    V_CFG("d128 BN160 OTMA late", 128, 0, C160N, 2),
+    V_CFG("d128 BN176 LAZY", 128, 0, C176L, 0),
     V_CFG("d128 BN192", 128, 0, C192N, 0),
+    V_CFG("d128 BN192 LAZY", 128, 0, C192L, 0),
     V_CFG("d128 BN176 again", 128, 0, C176N, 0),
-    V_CFG("d64 shipped", 64, 0, C64N, 0),
-    V_CFG("d64 OTMA", 64, 0, C64N, 1),
-    V_CFG("d64 shipped again", 64, 0, C64N, 0),
+    V_CFG("d256 pairs shipped", 256, 0, C256P, 0),
+    V_CFG("d256 pairs OSTORE 4", 256, 0, C256P4, 0),
+    V_CFG("d256 pairs again", 256, 0, C256P, 0),
+    V_CFG("d256 causal shipped", 256, 1, C256C, 0),
+    V_CFG("d256 causal OSTORE 4", 256, 1, C256C4, 0),
+    V_CFG("d256 causal again", 256, 1, C256C, 0),
 };
 
 /* The SM clock and board power through NVML (dlopen'd, so nothing more to
