@@ -32,7 +32,7 @@ static const variant variants[] = {
      * as shipped but unsplit) at 1024 and 4096: what its tile boundary,
      * ~2.7-3.3 key blocks (run 89), is made of.  (Run 122's list: d128 BN
      * 176 unsplit at 4096 with and without PSUM, perf-notes v52; run 121's
-     * the same with LSUM, v51; run 120's: BN 128 with QEARLY and with XTILE
+     * the same with LSUM, v51, both options in no commit; run 120's: BN 128 with QEARLY and with XTILE
      * at 1024 and 4096; run 112's: BN 160 with and without OTMA 2 at 4096;
      * run 110's: BN 176 at 1024 and 4096.) */
     V_CFG("d256 pairs s1024", 256, false, 1024, 256, 80, 2, 2, false, true, 1, true, 0, 1, 2, -1, 0, 0, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),

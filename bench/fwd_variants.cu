@@ -86,9 +86,7 @@ struct variant {
  * 103 (OLATE), 121 (LSUM, v51) and 122 (PSUM, v52) ran code that is no
  * longer here (102 and 103: commits 249ca85 and 1f4454f, v44; 121-122: in
  * no commit). */
-#define C64N 64, 128, 3, 3, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 1, 1, 0, 1, 1, 0
 #define C176N 128, 176, 2, 2, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1, 0
-#define C160N 128, 160, 2, 2, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1, 0
 #define C192N 128, 192, 2, 2, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1, 0
 #define C256P 256, 80, 2, 2, false, true, 1, true, -1, -1, 2, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1, 0
 #define C256P4 256, 80, 2, 2, false, true, 1, true, -1, -1, 2, 4, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1, 0
