@@ -1,38 +1,76 @@
 #!/usr/bin/env python3
-"""Side-by-side forward benchmark: fattn vs torch SDPA (cuDNN and FlashAttention-2
-backends), measured in one process on the same inputs (DESIGN.md §7).
+"""Side-by-side forward benchmark: fattn next to torch SDPA (cuDNN and FlashAttention-2
+backends), FlashAttention-3 (the fa3-fwd wheel) and optionally a second fattn build,
+measured in one process on the same inputs (DESIGN.md §7).
 
-    python3 bench/compare.py [--dtypes bf16,fp16] [--head-dims 64,128,256]
-        [--seqlens 512,...,16384] [--causal both|0|1] [--iters 4]
-        [--json out.json] [--png out.png] [--ablation] [--clocks]
+    python3 bench/compare.py [--rows all|table|smoke] [--dtypes bf16,fp16] [--head-dims 64,128,256]
+        [--seqlens 512,...,16384] [--causal both|0|1] [--backends fattn,fattn-b,cudnn,fa2,fa3]
+        [--fattn-lib-b build-old/libfattn.so] [--rounds 3] [--iters 4] [--settle-ms 500]
+        [--json out.json] [--png out.png] [--ablation] [--clocks] [--dry-run]
 
 FLOPs = 4 * batch * heads * seqlen^2 * head_dim (halved for causal);
-TFLOPs/s = FLOPs / median kernel time; fattn, cuDNN and FA2 take turns over 3 rounds per shape,
+TFLOPs/s = FLOPs / median kernel time; the backends take turns over --rounds (3) rounds per shape,
 each round starting with the next backend, and in each turn a backend runs for --settle-ms
 (500) before its timed samples.  Long runs hold the H200 at its 700 W limit, and the SM clock
 it allows depends on the draw of whatever ran just before: without the settling, the backend
 that followed the low-power FA2 turn ran its samples at up to 270 MHz more (perf-notes, run 28).
 16k tokens in total (batch = 16384 / seqlen), hidden 2048 (heads = 2048 / d),
 so every input tensor is 64 MiB, larger than the 60 MB L2.
+--rows table is the README's 60 rows (seqlen 1024-16384); all (the default) adds seqlen 512.
+Backends: fattn (the library `fattn` loads: FATTN_LIBRARY, else build/), fattn-b (the library
+given by --fattn-lib-b, e.g. the previous commit's build: a column new/old = fattn / fattn-b),
+cudnn and fa2 (torch SDPA), fa3 (`from fa3_fwd_interface import flash_attn_func`, the fa3-fwd
+wheel on the path: bf16 only, its fp16 rows and a failed import read n/a).  Each row also checks
+every backend's output against fattn's once (maxdiff in the JSON, a line when above 0.05).
+The expected duration is printed first (--dry-run prints only that, without torch or a GPU):
+one device command may run 10 minutes, so split long tables with --dtypes / --causal.
 --ablation runs the paper's setting (batch 4, seqlen 8448, 16 heads, d 128,
 bf16, non-causal) with the overlap and/or pingpong turned off.
 """
 import argparse
 import contextlib
 import ctypes
+import importlib.util
 import json
+import math
 import os
 import statistics
 import sys
 import time
 
-import torch
+T0 = time.perf_counter()  # the run's duration counts torch's import and the start-up
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
+IMPORT_ERROR = None  # why torch or fattn did not import: only `compare.py --dry-run` runs without them
+try:
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+except ImportError as e:
+    if __name__ != "__main__":  # the scripts that import compare need torch
+        raise
+    torch, IMPORT_ERROR = None, e
+try:
+    import fattn  # noqa: E402
+except (ImportError, OSError) as e:
+    if __name__ != "__main__":
+        raise
+    fattn, IMPORT_ERROR = None, IMPORT_ERROR or e
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-import fattn  # noqa: E402
+BACKENDS = ("fattn", "fattn-b", "cudnn", "fa2", "fa3")
+LABEL = {"fattn": "fattn", "fattn-b": "fattn-b", "cudnn": "cuDNN", "fa2": "FA2", "fa3": "FA3", "fattn_ab": "A/B"}
+# ratio columns: (header, denominator); the numerator is always fattn
+RATIOS = (("x cuDNN", "cudnn"), ("x FA3", "fa3"), ("x FA2", "fa2"), ("new/old", "fattn-b"))
+ROWS = {"all": ("bf16,fp16", "64,128,256", "512,1024,2048,4096,8192,16384", "both"),
+        "table": ("bf16,fp16", "64,128,256", "1024,2048,4096,8192,16384", "both"),  # the README's 60 rows
+        "smoke": ("bf16,fp16", "64,128,256", "1024", "both")}
+DT = {"bfloat16": "bf16", "float16": "fp16"}  # the JSON's dtype names -> the command line's
+MAXDIFF_WARN = 0.05  # a wrong mask or scale moves outputs by 0.1-1; bf16 rounding by < 0.02
 
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+
+def key(name):
+    """A backend's key in the JSON (fattn-b -> fattn_b)."""
+    return name.replace("-", "_")
 
 
 class Clocks:
@@ -101,24 +139,107 @@ def flops(b, h, sq, sk, d, causal):
     return f / 2 if causal and sq == sk else f
 
 
+def load_fa3():
+    """FlashAttention-3's forward from the fa3-fwd wheel: (flash_attn_func, version), or (None, why not)."""
+    try:
+        from fa3_fwd_interface import flash_attn_func
+    except Exception as e:  # ImportError, or its extension failing to load against this torch
+        return None, "%s: %s" % (type(e).__name__, (str(e).splitlines() or [""])[0][:160])
+    try:
+        from importlib.metadata import version
+        return flash_attn_func, "fa3-fwd " + version("fa3_fwd")
+    except Exception:  # installed without its dist-info
+        return flash_attn_func, "fa3-fwd (version unknown)"
+
+
+def fa3_call(fa3, q, k, v, causal):
+    """The FA3 call on [b, s, h, d] tensors, returning O.  fa3-fwd 0.0.3's flash_attn_func returns O
+    alone (O and LSE with return_attn_probs=True); older FA3 interfaces return (O, LSE).  Its FP8 form
+    takes q/k/v_descale float32 (batch, heads_kv); the wheel has no fp16 kernels."""
+    if q.dtype != torch.bfloat16:
+        def unsupported():
+            raise NotImplementedError("the fa3-fwd wheel has bf16 and FP8 kernels only")
+        return unsupported
+    scale = q.shape[-1] ** -0.5
+
+    def fn():
+        r = fa3(q, k, v, softmax_scale=scale, causal=bool(causal))
+        return r[0] if isinstance(r, (tuple, list)) else r
+    return fn
+
+
+def mapped_files():
+    with open("/proc/self/maps") as f:
+        return {p[5].strip() for p in (line.split(None, 5) for line in f) if len(p) == 6}
+
+
+class FattnB:
+    """A second libfattn.so (--fattn-lib-b) beside the one `fattn` loaded, for old-against-new runs:
+    python/fattn (or --fattn-py-b, say the old tree's python/fattn if the C structs changed) runs
+    again as module fattn_b with FATTN_LIBRARY set to the second library, so it holds its own
+    ctypes handle and its own context, and `fattn`'s are untouched (ctypes opens libraries
+    RTLD_LOCAL and libfattn exports only its API, so the two copies do not bind to each other).
+    dlopen gives one handle per file: when the library is the one fattn already holds (the same
+    path or a hard link), fattn-b times the same code (an A/A run), and `same` says so.
+    backend: the context's kind (BACKEND_CPU to try the loading on a machine without a GPU)."""
+
+    def __init__(self, lib, py=None, backend="BACKEND_CUDA"):
+        self.path = os.path.realpath(lib)
+        if not os.path.isfile(self.path):
+            sys.exit("--fattn-lib-b: no file %s" % lib)
+        init = os.path.join(py or os.path.join(HERE, "..", "python", "fattn"), "__init__.py")
+        spec = importlib.util.spec_from_file_location("fattn_b", init,
+                                                      submodule_search_locations=[os.path.dirname(init)])
+        self.mod = importlib.util.module_from_spec(spec)
+        sys.modules["fattn_b"] = self.mod
+        before, saved = mapped_files(), os.environ.get("FATTN_LIBRARY")
+        os.environ["FATTN_LIBRARY"] = self.path
+        try:  # set while fattn_b loads its library, at import or at first use
+            spec.loader.exec_module(self.mod)
+            self.ctx = self.mod.Context(getattr(self.mod, backend), 0)
+            self.version = getattr(self.mod, "__version__", "?")
+        finally:
+            if saved is None:
+                del os.environ["FATTN_LIBRARY"]
+            else:
+                os.environ["FATTN_LIBRARY"] = saved
+        self.same = self.path not in mapped_files() - before
+
+
 class Case:
     """One shape's inputs as the bench scripts draw them (Q, K, V independent N(0, 1),
     [b, s, h, d], from a CUDA generator seeded with `seed`; O and LSE written by fattn)
     and each backend's call on them: `calls` is [(name, fn, SDPA backend or None)], where
-    an SDPA backend's fn must run under sdpa_kernel([backend]).  The object owns the
-    tensors the calls read and write: keep it alive while calling them."""
+    an SDPA backend's fn must run under sdpa_kernel([backend]): fattn, cudnn and fa2, then
+    fattn-b with ctx_b (a FattnB's context; it writes o_b, lse_b) and fa3 with fa3 (load_fa3's
+    function).  The object owns the tensors the calls read and write: keep it alive while
+    calling them."""
 
-    def __init__(self, ctx, dtype, b, s, h, d, causal, seed):
+    def __init__(self, ctx, dtype, b, s, h, d, causal, seed, ctx_b=None, fa3=None):
         g = torch.Generator(device="cuda").manual_seed(seed)
         self.q, self.k, self.v = (torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g) for _ in range(3))
         self.o = torch.empty_like(self.q)
         self.lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
-        ctx.set_stream(torch.cuda.current_stream().cuda_stream)
+        stream = torch.cuda.current_stream().cuda_stream
+        ctx.set_stream(stream)
         args = ctx.fwd_args(self.q, self.k, self.v, self.o, self.lse, causal)
         qt, kt, vt = (x.transpose(1, 2) for x in (self.q, self.k, self.v))  # [b, h, s, d] views, as SDPA takes them
         sdpa = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))  # noqa: E731
         self.calls = [("fattn", lambda: ctx.fwd_raw(args), None), ("cudnn", sdpa, SDPBackend.CUDNN_ATTENTION),
                       ("fa2", sdpa, SDPBackend.FLASH_ATTENTION)]
+        if ctx_b is not None:
+            self.o_b, self.lse_b = torch.empty_like(self.o), torch.empty_like(self.lse)
+            ctx_b.set_stream(stream)
+            args_b = ctx_b.fwd_args(self.q, self.k, self.v, self.o_b, self.lse_b, causal)
+            self.calls.append(("fattn-b", lambda: ctx_b.fwd_raw(args_b), None))
+        if fa3 is not None:
+            self.calls.append(("fa3", fa3_call(fa3, self.q, self.k, self.v, causal), None))
+
+    def output(self, name, r):
+        """The [b, s, h, d] output of backend `name`'s call that returned r."""
+        if name in ("fattn", "fattn-b"):
+            return self.o if name == "fattn" else self.o_b
+        return r.transpose(1, 2) if name in ("cudnn", "fa2") else r
 
 
 def small_bench_args(doc, add=None):
@@ -136,24 +257,58 @@ def small_bench_args(doc, add=None):
     return a, torch.bfloat16 if a.dtype == "bf16" else torch.float16
 
 
+@contextlib.contextmanager
+def option_set(ctx, option):
+    ctx.set_option(option, 1)
+    try:
+        yield
+    finally:
+        ctx.set_option(option, 0)
+
+
+def turn_context(be, ctx=None, ab_option=None):
+    """What a backend's calls run under: nothing (None), fattn's A/B option set ("ab"), or the SDPA backend."""
+    if be is None:
+        return contextlib.nullcontext()
+    return option_set(ctx, ab_option) if be == "ab" else sdpa_kernel([be])
+
+
 def bench_case(ctx, dtype, b, s, h, d, causal, iters, peers=True, rounds=3, rotate=True, settle_ms=0.0,
-               cooldown_ms=0.0, ab_option=None):
-    case = Case(ctx, dtype, b, s, h, d, causal, 1234 + s + d)
+               cooldown_ms=0.0, ab_option=None, backends=("fattn", "cudnn", "fa2"), ctx_b=None, fa3=None):
+    """One shape: fattn and (peers) the other backends of `backends` (fattn-b needs ctx_b, fa3 needs
+    fa3) taking turns; TFLOPs/s per backend, None with <name>_error for one that cannot run it."""
+    t_row = time.perf_counter()
+    case = Case(ctx, dtype, b, s, h, d, causal, 1234 + s + d, ctx_b if "fattn-b" in backends else None,
+                fa3 if "fa3" in backends else None)
     fl = flops(b, h, s, s, d, causal)
     res = {"dtype": str(dtype).split(".")[-1], "batch": b, "seqlen": s, "heads": h, "head_dim": d,
            "causal": bool(causal)}
-    fns = [case.calls[0]]
+    calls = {name: (fn, be) for name, fn, be in case.calls}
+    fns = [("fattn",) + calls["fattn"]]
     if ab_option is not None:  # the same calls with option ab_option set to 1 during this entry's turns
-        fns.append(("fattn_ab", case.calls[0][1], "ab"))
+        fns.append(("fattn_ab", calls["fattn"][0], "ab"))
     if peers:
-        for name, fn, be in case.calls[1:]:
-            try:
-                with sdpa_kernel([be]):
-                    fn()
-                fns.append((name, fn, be))
-            except Exception as e:  # a backend that cannot run this shape
-                res[name] = None
-                res[name + "_error"] = str(e).splitlines()[0][:120]
+        calls["fattn"][0]()  # the reference output for the others' maxdiff
+        for name in backends:
+            if name == "fattn":
+                continue
+            if name not in calls:
+                res[key(name)], res[key(name) + "_error"] = None, "not loaded"
+                continue
+            fn, be = calls[name]
+            try:  # a backend that cannot run this shape says so here
+                with turn_context(be):
+                    r = fn()
+                torch.cuda.synchronize()
+            except Exception as e:
+                res[key(name)] = None
+                res[key(name) + "_error"] = (str(e).splitlines() or [type(e).__name__])[0][:120]
+                continue
+            try:  # largest |O - fattn's O|: the same mask and scale read below MAXDIFF_WARN
+                res[key(name) + "_maxdiff"] = float((case.output(name, r) - case.o).abs().max().item())
+            except Exception:  # an output this script cannot read: time it all the same
+                res[key(name) + "_maxdiff"] = None
+            fns.append((name, fn, be))
     # the backends take turns over `rounds` rounds (median over all samples):
     # the machine drifts by several percent within a run, and interleaving
     # makes that drift hit every backend alike
@@ -168,40 +323,105 @@ def bench_case(ctx, dtype, b, s, h, d, causal, iters, peers=True, rounds=3, rota
             if cooldown_ms > 0:  # burst timing: every turn starts from an idle GPU
                 torch.cuda.synchronize()
                 time.sleep(cooldown_ms / 1e3)
-            if be == "ab":
-                ctx.set_option(ab_option, 1)
-            with contextlib.nullcontext() if be in (None, "ab") else sdpa_kernel([be]):
+            with turn_context(be, ctx, ab_option):
                 t, c = time_fn(fn, iters, settle_ms=settle_ms)
-            if be == "ab":
-                ctx.set_option(ab_option, 0)
             samples[name] += t
             clocks[name] += c
     for name, _, _ in fns:
-        res[name] = fl / statistics.median(samples[name]) / 1e12
+        n = key(name)
+        res[n] = fl / statistics.median(samples[name]) / 1e12
         if clocks[name]:  # median SM clock and power while this backend ran
-            res[name + "_mhz"] = statistics.median(c[0] for c in clocks[name])
-            res[name + "_w"] = statistics.median(c[1] for c in clocks[name])
-            res[name + "_clock_samples"] = len(clocks[name])
+            res[n + "_mhz"] = statistics.median(c[0] for c in clocks[name])
+            res[n + "_w"] = statistics.median(c[1] for c in clocks[name])
+            res[n + "_clock_samples"] = len(clocks[name])
     del case
+    res["row_s"] = round(time.perf_counter() - t_row, 2)
     return res
+
+
+# the estimate's assumptions: TFLOPs/s under the power limit (README table; causal 0.8x of it),
+# start-up (torch, CUDA, cuDNN, the FA3 extension) and per row (inputs, first calls, maxdiff)
+EST_TFLOPS, EST_START_S, EST_ROW_S = {"fa2": 300.0}, 30.0, 0.5
+
+
+def turn_s(name, fl, causal, iters, settle_ms, cooldown_ms):
+    """One turn: cool-down, 5 warm-up calls, the settling (half a batch of 10 past it), iters x 10 samples."""
+    t = fl / (EST_TFLOPS.get(name, 520.0) * (0.8 if causal else 1.0) * 1e12)
+    return (cooldown_ms + settle_ms) / 1e3 + (5 + 5 + 10 * iters) * t
+
+
+def estimate_s(rows, backends, a, fa3_ok=True):
+    """Expected seconds of the run: rows x backends x rounds x (settle + samples), plus start-up."""
+    tot = EST_START_S
+    names = [n for n in backends if n != "fa3" or fa3_ok] + (["fattn_ab"] if a.ab_option else [])
+    for dn, d, causal, s, b, h in rows:
+        fl = flops(b, h, s, s, d, causal)
+        tot += EST_ROW_S + sum(a.rounds * turn_s(n, fl, causal, a.iters, a.settle_ms, a.cooldown_ms)
+                               for n in names if n != "fa3" or dn == "bf16")
+    if a.ablation:  # 4 variants x --ablation-rounds single turns, the peers once
+        fl = flops(4, 16, 8448, 8448, 128, False)
+        tot += 4 * a.ablation_rounds * (EST_ROW_S + turn_s("fattn", fl, False, a.iters, a.settle_ms, 0)) + sum(
+            turn_s(n, fl, False, a.iters, a.settle_ms, 0) for n in names if n not in ("fattn", "fattn-b", "fattn_ab"))
+    return tot
+
+
+def fmt(x, f="%7.1f"):
+    return f % x if x else "n/a".rjust(len(f % 0.0))
+
+
+def ratio(r, den):
+    return r["fattn"] / r[key(den)] if r.get(key(den)) else None
+
+
+def summary(results, ratios, names):
+    """Per ratio column: range and geometric mean over the rows; for new/old the rows outside +-2%;
+    per backend the largest maxdiff against fattn's output."""
+    print()
+    worst = [(n, max((r[key(n) + "_maxdiff"] for r in results if r.get(key(n) + "_maxdiff") is not None),
+                     default=None)) for n in names if n != "fattn"]
+    print("largest |O - fattn's O| per backend: " + ", ".join(
+        "%s %s" % (LABEL[n], "n/a" if m is None else "%.3g" % m) for n, m in worst))
+    for hdr, den in ratios:
+        vals = [(r, ratio(r, den)) for r in results if ratio(r, den)]
+        if not vals:
+            continue
+        xs = [v for _, v in vals]
+        print("fattn %-8s over %2d rows: %.3f-%.3f, geometric mean %.3f" % (
+            hdr, len(xs), min(xs), max(xs), math.exp(sum(math.log(x) for x in xs) / len(xs))))
+        if den == "fattn-b":
+            out = ["%s d%d %s %d: %.3f" % (DT.get(r["dtype"], r["dtype"]), r["head_dim"],
+                                           "causal" if r["causal"] else "none", r["seqlen"], v)
+                   for r, v in vals if abs(v - 1) > 0.02]
+            print("  new/old outside 0.98-1.02: %s" % ("; ".join(out) if out else "none"))
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dtypes", default="bf16,fp16")
-    ap.add_argument("--head-dims", default="64,128,256")
-    ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
-    ap.add_argument("--causal", default="both", choices=["both", "0", "1"])
+    ap.add_argument("--rows", default="all", choices=sorted(ROWS),
+                    help="preset of dtypes, head dims, seqlens and masks (table: the README's 60 rows; smoke: "
+                         "seqlen 1024 only); --dtypes, --head-dims, --seqlens, --causal override it")
+    ap.add_argument("--dtypes")
+    ap.add_argument("--head-dims")
+    ap.add_argument("--seqlens")
+    ap.add_argument("--causal", choices=["both", "0", "1"])
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--hidden", type=int, default=2048)
-    ap.add_argument("--iters", type=int, default=4, help="samples per backend per round (3 rounds)")
+    ap.add_argument("--backends", help="comma-separated, from %s, fattn among them; they take turns in this "
+                                       "order (default: fattn,fattn-b (with --fattn-lib-b),cudnn,fa2,fa3)"
+                                       % ",".join(BACKENDS))
+    ap.add_argument("--fattn-lib-b", metavar="PATH",
+                    help="a second libfattn.so (e.g. the previous commit's build) timed as backend fattn-b")
+    ap.add_argument("--fattn-py-b", metavar="DIR",
+                    help="the python/fattn directory whose bindings load --fattn-lib-b (default: this tree's)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per shape")
+    ap.add_argument("--iters", type=int, default=4, help="samples (of 10 calls) per backend per round")
     ap.add_argument("--json")
     ap.add_argument("--png")
     ap.add_argument("--ablation", action="store_true")
     ap.add_argument("--ablation-rounds", type=int, default=3, help="interleaved rounds of the ablation")
     ap.add_argument("--order", default="rotate", choices=["rotate", "fixed"],
-                    help="backend order per round: rotated (round r starts with backend r) or always fattn, "
-                         "cuDNN, FA2")
+                    help="backend order per round: rotated (round r starts with backend r) or always the "
+                         "--backends order")
     ap.add_argument("--settle-ms", type=float, default=500.0,
                     help="each backend runs this long before its timed samples in every round")
     ap.add_argument("--cooldown-ms", type=float, default=0.0,
@@ -214,9 +434,47 @@ def main():
                     help="read the SM clock and board power (NVML) while each backend runs; printed after "
                          "each row and kept in the JSON (<backend>_mhz, <backend>_w)")
     ap.add_argument("--no-pdl", action="store_true",
-                    help="launch fattn without programmatic dependent launch (its set-up then cannot "
-                         "overlap the previous call's tail)")
+                    help="launch fattn (and fattn-b) without programmatic dependent launch (its set-up then "
+                         "cannot overlap the previous call's tail)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="print the rows, the backends and the expected duration, and stop (needs no torch or GPU)")
     a = ap.parse_args()
+    preset = dict(zip(("dtypes", "head_dims", "seqlens", "causal"), ROWS[a.rows]))
+    for k, v in preset.items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    backends = (a.backends.split(",") if a.backends else
+                ["fattn"] + (["fattn-b"] if a.fattn_lib_b else []) + ["cudnn", "fa2", "fa3"])
+    bad = [n for n in backends if n not in BACKENDS]
+    if bad or "fattn" not in backends or len(set(backends)) != len(backends):
+        ap.error("--backends: %s (from %s, once each, fattn among them: every ratio is fattn's)" % (
+            ",".join(bad) or "fattn missing or a name twice", ",".join(BACKENDS)))
+    if "fattn-b" in backends and not a.fattn_lib_b:
+        ap.error("backend fattn-b needs --fattn-lib-b PATH")
+    if a.fattn_lib_b and "fattn-b" not in backends:
+        print("--fattn-lib-b: fattn-b is not in --backends, so it is not loaded")
+    causals = [False, True] if a.causal == "both" else [a.causal == "1"]
+    rows = [(dn, d, causal, s, max(1, a.tokens // s), a.hidden // d) for dn in a.dtypes.split(",")
+            for d in [int(x) for x in a.head_dims.split(",")] for causal in causals
+            for s in [int(x) for x in a.seqlens.split(",")]]
+    bad = sorted({r[0] for r in rows} - {"bf16", "fp16"})
+    if bad:
+        ap.error("--dtypes: %s (bf16, fp16)" % ",".join(bad))
+
+    fa3, fa3_info = (None, "not in --backends") if "fa3" not in backends or a.dry_run else (
+        load_fa3() if torch is not None else (None, "torch is not importable"))
+    est = estimate_s(rows, backends, a, fa3_ok=fa3 is not None or a.dry_run)  # a dry run counts FA3 in
+    note = " (FA3 on the bf16 rows only)" if "fa3" in backends and "fp16" in a.dtypes else ""
+    print("%d rows (%s; d %s; seqlen %s; causal %s) x backends %s%s x %d rounds x (settle %.0f ms + %d x 10 calls): "
+          "expected ~%.0f s (%.1f min)" % (len(rows), a.dtypes, a.head_dims, a.seqlens, a.causal, ",".join(backends),
+                                           note, a.rounds, a.settle_ms, a.iters, est, est / 60))
+    if est > 540:
+        print("  over 9 minutes: one device command may run 10; split it with --dtypes, --causal or --head-dims")
+    if a.dry_run:
+        return
+    if IMPORT_ERROR is not None:
+        sys.exit("compare.py: %s (torch and the fattn library are needed; --dry-run runs without)" % IMPORT_ERROR)
+    fb = FattnB(a.fattn_lib_b, a.fattn_py_b) if "fattn-b" in backends else None
     dts = {"bf16": torch.bfloat16, "fp16": torch.float16}
     ctx = fattn.Context(fattn.BACKEND_CUDA, 0)
     if a.clocks:
@@ -228,12 +486,25 @@ def main():
             a.clocks = False
     if a.no_pdl:
         ctx.set_option(fattn.OPTION_DISABLE_PDL, 1)
+        if fb is not None:
+            fb.ctx.set_option(fb.mod.OPTION_DISABLE_PDL, 1)
     print("device: %s, torch %s, cuDNN %s, fattn %s; backend order %s, settle %.0f ms, cool-down %.0f ms per turn" % (
         torch.cuda.get_device_name(), torch.__version__, torch.backends.cudnn.version(), fattn.__version__, a.order,
         a.settle_ms, a.cooldown_ms))
+    if fb is not None:
+        print("fattn-b: %s (fattn %s)%s" % (fb.path, fb.version, "; the SAME library as fattn (same file or a hard "
+              "link, or the bindings ignored FATTN_LIBRARY): an A/A run" if fb.same else ""))
+    if fa3 is not None:
+        print("FA3: %s%s" % (fa3_info, "; bf16 only: its fp16 rows read n/a" if "fp16" in a.dtypes else ""))
+    elif "fa3" in backends:
+        print("FA3: n/a (%s); its column reads n/a" % fa3_info)
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "cudnn": torch.backends.cudnn.version(), "pdl": not a.no_pdl,
-           "order": a.order, "settle_ms": a.settle_ms, "cooldown_ms": a.cooldown_ms, "results": [], "ablation": []}
+           "cudnn": torch.backends.cudnn.version(), "fattn_version": fattn.__version__, "pdl": not a.no_pdl,
+           "backends": backends, "fa3_version": fa3_info if fa3 else None, "fa3_unavailable": None if fa3 else fa3_info,
+           "fattn_b": None if fb is None else {"library": fb.path, "version": fb.version, "same_as_fattn": fb.same},
+           "order": a.order, "rounds": a.rounds, "iters": a.iters, "settle_ms": a.settle_ms,
+           "cooldown_ms": a.cooldown_ms, "estimate_s": round(est), "results": [], "ablation": []}
+    peer_names = [n for n in backends if n != "fattn-b"]  # the ablation's peers (one fattn library)
 
     if a.ablation:
         print("\nablation: batch 4, seqlen 8448, 16 heads, head dim 128, bf16, non-causal (TFLOPs/s, median of %d "
@@ -243,7 +514,7 @@ def main():
         # drift hits every variant alike.  The overlap variants run the
         # paper's placement (the softmax under the warpgroup's own PV GEMM),
         # which the shipped d128 kernel also has since v15 (run 35), so "full
-        # design" is the shipped kernel; cuDNN and FA2 are timed beside it
+        # design" is the shipped kernel; the peers are timed beside it
         variants = (("overlap off, pingpong off", 0, 0, 0), ("pingpong only", 0, 1, 0),
                     ("overlap only", 1, 0, 1), ("full design (shipped)", 1, 1, 1))
         runs = {v[0]: [] for v in variants}
@@ -255,7 +526,7 @@ def main():
                 ctx.set_option(fattn.OPTION_SOFTMAX_UNDER_PV, upv)
                 runs[name].append(bench_case(ctx, torch.bfloat16, 4, 8448, 16, 128, False, a.iters,
                                              peers=(name.startswith("full design") and rnd == 0), rounds=1,
-                                             settle_ms=a.settle_ms))
+                                             settle_ms=a.settle_ms, backends=peer_names, fa3=fa3))
         for name, _, _, _ in variants:
             r = dict(runs[name][0])
             vals = sorted(x["fattn"] for x in runs[name])
@@ -263,7 +534,8 @@ def main():
             r["fattn_rounds"] = [x["fattn"] for x in runs[name]]
             r["variant"] = name
             out["ablation"].append(r)
-            extra = "" if r.get("cudnn") is None else "   cuDNN %.0f  FA2 %.0f" % (r["cudnn"], r["fa2"] or 0)
+            extra = "".join("   %s %s" % (LABEL[n], fmt(r.get(key(n)), "%.0f")) for n in peer_names[1:]
+                            if key(n) in r)
             print("  %-28s %6.0f  (rounds %s)%s" % (name, r["fattn"], " ".join("%.0f" % v for v in r["fattn_rounds"]),
                                                    extra), flush=True)
         ctx.set_option(fattn.OPTION_DISABLE_OVERLAP, 0)
@@ -271,32 +543,38 @@ def main():
         ctx.set_option(fattn.OPTION_SOFTMAX_UNDER_PV, 0)
 
     ab_opt = None if a.ab_option is None else getattr(fattn, "OPTION_" + a.ab_option.upper())
-    causals = [False, True] if a.causal == "both" else [a.causal == "1"]
-    hdr = "%-5s %4s %-6s %6s | %7s %7s %7s | %8s %8s" % ("dtype", "d", "mask", "seqlen", "fattn", "cuDNN", "FA2",
-                                                        "x cuDNN", "x FA2")
+    cols = [n for n in BACKENDS if n in backends]
+    ratios = [(h, den) for h, den in RATIOS if den in backends]
+    hdr = "%-5s %4s %-6s %6s | %s | %s" % ("dtype", "d", "mask", "seqlen", " ".join("%7s" % LABEL[n] for n in cols),
+                                          " ".join("%8s" % h for h, _ in ratios))
     print("\n" + hdr + "\n" + "-" * len(hdr))
-    for dn in a.dtypes.split(","):
-        for d in [int(x) for x in a.head_dims.split(",")]:
-            for causal in causals:
-                for s in [int(x) for x in a.seqlens.split(",")]:
-                    b, h = max(1, a.tokens // s), a.hidden // d
-                    r = bench_case(ctx, dts[dn], b, s, h, d, causal, a.iters, rotate=a.order == "rotate",
-                                   settle_ms=a.settle_ms, cooldown_ms=a.cooldown_ms, ab_option=ab_opt)
-                    out["results"].append(r)
-                    rc = r["fattn"] / r["cudnn"] if r.get("cudnn") else float("nan")
-                    rf = r["fattn"] / r["fa2"] if r.get("fa2") else float("nan")
-                    print("%-5s %4d %-6s %6d | %7.1f %7s %7s | %8.3f %8.3f" % (
-                        dn, d, "causal" if causal else "none", s, r["fattn"],
-                        "%.1f" % r["cudnn"] if r.get("cudnn") else "n/a",
-                        "%.1f" % r["fa2"] if r.get("fa2") else "n/a", rc, rf), flush=True)
-                    if ab_opt is not None:
-                        print("      A/B %s=1: %.1f TFLOPs/s, %.3f x fattn" % (a.ab_option, r["fattn_ab"],
-                                                                       r["fattn_ab"] / r["fattn"]), flush=True)
-                    if a.clocks:
-                        print("      SM MHz / W (median while running): " + ", ".join(
-                            "%s %s / %s" % (n, "%.0f" % r[n + "_mhz"] if n + "_mhz" in r else "-",
-                                            "%.0f" % r[n + "_w"] if n + "_w" in r else "-")
-                            for n in ("fattn", "cudnn", "fa2")), flush=True)
+    for dn, d, causal, s, b, h in rows:
+        r = bench_case(ctx, dts[dn], b, s, h, d, causal, a.iters, rounds=a.rounds, rotate=a.order == "rotate",
+                       settle_ms=a.settle_ms, cooldown_ms=a.cooldown_ms, ab_option=ab_opt, backends=backends,
+                       ctx_b=fb.ctx if fb else None, fa3=fa3)
+        out["results"].append(r)
+        out["elapsed_s"] = round(time.perf_counter() - T0)
+        if a.json:  # after every row, so a command stopped at its time limit keeps the rows it measured
+            with open(a.json, "w") as f:
+                json.dump(out, f, indent=1)
+        print("%-5s %4d %-6s %6d | %s | %s" % (dn, d, "causal" if causal else "none", s,
+                                               " ".join(fmt(r.get(key(n))) for n in cols),
+                                               " ".join(fmt(ratio(r, den), "%8.3f") for _, den in ratios)), flush=True)
+        if ab_opt is not None:
+            print("      A/B %s=1: %.1f TFLOPs/s, %.3f x fattn" % (a.ab_option, r["fattn_ab"],
+                                                           r["fattn_ab"] / r["fattn"]), flush=True)
+        off = ["%s %.3g" % (LABEL[n], r[key(n) + "_maxdiff"]) for n in cols
+               if (r.get(key(n) + "_maxdiff") or 0) > MAXDIFF_WARN]
+        if off:
+            print("      maxdiff against fattn's O above %.2f: %s" % (MAXDIFF_WARN, ", ".join(off)), flush=True)
+        if a.clocks:
+            print("      SM MHz / W (median while running): " + ", ".join(
+                "%s %s / %s" % (n, "%.0f" % r[n + "_mhz"] if n + "_mhz" in r else "-",
+                                "%.0f" % r[n + "_w"] if n + "_w" in r else "-")
+                for n in [key(n) for n in cols] + (["fattn_ab"] if ab_opt is not None else [])), flush=True)
+    out["elapsed_s"] = round(time.perf_counter() - T0)
+    summary(out["results"], ratios, cols)
+    print("done in %.0f s (estimate %.0f s)" % (out["elapsed_s"], est))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)
@@ -305,7 +583,11 @@ def main():
 
 
 def plot(results, path):
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        print("--png: matplotlib is not installed; no plot")
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     dims = sorted({r["head_dim"] for r in results})
@@ -313,14 +595,17 @@ def plot(results, path):
     dtypes = sorted({r["dtype"] for r in results})
     fig, axes = plt.subplots(len(masks) * len(dtypes), len(dims), figsize=(5 * len(dims), 3.6 * len(masks) * len(dtypes)),
                              squeeze=False)
+    lines = [(k, label) for k, label in (("fattn", "fattn"), ("fattn_b", "fattn-b (--fattn-lib-b)"),
+                                         ("cudnn", "cuDNN (torch SDPA)"), ("fa2", "FA2 (torch SDPA)"),
+                                         ("fa3", "FA3 (fa3-fwd)")) if any(r.get(k) for r in results)]
     for i, (dt, m) in enumerate([(dt, m) for dt in dtypes for m in masks]):
         for j, d in enumerate(dims):
             ax = axes[i][j]
             rs = sorted([r for r in results if r["dtype"] == dt and r["causal"] == m and r["head_dim"] == d],
                         key=lambda r: r["seqlen"])
             xs = [r["seqlen"] for r in rs]
-            for key, label in (("fattn", "fattn"), ("cudnn", "cuDNN (torch SDPA)"), ("fa2", "FA2 (torch SDPA)")):
-                ys = [r.get(key) or float("nan") for r in rs]
+            for k, label in lines:
+                ys = [r.get(k) or float("nan") for r in rs]
                 ax.plot(xs, ys, marker="o", label=label)
             ax.set_xscale("log", base=2)
             ax.set_title("%s, head dim %d, %s" % (dt, d, "causal" if m else "non-causal"))
