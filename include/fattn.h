@@ -310,6 +310,12 @@ typedef enum fattn_quant_granularity {
  *        of two (64, 128, 256 ...).  Apply it to Q and K with the same seed
  *        (never to V): Q M (K M)^T = Q K^T.
  * Conversion rounds to nearest even and saturates to +-448 (NaN stays NaN).
+ * Non-finite input propagates, as torch's would (entries taken after the
+ * rotation, when asked): a NaN entry codes NaN (0x7F) and is left out of
+ * amax; a block holding +-Inf gets scale = +Inf, its Inf entries code NaN and
+ * its finite entries +-0, so that every entry of the block dequantises
+ * (code * scale) to NaN and attention over it gives NaN, never a finite
+ * result.  With FATTN_QUANT_TENSOR one Inf makes every scale +Inf.
  */
 typedef struct fattn_quantize_args {
     fattn_tensor in;

@@ -167,23 +167,25 @@ static void tile_ds(const bwd_job *j, bwd_scratch *w, const fattn_seq *sq, int64
 
     j->kern.gemm((int)rows4, (int)jn16, (int)j->m.d, w->q, j->m.dp, w->kt, BN, w->s, BN, 0);
     j->kern.gemm((int)rows4, (int)jn16, (int)j->m.dv, w->dO, j->m.dvp, w->vt, BN, w->dP, BN, 0);
+    /* Keys a row does not see get P = 0 and dS = 0 exactly, whatever its
+     * LSE, D or dP hold: a NaN then reaches only the gradients that depend on
+     * it (never through 0 * NaN), the same for any tiling. */
+    int64_t vis[FATTN_CPU_BM];
     for (int64_t r = 0; r < rows4; r++) {
         float *srow = w->s + r * BN;
-        if (r >= rows || w->lse[r] == -INFINITY) {
-            memset(srow, 0, sizeof(float) * (size_t)jn16);
-            continue;
-        }
-        int64_t vis = imin64(imax64(fattn_last_key(p, sq, i0 + r) - j0 + 1, 0), jn);
-        for (int64_t c = 0; c < vis; c++) srow[c] *= scale;
-        for (int64_t c = vis; c < jn16; c++) srow[c] = -INFINITY;
-        j->kern.exp_sub(srow, (int)jn16, w->lse[r]);
+        vis[r] = 0;
+        if (r < rows && w->lse[r] != -INFINITY)
+            vis[r] = imin64(imax64(fattn_last_key(p, sq, i0 + r) - j0 + 1, 0), jn);
+        for (int64_t c = 0; c < vis[r]; c++) srow[c] *= scale;
+        j->kern.exp_sub(srow, (int)vis[r], w->lse[r]);
+        memset(srow + vis[r], 0, sizeof(float) * (size_t)(jn16 - vis[r]));
     }
     if (want_pt) transpose_s(w, rows4, jn16);
     for (int64_t r = 0; r < rows4; r++) {
         float *srow = w->s + r * BN;
         const float *dprow = w->dP + r * BN;
         const float Dr = w->D[r];
-        for (int64_t c = 0; c < jn16; c++) srow[c] = srow[c] * (dprow[c] - Dr) * scale;
+        for (int64_t c = 0; c < vis[r]; c++) srow[c] = srow[c] * (dprow[c] - Dr) * scale;
     }
 }
 

@@ -132,14 +132,14 @@ static void fwd_task(void *arg, int64_t task, int worker) {
             for (int64_t c = 0; c < vis; c++) mx = srow[c] > mx ? srow[c] : mx;
             const float m_old = w.m[r];
             const float m_new = mx > m_old ? mx : m_old;
-            if (m_new == -INFINITY) { /* nothing visible yet */
-                memset(srow, 0, sizeof(float) * (size_t)jn);
-                continue;
-            }
+            /* Max -inf (nothing finite seen yet): subtract 0 instead, so that
+             * -inf scores give 0 and NaN scores stay NaN (FlashAttention's
+             * guard; never skip the row, or a NaN q would look masked). */
+            const float m_use = m_new == -INFINITY ? 0.0f : m_new;
             for (int64_t c = vis; c < jn; c++) srow[c] = -INFINITY;
-            const float rs = j->kern.exp_sub(srow, (int)jn, m_new);
+            const float rs = j->kern.exp_sub(srow, (int)jn, m_use);
             if (m_new != m_old) {
-                const float alpha = expf(m_old - m_new);
+                const float alpha = expf(m_old - m_use);
                 float *orow = w.o + r * dvp;
                 for (int64_t t = 0; t < dv; t++) orow[t] *= alpha;
                 w.l[r] = w.l[r] * alpha + rs;
@@ -158,7 +158,7 @@ static void fwd_task(void *arg, int64_t task, int worker) {
     for (int64_t r = 0; r < rows; r++) {
         float *orow = w.o + r * dvp;
         float lse;
-        if (w.m[r] == -INFINITY || !(w.l[r] > 0.0f)) {
+        if (w.l[r] == 0.0f) { /* no key visible, or all scores -inf; NaN l falls through */
             memset(orow, 0, sizeof(float) * (size_t)dv);
             lse = -INFINITY;
         } else {

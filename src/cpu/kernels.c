@@ -80,12 +80,19 @@ typedef int32_t v16i __attribute__((vector_size(64)));
     }
 
 /* exp(x - sub): Cephes-style range reduction x = n ln2 + r, |r| <= ln2/2, and
- * a degree-6 polynomial; ~1-2 ulp.  Arguments < -87 give 0. */
+ * a degree-6 polynomial; ~1-2 ulp.  Arguments below -87.33 (ln 2^-126, and
+ * -inf) give exactly 0; NaN gives NaN (it must reach O and LSE, as in torch).
+ * n is taken from the bits of x log2e + 1.5 * 2^23 (round to nearest), so no
+ * float -> int conversion ever sees a NaN. */
 #define FATTN_EXP_C1 0.693359375f
 #define FATTN_EXP_C2 -2.12194440e-4f
+#define FATTN_EXP_LO -87.3365479f
 #define FATTN_DEFINE_EXP(NAME, ATTR, VT, VI, W)                                                 \
     ATTR static float NAME(float *x, int n, float sub) {                                        \
         VT acc = (VT){0};                                                                       \
+        const VT lo = (VT){0} + FATTN_EXP_LO, magic = (VT){0} + 12582912.0f;                    \
+        VI magic_bits;                                                                          \
+        memcpy(&magic_bits, &magic, sizeof magic_bits);                                         \
         int i = 0;                                                                              \
         for (; i < n; i += (W)) {                                                               \
             VT v;                                                                               \
@@ -97,15 +104,18 @@ typedef int32_t v16i __attribute__((vector_size(64)));
                 memcpy(&v, tmp, sizeof(VT));                                                    \
             }                                                                                   \
             v = v - sub;                                                                        \
-            VI keep = v >= -87.0f;                   /* -1 where kept, 0 else (also NaN) */     \
-            VT vc = v;                                                                          \
-            VI lo = vc < -87.0f;                                                                \
-            VI clampbits;                                                                       \
-            { VT m87 = (VT){0} - 87.0f; VI vb, mb; memcpy(&vb, &vc, sizeof vb);                 \
-              memcpy(&mb, &m87, sizeof mb); clampbits = (vb & ~lo) | (mb & lo);                 \
-              memcpy(&vc, &clampbits, sizeof vc); }                                             \
-            VT fx = vc * 1.44269504088896341f;                                                  \
-            fx = (fx + 12582912.0f) - 12582912.0f; /* round to nearest */                       \
+            VI under = v < lo;                       /* -1 below the range; 0 for NaN */        \
+            VI vb, lb;                                                                          \
+            memcpy(&vb, &v, sizeof vb);                                                         \
+            memcpy(&lb, &lo, sizeof lb);                                                        \
+            vb = (vb & ~under) | (lb & under);                                                  \
+            VT vc;                                                                              \
+            memcpy(&vc, &vb, sizeof vc);                                                        \
+            VT kf = vc * 1.44269504088896341f + magic;                                          \
+            VI e;                                                                               \
+            memcpy(&e, &kf, sizeof e);                                                          \
+            e = (e - magic_bits + 127) << 23;                                                   \
+            VT fx = kf - magic;                                                                 \
             VT r = vc - fx * FATTN_EXP_C1;                                                      \
             r = r - fx * FATTN_EXP_C2;                                                          \
             VT r2 = r * r;                                                                      \
@@ -115,14 +125,12 @@ typedef int32_t v16i __attribute__((vector_size(64)));
             y = y * r + 1.6666665459E-1f;                                                       \
             y = y * r + 5.0000001201E-1f;                                                       \
             y = y * r2 + r + 1.0f;                                                              \
-            VI e = __builtin_convertvector(fx, VI);                                             \
-            e = (e + 127) << 23;                                                                \
             VT pw;                                                                              \
             memcpy(&pw, &e, sizeof pw);                                                         \
             y = y * pw;                                                                         \
             VI yb;                                                                              \
             memcpy(&yb, &y, sizeof yb);                                                         \
-            yb &= keep;                                                                         \
+            yb &= ~under;                                                                       \
             memcpy(&y, &yb, sizeof y);                                                          \
             acc += y;                                                                           \
             if (rem >= (W)) memcpy(x + i, &y, sizeof(VT));                                      \
