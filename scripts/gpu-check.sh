@@ -18,7 +18,7 @@ step build
 step "resources (ptxas) and SASS"
 {
   for f in src/cuda/hopper/fwd_sm90_hdim*.cu; do
-    nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 --use_fast_math -Iinclude -Isrc \
+    nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++20 -O3 --use_fast_math -Iinclude -Isrc \
       -Xptxas=-v,--warn-on-spills -c "$f" -o /dev/null 2>&1 | grep -E "Used|spill|warn|C75" | sort | uniq -c
   done
   echo "SASS instruction counts in libfattn:"

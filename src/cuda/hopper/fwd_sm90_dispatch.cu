@@ -1,15 +1,47 @@
-/* fwd_sm90_dispatch.cu - choose the forward kernel instance for a problem. */
+/* fwd_sm90_dispatch.cu - the forward's kernel choice (the tile-size function)
+ * and its entry point.  Each choice's measurements: docs/perf-notes.md. */
 #include <cuda_runtime.h>
 
-#include "../cuda_engine.h"
+#include "fwd_sm90_dispatch.h"
 
-fattn_status fwd_sm90_launch(fattn_ctx *ctx, const fattn_fwd_args *a) {
+fwd_kernel fwd_sm90_pick(const fattn_problem *pr, const fwd_variant &v) {
+    const int64_t sk = pr->seqlen_k;
+    switch (pr->head_dim) {
+    case 64:
+        /* 3 warpgroups (192-row tiles) with OTMA 2 win from seqlen_k 512
+         * (runs 53, 100: v43b); below, 2 warpgroups waste less diagonal */
+        if (v.causal) return sk >= 512 ? FWD_D64_CAUSAL : FWD_D64_CAUSAL_2WG;
+        return FWD_D64;
+    case 128:
+        /* BN 176 from seqlen_k 8192: +2.7% at 4096 for BN 128 with QREG 2,
+         * -1.5% at 16384 (runs 61, 63: v26) */
+        if (v.causal) return sk >= 8192 ? FWD_D128_CAUSAL_176 : FWD_D128_CAUSAL;
+        /* the key block whose padded keys cost least: per key, BN 160 costs
+         * 2.8% more than BN 176 and BN 192 the same (runs 106-107: v46,
+         * v47); ties go to BN 176; the ablation keeps BN 176 */
+        if (v.full_design()) {
+            const double k160 = 1.028 * (double)((sk + 159) / 160 * 160);
+            const double k176 = (double)((sk + 175) / 176 * 176), k192 = (double)((sk + 191) / 192 * 192);
+            if (k192 < k176 && k192 <= k160) return FWD_D128_192;
+            if (k160 < k176) return FWD_D128_160;
+        }
+        return FWD_D128_176;
+    default:
+        if (v.causal) return FWD_D256_CAUSAL;
+        /* CTA pairs need the query blocks of each head to pair up */
+        return ((pr->seqlen_q + 127) / 128) % 2 == 0 ? FWD_D256_PAIRED : FWD_D256;
+    }
+}
+
+fattn_status fwd_sm90_launch(fattn_ctx *ctx, const fattn_fwd_args *a, const cuda_fwd_options *opt) {
     fwd_variant v;
     v.bf16 = a->q.dtype == FATTN_DTYPE_BF16;
     v.causal = a->p.causal != 0;
-    v.overlap = !ctx->options[FATTN_OPTION_DISABLE_OVERLAP];
-    v.pingpong = !ctx->options[FATTN_OPTION_DISABLE_PINGPONG];
-    v.under_pv = ctx->options[FATTN_OPTION_SOFTMAX_UNDER_PV] != 0;
+    v.overlap = opt->overlap;
+    v.pingpong = opt->pingpong;
+    v.under_pv = opt->under_pv;
+    v.split = opt->split;
+    v.pdl = opt->pdl;
     int prev;
     const cudaError_t e = cuda_device_enter(ctx->device, &prev);
     if (e != cudaSuccess) {
@@ -17,12 +49,23 @@ fattn_status fwd_sm90_launch(fattn_ctx *ctx, const fattn_fwd_args *a) {
         return fattn_fail(ctx, FATTN_ERROR_CUDA, "making CUDA device %d current: %s", ctx->device,
                           cudaGetErrorString(e));
     }
+    const fwd_kernel k = fwd_sm90_pick(&a->p, v);
     fattn_status s;
     switch (a->p.head_dim) {
-    case 64: s = fwd_sm90_hdim64(ctx, a, v); break;
-    case 128: s = fwd_sm90_hdim128(ctx, a, v); break;
-    default: s = fwd_sm90_hdim256(ctx, a, v); break;
+    case 64: s = fwd_sm90_hdim64(ctx, a, v, k); break;
+    case 128: s = fwd_sm90_hdim128(ctx, a, v, k); break;
+    default: s = fwd_sm90_hdim256(ctx, a, v, k); break;
     }
     cuda_device_leave(prev);
     return s;
+}
+
+fattn_status fwd_sm90_launch(fattn_ctx *ctx, const fattn_fwd_args *a) {
+    cuda_fwd_options o;
+    o.overlap = !ctx->options[FATTN_OPTION_DISABLE_OVERLAP];
+    o.pingpong = !ctx->options[FATTN_OPTION_DISABLE_PINGPONG];
+    o.under_pv = ctx->options[FATTN_OPTION_SOFTMAX_UNDER_PV] != 0;
+    o.split = !ctx->options[FATTN_OPTION_DISABLE_SPLIT];
+    o.pdl = !ctx->options[FATTN_OPTION_DISABLE_PDL];
+    return fwd_sm90_launch(ctx, a, &o);
 }

@@ -8,6 +8,7 @@
 
 #include "../cuda_engine.h"
 #include "fwd_sm90.cuh"
+#include "fwd_sm90_dispatch.h"
 #include "split_layout.h"
 
 /* the kernel's parameters (three tensor maps, FwdParams, SPLIT's tables
@@ -34,27 +35,17 @@ auto fwd_sm90_kernel_of() {
  * d128 1024 with a gain of 2 blocks, 3.8% at d256 1024 with 3; d128 from 4
  * since v31) and by 0.5% of the run.  *split false: the caller runs the
  * instance without SPLIT. */
-/* bench/fwd_variants.cu only: a different SPLIT_MIN_GAIN (0: the rule below) */
-inline int fwd_split_min_gain_ab = 0;
-/* bench/fwd_variants.cu only: the causal head groups by the v15 rule (-3:
- * L2 size with the two-waves minimum, a small remainder group last), by
- * run 96's rule (-4: one group up to SMs / 2 pairs, the remainder merged),
- * or of a fixed size (> 0, the remainder a group of its own); 0: the rule
- * below.  (Runs 93 and 95's -1, L2 alone, and -2, evened groups, are gone
- * with their lists; perf-notes v41.) */
-inline int fwd_head_group_ab = 0;
-
 template <class C>
-fattn_status fwd_split_plan(fattn_ctx *ctx, const fattn_problem *pr, int num_tiles, int max_ctas, FwdSplit *sp,
-                            int *grid, bool *split) {
+fattn_status fwd_split_plan(fattn_ctx *ctx, const fwd_variant &v, const fattn_problem *pr, int num_tiles, int max_ctas,
+                            FwdSplit *sp, int *grid, bool *split) {
     constexpr int SPLIT_MIN_BLOCKS = 4;
     /* d128: 4 since its split instance's loop got shorter (v31): +1.2 /
      * +2.1% at 1536 / 2048 with gains of 4 / 5 blocks, +0.3% at 1024 with
      * 2 (run 77, perf-notes v33) */
-    const int SPLIT_MIN_GAIN = fwd_split_min_gain_ab > 0 ? fwd_split_min_gain_ab : C::D > 128 ? 10 : C::D == 128 ? 4 : 6;
+    const int SPLIT_MIN_GAIN = C::D > 128 ? 10 : C::D == 128 ? 4 : 6;
     *split = false;
     const int nb = (pr->seqlen_k + C::BN - 1) / C::BN;
-    if (ctx->options[FATTN_OPTION_DISABLE_SPLIT] || nb > 32767) return FATTN_OK;
+    if (!v.split || nb > 32767) return FATTN_OK;
     const int W = max_ctas / C::CLUSTER, work = num_tiles / C::CLUSTER;
     int waves = 0, rem = 0;
     long long units = 0, workers = 0;
@@ -148,8 +139,8 @@ fattn_status fwd_sm90_max_ctas(fattn_ctx *ctx, int *max_ctas_out) {
 /* Launch instance C; sp: SPLIT's tables (split instances only), grid: the
  * grid the split plan chose (else from the tile count). */
 template <class C>
-fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, int max_ctas, const FwdSplit *sp,
-                                  int grid) {
+fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v, int max_ctas,
+                                  const FwdSplit *sp, int grid) {
     const fattn_problem *pr = &a->p;
     fattn_status s;
     const fattn_cuda_state *st = (const fattn_cuda_state *)ctx->cuda;
@@ -193,14 +184,11 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, int m
         const double kv_bytes = 2.0 * pr->seqlen_k * C::D * 2;
         const long min_hg = (2L * st->num_sms + p.num_m_blocks - 1) / p.num_m_blocks;
         long hg = (long)(24.0e6 / kv_bytes) * p.group;
-        const int ab = fwd_head_group_ab;
         if (hg < min_hg) hg = min_hg;
-        if (2 * nbh <= st->num_sms && ab == -4) hg = nbh;
-        if (ab > 0) hg = ab;
         if (hg > nbh) hg = nbh;
         long ng = (nbh + hg - 1) / hg;
         const long rem = nbh - (ng - 1) * hg; /* 1 .. hg */
-        if ((ab == 0 || ab == -4) && ng > 1 && rem < min_hg) ng--;
+        if (ng > 1 && rem < min_hg) ng--;
         p.head_group = (int)hg;
         p.head_groups = (int)ng;
     }
@@ -252,7 +240,7 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, int m
         attr[nattr].val.clusterDim.z = 1;
         ++nattr;
     }
-    if (!ctx->options[FATTN_OPTION_DISABLE_PDL]) {
+    if (v.pdl) {
         attr[nattr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attr[nattr].val.programmaticStreamSerializationAllowed = 1;
         ++nattr;
@@ -274,7 +262,7 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, int m
  * count and the grid alone, and runs the instance without SPLIT when it
  * splits nothing (the common call), so the host work is done once. */
 template <class C>
-fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
+fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v) {
     const fattn_problem *pr = &a->p;
     const int num_m_blocks = (pr->seqlen_q + C::BM - 1) / C::BM;
     if (C::CLUSTER > 1 && num_m_blocks % C::CLUSTER != 0)
@@ -289,67 +277,14 @@ fattn_status fwd_sm90_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
         memset(&sp, 0, sizeof sp);
         int grid = 0;
         bool split = false;
-        if ((s = fwd_split_plan<C>(ctx, pr, num_tiles, max_ctas, &sp, &grid, &split)) != FATTN_OK) return s;
-        if (split) return fwd_sm90_launch_inst<C>(ctx, a, max_ctas, &sp, grid);
+        if ((s = fwd_split_plan<C>(ctx, v, pr, num_tiles, max_ctas, &sp, &grid, &split)) != FATTN_OK) return s;
+        if (split) return fwd_sm90_launch_inst<C>(ctx, a, v, max_ctas, &sp, grid);
         /* the instance without SPLIT sets its own shared-memory attribute */
         if ((s = fwd_sm90_max_ctas<typename C::NoSplit>(ctx, &max_ctas)) != FATTN_OK) return s;
-        return fwd_sm90_launch_inst<typename C::NoSplit>(ctx, a, max_ctas, NULL, 0);
+        return fwd_sm90_launch_inst<typename C::NoSplit>(ctx, a, v, max_ctas, NULL, 0);
     } else {
         if ((s = fwd_sm90_max_ctas<C>(ctx, &max_ctas)) != FATTN_OK) return s;
-        return fwd_sm90_launch_inst<C>(ctx, a, max_ctas, NULL, 0);
+        return fwd_sm90_launch_inst<C>(ctx, a, v, max_ctas, NULL, 0);
     }
 }
 
-/* Instantiate and dispatch the variants of one head dim.  Causal kernels
- * always run the full design; the non-causal bf16 ones also come without the
- * overlap and/or pingpong, and with the softmax always under the own PV GEMM
- * (FwdCfg OVERLAP_ 3), for the ablation (fattn_ctx_set_option). */
-/* QE: FwdCfg QEARLY; SL: FwdCfg SLEEP; SO: FwdCfg SITOUT (causal tiles are
- * scheduled dynamically: no SPREAD); SK: FwdCfg SKIPDIAG; QR: FwdCfg QREG;
- * OT: FwdCfg OTMA */
-#define FWD_SM90_CAUSAL_QO(D, BN, NC, STAGES, QE, SL, SO, SK, QR, OT)                                          \
-    do {                                                                                                       \
-        if (v.bf16)                                                                                            \
-            return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, true, true, 1, true, -1, -1, 1, -1, 0, QE, SL, 0, 0, 0, SO, 0, SK, QR, 0, 0, OT>>(ctx, a); \
-        return fwd_sm90_run<FwdCfg<D, BN, NC, STAGES, true, false, 1, true, -1, -1, 1, -1, 0, QE, SL, 0, 0, 0, SO, 0, SK, QR, 0, 0, OT>>(ctx, a); \
-    } while (0)
-#define FWD_SM90_CAUSAL_Q(D, BN, NC, STAGES, QE, SL, SO, SK, QR) FWD_SM90_CAUSAL_QO(D, BN, NC, STAGES, QE, SL, SO, SK, QR, 0)
-#define FWD_SM90_CAUSAL_OPT(D, BN, NC, STAGES, QE, SL, SO, SK) FWD_SM90_CAUSAL_Q(D, BN, NC, STAGES, QE, SL, SO, SK, 0)
-#define FWD_SM90_CAUSAL(D, BN, NC, STAGES) FWD_SM90_CAUSAL_OPT(D, BN, NC, STAGES, 0, false, 0, 0)
-/* SO: FwdCfg SITOUT and SPREAD (2: in the split instance only), QR: FwdCfg QREG, for the full design (the
- * ablation's variants without them); the full design also splits the last
- * wave's tiles along the keys (FwdCfg SPLIT, unless FATTN_OPTION_DISABLE_SPLIT);
- * OT: FwdCfg OTMA, for every variant */
-#define FWD_SM90_NC_CFG(D, BN, NC, STAGES, BF, OV, PP, CL, OT) \
-    FwdCfg<D, BN, NC, STAGES, false, BF, OV, PP, -1, -1, CL, -1, 0, 0, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, OT>
-/* the full design alone (no ablation variants), bf16 or fp16 */
-#define FWD_SM90_NC_FULL_CFG(D, BN, NC, STAGES, BF, CL, SO, QR, OT) \
-    FwdCfg<D, BN, NC, STAGES, false, BF, 1, true, -1, -1, CL, -1, 0, 0, false, 0, 0, 0, SO, SO, 0, QR, 1, 0, OT>
-#define FWD_SM90_NONCAUSAL_FULL(D, BN, NC, STAGES, CL, SO, QR, OT)                                             \
-    do {                                                                                                       \
-        if (v.bf16) return fwd_sm90_run<FWD_SM90_NC_FULL_CFG(D, BN, NC, STAGES, true, CL, SO, QR, OT)>(ctx, a); \
-        return fwd_sm90_run<FWD_SM90_NC_FULL_CFG(D, BN, NC, STAGES, false, CL, SO, QR, OT)>(ctx, a);           \
-    } while (0)
-#define FWD_SM90_NONCAUSAL_SOQO(D, BN, NC, STAGES, CL, SO, QR, OT)                                             \
-    do {                                                                                                       \
-        if (v.full_design()) FWD_SM90_NONCAUSAL_FULL(D, BN, NC, STAGES, CL, SO, QR, OT);                       \
-        /* the ablation's bf16 variants */                                                                     \
-        if (v.overlap && v.pingpong) return fwd_sm90_run<FWD_SM90_NC_CFG(D, BN, NC, STAGES, true, 3, true, CL, OT)>(ctx, a); \
-        if (v.overlap) {                                                                                       \
-            if (v.under_pv) return fwd_sm90_run<FWD_SM90_NC_CFG(D, BN, NC, STAGES, true, 3, false, CL, OT)>(ctx, a); \
-            return fwd_sm90_run<FWD_SM90_NC_CFG(D, BN, NC, STAGES, true, 1, false, CL, OT)>(ctx, a);           \
-        }                                                                                                      \
-        if (v.pingpong) return fwd_sm90_run<FWD_SM90_NC_CFG(D, BN, NC, STAGES, true, 0, true, CL, OT)>(ctx, a); \
-        return fwd_sm90_run<FWD_SM90_NC_CFG(D, BN, NC, STAGES, true, 0, false, CL, OT)>(ctx, a);               \
-    } while (0)
-#define FWD_SM90_NONCAUSAL_SOQ(D, BN, NC, STAGES, CL, SO, QR) FWD_SM90_NONCAUSAL_SOQO(D, BN, NC, STAGES, CL, SO, QR, 0)
-#define FWD_SM90_NONCAUSAL_SO(D, BN, NC, STAGES, CL, SO) FWD_SM90_NONCAUSAL_SOQ(D, BN, NC, STAGES, CL, SO, 0)
-#define FWD_SM90_NONCAUSAL_CL(D, BN, NC, STAGES, CL) FWD_SM90_NONCAUSAL_SO(D, BN, NC, STAGES, CL, 0)
-#define FWD_SM90_NONCAUSAL(D, BN, NC, STAGES) FWD_SM90_NONCAUSAL_CL(D, BN, NC, STAGES, 1)
-/* CTA pairs sharing K/V loads (FwdCfg CLUSTER) when the query blocks pair up
- * within each head */
-#define FWD_SM90_NONCAUSAL_PAIRED(D, BN, NC, STAGES, SO2)                                                      \
-    do {                                                                                                       \
-        if (((a->p.seqlen_q + 64 * (NC)-1) / (64 * (NC))) % 2 == 0) FWD_SM90_NONCAUSAL_SO(D, BN, NC, STAGES, 2, SO2); \
-        FWD_SM90_NONCAUSAL_CL(D, BN, NC, STAGES, 1);                                                           \
-    } while (0)

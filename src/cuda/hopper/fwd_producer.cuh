@@ -1,0 +1,142 @@
+/* fwd_producer.cuh - the producer warpgroup's one working thread: it runs the
+ * tile scheduler, hands each consumer warpgroup its tile index and Q rows
+ * (the Q slots), and streams the tile's K and V blocks into the ring by TMA,
+ * from the last key block to the first (the masked blocks come first). */
+#pragma once
+#include "fwd_pipeline.cuh"
+#include "fwd_scheduler.cuh"
+
+template <class C, class SP>
+struct FwdProducer {
+    const CUtensorMap &tm_q, &tm_k, &tm_v;
+    const FwdParams &p;
+    const FwdSmem<C> &sm;
+    uint32_t cta_rank;
+    int q_iter = 0;
+
+    /* Hand warpgroup w its next tile: wait until it has released the Q
+     * buffer (its last QK^T of the tile that last used that buffer), write
+     * the tile index, then load that tile's Q rows, or just arrive (no key
+     * to see, the end, or with SITOUT no row of w in the sequence); the
+     * arrive on full_q publishes the index (release semantics).  ++q_iter
+     * after all warpgroups. */
+    __device__ __forceinline__ void hand_over(int w, int tile, bool load, int m, int h, int b) {
+        const int qb = q_iter % C::QBUF, qi = w * C::QBUF + qb;
+        if (q_iter >= C::QBUF) mbar_wait<C::SLEEP>(&sm.empty_q[qi], (q_iter / C::QBUF - 1) & 1);
+        st_shared_s32(&sm.tile_slot[qi], tile);
+        if (!load || (C::SITOUT && m * C::BM + w * 64 >= p.seqlen_q)) {
+            mbar_arrive(&sm.full_q[qi]);
+            return;
+        }
+        mbar_expect_tx_arrive(&sm.full_q[qi], C::QWG_BYTES);
+        for (int c = 0; c < C::SLABS; ++c) {
+            uint8_t *dst = sm.q + qb * C::Q_BYTES + c * C::BM * 128 + w * 64 * 128;
+            tma_load_4d(dst, &tm_q, c * 64, m * C::BM + w * 64, h, b, &sm.full_q[qi]);
+        }
+    }
+    /* all consumer warpgroups' next tile (QEARLY: handed over a tile early) */
+    __device__ __forceinline__ void hand_over_all(int tile) {
+        int m = 0, h = 0, b = 0;
+        bool load = tile < p.num_tiles;
+        if (load) {
+            fwd_tile_decode<C::CAUSAL>(p, tile, m, h, b);
+            load = fwd_num_n_blocks<C>(p, m) > 0;
+        }
+        for (int w = 0; w < C::NC; ++w) hand_over(w, tile, load, m, h, b);
+        ++q_iter;
+    }
+    /* K or V block n into a stage: all slabs, or with a cluster this CTA's
+     * half of them, multicast to both CTAs (each CTA's full barrier expects
+     * the whole block: its own half and the peer's) */
+    __device__ __forceinline__ void load_kv(uint8_t *dst, const CUtensorMap *map, int n, int hk, int b,
+                                            uint64_t *bar) const {
+        constexpr int PER_CTA = C::SLABS / C::CLUSTER;
+#pragma unroll
+        for (int i = 0; i < PER_CTA; ++i) {
+            const int c = (int)cta_rank * PER_CTA + i;
+            if (C::CLUSTER > 1)
+                tma_load_4d_multicast(dst + c * C::BN * 128, map, c * 64, n * C::BN, hk, b, bar, (uint16_t)0x3);
+            else
+                tma_load_4d(dst + c * C::BN * 128, map, c * 64, n * C::BN, hk, b, bar);
+        }
+    }
+    /* Q is read once, from DRAM: pull the next tile's Q into L2 a tile ahead
+     * of its load into shared memory */
+    __device__ __forceinline__ void prefetch_q(int t_next) const {
+        int m2, h2, b2;
+        fwd_tile_decode<C::CAUSAL>(p, t_next, m2, h2, b2);
+        for (int w = 0; w < C::NC; ++w)
+            for (int c = 0; c < C::SLABS; ++c) tma_prefetch_l2_4d(&tm_q, c * 64, m2 * C::BM + w * 64, h2, b2);
+    }
+
+    __device__ __forceinline__ void run(const FwdScheduler<C, SP> &sched) {
+#ifdef FATTN_FWD_TRACE
+        int trace_n = 0;
+#endif
+        tma_prefetch_desc(&tm_q);
+        tma_prefetch_desc(&tm_k);
+        tma_prefetch_desc(&tm_v);
+        int it = 0;
+        int rng;
+        int t = sched.first(rng);
+        int wave = 0;
+        if (C::QEARLY) hand_over_all(t);
+        for (bool go = !C::SPLIT || t < p.num_tiles; go;) {
+            /* the next tile is picked one ahead, so its Q can be prefetched */
+            ++wave;
+            int rng_next = rng;
+            const int t_next = sched.next(wave, rng_next);
+            int m, h, b;
+            fwd_tile_decode<C::CAUSAL>(p, t, m, h, b);
+            const int nblocks = fwd_num_n_blocks<C>(p, m);
+            const int n_lo = C::SPLIT ? rng & 0xffff : 0, n_hi = C::SPLIT ? rng >> 16 : nblocks;
+            const int hk = h / p.group;
+            FWD_TRACE(20);
+            /* QEARLY loads the next Q itself after this tile's first V: no prefetch */
+            if (!C::QEARLY && t_next < p.num_tiles) prefetch_q(t_next);
+            if (nblocks == 0) {
+                /* every row masked: the consumers only write O = 0, LSE = -inf
+                 * (QEARLY: this tile was handed over already; hand over the next) */
+                if (C::QEARLY) {
+                    hand_over_all(t_next);
+                } else {
+                    for (int w = 0; w < C::NC; ++w) hand_over(w, t, false, m, h, b);
+                    ++q_iter;
+                }
+            }
+            for (int n = n_hi - 1; n >= n_lo; --n, ++it) {
+                const int s = ring_stage(it, C::STAGES);
+                const uint32_t ph = ring_phase(it, C::STAGES);
+                ring_wait_empty<C>(&sm.empty_k[s], ph ^ 1);
+                FWD_TRACE(21);
+                mbar_expect_tx_arrive(&sm.full_k[s], C::KV_BYTES);
+                load_kv(sm.k_stage(s), &tm_k, n, hk, b, &sm.full_k[s]);
+                if (!C::QEARLY && n == n_hi - 1) {
+                    /* the first K's stage frees before the Q buffers do (one
+                     * block earlier), so K goes first; then each warpgroup's
+                     * tile index and Q, as soon as that warpgroup has issued
+                     * its last QK^T of the previous tile */
+                    for (int w = 0; w < C::NC; ++w) hand_over(w, t, true, m, h, b);
+                    ++q_iter;
+                    FWD_TRACE(22);
+                }
+                ring_wait_empty<C>(&sm.empty_v[s], ph ^ 1);
+                FWD_TRACE(23);
+                mbar_expect_tx_arrive(&sm.full_v[s], C::KV_BYTES);
+                load_kv(sm.v_stage(s), &tm_v, n, hk, b, &sm.full_v[s]);
+                /* QEARLY: the next tile's Q goes into the other buffer during
+                 * this tile.  That buffer's previous tile (two back) has
+                 * issued its last QK^T by now: the V stage just waited for
+                 * was freed after it. */
+                if (C::QEARLY && n == n_hi - 1) hand_over_all(t_next);
+            }
+            t = t_next;
+            rng = rng_next;
+            if (t >= p.num_tiles) break;
+        }
+        /* end of work for the consumers (QEARLY: handed over with the last tile) */
+        if (!C::QEARLY) hand_over_all(p.num_tiles);
+        sched.finish();
+        FWD_TRACE_END();
+    }
+};

@@ -1,0 +1,39 @@
+/* fwd_sm90_dispatch.h - the Hopper forward's kernel choice: the shipped
+ * kernels by name, the options of a call (read once, at dispatch), and the
+ * tile-size function that maps a problem to a kernel. */
+#pragma once
+#include "../cuda_engine.h"
+
+/* Kernel variant knobs (the paper's ablation) and launch options, from
+ * fattn_ctx_set_option, read once per call. */
+struct fwd_variant {
+    bool bf16, causal, overlap, pingpong, under_pv;
+    bool split; /* the last wave's tiles may split along the keys */
+    bool pdl;   /* programmatic dependent launch */
+    /* the full design: every fp16 call, and bf16 unless the ablation turned
+     * a technique off (the ablation's variants are bf16 only) */
+    bool full_design() const { return !bf16 || (overlap && pingpong && !under_pv); }
+};
+
+/* The shipped kernels (fwd_sm90_kernels.cuh gives each one's options). */
+enum fwd_kernel {
+    FWD_D64_CAUSAL,      /* 192 x 128, 3 consumer warpgroups: seqlen_k >= 512 */
+    FWD_D64_CAUSAL_2WG,  /* 128 x 128: shorter keys */
+    FWD_D64,             /* 192 x 128, non-causal */
+    FWD_D128_CAUSAL,     /* 128 x 128: seqlen_k < 8192 */
+    FWD_D128_CAUSAL_176, /* 128 x 176: longer keys */
+    FWD_D128_160,        /* non-causal: the key block whose padded keys cost least */
+    FWD_D128_176,
+    FWD_D128_192,
+    FWD_D256_CAUSAL,     /* 128 x 80 */
+    FWD_D256_PAIRED,     /* 128 x 80, CTA pairs share K/V (an even number of query blocks) */
+    FWD_D256,            /* 128 x 80, single CTAs */
+};
+
+/* The tile-size function: which kernel serves this problem (head dim 64, 128
+ * or 256; checked by the caller). */
+fwd_kernel fwd_sm90_pick(const fattn_problem *pr, const fwd_variant &v);
+
+fattn_status fwd_sm90_hdim64(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v, fwd_kernel k);
+fattn_status fwd_sm90_hdim128(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v, fwd_kernel k);
+fattn_status fwd_sm90_hdim256(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v, fwd_kernel k);

@@ -1,0 +1,101 @@
+/* fwd_softmax.cuh - the mask and the online softmax of one consumer warpgroup's
+ * 64 query rows, on the wgmma accumulator layout (HOPPER-PTX §3): a thread
+ * holds rows r0 and r0 + 8 (r0 = 16 warp + lane / 4), columns 8 i + 2 q4 and
+ * + 1 (q4 = lane % 4) of each 8-column group i; element 4 i + 2 r + e. */
+#pragma once
+#include <math.h>
+
+#include "fwd_params.cuh"
+
+/* Key blocks that reach past seqlen_k or the causal diagonal get -inf where
+ * a key is out of a row's sight; the rest pass untouched. */
+template <class C>
+struct FwdMask {
+    const FwdParams &p;
+    int tile_row0; /* first row of the query tile (m * BM) */
+    int row_base;  /* first row of this warpgroup */
+    int r0, q4;
+
+    __device__ __forceinline__ void apply(float (&s)[C::BN / 2], int col0) const {
+        const bool need_mask = col0 + C::BN > p.seqlen_k || (C::CAUSAL && col0 + C::BN - 1 > tile_row0 + p.causal_offset);
+        if (!need_mask) return;
+#pragma unroll
+        for (int i = 0; i < C::BN / 8; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int col = col0 + 8 * i + 2 * q4 + (e & 1);
+                const int row = row_base + r0 + (e >> 1) * 8;
+                bool ok = col < p.seqlen_k;
+                if (C::CAUSAL) ok = ok && col <= row + p.causal_offset;
+                if (!ok) s[4 * i + e] = -INFINITY;
+            }
+    }
+};
+
+/* Running row max and row sum of the two rows; scores become
+ * p = exp2(s * c2 - m * c2) in place (c2 = softmax_scale * log2 e). */
+template <class C>
+struct FwdSoftmax {
+    float row_max[2] = {-INFINITY, -INFINITY};
+    float row_sum[2] = {0.f, 0.f};
+
+    /* New running max, P in place, partial row sums; alpha: the factor the
+     * old O and l are scaled by; rescale: whether any row of the warp moved
+     * (warp-uniform; with LAZY most blocks move none) */
+    __device__ __forceinline__ void step(float (&s)[C::BN / 2], float c2, float (&alpha)[2], bool &rescale) {
+        bool moved = false;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float mx = row_max[r];
+#pragma unroll
+            for (int i = 0; i < C::BN / 8; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+            /* row_max is the reference the exponents are taken against:
+             * with LAZY it moves only when the block max passes it by more
+             * than 2^8 (or the row had seen no key yet) */
+            const bool move = !C::LAZY || row_max[r] == -INFINITY || (mx - row_max[r]) * c2 > C::LAZY_LOG2;
+            if (move) {
+                /* rows that have seen no key keep max -inf: use 0 so exp2 gives 0, not NaN */
+                const float mnew = mx == -INFINITY ? 0.f : mx * c2;
+                alpha[r] = exp2f(row_max[r] * c2 - mnew);
+                row_max[r] = mx;
+                moved = true;
+            } else {
+                alpha[r] = 1.f;
+            }
+            const float mscaled = row_max[r] == -INFINITY ? 0.f : row_max[r] * c2;
+            float sum = 0.f;
+#pragma unroll
+            for (int i = 0; i < C::BN / 8; ++i) {
+                float a = exp2f(fmaf(s[4 * i + 2 * r], c2, -mscaled));
+                float bb = exp2f(fmaf(s[4 * i + 2 * r + 1], c2, -mscaled));
+                s[4 * i + 2 * r] = a;
+                s[4 * i + 2 * r + 1] = bb;
+                sum += a + bb;
+            }
+            row_sum[r] = row_sum[r] * alpha[r] + sum;
+        }
+        rescale = !C::LAZY || __any_sync(0xffffffffu, moved); /* warp-uniform */
+    }
+};
+
+/* O *= alpha per row (skipped when no row of the warp moved) */
+template <class C>
+__device__ __forceinline__ void fwd_rescale_o(float (&o)[C::D / 2], const float (&alpha)[2], bool rescale) {
+    if (!rescale) return; /* warp-uniform: every alpha of this warp is 1 */
+#pragma unroll
+    for (int i = 0; i < C::D / 8; ++i) {
+        o[4 * i + 0] *= alpha[0];
+        o[4 * i + 1] *= alpha[0];
+        o[4 * i + 2] *= alpha[1];
+        o[4 * i + 3] *= alpha[1];
+    }
+}
+
+/* A row's sum over its quad (the four threads that share it) */
+__device__ __forceinline__ float fwd_quad_sum(float l) {
+    l += __shfl_xor_sync(0xffffffff, l, 1);
+    l += __shfl_xor_sync(0xffffffff, l, 2);
+    return l;
+}
