@@ -1,6 +1,8 @@
 /* attention_bwd.c - CPU backward attention.
  *
- * Pass 0, over (batch, q-head, query block): D_i = rowsum(dO_i * O_i).
+ * Pass 0, over (batch, q-head, query block): D_i = rowsum(dO_i * O_i) for an
+ *   f32 O, else rowsum(P_i * dP_i) over the visible keys (the same value without
+ *   the rounding of a 16-bit O; see bwd_d_exact_task).
  * Pass 1, over (batch, kv-head, key block): for every query head of the GQA
  *   group and every query block that sees the key block, recompute
  *   S = Q K^T, P = exp(S * scale - lse), then dV += P^T dO, dP = dO V^T,
@@ -157,8 +159,8 @@ static void transpose_s(bwd_scratch *w, int64_t rows, int64_t jn16) {
 /* S, P, dP, dS for the loaded (query block i0.., key block j0..) tile.
  * Leaves P in w->s (pass 1 needs it, copied to pt by the caller first) and
  * dS * scale in w->s on return; P^T is written to w->pt when want_pt. */
-static void tile_ds(const bwd_job *j, bwd_scratch *w, const fattn_seq *sq, int64_t i0,
-                    int64_t rows, int64_t j0, int64_t jn, int want_pt) {
+static void tile_p(const bwd_job *j, bwd_scratch *w, const fattn_seq *sq, int64_t i0,
+                   int64_t rows, int64_t j0, int64_t jn, int64_t *vis) {
     const fattn_problem *p = &j->a->p;
     const int64_t BN = FATTN_CPU_BN;
     const int64_t rows4 = fattn_round_up(rows, 4);
@@ -167,10 +169,8 @@ static void tile_ds(const bwd_job *j, bwd_scratch *w, const fattn_seq *sq, int64
 
     j->kern.gemm((int)rows4, (int)jn16, (int)j->m.d, w->q, j->m.dp, w->kt, BN, w->s, BN, 0);
     j->kern.gemm((int)rows4, (int)jn16, (int)j->m.dv, w->dO, j->m.dvp, w->vt, BN, w->dP, BN, 0);
-    /* Keys a row does not see get P = 0 and dS = 0 exactly, whatever its
-     * LSE, D or dP hold: a NaN then reaches only the gradients that depend on
-     * it (never through 0 * NaN), the same for any tiling. */
-    int64_t vis[FATTN_CPU_BM];
+    /* Keys a row does not see get P = 0 (and dS = 0 below) exactly, whatever
+     * its LSE holds: exp(-inf - NaN) would be NaN. */
     for (int64_t r = 0; r < rows4; r++) {
         float *srow = w->s + r * BN;
         vis[r] = 0;
@@ -180,6 +180,18 @@ static void tile_ds(const bwd_job *j, bwd_scratch *w, const fattn_seq *sq, int64
         j->kern.exp_sub(srow, (int)vis[r], w->lse[r]);
         memset(srow + vis[r], 0, sizeof(float) * (size_t)(jn16 - vis[r]));
     }
+}
+
+/* S, P, dP, dS for the loaded (query block i0.., key block j0..) tile:
+ * dS * scale in w->s on return; P^T is written to w->pt first when want_pt. */
+static void tile_ds(const bwd_job *j, bwd_scratch *w, const fattn_seq *sq, int64_t i0,
+                    int64_t rows, int64_t j0, int64_t jn, int want_pt) {
+    const int64_t BN = FATTN_CPU_BN;
+    const int64_t rows4 = fattn_round_up(rows, 4);
+    const int64_t jn16 = fattn_round_up(jn, 16);
+    const float scale = j->a->p.softmax_scale;
+    int64_t vis[FATTN_CPU_BM];
+    tile_p(j, w, sq, i0, rows, j0, jn, vis);
     if (want_pt) transpose_s(w, rows4, jn16);
     for (int64_t r = 0; r < rows4; r++) {
         float *srow = w->s + r * BN;
@@ -187,6 +199,45 @@ static void tile_ds(const bwd_job *j, bwd_scratch *w, const fattn_seq *sq, int64
         const float Dr = w->D[r];
         for (int64_t c = 0; c < vis[r]; c++) srow[c] = srow[c] * (dprow[c] - Dr) * scale;
     }
+}
+
+/* ---- pass 0 for 16-bit O: D = rowsum(P * dP) ---------------------------- *
+ * D_i = dO_i . O_i, and dS = P (dP - D) cancels: its rows sum to zero.  With
+ * O rounded to f16 / bf16, D carries the rounding of O (2^-9 relative for
+ * bf16) while dP - D is often much smaller than either, so dS loses most of
+ * its digits (issue 27 item 8: bf16 causal 23 x 3, dq 8x the error of the
+ * rounded exact gradient).  sum_j P_ij dP_ij is the same D computed from the
+ * f32 P and dP the backward recomputes anyway, so dS only sees f32 rounding;
+ * it costs the two GEMMs of S and dP once more (about 2/7 of the backward). */
+static void bwd_d_exact_task(void *arg, int64_t task, int worker) {
+    const bwd_job *j = (const bwd_job *)arg;
+    const fattn_problem *p = &j->a->p;
+    const int64_t BM = FATTN_CPU_BM, BN = FATTN_CPU_BN;
+    bwd_scratch w;
+    bwd_scratch_layout(j, j->scratch + (size_t)worker * j->scratch_floats, &w);
+    int64_t b, h, qb;
+    fattn_tasks_decode(&j->qtasks, task, &b, &h, &qb);
+    const fattn_seq sq = fattn_seq_get(p, b);
+    const int64_t hk = h / j->m.group;
+    const int64_t i0 = qb * BM;
+    const int64_t rows = imin64(sq.qlen - i0, BM);
+    float acc[FATTN_CPU_BM];
+    int64_t vis[FATTN_CPU_BM];
+    load_q_block(j, &w, &sq, b, h, i0, rows);
+    for (int64_t r = 0; r < rows; r++) acc[r] = 0.0f;
+    const int64_t kend = imin64(fattn_last_key(p, &sq, i0 + rows - 1) + 1, sq.klen);
+    for (int64_t j0 = 0; j0 < kend; j0 += BN) {
+        const int64_t jn = imin64(kend - j0, BN);
+        load_k_block(j, &w, &sq, hk, j0, jn, 0);
+        tile_p(j, &w, &sq, i0, rows, j0, jn, vis);
+        for (int64_t r = 0; r < rows; r++) {
+            const float *prow = w.s + r * BN, *dprow = w.dP + r * BN;
+            float t = acc[r];
+            for (int64_t c = 0; c < vis[r]; c++) t += prow[c] * dprow[c];
+            acc[r] = t;
+        }
+    }
+    for (int64_t r = 0; r < rows; r++) j->dbuf[fattn_lse_index(p, &sq, b, h, i0 + r)] = acc[r];
 }
 
 /* ---- pass 1: dK, dV ---------------------------------------------------- */
@@ -299,7 +350,9 @@ fattn_status fattn_cpu_bwd(fattn_ctx *ctx, const fattn_bwd_args *a) {
         fattn_tasks_free(&j.ktasks);
         return fattn_fail(ctx, FATTN_ERROR_OUT_OF_MEMORY, "cpu bwd: cannot allocate scratch");
     }
-    fattn_parallel_for(nthreads, nq, bwd_d_task, &j);
+    /* D from the f32 O the caller holds, else from P and dP (see above). */
+    fattn_parallel_for(nthreads, nq, a->o.dtype == FATTN_DTYPE_F32 ? bwd_d_task : bwd_d_exact_task,
+                       &j);
     fattn_parallel_for(nthreads, nk, bwd_kv_task, &j);
     fattn_parallel_for(nthreads, nq, bwd_q_task, &j);
     free(j.dbuf);
