@@ -240,8 +240,12 @@ typedef struct fattn_problem {
                            as FlashAttention); rows that see no key get
                            O = 0 and LSE = -inf */
     /* Variable-length batches: both NULL, or both int32[batch + 1],
-     * non-decreasing, starting at 0.  Sequence b has
-     * cu_seqlens_q[b+1] - cu_seqlens_q[b] queries (0 allowed). */
+     * non-decreasing, starting at 0, no sequence longer than seqlen_q
+     * (seqlen_k).  Sequence b has cu_seqlens_q[b+1] - cu_seqlens_q[b]
+     * queries (0 allowed).  Checked where the arrays live, never through a
+     * copy from the device: a CPU context checks them on the host before any
+     * work (INVALID_ARGUMENT); the CUDA engine has no variable-length kernel
+     * yet and answers UNSUPPORTED without reading them. */
     const int32_t *cu_seqlens_q;
     const int32_t *cu_seqlens_k;
 } fattn_problem;
@@ -258,7 +262,8 @@ typedef struct fattn_problem {
  *        that sees no key.
  * Engines: CPU: all dtypes, head_dim and head_dim_v 1..512.
  *          CUDA (Hopper): f16/bf16, head_dim == head_dim_v in {64, 128, 256},
- *          data pointers 16-byte aligned, strides multiples of 8 elements.
+ *          data pointers 16-byte aligned, strides multiples of 8 elements,
+ *          fixed-length batches (no cu_seqlens yet).
  */
 typedef struct fattn_fwd_args {
     fattn_problem p;

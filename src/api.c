@@ -1,5 +1,8 @@
-/* api.c - the public entry points: version, status text, contexts, and the
- * complete argument check of every call before it reaches an engine.
+/* api.c - the public entry points: version, contexts, and the
+ * engine-independent argument check of every call before it reaches an
+ * engine.  What only one engine can serve (head dims, dtypes, varlen) is that
+ * engine's check (internal.h); failures are recorded through error.c, the
+ * tensor helpers live in tensor.c.
  *
  * Every call works on a private copy of its arguments: defaults are resolved
  * in the copy (packed strides, head_dim_v, softmax_scale) and the caller's
@@ -7,21 +10,17 @@
 #include "internal.h"
 
 #include <math.h>
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 /* Offsets must stay addressable in bytes (x 8 bytes per element at most, with
  * head room), so the largest element offset allowed is 2^59. */
 #define FATTN_MAX_ELEMENT_OFFSET (INT64_C(1) << 59)
-/* The CUDA kernels index rows (batch * heads * seqlen) with int32. */
+/* The CUDA kernels index rows (batch * heads * seqlen) with int32; the limit
+ * holds on every engine, so that a call valid on one is valid on all. */
 #define FATTN_MAX_ROWS (INT64_C(1) << 31)
-/* The CPU engine keeps a few rows of head_dim floats on the stack. */
-#define FATTN_CPU_MAX_HEAD_DIM 512
 
 /* ------------------------------------------------------------------------ */
-/* Version, status text, errors                                             */
+/* Version                                                                  */
 /* ------------------------------------------------------------------------ */
 
 #define FATTN_STR2(x) #x
@@ -34,39 +33,12 @@ const char *fattn_version_string(void) {
 
 int fattn_version_number(void) { return FATTN_VERSION_NUMBER; }
 
-const char *fattn_status_string(fattn_status status) {
-    switch (status) {
-    case FATTN_OK: return "ok";
-    case FATTN_ERROR_INVALID_ARGUMENT: return "invalid argument";
-    case FATTN_ERROR_UNSUPPORTED: return "unsupported";
-    case FATTN_ERROR_NO_DEVICE: return "no device";
-    case FATTN_ERROR_OUT_OF_MEMORY: return "out of memory";
-    case FATTN_ERROR_CUDA: return "CUDA error";
-    case FATTN_ERROR_INTERNAL: return "internal error";
-    }
-    return "unknown status";
-}
-
-/* Failures that have no context to hold them (ctx creation, NULL ctx). */
-static _Thread_local char tls_err[FATTN_ERRMSG_LEN];
-
-fattn_status fattn_fail(fattn_ctx *ctx, fattn_status status, const char *fmt, ...) {
-    char *buf = ctx ? ctx->err : tls_err;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, FATTN_ERRMSG_LEN, fmt, ap);
-    va_end(ap);
-    return status;
-}
-
-const char *fattn_last_error(const fattn_ctx *ctx) { return ctx ? ctx->err : tls_err; }
-
 /* ------------------------------------------------------------------------ */
 /* Contexts                                                                 */
 /* ------------------------------------------------------------------------ */
 
 fattn_status fattn_ctx_create(fattn_ctx **out, fattn_backend backend, int device) {
-    tls_err[0] = '\0';
+    fattn_clear_error(NULL);
     if (!out) return fattn_fail(NULL, FATTN_ERROR_INVALID_ARGUMENT, "ctx is NULL");
     *out = NULL;
     if (backend != FATTN_BACKEND_AUTO && backend != FATTN_BACKEND_CPU &&
@@ -91,13 +63,13 @@ fattn_status fattn_ctx_create(fattn_ctx **out, fattn_backend backend, int device
         if (st != FATTN_OK) {
             /* The engine wrote its reason into ctx->err; creation errors live
              * in the thread-local buffer. */
-            snprintf(tls_err, sizeof tls_err, "%s", ctx->err[0] ? ctx->err : "CUDA context init failed");
+            fattn_fail(NULL, st, "%s", ctx->err[0] ? ctx->err : "CUDA context init failed");
             fattn_cuda_ctx_free(ctx);
             free(ctx);
             return st;
         }
     }
-    ctx->err[0] = '\0';
+    fattn_clear_error(ctx);
     *out = ctx;
     return FATTN_OK;
 }
@@ -114,7 +86,7 @@ fattn_backend fattn_ctx_backend(const fattn_ctx *ctx) {
 
 fattn_status fattn_ctx_set_stream(fattn_ctx *ctx, void *stream) {
     if (!ctx) return fattn_fail(NULL, FATTN_ERROR_INVALID_ARGUMENT, "ctx is NULL");
-    ctx->err[0] = '\0';
+    fattn_clear_error(ctx);
     if (ctx->backend == FATTN_BACKEND_CPU && stream != NULL)
         return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
                           "stream %p given to a CPU context (only NULL is allowed)", stream);
@@ -124,43 +96,11 @@ fattn_status fattn_ctx_set_stream(fattn_ctx *ctx, void *stream) {
 
 fattn_status fattn_ctx_set_threads(fattn_ctx *ctx, int threads) {
     if (!ctx) return fattn_fail(NULL, FATTN_ERROR_INVALID_ARGUMENT, "ctx is NULL");
-    ctx->err[0] = '\0';
+    fattn_clear_error(ctx);
     if (threads < 0)
         return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "threads %d must be >= 0", threads);
     ctx->threads = threads;
     return FATTN_OK;
-}
-
-/* ------------------------------------------------------------------------ */
-/* Tensors                                                                  */
-/* ------------------------------------------------------------------------ */
-
-size_t fattn_dtype_size(fattn_dtype dtype) {
-    switch (dtype) {
-    case FATTN_DTYPE_F32: return 4;
-    case FATTN_DTYPE_F16: return 2;
-    case FATTN_DTYPE_BF16: return 2;
-    case FATTN_DTYPE_E4M3: return 1;
-    }
-    return 0;
-}
-
-const char *fattn_dtype_name(fattn_dtype dtype) {
-    switch (dtype) {
-    case FATTN_DTYPE_F32: return "f32";
-    case FATTN_DTYPE_F16: return "f16";
-    case FATTN_DTYPE_BF16: return "bf16";
-    case FATTN_DTYPE_E4M3: return "e4m3";
-    }
-    return "?";
-}
-
-fattn_tensor fattn_tensor_bshd(void *data, fattn_dtype dtype) {
-    fattn_tensor t;
-    memset(&t, 0, sizeof t);
-    t.data = data;
-    t.dtype = dtype;
-    return t;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -320,51 +260,6 @@ static fattn_status check_problem(fattn_ctx *ctx, fattn_problem *p) {
     return FATTN_OK;
 }
 
-/* Reads cu_seqlens (from the device on CUDA contexts) and checks them.  On
- * success *total is cu[batch]. */
-static fattn_status check_cu_seqlens(fattn_ctx *ctx, const int32_t *cu, int32_t batch,
-                                     int32_t maxlen, const char *name, const char *max_name,
-                                     int64_t *total) {
-    size_t n = (size_t)batch + 1;
-    const int32_t *h = cu;
-    int32_t *copy = NULL;
-    if (ctx->backend == FATTN_BACKEND_CUDA) {
-        copy = (int32_t *)malloc(n * sizeof *copy);
-        if (!copy)
-            return fattn_fail(ctx, FATTN_ERROR_OUT_OF_MEMORY,
-                              "cannot allocate %zu bytes to check %s", n * sizeof *copy, name);
-        fattn_status st = fattn_cuda_copy_to_host(ctx, copy, cu, n * sizeof *copy);
-        if (st != FATTN_OK) {
-            free(copy);
-            return st;
-        }
-        h = copy;
-    }
-    fattn_status st = FATTN_OK;
-    if (h[0] != 0) {
-        st = fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "%s[0] is %d, must be 0", name, (int)h[0]);
-    } else {
-        for (int32_t b = 0; b < batch; b++) {
-            int64_t len = (int64_t)h[b + 1] - h[b];
-            if (len < 0) {
-                st = fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
-                                "%s decreases at index %d (%d -> %d)", name, (int)(b + 1),
-                                (int)h[b], (int)h[b + 1]);
-                break;
-            }
-            if (len > maxlen) {
-                st = fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
-                                "%s: sequence %d has length %lld > %s %d", name, (int)b,
-                                (long long)len, max_name, (int)maxlen);
-                break;
-            }
-        }
-    }
-    if (st == FATTN_OK) *total = h[batch];
-    free(copy);
-    return st;
-}
-
 typedef struct tensor_shapes {
     shape4 q, k, v, o;
     int64_t total_q, total_k;
@@ -376,11 +271,13 @@ static fattn_status problem_shapes(fattn_ctx *ctx, const fattn_problem *p, tenso
     ts->total_q = p->seqlen_q;
     ts->total_k = p->seqlen_k;
     if (ts->varlen) {
-        fattn_status st = check_cu_seqlens(ctx, p->cu_seqlens_q, p->batch, p->seqlen_q,
-                                           "cu_seqlens_q", "seqlen_q", &ts->total_q);
-        if (st != FATTN_OK) return st;
-        st = check_cu_seqlens(ctx, p->cu_seqlens_k, p->batch, p->seqlen_k, "cu_seqlens_k",
-                              "seqlen_k", &ts->total_k);
+        /* Only the CPU engine's check lets varlen batches through, and its
+         * cu_seqlens are host memory: nothing is read from a device here. */
+        if (ctx->backend != FATTN_BACKEND_CPU)
+            return fattn_fail(ctx, FATTN_ERROR_INTERNAL,
+                              "variable-length batch reached the host-side cu_seqlens check on a "
+                              "non-CPU context");
+        fattn_status st = fattn_cpu_varlen_totals(ctx, p, &ts->total_q, &ts->total_k);
         if (st != FATTN_OK) return st;
     }
     int64_t sq = ts->varlen ? ts->total_q : p->seqlen_q;
@@ -397,19 +294,6 @@ static fattn_status problem_shapes(fattn_ctx *ctx, const fattn_problem *p, tenso
     ts->k = k;
     ts->v = v;
     ts->o = o;
-    return FATTN_OK;
-}
-
-static fattn_status check_cpu_limits(fattn_ctx *ctx, const fattn_problem *p) {
-    if (ctx->backend != FATTN_BACKEND_CPU) return FATTN_OK;
-    if (p->head_dim > FATTN_CPU_MAX_HEAD_DIM)
-        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                          "head_dim %d is not supported by the CPU engine (1..%d)",
-                          (int)p->head_dim, FATTN_CPU_MAX_HEAD_DIM);
-    if (p->head_dim_v > FATTN_CPU_MAX_HEAD_DIM)
-        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                          "head_dim_v %d is not supported by the CPU engine (1..%d)",
-                          (int)p->head_dim_v, FATTN_CPU_MAX_HEAD_DIM);
     return FATTN_OK;
 }
 
@@ -440,7 +324,7 @@ static fattn_status check_same_dtype(fattn_ctx *ctx, const fattn_tensor *t, cons
 
 fattn_status fattn_fwd(fattn_ctx *ctx, const fattn_fwd_args *args) {
     if (!ctx) return fattn_fail(NULL, FATTN_ERROR_INVALID_ARGUMENT, "ctx is NULL");
-    ctx->err[0] = '\0';
+    fattn_clear_error(ctx);
     if (!args) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "args is NULL");
     fattn_fwd_args a = *args;
 
@@ -470,13 +354,15 @@ fattn_status fattn_fwd(fattn_ctx *ctx, const fattn_fwd_args *args) {
     if (!a.v.data) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "v.data is NULL");
     if (!a.o.data) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "o.data is NULL");
 
+    /* the engine's limits (internal.h), before anything reads cu_seqlens */
+    CHECK(ctx->backend == FATTN_BACKEND_CUDA ? fattn_cuda_fwd_check(ctx, &a)
+                                             : fattn_cpu_fwd_check(ctx, &a));
     tensor_shapes ts;
     CHECK(problem_shapes(ctx, &a.p, &ts));
     CHECK(check_tensor(ctx, &a.q, &ts.q));
     CHECK(check_tensor(ctx, &a.k, &ts.k));
     CHECK(check_tensor(ctx, &a.v, &ts.v));
     CHECK(check_tensor(ctx, &a.o, &ts.o));
-    CHECK(check_cpu_limits(ctx, &a.p));
 
     if (ctx->backend == FATTN_BACKEND_CUDA) return fattn_cuda_fwd(ctx, &a);
     return fattn_cpu_fwd(ctx, &a);
@@ -488,7 +374,7 @@ fattn_status fattn_fwd(fattn_ctx *ctx, const fattn_fwd_args *args) {
 
 fattn_status fattn_bwd(fattn_ctx *ctx, const fattn_bwd_args *args) {
     if (!ctx) return fattn_fail(NULL, FATTN_ERROR_INVALID_ARGUMENT, "ctx is NULL");
-    ctx->err[0] = '\0';
+    fattn_clear_error(ctx);
     if (!args) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "args is NULL");
     fattn_bwd_args a = *args;
 
@@ -513,6 +399,9 @@ fattn_status fattn_bwd(fattn_ctx *ctx, const fattn_bwd_args *args) {
                           "lse is NULL (the backward needs the forward's log-sum-exp)");
     a.deterministic = a.deterministic != 0;
 
+    /* the engine's limits (internal.h), before anything reads cu_seqlens */
+    CHECK(ctx->backend == FATTN_BACKEND_CUDA ? fattn_cuda_bwd_check(ctx, &a)
+                                             : fattn_cpu_bwd_check(ctx, &a));
     tensor_shapes ts;
     CHECK(problem_shapes(ctx, &a.p, &ts));
     shape4 sdout = ts.o, sdq = ts.q, sdk = ts.k, sdv = ts.v;
@@ -528,7 +417,6 @@ fattn_status fattn_bwd(fattn_ctx *ctx, const fattn_bwd_args *args) {
     CHECK(check_tensor(ctx, &a.dq, &sdq));
     CHECK(check_tensor(ctx, &a.dk, &sdk));
     CHECK(check_tensor(ctx, &a.dv, &sdv));
-    CHECK(check_cpu_limits(ctx, &a.p));
 
     if (ctx->backend == FATTN_BACKEND_CUDA) return fattn_cuda_bwd(ctx, &a);
     return fattn_cpu_bwd(ctx, &a);
@@ -540,7 +428,7 @@ fattn_status fattn_bwd(fattn_ctx *ctx, const fattn_bwd_args *args) {
 
 fattn_status fattn_quantize(fattn_ctx *ctx, const fattn_quantize_args *args) {
     if (!ctx) return fattn_fail(NULL, FATTN_ERROR_INVALID_ARGUMENT, "ctx is NULL");
-    ctx->err[0] = '\0';
+    fattn_clear_error(ctx);
     if (!args) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "args is NULL");
     fattn_quantize_args a = *args;
 

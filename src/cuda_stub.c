@@ -15,6 +15,16 @@ fattn_status fattn_cuda_ctx_init(fattn_ctx *ctx) {
 
 void fattn_cuda_ctx_free(fattn_ctx *ctx) { (void)ctx; }
 
+fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_args *a) {
+    (void)a;
+    return fattn_fail(ctx, FATTN_ERROR_NO_DEVICE, FATTN_NO_CUDA_MSG);
+}
+
+fattn_status fattn_cuda_bwd_check(fattn_ctx *ctx, const fattn_bwd_args *a) {
+    (void)a;
+    return fattn_fail(ctx, FATTN_ERROR_NO_DEVICE, FATTN_NO_CUDA_MSG);
+}
+
 fattn_status fattn_cuda_fwd(fattn_ctx *ctx, const fattn_fwd_args *a) {
     (void)a;
     return fattn_fail(ctx, FATTN_ERROR_NO_DEVICE, FATTN_NO_CUDA_MSG);
@@ -27,10 +37,5 @@ fattn_status fattn_cuda_bwd(fattn_ctx *ctx, const fattn_bwd_args *a) {
 
 fattn_status fattn_cuda_quantize(fattn_ctx *ctx, const fattn_quantize_args *a) {
     (void)a;
-    return fattn_fail(ctx, FATTN_ERROR_NO_DEVICE, FATTN_NO_CUDA_MSG);
-}
-
-fattn_status fattn_cuda_copy_to_host(fattn_ctx *ctx, void *dst, const void *src, size_t n) {
-    (void)dst; (void)src; (void)n;
     return fattn_fail(ctx, FATTN_ERROR_NO_DEVICE, FATTN_NO_CUDA_MSG);
 }

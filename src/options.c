@@ -1,4 +1,6 @@
-/* options.c - experimental per-context knobs (fattn_ctx_set_option). */
+/* options.c - experimental per-context knobs (fattn_ctx_set_option).  Only
+ * stored here: an engine's entry point reads them once per call into a
+ * struct for its kernels (src/cuda/entry.cu: cuda_fwd_options). */
 #include "internal.h"
 
 fattn_status fattn_ctx_set_option(fattn_ctx *ctx, fattn_option option, int value) {

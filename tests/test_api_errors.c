@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "fattn.h"
+#include "internal.h" /* struct fattn_ctx, for a CUDA context faked without a GPU */
 
 static int failures = 0;
 static int checks = 0;
@@ -377,6 +378,32 @@ static void test_bwd(fattn_ctx *ctx) {
     BWD_FAIL(ctx, a_.p.seqlen_k = 0, INV, "seqlen_k");
     BWD_FAIL(ctx, (a_.dq.stride_head = -1), INV, "dq.stride_head");
     BWD_FAIL(ctx, a_.p.head_dim = 1000, UNS, "head_dim");
+    int32_t cu_ok[B + 1] = {0, 10, 16}, cu_dec[B + 1] = {0, 12, 8};
+    BWD_FAIL(ctx, (a_.p.cu_seqlens_q = cu_ok, a_.p.cu_seqlens_k = cu_dec), INV, "cu_seqlens_k");
+}
+
+/* A CUDA context answers a varlen request before anything reads cu_seqlens:
+ * they point at an unmapped address, so a host read would crash and a device
+ * copy would fail with another message.  The context is faked (no GPU is
+ * needed): the refusal comes before the engine touches its state. */
+static void test_cuda_varlen_unread(void) {
+    static fattn_ctx fake;
+    memset(&fake, 0, sizeof fake);
+    fake.backend = FATTN_BACKEND_CUDA;
+    const int32_t *bad = (const int32_t *)(uintptr_t)16;
+#ifdef FATTN_WITH_CUDA
+    const fattn_status want = UNS;
+    const char *fwd_word = "variable-length", *bwd_word = "backward";
+#else
+    const fattn_status want = FATTN_ERROR_NO_DEVICE;
+    const char *fwd_word = "without the CUDA engine", *bwd_word = fwd_word;
+#endif
+    /* a request the Hopper kernel serves but for cu_seqlens */
+    FWD_FAIL(&fake,
+             (a_.p.head_dim = 64, a_.p.cu_seqlens_q = a_.p.cu_seqlens_k = bad,
+              a_.q.dtype = a_.k.dtype = a_.v.dtype = a_.o.dtype = FATTN_DTYPE_BF16),
+             want, fwd_word);
+    BWD_FAIL(&fake, (a_.p.head_dim = 64, a_.p.cu_seqlens_q = a_.p.cu_seqlens_k = bad), want, bwd_word);
 }
 
 static void test_quantize(fattn_ctx *ctx) {
@@ -438,6 +465,7 @@ int main(void) {
     test_quantize(ctx);
     test_quantize_rotate96(ctx);
     fattn_ctx_free(ctx);
+    test_cuda_varlen_unread();
 
     printf("test_api_errors: %d checks, %d failures\n", checks, failures);
     return failures ? 1 : 0;

@@ -1,6 +1,10 @@
-/* cuda_engine.h - what the CUDA engine's host files share. */
+/* cuda_engine.h - what the CUDA engine's host files share: entry.cu (entry
+ * points, limits, pointer checks, options), context.cu (context state,
+ * device switching, launch ordering, split workspace), tensor_map.cu (TMA
+ * maps) and the kernels' launchers in hopper/. */
 #pragma once
 #include <cuda.h>
+#include <cuda_runtime.h>
 #include <stdlib.h>
 
 #include "../internal.h"
@@ -24,7 +28,7 @@ struct fattn_cuda_state {
  * earlier may use it.  *ws is NULL (and FATTN_OK returned) when none can be
  * had now: while ctx->stream is being captured into a graph, when the
  * allocation fails or after 8 growths; the caller then runs unsplit.
- * Launches that use it are ordered with cuda_order_before/after. */
+ * Launches that use it are ordered with cuda_order_before/after.  context.cu. */
 #define CUDA_SPLIT_COUNTERS 4096
 fattn_status cuda_split_workspace(fattn_ctx *ctx, size_t bytes, void **ws, unsigned **counters);
 
@@ -32,27 +36,47 @@ fattn_status cuda_split_workspace(fattn_ctx *ctx, size_t bytes, void **ws, unsig
  * also when the context's stream changes between calls (or the old stream is
  * gone): cuda_order_before makes ctx->stream wait for the previous such launch
  * (an event), cuda_order_after records the event after this one.  Both do
- * nothing while ctx->stream is being captured into a CUDA graph. */
+ * nothing while ctx->stream is being captured into a CUDA graph.  context.cu. */
 fattn_status cuda_order_before(fattn_ctx *ctx);
 fattn_status cuda_order_after(fattn_ctx *ctx);
 /* Make `device` the current device; *prev receives the device to give back to
  * cuda_device_leave (-1 when nothing was switched, also on failure). */
 cudaError_t cuda_device_enter(int device, int *prev);
 void cuda_device_leave(int prev);
+/* The pointer must be device memory of ctx->device (or managed); entry.cu. */
 fattn_status cuda_check_device_ptr(fattn_ctx *ctx, const void *ptr, const char *name);
+
+/* Tensor maps (tensor_map.cu). */
+/* TMA's rule for a tensor of `dtype` elements: base 16-byte aligned
+ * (INVALID_ARGUMENT) and strides multiples of 16 bytes (UNSUPPORTED). */
+fattn_status cuda_check_tma_layout(fattn_ctx *ctx, const fattn_tensor *t, fattn_dtype dtype, const char *name);
+/* A 4-D map [dim, seq, heads, batch] over `t` read as `dtype` elements (bf16,
+ * f16: 2 bytes, e4m3: 1, f32: 4), box [box_cols, box_rows, 1, 1] with
+ * `swizzle`; out-of-bounds rows read as zero.  Checks the layout as above,
+ * and the box (1..256 per dim, box_cols * element size a multiple of 16 bytes
+ * within the swizzle span: FATTN_ERROR_INTERNAL, the box being the kernel's);
+ * messages name the tensor. */
+fattn_status cuda_tensor_map_4d(fattn_ctx *ctx, CUtensorMap *map, const fattn_tensor *t, fattn_dtype dtype, int64_t dim,
+                                int64_t seq, int64_t heads, int64_t batch, int box_cols, int box_rows,
+                                CUtensorMapSwizzle swizzle, const char *name);
+/* 16-bit elements, a 64-column box with the 128-byte swizzle the wgmma
+ * descriptors expect: cuda_tensor_map_4d(..., bf16, ..., 64, box_rows,
+ * CU_TENSOR_MAP_SWIZZLE_128B, name). */
 fattn_status cuda_make_tensor_map(fattn_ctx *ctx, CUtensorMap *map, const fattn_tensor *t, int64_t dim, int64_t seq,
                                   int64_t heads, int64_t batch, int box_rows, const char *name);
 
-/* Hopper 16-bit forward: picks the kernel instance for the problem. */
-fattn_status fwd_sm90_launch(fattn_ctx *ctx, const fattn_fwd_args *a);
-
-/* Kernel variant knobs (the paper's ablation), from fattn_ctx_set_option. */
-struct fwd_variant {
-    bool bf16, causal, overlap, pingpong, under_pv;
-    /* the full design: every fp16 call, and bf16 unless the ablation turned
-     * a technique off (the ablation's variants are bf16 only) */
-    bool full_design() const { return !bf16 || (overlap && pingpong && !under_pv); }
+/* The forward's experimental knobs (fattn_ctx_set_option), read once per
+ * call by fattn_cuda_fwd (entry.cu); true = the technique is on. */
+struct cuda_fwd_options {
+    bool overlap;  /* !FATTN_OPTION_DISABLE_OVERLAP */
+    bool pingpong; /* !FATTN_OPTION_DISABLE_PINGPONG */
+    bool under_pv; /* FATTN_OPTION_SOFTMAX_UNDER_PV */
+    bool split;    /* !FATTN_OPTION_DISABLE_SPLIT */
+    bool pdl;      /* !FATTN_OPTION_DISABLE_PDL */
 };
-fattn_status fwd_sm90_hdim64(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_variant v);
-fattn_status fwd_sm90_hdim128(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_variant v);
-fattn_status fwd_sm90_hdim256(fattn_ctx *ctx, const fattn_fwd_args *a, fwd_variant v);
+
+/* Hopper 16-bit forward: picks the kernel instance for the problem, with the
+ * options fattn_cuda_fwd read. */
+fattn_status fwd_sm90_launch(fattn_ctx *ctx, const fattn_fwd_args *a, const cuda_fwd_options *opt);
+
+/* its kernel choice and variants: hopper/fwd_sm90_dispatch.h */

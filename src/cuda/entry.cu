@@ -1,0 +1,132 @@
+/* entry.cu - the CUDA engine's entry points (declared in src/internal.h):
+ * its limits, as small tables of what the kernels serve, checked before
+ * api.c reads anything behind a pointer (fattn_cuda_*_check); the checks that
+ * need the device (pointer location, alignment); the options, read once per
+ * call; and dispatch to the kernels.  Plain C-style host code. */
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "cuda_engine.h"
+
+/* ---- limits ------------------------------------------------------------------ */
+
+/* What the Hopper 16-bit forward serves (src/cuda/hopper/fwd_sm90_hdim*.cu). */
+static const int fwd_head_dims[] = {64, 128, 256};
+static const fattn_dtype fwd_dtypes[] = {FATTN_DTYPE_BF16, FATTN_DTYPE_F16};
+#define COUNT(x) ((int)(sizeof(x) / sizeof((x)[0])))
+
+/* "64, 128, 256" or "bf16, f16" into buf, for the messages. */
+static const char *list_ints(char *buf, size_t n, const int *v, int count) {
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < count && used < n; ++i)
+        used += (size_t)snprintf(buf + used, n - used, "%s%d", i ? ", " : "", v[i]);
+    return buf;
+}
+
+static const char *list_dtypes(char *buf, size_t n, const fattn_dtype *v, int count) {
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < count && used < n; ++i)
+        used += (size_t)snprintf(buf + used, n - used, "%s%s", i ? ", " : "", fattn_dtype_name(v[i]));
+    return buf;
+}
+
+extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_args *a) {
+    const fattn_problem *p = &a->p;
+    char list[64];
+    bool ok = false;
+    for (int i = 0; i < COUNT(fwd_dtypes); ++i) ok = ok || a->q.dtype == fwd_dtypes[i];
+    if (!ok)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "q.dtype %s is not supported by the CUDA engine's forward yet; supported: %s",
+                          fattn_dtype_name(a->q.dtype), list_dtypes(list, sizeof list, fwd_dtypes, COUNT(fwd_dtypes)));
+    if (p->head_dim != p->head_dim_v)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "head_dim %d != head_dim_v %d is not supported by the Hopper kernel", p->head_dim, p->head_dim_v);
+    ok = false;
+    for (int i = 0; i < COUNT(fwd_head_dims); ++i) ok = ok || p->head_dim == fwd_head_dims[i];
+    if (!ok)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "head_dim %d is not supported by the Hopper 16-bit kernel; supported: %s", p->head_dim,
+                          list_ints(list, sizeof list, fwd_head_dims, COUNT(fwd_head_dims)));
+    /* Refused before api.c would read the offsets: a varlen kernel will check
+     * them on the device, never with a copy to the host. */
+    if (p->cu_seqlens_q || p->cu_seqlens_k)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "variable-length batches (cu_seqlens_q/k) are not supported by the CUDA engine yet");
+    return FATTN_OK;
+}
+
+extern "C" fattn_status fattn_cuda_bwd_check(fattn_ctx *ctx, const fattn_bwd_args *a) {
+    (void)a;
+    return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED, "the backward pass is not implemented on the CUDA engine yet");
+}
+
+/* ---- checks that need the device ---------------------------------------------- */
+
+/* The pointer must be device memory of ctx->device (or managed). */
+fattn_status cuda_check_device_ptr(fattn_ctx *ctx, const void *ptr, const char *name) {
+    cudaPointerAttributes at;
+    cudaError_t e = cudaPointerGetAttributes(&at, ptr);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "%s (%p) is not a CUDA pointer", name, ptr);
+    }
+    if (at.type != cudaMemoryTypeDevice && at.type != cudaMemoryTypeManaged)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "%s (%p) is not device memory (a CUDA context needs device pointers)",
+                          name, ptr);
+    if (at.device != ctx->device)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "%s (%p) lives on device %d, the context on device %d", name,
+                          ptr, at.device, ctx->device);
+    return FATTN_OK;
+}
+
+/* Device memory TMA can load: q, k and v. */
+static fattn_status check_tma_input(fattn_ctx *ctx, const fattn_tensor *t, const char *name) {
+    fattn_status s = cuda_check_device_ptr(ctx, t->data, name);
+    return s != FATTN_OK ? s : cuda_check_tma_layout(ctx, t, t->dtype, name);
+}
+
+/* ---- options --------------------------------------------------------------------- */
+
+/* ctx->options, read once per call: nothing below the entry point reads them. */
+static cuda_fwd_options fwd_options(const fattn_ctx *ctx) {
+    cuda_fwd_options o;
+    o.overlap = !ctx->options[FATTN_OPTION_DISABLE_OVERLAP];
+    o.pingpong = !ctx->options[FATTN_OPTION_DISABLE_PINGPONG];
+    o.under_pv = ctx->options[FATTN_OPTION_SOFTMAX_UNDER_PV] != 0;
+    o.split = !ctx->options[FATTN_OPTION_DISABLE_SPLIT];
+    o.pdl = !ctx->options[FATTN_OPTION_DISABLE_PDL];
+    return o;
+}
+
+/* ---- entry points ------------------------------------------------------------------ */
+
+/* api.c has run fattn_cuda_fwd_check and its own checks on these arguments. */
+extern "C" fattn_status fattn_cuda_fwd(fattn_ctx *ctx, const fattn_fwd_args *a) {
+    fattn_status s;
+    if ((s = check_tma_input(ctx, &a->q, "q")) != FATTN_OK) return s;
+    if ((s = check_tma_input(ctx, &a->k, "k")) != FATTN_OK) return s;
+    if ((s = check_tma_input(ctx, &a->v, "v")) != FATTN_OK) return s;
+    if ((s = cuda_check_device_ptr(ctx, a->o.data, "o")) != FATTN_OK) return s;
+    /* O is written with 4-byte stores at least (two 16-bit values) */
+    if ((uintptr_t)a->o.data % 4 || a->o.stride_seq % 2 || a->o.stride_head % 2 || a->o.stride_batch % 2)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                          "o.data must be 4-byte aligned and o's strides even for the CUDA engine");
+    if (a->lse) {
+        if ((s = cuda_check_device_ptr(ctx, a->lse, "lse")) != FATTN_OK) return s;
+        if ((uintptr_t)a->lse % 4) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "lse must be 4-byte aligned");
+    }
+    const cuda_fwd_options opt = fwd_options(ctx);
+    return fwd_sm90_launch(ctx, a, &opt);
+}
+
+/* Refuses every call until the kernel exists (api.c has already refused). */
+extern "C" fattn_status fattn_cuda_bwd(fattn_ctx *ctx, const fattn_bwd_args *a) { return fattn_cuda_bwd_check(ctx, a); }
+
+extern "C" fattn_status fattn_cuda_quantize(fattn_ctx *ctx, const fattn_quantize_args *a) {
+    (void)a;
+    return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED, "fattn_quantize is not implemented on the CUDA engine yet");
+}
