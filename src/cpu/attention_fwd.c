@@ -1,13 +1,15 @@
-/* attention_fwd.c - CPU forward attention (DESIGN.md §1, tiled).
+/* attention_fwd.c - CPU forward attention (DESIGN.md section 1, tiled).
  *
  * Work is split into tasks (batch entry, query head, block of 64..256 query
- * rows).  A task loads its query block (times softmax_scale) to f32,
- * then streams the visible keys in blocks of FATTN_CPU_BN: K^T and V of the
- * block are converted to f32 scratch, S = Q K^T by the register-blocked GEMM,
- * the running max / sum / output are updated, O += P V by the same GEMM.
- * Every output row is produced by exactly one task with a fixed operation
- * order, so results do not depend on the thread count.  Scratch per worker is
- * O(BM*d + BN*d), never seqlen_q x seqlen_k. */
+ * rows).  A task packs its queries (times softmax_scale) into panels of NR
+ * transposed rows, then streams the keys it can see in blocks of BN: each
+ * block is handed, with every panel, to the ISA's inner loop (fwd_block.h:
+ * S^T = K Q^T and O^T += V^T P^T by register-tiled GEMMs, the online softmax
+ * in between), then the panels are normalised and stored.  K and V are
+ * converted (copied, for f32) block by block.  Results depend
+ * only on each panel's own queries, never on the task height or the thread
+ * count.  Scratch per worker is O(BM * d + BN * d), never seqlen_q x
+ * seqlen_k. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,48 +25,57 @@
 typedef struct fwd_job {
     const fattn_fwd_args *a;
     fattn_tasks tasks;
-    fattn_cpu_kernels kern;
+    fattn_fwd_kernel kern;
     const float *lut;
     fattn_cpu_dims m; /* sizes derived from the problem */
-    int64_t bm;             /* query rows per task (64..FATTN_CPU_FWD_BM_MAX) */
+    int64_t bm;       /* query rows per task (64..FATTN_CPU_FWD_BM_MAX, a multiple of NR) */
     size_t scratch_floats;
-    float *scratch;         /* per worker */
+    float *scratch;   /* per worker */
 } fwd_job;
 
 /* Per-worker scratch layout. */
 typedef struct fwd_scratch {
-    float *q;   /* [BM x dp]  query block times softmax_scale */
-    float *kt;  /* [d x BN]   K^T of the key block */
-    float *v;   /* [BN x dvp] V of the key block */
-    float *s;   /* [BM x BN]  scores, then probabilities */
-    float *o;   /* [BM x dvp] unnormalised output */
-    float *m;   /* [BM] running max */
-    float *l;   /* [BM] running sum */
-    float *row; /* [max(d, dv)] conversion buffer */
+    float *qp;    /* [BM/NR][d][NR]  Q^T panels, times softmax_scale */
+    float *ot;    /* [BM/NR][dv][NR] unnormalised O^T panels */
+    float *k;     /* [BN][dp]        the key block as f32 */
+    float *v;     /* [BN][dvp]       the value block as f32 */
+    float *s;     /* [BN][NR]        S^T, then P^T, of one panel */
+    float *m;     /* [BM] running max */
+    float *l;     /* [BM] running sum */
+    float *alpha; /* [NR] */
+    float *row;   /* [max(d, dv)] conversion buffer */
 } fwd_scratch;
 
 static size_t fwd_scratch_layout(const fwd_job *j, float *base, fwd_scratch *s) {
-    const int64_t BM = j->bm, BN = FATTN_CPU_BN;
+    const int64_t BM = j->bm, BN = j->kern.bn, NR = j->kern.nr;
     size_t off = 0;
 #define TAKE(field, n) FATTN_SCRATCH_TAKE(s, base, off, field, n)
-    TAKE(q, BM * j->m.dp);
-    TAKE(kt, j->m.d * BN);
+    TAKE(qp, BM * j->m.d);
+    TAKE(ot, BM * j->m.dv);
+    TAKE(k, BN * j->m.dp);
     TAKE(v, BN * j->m.dvp);
-    TAKE(s, BM * BN);
-    TAKE(o, BM * j->m.dvp);
+    TAKE(s, BN * NR);
     TAKE(m, BM);
     TAKE(l, BM);
+    TAKE(alpha, NR);
     TAKE(row, (j->m.d > j->m.dv ? j->m.d : j->m.dv));
 #undef TAKE
     return off;
+}
+
+/* Ask for the cache lines of n elements at element offset off of t. */
+static void fwd_prefetch_row(const fattn_tensor *t, int64_t off, int64_t n) {
+    const size_t es = fattn_dtype_size(t->dtype);
+    const char *p = (const char *)t->data + (size_t)off * es;
+    for (size_t b = 0; b < (size_t)n * es; b += 64) __builtin_prefetch(p + b, 0, 2);
 }
 
 static void fwd_task(void *arg, int64_t task, int worker) {
     const fwd_job *j = (const fwd_job *)arg;
     const fattn_fwd_args *a = j->a;
     const fattn_problem *p = &a->p;
-    const int64_t BM = j->bm, BN = FATTN_CPU_BN;
-    const int64_t d = j->m.d, dv = j->m.dv, dp = j->m.dp, dvp = j->m.dvp;
+    const int64_t BM = j->bm, BN = j->kern.bn, NR = j->kern.nr;
+    const int64_t d = j->m.d, dv = j->m.dv;
     fwd_scratch w;
     fwd_scratch_layout(j, j->scratch + (size_t)worker * j->scratch_floats, &w);
 
@@ -75,99 +86,89 @@ static void fwd_task(void *arg, int64_t task, int worker) {
     const int64_t hk = h / j->m.group;
     const int64_t i0 = qb * BM;
     const int64_t rows = sq.qlen - i0 < BM ? sq.qlen - i0 : BM;
-    const int64_t rows4 = fattn_round_up(rows, 4);
+    const int64_t npanels = (rows + NR - 1) / NR;
     const float sm_scale = p->softmax_scale;
 
-    /* Query block, scaled; padding rows zero. */
+    /* Query panels, scaled and transposed; padding lanes zero. */
     for (int64_t r = 0; r < rows; r++) {
         int64_t tr = sq.q0 + i0 + r;
         float mul = sm_scale * fattn_row_scale(&a->q, sq.tb, p->heads_q, h, j->m.rows_q, tr);
-        fattn_load_row(&a->q, fattn_row_offset(&a->q, sq.tb, tr, h), (int)d, mul, j->lut,
-                       w.q + r * dp);
+        fattn_load_row(&a->q, fattn_row_offset(&a->q, sq.tb, tr, h), (int)d, mul, j->lut, w.row);
+        float *col = w.qp + (r / NR) * d * NR + r % NR;
+        for (int64_t t = 0; t < d; t++) col[t * NR] = w.row[t];
     }
-    for (int64_t r = rows; r < rows4; r++) memset(w.q + r * dp, 0, sizeof(float) * (size_t)dp);
-    memset(w.o, 0, sizeof(float) * (size_t)(rows4 * dvp));
-    for (int64_t r = 0; r < rows4; r++) {
+    for (int64_t r = rows; r < npanels * NR; r++) {
+        float *col = w.qp + (r / NR) * d * NR + r % NR;
+        for (int64_t t = 0; t < d; t++) col[t * NR] = 0.0f;
+    }
+    for (int64_t r = 0; r < npanels * NR; r++) {
         w.m[r] = -INFINITY;
         w.l[r] = 0.0f;
     }
 
-    /* Keys visible to the last row of the block. */
+    /* Keys visible to the last row of the task. */
     int64_t kend = fattn_last_key(p, &sq, i0 + rows - 1) + 1;
     if (kend > sq.klen) kend = sq.klen;
-    /* Keys visible to every row of the block (no masking needed below it). */
-    const int64_t kfull = fattn_last_key(p, &sq, i0) + 1;
 
+    fattn_fwd_block blk;
+    blk.d = (int)d;
+    blk.dv = (int)dv;
+    blk.npanels = (int)npanels;
+    blk.rows = (int)rows;
+    blk.q0 = i0;
+    /* key j visible to query i iff j <= i + off */
+    blk.off = p->causal ? sq.klen - sq.qlen : sq.klen;
+    blk.qp = w.qp;
+    blk.ot = w.ot;
+    blk.m = w.m;
+    blk.l = w.l;
+    blk.s = w.s;
+    blk.alpha = w.alpha;
+    blk.k = w.k;
+    blk.v = w.v;
+    blk.ldk = j->m.dp;
+    blk.ldv = j->m.dvp;
     for (int64_t j0 = 0; j0 < kend; j0 += BN) {
         const int64_t jn = kend - j0 < BN ? kend - j0 : BN;
-        const int64_t jn16 = fattn_round_up(jn, 16);
-        /* K^T and V of the block. */
+        /* The next block's rows, strided by heads * d in memory, are fetched
+         * while this block computes (copying them cold was 13% of d64). */
+        for (int64_t c = j0 + BN; c < j0 + 2 * BN && c < kend; c++) {
+            fwd_prefetch_row(&a->k, fattn_row_offset(&a->k, sq.tb, sq.k0 + c, hk), d);
+            fwd_prefetch_row(&a->v, fattn_row_offset(&a->v, sq.tb, sq.k0 + c, hk), dv);
+        }
+        /* Packed, even for f32: rows heads * d apart in the tensor share L1
+         * sets (reading them in place measured 6-8% slower). */
         for (int64_t c = 0; c < jn; c++) {
             int64_t tr = sq.k0 + j0 + c;
             float ks = fattn_row_scale(&a->k, sq.tb, p->heads_kv, hk, j->m.rows_k, tr);
             fattn_load_row(&a->k, fattn_row_offset(&a->k, sq.tb, tr, hk), (int)d, ks, j->lut,
-                           w.row);
-            for (int64_t t = 0; t < d; t++) w.kt[t * BN + c] = w.row[t];
+                           w.k + c * j->m.dp);
             float vs = fattn_row_scale(&a->v, sq.tb, p->heads_kv, hk, j->m.rows_k, tr);
             fattn_load_row(&a->v, fattn_row_offset(&a->v, sq.tb, tr, hk), (int)dv, vs, j->lut,
-                           w.v + c * dvp);
+                           w.v + c * j->m.dvp);
         }
-        if (jn < jn16)
-            for (int64_t t = 0; t < d; t++)
-                memset(w.kt + t * BN + jn, 0, sizeof(float) * (size_t)(jn16 - jn));
-
-        j->kern.gemm((int)rows4, (int)jn16, (int)d, w.q, dp, w.kt, BN, w.s, BN, 0);
-
-        const int need_mask = j0 + jn > kfull;
-        for (int64_t r = 0; r < rows; r++) {
-            float *srow = w.s + r * BN;
-            int64_t vis = jn; /* visible columns of this row in the block */
-            if (need_mask) {
-                int64_t last = fattn_last_key(p, &sq, i0 + r);
-                vis = last - j0 + 1;
-                if (vis < 0) vis = 0;
-                if (vis > jn) vis = jn;
-            }
-            float mx = -INFINITY;
-            for (int64_t c = 0; c < vis; c++) mx = srow[c] > mx ? srow[c] : mx;
-            const float m_old = w.m[r];
-            const float m_new = mx > m_old ? mx : m_old;
-            /* Max -inf (nothing finite seen yet): subtract 0 instead, so that
-             * -inf scores give 0 and NaN scores stay NaN (FlashAttention's
-             * guard; never skip the row, or a NaN q would look masked). */
-            const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-            for (int64_t c = vis; c < jn; c++) srow[c] = -INFINITY;
-            const float rs = j->kern.exp_sub(srow, (int)jn, m_use);
-            if (m_new != m_old) {
-                const float alpha = expf(m_old - m_use);
-                float *orow = w.o + r * dvp;
-                for (int64_t t = 0; t < dv; t++) orow[t] *= alpha;
-                w.l[r] = w.l[r] * alpha + rs;
-            } else {
-                w.l[r] += rs;
-            }
-            w.m[r] = m_new;
-        }
-        /* padding rows of the tile: P = 0 */
-        for (int64_t r = rows; r < rows4; r++) memset(w.s + r * BN, 0, sizeof(float) * (size_t)jn);
-
-        j->kern.gemm((int)rows4, (int)dvp, (int)jn, w.s, BN, w.v, dvp, w.o, dvp, 1);
+        blk.j0 = j0;
+        blk.jn = (int)jn;
+        j->kern.run(&blk);
     }
 
-    /* Normalise and store. */
+    /* Normalise and store.  A sum of exactly 0 means no key was visible (or
+     * every score was -inf): O = 0, LSE = -inf.  A NaN sum falls through and
+     * makes O and LSE NaN. */
     for (int64_t r = 0; r < rows; r++) {
-        float *orow = w.o + r * dvp;
+        const float *col = w.ot + (r / NR) * dv * NR + r % NR;
+        const float l = w.l[r];
         float lse;
-        if (w.l[r] == 0.0f) { /* no key visible, or all scores -inf; NaN l falls through */
-            memset(orow, 0, sizeof(float) * (size_t)dv);
+        if (l == 0.0f) {
+            memset(w.row, 0, sizeof(float) * (size_t)dv);
             lse = -INFINITY;
         } else {
-            const float inv = 1.0f / w.l[r];
-            for (int64_t t = 0; t < dv; t++) orow[t] *= inv;
-            lse = w.m[r] + logf(w.l[r]);
+            const float inv = 1.0f / l;
+            for (int64_t t = 0; t < dv; t++) w.row[t] = col[t * NR] * inv;
+            lse = w.m[r] + logf(l);
         }
         int64_t tr = sq.q0 + i0 + r;
-        fattn_store_row(&a->o, fattn_row_offset(&a->o, sq.tb, tr, h), (int)dv, orow);
+        fattn_store_row(&a->o, fattn_row_offset(&a->o, sq.tb, tr, h), (int)dv, w.row);
         if (a->lse) a->lse[fattn_lse_index(p, &sq, b, h, i0 + r)] = lse;
     }
 }
@@ -177,7 +178,7 @@ fattn_status fattn_cpu_fwd(fattn_ctx *ctx, const fattn_fwd_args *a) {
     fwd_job j;
     memset(&j, 0, sizeof j);
     j.a = a;
-    j.kern = fattn_cpu_kernels_get();
+    j.kern = fattn_cpu_kernels_get().fwd;
     j.m = fattn_cpu_dims_of(p);
 
     float lut[256];

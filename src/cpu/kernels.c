@@ -7,6 +7,7 @@
 #include "cpu/kernels.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
@@ -158,11 +159,28 @@ FATTN_DEFINE_GEMM(gemm_avx512, FATTN_ATTR_AVX512, v16f, 16)
 FATTN_DEFINE_EXP(exp_avx512, FATTN_ATTR_AVX512, v16f, v16i, 16)
 #endif
 
+int fattn_cpu_fwd_kernel_named(const char *isa, fattn_fwd_kernel *out) {
+    const fattn_fwd_kernel *k = NULL;
+    if (!strcmp(isa, "scalar")) k = &fattn_fwd_kernel_scalar;
+    else if (!strcmp(isa, "generic")) k = &fattn_fwd_kernel_generic;
+#ifdef FATTN_FWD_X86
+    __builtin_cpu_init();
+    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (!strcmp(isa, "avx2") && avx2) k = &fattn_fwd_kernel_avx2;
+    else if (!strcmp(isa, "avx2w16") && avx2) k = &fattn_fwd_kernel_avx2w16;
+    else if (!strcmp(isa, "avx512") && __builtin_cpu_supports("avx512f")) k = &fattn_fwd_kernel_avx512;
+#endif
+    if (!k) return -1;
+    *out = *k;
+    return 0;
+}
+
 fattn_cpu_kernels fattn_cpu_kernels_get(void) {
     fattn_cpu_kernels k;
     k.gemm = gemm_generic;
     k.exp_sub = exp_generic;
     k.isa = "generic";
+    k.fwd = fattn_fwd_kernel_generic;
 #ifdef FATTN_X86_DISPATCH
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f")) {
@@ -175,5 +193,11 @@ fattn_cpu_kernels fattn_cpu_kernels_get(void) {
         k.isa = "avx2";
     }
 #endif
+#ifdef FATTN_FWD_X86
+    if (fattn_cpu_fwd_kernel_named("avx512", &k.fwd) != 0)
+        fattn_cpu_fwd_kernel_named("avx2", &k.fwd);
+#endif
+    const char *want = getenv("FATTN_CPU_ISA");
+    if (want && *want) fattn_cpu_fwd_kernel_named(want, &k.fwd);
     return k;
 }

@@ -1,10 +1,13 @@
-/* kernels.h - the CPU engine's inner loops: a register-blocked f32 GEMM
- * micro-kernel and a vectorised exp, compiled for several x86 ISA levels
- * (AVX-512, AVX2+FMA, baseline) and chosen at run time (cpuid). */
+/* kernels.h - the CPU engine's inner loops, compiled for several x86 ISA
+ * levels (AVX-512, AVX2+FMA, baseline) and chosen at run time (cpuid): the
+ * forward's key-block loop (fwd_block.h), and for the backward a
+ * register-blocked f32 GEMM micro-kernel and a vectorised exp. */
 #ifndef FATTN_CPU_KERNELS_H
 #define FATTN_CPU_KERNELS_H
 
 #include <stdint.h>
+
+#include "cpu/fwd_block.h"
 
 /* C[m x n] = (accumulate ? C : 0) + A[m x k] * B[k x n], all row-major f32
  * with row strides lda, ldb, ldc (elements).  m must be a multiple of 4 and n a
@@ -13,17 +16,25 @@ typedef void (*fattn_gemm_fn)(int m, int n, int k, const float *A, int64_t lda, 
                               int64_t ldb, float *C, int64_t ldc, int accumulate);
 
 /* x[i] = exp(x[i] - sub) for i < n, |rel err| <= ~2 ulp; arguments below
- * -87 (including -inf) give exactly 0; the sum of the results is returned
- * (accumulated in a fixed order). */
+ * -87.33 (including -inf) give exactly 0, NaN gives NaN; the sum of the
+ * results is returned (accumulated in a fixed order). */
 typedef float (*fattn_exp_fn)(float *x, int n, float sub);
 
 typedef struct fattn_cpu_kernels {
     fattn_gemm_fn gemm;
     fattn_exp_fn exp_sub;
-    const char *isa; /* "avx512", "avx2", "generic" */
+    const char *isa;      /* of gemm and exp_sub: "avx512", "avx2", "generic" */
+    fattn_fwd_kernel fwd; /* the forward's inner loop (fwd_block.h) */
 } fattn_cpu_kernels;
 
-/* The best kernels for this CPU (cached after the first call; thread-safe). */
+/* The best kernels for this CPU (thread-safe).  The environment variable
+ * FATTN_CPU_ISA = scalar | generic | avx2 | avx2w16 | avx512 picks the
+ * forward's instance instead, when this CPU can run it (tests and
+ * benchmarks; an unknown or unsupported name is ignored). */
 fattn_cpu_kernels fattn_cpu_kernels_get(void);
+
+/* The forward instance called `isa`, if this CPU can run it: 0 and *out set,
+ * else -1. */
+int fattn_cpu_fwd_kernel_named(const char *isa, fattn_fwd_kernel *out);
 
 #endif

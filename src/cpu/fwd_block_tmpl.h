@@ -1,0 +1,259 @@
+/* fwd_block_tmpl.h - one instance of the forward's inner loop (fwd_block.h).
+ * No include guard: fwd_block.c includes it once per ISA after defining
+ *   KT(name)  the instance's name for `name`
+ *   KT_ATTR   the instance's function attributes (target ISA)
+ *   VT, VI, VU  vectors of KT_W float / int32_t / uint32_t (GCC extensions)
+ *   KT_W      floats per vector
+ *   KT_NV     vectors per panel row: NR = KT_NV * KT_W queries
+ *   KT_MR     rows of the register tile: keys in S^T = K Q^T, value columns
+ *             in O^T += V^T P^T (KT_MR x KT_NV accumulators)
+ *   KT_BN     keys per block
+ * The arithmetic is written once, as plain vector expressions; `a * b + c`
+ * is contracted to one FMA where the target has it (GNU C's default
+ * -ffp-contract=fast, Clang's =on), the same way in every instance. */
+
+#define KT_NR (KT_NV * KT_W)
+#define KT_INLINE KT_ATTR static inline __attribute__((always_inline))
+
+/* x - 0 is x for every x (x + 0 is not, for -0), so this is a bare broadcast */
+KT_INLINE VT KT(splat)(float x) { return x - (VT){0}; }
+KT_INLINE VT KT(load)(const float *p) { VT v; memcpy(&v, p, sizeof v); return v; }
+/* Vectors go to helpers by address: GCC notes an ABI change for 64-byte
+ * vector parameters of AVX2 functions (the avx2w16 instance) even when they
+ * are inlined. */
+KT_INLINE void KT(store)(float *p, const VT *v) { memcpy(p, v, sizeof *v); }
+/* mask ? a : b, mask lanes all ones or all zeros */
+#define KT_SELECT(mask, a, b) ((VT)(((mask) & (VI)(a)) | (~(mask) & (VI)(b))))
+/* a > b ? a : b: b where either is NaN, as x86's maxps (an instance may
+ * define KT_MAX as that instruction) */
+#ifndef KT_MAX
+#define KT_MAX(a, b) KT_SELECT((a) > (b), (a), (b))
+#define KT_MAX_DEFAULT
+#endif
+
+/* exp(x) for x <= 88 (the softmax only asks for x <= 0): Cephes' range
+ * reduction x = n ln2 + r, |r| <= ln2/2, and degree-6 polynomial (<= 2 ulp,
+ * tests/test_cpu_kernels.c measures it); x below ln 2^-126 (and -inf) gives
+ * exactly 0, NaN gives NaN.  n + 127 is read from the low bits of
+ * x log2e + (1.5 * 2^23 + 127) (round to nearest): shifted left by 23 they are
+ * the exponent of 2^n, and no float -> int conversion ever sees a NaN.  The
+ * clamp keeps 2^n normal below ln 2^-126, where the result is masked to 0. */
+KT_INLINE VT KT(exp)(const VT *px) {
+    const VT x = *px;
+    const VT lo = KT(splat)(-87.3365479f);
+    const VT magic = KT(splat)(12583039.0f); /* 1.5 * 2^23 + 127 */
+    const VI under = x < lo; /* false for NaN */
+    const VT xc = KT_MAX(lo, x); /* NaN stays NaN */
+    const VT kf = xc * 1.44269504088896341f + magic;
+    const VT n = kf - magic;
+    VT r = xc - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    const VT r2 = r * r;
+    VT y = r * 1.9875691500E-4f + 1.3981999507E-3f;
+    y = y * r + 8.3334519073E-3f;
+    y = y * r + 4.1665795894E-2f;
+    y = y * r + 1.6666665459E-1f;
+    y = y * r + 5.0000001201E-1f;
+    y = y * r2 + r;
+    y = y + 1.0f;
+    y = y * (VT)((VU)kf << 23);
+    return (VT)(~under & (VI)y);
+}
+
+/* C[r][0..NR) = sum_p A[r * lda + p] * B[p][0..NR), r < mr: the S^T tile of
+ * keys r (rows of K) against one Q^T panel.  On the way out, key r is hidden
+ * (-inf) from the lanes c < thr + r (causal), and the tile's column max is
+ * folded into bmax[0..NR) (NaN scores are skipped there; they reach O and LSE
+ * through exp). */
+KT_INLINE void KT(qk_tile)(const int mr, int k, const float *A, int64_t lda, const float *B,
+                           float *C, int64_t thr, float *bmax) {
+    VT acc[KT_MR][KT_NV];
+    const float *a[KT_MR];
+    for (int r = 0; r < mr; r++) {
+        a[r] = A + r * lda;
+        for (int v = 0; v < KT_NV; v++) acc[r][v] = (VT){0};
+    }
+    for (int p = 0; p < k; p++) {
+        VT b[KT_NV];
+        for (int v = 0; v < KT_NV; v++) b[v] = KT(load)(B + (int64_t)p * KT_NR + v * KT_W);
+        for (int r = 0; r < mr; r++) {
+            const VT x = KT(splat)(a[r][p]);
+            for (int v = 0; v < KT_NV; v++) acc[r][v] = x * b[v] + acc[r][v];
+        }
+    }
+    const VT ninf = KT(splat)(-INFINITY);
+    for (int v = 0; v < KT_NV; v++) {
+        VT mx = KT(load)(bmax + v * KT_W);
+        VI lane;
+        for (int c = 0; c < KT_W; c++) lane[c] = v * KT_W + c;
+        for (int r = 0; r < mr; r++) {
+            VT x = acc[r][v];
+            if (thr + r > 0) {
+                const int32_t t = thr + r > KT_NR ? KT_NR : (int32_t)(thr + r);
+                x = KT_SELECT(lane < t, ninf, x);
+            }
+            KT(store)(C + r * KT_NR + v * KT_W, &x);
+            mx = KT_MAX(x, mx);
+        }
+        KT(store)(bmax + v * KT_W, &mx);
+    }
+}
+
+/* C[r][0..NR) = (alpha ? C[r] * alpha : 0) + sum_j A[j * lda + r] * B[j][0..NR),
+ * r < mr: the O^T tile of value columns r (A = V + t0) against one P^T panel,
+ * with the online softmax's rescale folded into the load of C. */
+KT_INLINE void KT(pv_tile)(const int mr, int k, const float *A, int64_t lda, const float *B,
+                           float *C, const float *alpha) {
+    VT acc[KT_MR][KT_NV];
+    if (alpha) {
+        VT al[KT_NV];
+        for (int v = 0; v < KT_NV; v++) al[v] = KT(load)(alpha + v * KT_W);
+        for (int r = 0; r < mr; r++)
+            for (int v = 0; v < KT_NV; v++) acc[r][v] = KT(load)(C + r * KT_NR + v * KT_W) * al[v];
+    } else {
+        for (int r = 0; r < mr; r++)
+            for (int v = 0; v < KT_NV; v++) acc[r][v] = (VT){0};
+    }
+    for (int j = 0; j < k; j++) {
+        VT b[KT_NV];
+        const float *a = A + (int64_t)j * lda;
+        for (int v = 0; v < KT_NV; v++) b[v] = KT(load)(B + (int64_t)j * KT_NR + v * KT_W);
+        for (int r = 0; r < mr; r++) {
+            const VT x = KT(splat)(a[r]);
+            for (int v = 0; v < KT_NV; v++) acc[r][v] = x * b[v] + acc[r][v];
+        }
+    }
+    for (int r = 0; r < mr; r++)
+        for (int v = 0; v < KT_NV; v++) KT(store)(C + r * KT_NR + v * KT_W, &acc[r][v]);
+}
+
+/* One function per tile height, so that every accumulator lives in a
+ * register; the dispatch is by the remaining rows (always KT_MR but at an
+ * edge). */
+#define KT_TILE_FN(n)                                                                          \
+    KT_ATTR static void KT(qk_##n)(int k, const float *A, int64_t lda, const float *B,         \
+                                   float *C, int64_t thr, float *bmax) {                       \
+        KT(qk_tile)(n, k, A, lda, B, C, thr, bmax);                                            \
+    }                                                                                          \
+    KT_ATTR static void KT(pv_##n)(int k, const float *A, int64_t lda, const float *B,         \
+                                   float *C, const float *alpha) {                             \
+        KT(pv_tile)(n, k, A, lda, B, C, alpha);                                                \
+    }
+KT_TILE_FN(1)
+KT_TILE_FN(2)
+KT_TILE_FN(3)
+KT_TILE_FN(4)
+#if KT_MR >= 5
+KT_TILE_FN(5)
+KT_TILE_FN(6)
+#endif
+#if KT_MR >= 7
+KT_TILE_FN(7)
+KT_TILE_FN(8)
+#endif
+#if KT_MR > 8
+#error "KT_MR > 8: add tile functions"
+#endif
+#undef KT_TILE_FN
+
+KT_ATTR static void KT(qk)(int mr, int k, const float *A, int64_t lda, const float *B, float *C,
+                           int64_t thr, float *bmax) {
+    switch (mr) {
+    case 1: KT(qk_1)(k, A, lda, B, C, thr, bmax); break;
+    case 2: KT(qk_2)(k, A, lda, B, C, thr, bmax); break;
+    case 3: KT(qk_3)(k, A, lda, B, C, thr, bmax); break;
+    case 4: KT(qk_4)(k, A, lda, B, C, thr, bmax); break;
+#if KT_MR >= 5
+    case 5: KT(qk_5)(k, A, lda, B, C, thr, bmax); break;
+    case 6: KT(qk_6)(k, A, lda, B, C, thr, bmax); break;
+#endif
+#if KT_MR >= 7
+    case 7: KT(qk_7)(k, A, lda, B, C, thr, bmax); break;
+    case 8: KT(qk_8)(k, A, lda, B, C, thr, bmax); break;
+#endif
+    default: break;
+    }
+}
+
+KT_ATTR static void KT(pv)(int mr, int k, const float *A, int64_t lda, const float *B, float *C,
+                           const float *alpha) {
+    switch (mr) {
+    case 1: KT(pv_1)(k, A, lda, B, C, alpha); break;
+    case 2: KT(pv_2)(k, A, lda, B, C, alpha); break;
+    case 3: KT(pv_3)(k, A, lda, B, C, alpha); break;
+    case 4: KT(pv_4)(k, A, lda, B, C, alpha); break;
+#if KT_MR >= 5
+    case 5: KT(pv_5)(k, A, lda, B, C, alpha); break;
+    case 6: KT(pv_6)(k, A, lda, B, C, alpha); break;
+#endif
+#if KT_MR >= 7
+    case 7: KT(pv_7)(k, A, lda, B, C, alpha); break;
+    case 8: KT(pv_8)(k, A, lda, B, C, alpha); break;
+#endif
+    default: break;
+    }
+}
+
+/* Online softmax of one panel over jn keys (DESIGN.md section 1), vectorised
+ * over its NR queries: s = S^T [jn][NR] (masked) in, P^T out; m, l [NR];
+ * alpha [NR] holds the block's max on entry (qk_tile) and the rescale factor
+ * on return.  A -inf running max subtracts 0 instead (FlashAttention's
+ * guard): -inf scores give 0 and NaN scores stay NaN, so a NaN reaches O and
+ * LSE. */
+KT_INLINE void KT(softmax)(float *s, int jn, float *m, float *l, float *alpha) {
+    const VT ninf = KT(splat)(-INFINITY);
+    for (int v = 0; v < KT_NV; v++) {
+        const VT mx = KT(load)(alpha + v * KT_W);
+        const VT m_old = KT(load)(m + v * KT_W);
+        const VT m_new = KT_MAX(mx, m_old);
+        const VT m_use = KT_SELECT(m_new == ninf, (VT){0}, m_new);
+        VT sum = (VT){0};
+        for (int j = 0; j < jn; j++) {
+            float *sp = s + (int64_t)j * KT_NR + v * KT_W;
+            const VT x = KT(load)(sp) - m_use;
+            const VT p = KT(exp)(&x);
+            KT(store)(sp, &p);
+            sum = sum + p;
+        }
+        const VT dm = m_old - m_use;
+        const VT al = KT(exp)(&dm);
+        const VT l_new = KT(load)(l + v * KT_W) * al + sum;
+        KT(store)(alpha + v * KT_W, &al);
+        KT(store)(l + v * KT_W, &l_new);
+        KT(store)(m + v * KT_W, &m_new);
+    }
+}
+
+KT_ATTR static void KT(run)(const fattn_fwd_block *b) {
+    const int d = b->d, dv = b->dv;
+    for (int pi = 0; pi < b->npanels; pi++) {
+        const int lanes = b->rows - pi * KT_NR < KT_NR ? b->rows - pi * KT_NR : KT_NR;
+        const int64_t qlo = b->q0 + (int64_t)pi * KT_NR;
+        /* Keys of the block this panel's real queries see. */
+        int64_t jn = qlo + lanes - 1 + b->off - b->j0 + 1;
+        if (jn > b->jn) jn = b->jn;
+        if (jn <= 0) continue;
+        const float *qp = b->qp + (int64_t)pi * d * KT_NR;
+        float *ot = b->ot + (int64_t)pi * dv * KT_NR;
+        /* lane c (query qlo + c) hides key j0 + j when qlo + c + off < j0 + j */
+        const int64_t thr0 = b->j0 - b->off - qlo;
+        for (int c = 0; c < KT_NR; c++) b->alpha[c] = -INFINITY;
+        for (int jt = 0; jt < jn; jt += KT_MR)
+            KT(qk)(jn - jt < KT_MR ? (int)jn - jt : KT_MR, d, b->k + (int64_t)jt * b->ldk, b->ldk,
+                   qp, b->s + (int64_t)jt * KT_NR, thr0 + jt, b->alpha);
+        KT(softmax)(b->s, (int)jn, b->m + (int64_t)pi * KT_NR, b->l + (int64_t)pi * KT_NR,
+                    b->alpha);
+        const float *alpha = b->j0 == 0 ? NULL : b->alpha;
+        for (int t0 = 0; t0 < dv; t0 += KT_MR)
+            KT(pv)(dv - t0 < KT_MR ? dv - t0 : KT_MR, (int)jn, b->v + t0, b->ldv, b->s,
+                   ot + (int64_t)t0 * KT_NR, alpha);
+    }
+}
+
+#undef KT_NR
+#undef KT_INLINE
+#undef KT_SELECT
+#ifdef KT_MAX_DEFAULT
+#undef KT_MAX
+#undef KT_MAX_DEFAULT
+#endif
