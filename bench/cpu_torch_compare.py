@@ -1,23 +1,32 @@
 #!/usr/bin/env python3
 """cpu_torch_compare.py - fattn's CPU forward next to PyTorch's CPU
 torch.nn.functional.scaled_dot_product_attention (fp32), same shapes, same
-machine, same run.
+process, interleaved.
 
-    python3 bench/cpu_torch_compare.py [--fattn build/tools/fattn] [--tokens 2048]
+    python3 bench/cpu_torch_compare.py [--lib build/libfattn.so] [--tokens 2048]
         [--seqlens 256,512,1024,2048] [--head-dims 64,128,256] [--causal both]
-        [--iters 3] [--threads N]
+        [--rounds 7] [--threads N] [--json FILE]
 
-fattn is measured by its own `fattn bench --backend cpu --json`, torch here in
-Python; both report FLOPs = 4 * batch * heads * seqlen^2 * head_dim (halved
-when causal) over the median time.  Needs torch (CPU wheel is enough).
+Per shape, fattn (through ctypes, python/fattn) and torch take turns for
+--rounds rounds, each round starting with the other backend than the last,
+one call per turn after one warm-up call each; the table has each backend's
+median.  Both see the same numbers: fattn in its [batch, seqlen, heads, dim]
+layout, torch in its [batch, heads, seqlen, dim] (each contiguous), and the
+outputs are compared.  FLOPs = 4 * batch * heads * seqlen^2 * head_dim (halved
+when causal).  Interleaving matters on a shared machine: load from other
+processes then hits both backends alike.  Needs torch (the CPU wheel is
+enough).
 """
 import argparse
+import ctypes
 import json
+import math
 import os
-import subprocess
+import platform
 import sys
-import tempfile
 import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def median(xs):
@@ -26,78 +35,105 @@ def median(xs):
     return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
-def torch_time(torch, batch, seqlen, heads, hdim, causal, iters):
-    F = torch.nn.functional
-    g = torch.Generator().manual_seed(1)
-    q = torch.randn(batch, heads, seqlen, hdim, generator=g)
-    k = torch.randn(batch, heads, seqlen, hdim, generator=g)
-    v = torch.randn(batch, heads, seqlen, hdim, generator=g)
-    with torch.no_grad():
-        F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))  # warm-up
-        ts = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
-            ts.append((time.perf_counter() - t0) * 1e3)
-    return median(ts)
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = f.read()
+        name = next(l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("model name"))
+        flags = next(l.split(":", 1)[1].split() for l in info.splitlines() if l.startswith("flags"))
+        isa = "avx512f" if "avx512f" in flags else "avx2" if "avx2" in flags else "baseline"
+        return "%s (%d logical CPUs, %s)" % (name, os.cpu_count(), isa)
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--fattn", default=os.path.join("build", "tools", "fattn"))
+    ap.add_argument("--lib", default=os.environ.get("FATTN_LIBRARY",
+                                                    os.path.join(HERE, "..", "build", "libfattn.so")))
     ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--seqlens", default="256,512,1024,2048")
     ap.add_argument("--head-dims", default="64,128,256")
     ap.add_argument("--causal", default="both", choices=["both", "0", "1"])
-    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--json", help="also write the rows as JSON")
     args = ap.parse_args()
 
     try:
         import torch
     except ImportError:
         sys.exit("cpu_torch_compare.py: torch is not installed (pip install torch)")
+    os.environ["FATTN_LIBRARY"] = os.path.abspath(args.lib)
+    sys.path.insert(0, os.path.join(HERE, "..", "python"))
+    import fattn
+
     torch.set_num_threads(args.threads)
+    ctx = fattn.Context(fattn.BACKEND_CPU)
+    fattn._lib.fattn_ctx_set_threads.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    ctx._check(fattn._lib.fattn_ctx_set_threads(ctx._h, args.threads))
+    F = torch.nn.functional
 
     seqlens = [int(x) for x in args.seqlens.split(",")]
     hdims = [int(x) for x in args.head_dims.split(",")]
     causals = [0, 1] if args.causal == "both" else [int(args.causal)]
 
-    def fattn_case(seqlen, hdim, causal):
-        # One case per fattn process, measured right before torch's, so that
-        # load from other processes hits both alike.
-        with tempfile.TemporaryDirectory() as d:
-            out = os.path.join(d, "fattn.json")
-            cmd = [args.fattn, "bench", "--backend", "cpu", "--dtype", "f32",
-                   "--tokens", str(args.tokens), "--seqlens", str(seqlen),
-                   "--head-dims", str(hdim), "--causal", str(causal),
-                   "--iters", str(args.iters), "--threads", str(args.threads), "--json", out]
-            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            with open(out) as f:
-                return json.load(f)["cases"][0]
-
-    print(f"CPU forward, fp32, {args.tokens} tokens, hidden 2048, {args.threads} threads, "
-          f"median of {args.iters}; torch {torch.__version__}")
+    print("CPU forward, fp32: %s; %d threads each; %d tokens, hidden %d; fattn %s (%s), "
+          "torch %s; median of %d interleaved rounds"
+          % (cpu_model(), args.threads, args.tokens, args.hidden, fattn.__version__,
+             os.path.basename(args.lib), torch.__version__, args.rounds))
+    if os.environ.get("FATTN_CPU_ISA"):
+        print("FATTN_CPU_ISA=%s" % os.environ["FATTN_CPU_ISA"])
     print()
     print("| causal | head dim | seqlen | batch | heads | fattn GFLOP/s | torch SDPA GFLOP/s | fattn / torch |")
     print("|--------|----------|--------|-------|-------|---------------|--------------------|---------------|")
-    ratios = []
+    rows = []
+    g = torch.Generator().manual_seed(1)
     for causal in causals:
         for hdim in hdims:
             for seqlen in seqlens:
-                c = fattn_case(seqlen, hdim, causal)
-                tms = torch_time(torch, c["batch"], c["seqlen"], c["heads"], c["head_dim"],
-                                 c["causal"], args.iters)
-                tg = c["flops"] / (tms * 1e-3) * 1e-9
-                r = c["gflops"] / tg
-                ratios.append(r)
-                print(f"| {'yes' if causal else 'no':>6} | {hdim:8d} | {seqlen:6d} "
-                      f"| {c['batch']:5d} | {c['heads']:5d} | {c['gflops']:13.1f} | {tg:18.1f} "
-                      f"| {r:13.2f} |", flush=True)
-    geo = 1.0
-    for r in ratios:
-        geo *= r
-    print(f"\ngeometric mean fattn / torch: {geo ** (1.0 / len(ratios)):.2f}")
+                batch, heads = args.tokens // seqlen, args.hidden // hdim
+                shape = (batch, seqlen, heads, hdim)
+                q, k, v = (torch.randn(shape, generator=g) for _ in range(3))
+                o = torch.empty(shape)
+                tq, tk, tv = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+                fa = ctx.fwd_args(q, k, v, o, causal=bool(causal))
+
+                def run_fattn():
+                    ctx.fwd_raw(fa)
+
+                def run_torch():
+                    return F.scaled_dot_product_attention(tq, tk, tv, is_causal=bool(causal))
+
+                with torch.no_grad():
+                    run_fattn()
+                    ref = run_torch()
+                    err = (o - ref.transpose(1, 2)).abs().max().item()
+                    times = {"fattn": [], "torch": []}
+                    for r in range(args.rounds):
+                        order = (("fattn", run_fattn), ("torch", run_torch))
+                        for name, fn in (order if r % 2 == 0 else order[::-1]):
+                            t0 = time.perf_counter()
+                            fn()
+                            times[name].append(time.perf_counter() - t0)
+                flops = 4.0 * batch * heads * seqlen * seqlen * hdim / (2 if causal else 1)
+                fg = flops / median(times["fattn"]) * 1e-9
+                tg = flops / median(times["torch"]) * 1e-9
+                rows.append({"causal": causal, "head_dim": hdim, "seqlen": seqlen, "batch": batch,
+                             "heads": heads, "fattn_gflops": fg, "torch_gflops": tg,
+                             "ratio": fg / tg, "max_abs_diff": err})
+                print("| %6s | %8d | %6d | %5d | %5d | %13.1f | %18.1f | %13.2f |"
+                      % ("yes" if causal else "no", hdim, seqlen, batch, heads, fg, tg, fg / tg),
+                      flush=True)
+                if not err < 1e-3:
+                    print("  fattn and torch differ: max |diff| %.3e" % err, flush=True)
+    geo = math.exp(sum(math.log(r["ratio"]) for r in rows) / len(rows))
+    print("\ngeometric mean fattn / torch: %.2f" % geo)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"cpu": cpu_model(), "threads": args.threads, "torch": torch.__version__,
+                       "rounds": args.rounds, "rows": rows, "geomean": geo}, f, indent=1)
 
 
 if __name__ == "__main__":

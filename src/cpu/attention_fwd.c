@@ -17,6 +17,7 @@
 #include "cpu/attention_common.h"
 #include "cpu/kernels.h"
 #include "cpu/load.h"
+#include "cpu/scratch.h"
 #include "cpu/threads.h"
 #include "internal.h"
 
@@ -204,7 +205,7 @@ fattn_status fattn_cpu_fwd(fattn_ctx *ctx, const fattn_fwd_args *a) {
     if ((int64_t)nthreads > ntasks) nthreads = ntasks > 0 ? (int)ntasks : 1;
 
     j.scratch_floats = fwd_scratch_layout(&j, NULL, NULL);
-    j.scratch = fattn_falloc(j.scratch_floats * (size_t)nthreads);
+    j.scratch = fattn_cpu_scratch_get(j.scratch_floats * (size_t)nthreads);
     if (!j.scratch) {
         fattn_tasks_free(&j.tasks);
         return fattn_fail(ctx, FATTN_ERROR_OUT_OF_MEMORY,
@@ -212,7 +213,7 @@ fattn_status fattn_cpu_fwd(fattn_ctx *ctx, const fattn_fwd_args *a) {
                           j.scratch_floats * (size_t)nthreads * sizeof(float));
     }
     fattn_parallel_for(nthreads, ntasks, fwd_task, &j);
-    free(j.scratch);
+    fattn_cpu_scratch_put(j.scratch);
     fattn_tasks_free(&j.tasks);
     return FATTN_OK;
 }

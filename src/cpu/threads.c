@@ -1,4 +1,12 @@
-/* threads.c - see threads.h. */
+/* threads.c - see threads.h.
+ *
+ * A persistent pool: workers are started on first use (and when a call asks
+ * for more than have been started), then sleep on a condition variable
+ * between calls, so a call costs a wake-up instead of a pthread_create per
+ * worker.  One call uses the pool at a time; a call made while another holds
+ * it (two user threads at once) starts its own threads for the call, as the
+ * engine did before the pool.  After fork() the child starts from an empty
+ * pool; unloading the library stops and joins the workers. */
 #define _POSIX_C_SOURCE 200809L
 #include "cpu/threads.h"
 
@@ -22,11 +30,6 @@ typedef struct pool_job {
     atomic_llong next;
 } pool_job;
 
-typedef struct worker_arg {
-    pool_job *job;
-    int worker;
-} worker_arg;
-
 static void run_worker(pool_job *job, int worker) {
     for (;;) {
         int64_t t = (int64_t)atomic_fetch_add_explicit(&job->next, 1, memory_order_relaxed);
@@ -35,10 +38,126 @@ static void run_worker(pool_job *job, int worker) {
     }
 }
 
-static void *worker_main(void *p) {
+/* ---- the pool ------------------------------------------------------------ */
+
+#define POOL_MAX 1024
+
+static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t pool_work = PTHREAD_COND_INITIALIZER; /* a new job or quit */
+static pthread_cond_t pool_done = PTHREAD_COND_INITIALIZER; /* the last worker finished */
+static atomic_int pool_busy;      /* a call holds the pool */
+static pthread_t pool_tid[POOL_MAX];
+static int pool_started;          /* workers 1..pool_started exist */
+static uint64_t pool_gen;         /* job generation */
+static pool_job *pool_cur;        /* the job of generation pool_gen */
+static int pool_want;             /* workers 1..pool_want - 1 take part in it */
+static int pool_active;           /* of those, still running it */
+static int pool_quit;
+
+static void *pool_main(void *p) {
+    const int id = (int)(intptr_t)p;
+    uint64_t seen = 0;
+    pthread_mutex_lock(&pool_mu);
+    seen = pool_gen; /* a worker started for a job takes part in it (see below) */
+    if (id < pool_want && pool_cur) seen--;
+    for (;;) {
+        while (pool_gen == seen && !pool_quit) pthread_cond_wait(&pool_work, &pool_mu);
+        if (pool_quit) break;
+        seen = pool_gen;
+        if (id >= pool_want) continue;
+        pool_job *job = pool_cur;
+        pthread_mutex_unlock(&pool_mu);
+        run_worker(job, id);
+        pthread_mutex_lock(&pool_mu);
+        if (--pool_active == 0) pthread_cond_signal(&pool_done);
+    }
+    pthread_mutex_unlock(&pool_mu);
+    return NULL;
+}
+
+static void pool_after_fork_child(void) {
+    /* Only the forking thread exists in the child: forget the workers. */
+    pthread_mutex_init(&pool_mu, NULL);
+    pthread_cond_init(&pool_work, NULL);
+    pthread_cond_init(&pool_done, NULL);
+    pool_started = 0;
+    pool_cur = NULL;
+    pool_want = pool_active = pool_quit = 0;
+    atomic_store(&pool_busy, 0);
+}
+
+static void pool_init_once(void) { pthread_atfork(NULL, NULL, pool_after_fork_child); }
+
+__attribute__((destructor)) static void pool_stop(void) {
+    pthread_mutex_lock(&pool_mu);
+    pool_quit = 1;
+    pthread_cond_broadcast(&pool_work);
+    const int n = pool_started;
+    pthread_mutex_unlock(&pool_mu);
+    for (int i = 1; i <= n; i++) pthread_join(pool_tid[i], NULL);
+    pool_started = 0;
+}
+
+/* Runs the job on the pool's workers 1..nthreads-1 and the caller (fewer
+ * workers if some cannot be started); the caller holds the pool (pool_busy). */
+static void pool_run(pool_job *job, int nthreads) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, pool_init_once);
+    pthread_mutex_lock(&pool_mu);
+    if (nthreads > POOL_MAX) nthreads = POOL_MAX;
+    pool_cur = job;
+    pool_want = nthreads;
+    pool_active = 0;
+    pool_gen++;
+    /* Workers that exist take part; start the missing ones (a new worker
+     * sees pool_cur set and joins this generation). */
+    while (pool_started + 1 < nthreads) {
+        const int id = pool_started + 1;
+        if (pthread_create(&pool_tid[id], NULL, pool_main, (void *)(intptr_t)id) != 0) break;
+        pool_started = id;
+    }
+    if (pool_want > pool_started + 1) pool_want = pool_started + 1; /* could not start them all */
+    pool_active = pool_want - 1;
+    pthread_cond_broadcast(&pool_work);
+    pthread_mutex_unlock(&pool_mu);
+
+    run_worker(job, 0);
+
+    pthread_mutex_lock(&pool_mu);
+    while (pool_active > 0) pthread_cond_wait(&pool_done, &pool_mu);
+    pool_cur = NULL;
+    pthread_mutex_unlock(&pool_mu);
+}
+
+/* ---- threads of one call (the pool is taken) ------------------------------ */
+
+typedef struct worker_arg {
+    pool_job *job;
+    int worker;
+} worker_arg;
+
+static void *call_worker_main(void *p) {
     worker_arg *w = (worker_arg *)p;
     run_worker(w->job, w->worker);
     return NULL;
+}
+
+static void call_threads_run(pool_job *job, int nthreads) {
+    pthread_t *tids = (pthread_t *)malloc(sizeof(pthread_t) * (size_t)(nthreads - 1));
+    worker_arg *wargs = (worker_arg *)malloc(sizeof(worker_arg) * (size_t)(nthreads - 1));
+    int started = 0;
+    if (tids && wargs) {
+        for (int i = 1; i < nthreads; i++) {
+            wargs[started].job = job;
+            wargs[started].worker = i;
+            if (pthread_create(&tids[started], NULL, call_worker_main, &wargs[started]) != 0) break;
+            started++;
+        }
+    }
+    run_worker(job, 0);
+    for (int i = 0; i < started; i++) pthread_join(tids[i], NULL);
+    free(tids);
+    free(wargs);
 }
 
 int fattn_parallel_for(int nthreads, int64_t ntasks, fattn_task_fn fn, void *arg) {
@@ -54,20 +173,12 @@ int fattn_parallel_for(int nthreads, int64_t ntasks, fattn_task_fn fn, void *arg
         run_worker(&job, 0);
         return 0;
     }
-    pthread_t *tids = (pthread_t *)malloc(sizeof(pthread_t) * (size_t)(nthreads - 1));
-    worker_arg *wargs = (worker_arg *)malloc(sizeof(worker_arg) * (size_t)(nthreads - 1));
-    int started = 0;
-    if (tids && wargs) {
-        for (int i = 1; i < nthreads; i++) {
-            wargs[started].job = &job;
-            wargs[started].worker = i;
-            if (pthread_create(&tids[started], NULL, worker_main, &wargs[started]) != 0) break;
-            started++;
-        }
+    int idle = 0;
+    if (atomic_compare_exchange_strong(&pool_busy, &idle, 1)) {
+        pool_run(&job, nthreads);
+        atomic_store(&pool_busy, 0);
+    } else {
+        call_threads_run(&job, nthreads);
     }
-    run_worker(&job, 0);
-    for (int i = 0; i < started; i++) pthread_join(tids[i], NULL);
-    free(tids);
-    free(wargs);
     return 0;
 }

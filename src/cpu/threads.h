@@ -1,7 +1,10 @@
-/* threads.h - a tiny deterministic parallel-for over pthreads (CPU engine).
+/* threads.h - a tiny deterministic parallel-for over a persistent pthread
+ * pool (CPU engine).
  *
  * fattn_parallel_for runs fn(arg, task, worker) for every task in
- * [0, ntasks) on `nthreads` workers (the calling thread is worker 0).  Tasks
+ * [0, ntasks) on `nthreads` workers (the calling thread is worker 0; the
+ * others are pool threads, started on first use and kept asleep between
+ * calls, or threads of the call while another call holds the pool).  Tasks
  * are handed out dynamically (an atomic counter), so the assignment of tasks
  * to workers varies between runs; callers keep results deterministic by
  * making every task write a disjoint set of outputs and compute them in a
