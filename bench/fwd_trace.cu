@@ -1,43 +1,57 @@
 /* fwd_trace.cu - timeline of one CTA of the Hopper forward (experiments only).
- * Build: nvcc ... -DFATTN_FWD_TRACE=5 bench/fwd_trace.cu build-gpu/libfattn.a -cudart static
+ * Build (from the repo root, after the library is built into build-bench/):
+ *   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++20 -O3 --use_fast_math -Iinclude -Isrc \
+ *        -DFATTN_FWD_TRACE=5 bench/fwd_trace.cu build-bench/libfattn.a -cudart static -o build-bench/fwd_trace
  * Prints, per traced kernel, lines "wg clock event" for thread 0 of each
- * warpgroup of CTA FATTN_FWD_TRACE (events: see FWD_TRACE in fwd_sm90.cuh);
- * bench/fwd_trace.py summarises them. */
+ * warpgroup of CTA FATTN_FWD_TRACE (events: the FWD_TRACE points in
+ * src/cuda/hopper/fwd_producer.cuh and fwd_mainloop.cuh, listed in
+ * bench/fwd_trace.py, which summarises them). */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../src/cuda/hopper/fwd_sm90_launch.cuh"
+#include "../src/cuda/hopper/fwd_sm90_kernels.cuh"
 #include "fattn.h"
 
-typedef fattn_status (*run_fn)(fattn_ctx *, const fattn_fwd_args *);
+/* The traced instances must be types of their own: FwdCfg<O> is also
+ * instantiated, untraced, in libfattn.a, and the linker would keep one of
+ * the two.  A derived config has FwdCfg<O>'s members and a distinct type;
+ * its NoSplit (the instance a split kernel runs when it splits nothing) is
+ * traced too. */
+template <FwdOpts O>
+struct FwdTraceCfg : FwdCfg<O> {
+    using NoSplit = FwdTraceCfg<fwd_opts_no_split(O)>;
+};
+
+typedef fattn_status (*run_fn)(fattn_ctx *, const fattn_fwd_args *, const fwd_variant &);
 struct variant {
     const char *name;
-    int d, causal, seqlen;
+    int seqlen;
+    FwdOpts o; /* bf16 */
     run_fn fn;
+    bool split = true, pdl = true; /* fwd_variant.split, .pdl */
+    constexpr variant no_split() const { variant v = *this; v.split = false; return v; }
 };
-/* SCHED and LAZY spelled out (the library's measured choices), so these
- * traced instances are distinct types from the untraced ones in libfattn.a;
- * CL and OS are FwdCfg's CLUSTER and OSTORE */
-#define V_OPT(name, D, BN, NC, CAUSAL, S, CL, OS, OV) \
-    {name, D, CAUSAL, S, fwd_sm90_run<FwdCfg<D, BN, NC, 2, CAUSAL, true, OV, true, CAUSAL ? 1 : 0, D != 128 ? 1 : 0, CL, OS>>}
-/* V_CFG: any FwdCfg, spelled out */
-#define V_CFG(name, D, CAUSAL, S, ...) {name, D, CAUSAL, S, fwd_sm90_run<FwdCfg<__VA_ARGS__>>}
-/* OV: FwdCfg's OVERLAP (1 the measured wait placement, 2 ptxas's, 3 fenced) */
-#define V(name, D, BN, NC, CAUSAL, S) V_OPT(name, D, BN, NC, CAUSAL, S, 1, -1, 1)
+template <FwdOpts O>
+constexpr variant trace_variant(const char *name, int seqlen) {
+    constexpr FwdOpts B = fwd_opts_dtype(O, true);
+    return {name, seqlen, B, fwd_sm90_run<FwdTraceCfg<B>>};
+}
+/* V: any FwdOpts by designated initializers, e.g. V("d128 BN192 s4096",
+ * 4096, .bn = 192); V_OPTS: from a constant expression, e.g. a shipped
+ * kernel's fwd_kernel_opts(FWD_D256).  Either takes .no_split(). */
+#define V(name, seqlen, ...) trace_variant<FwdOpts{__VA_ARGS__}>(name, seqlen)
+#define V_OPTS(name, seqlen, ...) trace_variant<(__VA_ARGS__)>(name, seqlen)
 static const variant variants[] = {
-    /* run 123: d256 (BN 80, the non-causal CTA pairs and the causal kernel,
-     * as shipped but unsplit) at 1024 and 4096: what its tile boundary,
-     * ~2.7-3.3 key blocks (run 89), is made of.  (Run 122's list: d128 BN
-     * 176 unsplit at 4096 with and without PSUM, perf-notes v52; run 121's
-     * the same with LSUM, v51, both options in no commit; run 120's: BN 128 with QEARLY and with XTILE
-     * at 1024 and 4096; run 112's: BN 160 with and without OTMA 2 at 4096;
-     * run 110's: BN 176 at 1024 and 4096.) */
-    V_CFG("d256 pairs s1024", 256, false, 1024, 256, 80, 2, 2, false, true, 1, true, 0, 1, 2, -1, 0, 0, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
-    V_CFG("d256 pairs s4096", 256, false, 4096, 256, 80, 2, 2, false, true, 1, true, 0, 1, 2, -1, 0, 0, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
-    V_CFG("d256 causal s1024", 256, true, 1024, 256, 80, 2, 2, true, true, 1, true, 1, 1, 1, -1, 0, 0, false, 0, 0, 0, 1, 0, 1, 0, 0, 0, 0),
+    /* run 123's list: d256 (BN 80, the non-causal CTA pairs and the causal
+     * kernel, as shipped but unsplit) at 1024 and 4096: what its tile
+     * boundary, ~2.7-3.3 key blocks (run 89), is made of.  Earlier lists
+     * (runs 110-122) are in perf-notes by run number and in git history. */
+    V_OPTS("d256 pairs s1024", 1024, fwd_kernel_opts(FWD_D256_PAIRED)).no_split(),
+    V_OPTS("d256 pairs s4096", 4096, fwd_kernel_opts(FWD_D256_PAIRED)).no_split(),
+    V_OPTS("d256 causal s1024", 1024, fwd_kernel_opts(FWD_D256_CAUSAL)),
 };
 
 int main() {
@@ -54,16 +68,27 @@ int main() {
     cudaMemcpy(v, h + 13, (maxel - 13) * 2, cudaMemcpyHostToDevice);
     static unsigned long long buf[4][FWD_TRACE_N];
     for (const variant &va : variants) {
-        const int s = va.seqlen, b = 16384 / s, hh = 2048 / va.d, d = va.d;
+        const int s = va.seqlen, d = va.o.d, b = 16384 / s, hh = 2048 / d;
         fattn_fwd_args a; memset(&a, 0, sizeof a);
         a.p.batch = b; a.p.seqlen_q = a.p.seqlen_k = s; a.p.heads_q = a.p.heads_kv = hh;
-        a.p.head_dim = a.p.head_dim_v = d; a.p.softmax_scale = 1.f / sqrtf((float)d); a.p.causal = va.causal;
+        a.p.head_dim = a.p.head_dim_v = d; a.p.softmax_scale = 1.f / sqrtf((float)d); a.p.causal = va.o.causal;
         fattn_tensor t = {q, FATTN_DTYPE_BF16, (int64_t)s * hh * d, (int64_t)hh * d, d, NULL, 0};
         a.q = t; a.k = t; a.k.data = k; a.v = t; a.v.data = v; a.o = t; a.o.data = o;
+        /* what fwd_sm90_run is told: the variant's flags, the rest as the instance has it */
+        fwd_variant fv;
+        fv.bf16 = true;
+        fv.causal = va.o.causal;
+        fv.overlap = va.o.overlap != 0;
+        fv.pingpong = va.o.pingpong;
+        fv.under_pv = va.o.overlap == 3;
+        fv.split = va.split;
+        fv.pdl = va.pdl;
         int zero[4] = {0, 0, 0, 0};
         cudaMemcpyToSymbol(fwd_trace_len, zero, sizeof zero);
         /* warm up, then the traced call is the last of 5 back-to-back ones */
-        for (int i = 0; i < 5; ++i) va.fn(ctx, &a);
+        fattn_status st = FATTN_OK;
+        for (int i = 0; i < 5 && st == FATTN_OK; ++i) st = va.fn(ctx, &a, fv);
+        if (st != FATTN_OK) fprintf(stderr, "%s: %s\n", va.name, fattn_last_error(ctx));
         cudaError_t e = cudaDeviceSynchronize();
         int len[4];
         cudaMemcpyFromSymbol(len, fwd_trace_len, sizeof len);

@@ -1,9 +1,11 @@
 """Summarise bench/fwd_trace output: where a CTA's time goes per tile.
 
-Events (thread 0 of a warpgroup, FWD_TRACE in src/cuda/hopper/fwd_sm90.cuh):
-consumer 1 tile start (Q and index), 2 data ready, 3/4/8 slot start (holds the
-pingpong token: QK only / QK+PV / PV only), 5 S ready, 6 softmax done,
-7 PV done, 9 epilogue done; producer 20 tile, 21 K stage free, 22 Q issued, 23 V stage free.
+Events (thread 0 of a warpgroup, FWD_TRACE in src/cuda/hopper/fwd_mainloop.cuh
+and fwd_producer.cuh): consumer 1 tile start (Q and index), 2 data ready,
+3/4/8 slot start (holds the pingpong token: QK only / QK+PV / PV only), 5 S
+ready, 6 softmax done, 7 PV done; producer 20 tile, 21 K stage free, 22 Q
+issued, 23 V stage free.  (9, epilogue done, is not recorded since the
+epilogue became FwdEpilogue, which has no trace_n.)
 """
 import sys
 from collections import defaultdict

@@ -1,20 +1,22 @@
 /* fwd_variants.cu - kernel experiments for the Hopper forward (llm.c style:
- * each variant is one FwdCfg instance; the variants of one (head dim, causal)
- * group are checked against the group's first and timed interleaved, 5 rounds,
- * each starting at the next variant, so that drift of the machine and the
- * clock a slower predecessor leaves hit them alike).
- * Build (from the repo root, after the library is built into build-gpu/):
- *   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 --use_fast_math -Iinclude -Isrc \
- *        bench/fwd_variants.cu build-gpu/libfattn.a -cudart static -o build-gpu/fwd_variants
- * Run: [FV_NORMAL=1] [FV_SEED=n] [FV_SETTLE_MS=ms] build-gpu/fwd_variants [seqlen ...]
- * (FV_SETTLE_MS: each variant runs alone that long before its samples in
- * every round, as in compare.py; use it for changes in DRAM traffic, v42)
+ * each variant is one FwdCfg<FwdOpts{...}> instance; the variants of one (head
+ * dim, causal) group are checked against the group's first and timed
+ * interleaved, 5 rounds, each starting at the next variant, so that drift of
+ * the machine and the clock a slower predecessor leaves hit them alike).
+ * Build (from the repo root, after the library is built into build-bench/):
+ *   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++20 -O3 --use_fast_math -Iinclude -Isrc \
+ *        bench/fwd_variants.cu build-bench/libfattn.a -cudart static -o build-bench/fwd_variants
+ * Run: [FV_LIST=shipped|ablation|exp] [FV_NORMAL=1] [FV_SEED=n] [FV_SETTLE_MS=ms] \
+ *        build-bench/fwd_variants [seqlen ...]
+ * (FV_LIST: the list below to run, shipped by default; FV_SETTLE_MS: each
+ * variant runs alone that long before its samples in every round, as in
+ * compare.py; use it for changes in DRAM traffic, v42)
  * (TFLOPs/s per variant and seqlen, bf16,
  * 16k tokens, hidden 2048, the largest difference from the group's first
  * variant, the median time, SM clock and board power of the samples (NVML,
  * 0 where it is missing); seqlens 1024 2048 4096 8192 16384 unless given, at
  * most 8).
- * Results of past runs: bench/results-ab-run*.txt. */
+ * Results of past runs: docs/perf-notes.md (by run number) and git history. */
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <math.h>
@@ -22,90 +24,135 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../src/cuda/hopper/fwd_sm90_launch.cuh"
+#include <array>
+#include <utility>
+
+#include "../src/cuda/hopper/fwd_sm90_kernels.cuh"
 #include "fattn.h"
 
-typedef fattn_status (*run_fn)(fattn_ctx *, const fattn_fwd_args *);
+typedef fattn_status (*run_fn)(fattn_ctx *, const fattn_fwd_args *, const fwd_variant &);
 struct variant {
     const char *name;
-    int d, causal;
-    run_fn fn;
-    int no_pdl; /* FATTN_OPTION_DISABLE_PDL */
-    int no_split; /* FATTN_OPTION_DISABLE_SPLIT */
-    int min_gain; /* SPLIT's minimum gain in key blocks (fwd_split_min_gain_ab; 0: the library's rule) */
-    int sk_mult;  /* > 0: seqlen_k rounded down to a multiple of it (no partial last key block) */
-    int sk_x;     /* > 1: seqlen_k = sk_x * seqlen (then rounded down as above), K and V sized for it */
-    int hg;       /* causal head groups (fwd_head_group_ab): 0 the library's rule, else a mode of fwd_sm90_launch.cuh's */
+    FwdOpts o; /* the instance's options (bf16) */
+    run_fn fn; /* fwd_sm90_run<FwdCfg<o>> */
+    bool pdl = true;   /* programmatic dependent launch (fwd_variant.pdl) */
+    bool split = true; /* the split instances may split (fwd_variant.split) */
+    int sk_mult = 0;   /* > 0: seqlen_k rounded down to a multiple of it (no partial last key block) */
+    int sk_x = 0;      /* > 1: seqlen_k = sk_x * seqlen (then rounded down as above), K and V sized for it */
+    int kernel = -1;   /* a shipped kernel's fwd_kernel: marked * where fwd_sm90_pick takes it */
+    constexpr variant no_pdl() const { variant v = *this; v.pdl = false; return v; }
+    constexpr variant no_split() const { variant v = *this; v.split = false; return v; }
+    /* seqlen_k rounded down to a multiple of m (its output is not
+     * comparable: maxdiff is printed but means nothing) */
+    constexpr variant whole(int m) const { variant v = *this; v.sk_mult = m; return v; }
+    /* unsplit, seqlen_k = x times the length rounded down to a multiple of
+     * m: the same tiles with x times the key blocks, to fit time = per tile
+     * + per block (run 89) */
+    constexpr variant keys(int x, int m) const { variant v = *this; v.sk_x = x; v.sk_mult = m; v.split = false; return v; }
 };
-/* One variant: FwdCfg<D, BN, NC, STAGES, CAUSAL, bf16, overlap, pingpong, ...>
- * with the later options at their defaults (V, V_NOPDL: launched without
- * programmatic dependent launch) or spelled out (V_OPT: OVERLAP (1 measured
- * wait placement, 2 ptxas's, 3 fenced), SCHED, LAZY, CLUSTER, OSTORE, XTILE as
- * FwdCfg documents them). */
-#define V_OPT(name, D, BN, NC, ST, CAUSAL, OV, SCHED, LAZY, CL, OS, XT) \
-    {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, OV, true, SCHED, LAZY, CL, OS, XT>>, 0}
-#define V(name, D, BN, NC, ST, CAUSAL) V_OPT(name, D, BN, NC, ST, CAUSAL, 1, -1, -1, 1, -1, 0)
-#define V_NOPDL(name, D, BN, NC, ST, CAUSAL) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<D, BN, NC, ST, CAUSAL, true, 1, true>>, 1}
-/* A/B against an earlier kernel: build with -DFATTN_AB_SNAPSHOT='"path"' naming a
- * copy of the old fwd_sm90.cuh + launch code with its symbols renamed *V3/_v3
- * (not kept in the repository).  The first variant of each (d, causal) group is
- * the reference the others are diffed against. */
+/* What fwd_sm90_run is told: the variant's flags; overlap, pingpong and
+ * under_pv as the instance has them (the instance alone decides them). */
+static fwd_variant fv_of(const variant &va) {
+    fwd_variant v;
+    v.bf16 = true;
+    v.causal = va.o.causal;
+    v.overlap = va.o.overlap != 0;
+    v.pingpong = va.o.pingpong;
+    v.under_pv = va.o.overlap == 3;
+    v.split = va.split;
+    v.pdl = va.pdl;
+    return v;
+}
+/* Any FwdOpts, in bf16 (the inputs are bf16) */
+template <FwdOpts O>
+constexpr variant opts_variant(const char *name) {
+    constexpr FwdOpts B = fwd_opts_dtype(O, true);
+    return {name, B, fwd_sm90_run<FwdCfg<B>>};
+}
+template <fwd_kernel K>
+constexpr variant kernel_variant(const char *name) {
+    variant v = opts_variant<fwd_kernel_opts(K)>(name);
+    v.kernel = K;
+    return v;
+}
+/* V: options by designated initializers (in FwdOpts's order), the rest at
+ * their defaults, e.g. V("d128 BN192", .bn = 192, .split = true);
+ * V_OPTS: options from a constant expression, e.g. V_OPTS("d64 unsplit",
+ * fwd_opts_no_split(fwd_kernel_opts(FWD_D64))), or a constexpr function of
+ * one's own; V_KERNEL: a shipped kernel.  Each takes .no_pdl(), .no_split(),
+ * .whole(m), .keys(x, m). */
+#define V(name, ...) opts_variant<FwdOpts{__VA_ARGS__}>(name)
+#define V_OPTS(name, ...) opts_variant<(__VA_ARGS__)>(name)
+#define V_KERNEL(name, K) kernel_variant<K>(name)
+/* V_FN: any function of run_fn's type (e.g. an older kernel's launcher
+ * from a snapshot, below) with the group's (d, causal) */
+#define V_FN(name, D, CAUSAL, fn) variant{name, FwdOpts{.d = D, .causal = CAUSAL}, fn}
+/* A/B against an earlier kernel: build with -DFATTN_AB_SNAPSHOT='"path"'
+ * naming a copy of the old kernel and launch code with its symbols renamed
+ * (not kept in the repository) and list its launcher with V_FN first in
+ * the group; compare.py --fattn-lib-b is the A/B of two whole libraries. */
 #ifdef FATTN_AB_SNAPSHOT
 #include FATTN_AB_SNAPSHOT
-#define OLD(name, D, BN, NC, ST, CAUSAL) {name, D, CAUSAL, fwd_sm90_run_v3<FwdCfgV3<D, BN, NC, ST, CAUSAL, true, true, true>>, 0},
-#else
-#define OLD(name, D, BN, NC, ST, CAUSAL)
 #endif
-/* V_SK: the shipped kernel of a causal shape with SITOUT (perf-notes v22)
- * and SKIPDIAG (v23) on or off. */
-#define V_SK(name, D, BN, NC, ST, QE, SL, SO, SK) \
-    {name, D, 1, fwd_sm90_run<FwdCfg<D, BN, NC, ST, true, true, 1, true, -1, -1, 1, -1, 0, QE, SL, 0, 0, 0, SO, 0, SK>>, 0}
-/* V_CFG: any FwdCfg, spelled out; V_CFG_NOSPLIT: launched with FATTN_OPTION_DISABLE_SPLIT */
-#define V_CFG(name, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0, 0}
-#define V_CFG_NOSPLIT(name, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0, 1}
-/* V_CFG_GAIN: any FwdCfg, split wherever that saves at least g key blocks */
-#define V_CFG_GAIN(name, g, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0, 0, g}
-/* V_CFG_WHOLE: any FwdCfg, run with seqlen_k rounded down to a multiple of m
- * (its output is not comparable: maxdiff is printed but means nothing) */
-#define V_CFG_WHOLE(name, m, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0, 0, 0, m}
-/* V_CFG_KEYS: any FwdCfg, launched without the split, with seqlen_k = x
- * times the length rounded down to a multiple of m: the same tiles with x
- * times the key blocks, to fit time = per tile + per block (run 89) */
-#define V_CFG_KEYS(name, x, m, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0, 1, 0, m, x}
-/* V_CFG_HG: any FwdCfg, causal heads grouped by g (fwd_head_group_ab) */
-#define V_CFG_HG(name, g, D, CAUSAL, ...) {name, D, CAUSAL, fwd_sm90_run<FwdCfg<__VA_ARGS__>>, 0, 0, 0, 0, 0, g}
-/* Configurations (FwdCfg's parameters up to UNIWG; V_CFG appends OTMA):
- * d128 non-causal BN 176 (shipped, the split instance) and BN 192 with
- * eager and lazy rescaling (perf-notes v53), d256 CTA pairs and d256
- * causal with 16- and 4-byte O stores: this list ran as run 124.
- * Earlier lists, with their configurations, are in perf-notes: runs 119
- * (d128 BN 128 with QEARLY and XTILE, v50), 107 and 113 (BN 160 / 192,
- * d64 OTMA 1), 95-98 (head groups, v42), 89 (V_CFG_KEYS), 99-100 (OTMA,
- * v43-v43b), 104 (d64 causal: QREG 1, three stages, QEARLY, v45), 106 (BN
- * 160 with and without OTMA 2); runs 90 and 92 (QPF, KVPF), 102 (OSTORE 0),
- * 103 (OLATE), 121 (LSUM, v51) and 122 (PSUM, v52) ran code that is no
- * longer here (102 and 103: commits 249ca85 and 1f4454f, v44; 121-122: in
- * no commit). */
-#define C176N 128, 176, 2, 2, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1, 0
-#define C192N 128, 192, 2, 2, false, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1, 0
-#define C256P 256, 80, 2, 2, false, true, 1, true, -1, -1, 2, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1, 0
-#define C256P4 256, 80, 2, 2, false, true, 1, true, -1, -1, 2, 4, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1, 0
-#define C256C 256, 80, 2, 2, true, true, 1, true, -1, -1, 1, -1, 0, 0, false, 0, 0, 0, 1, 0, 1, 0, 0, 0
-#define C256C4 256, 80, 2, 2, true, true, 1, true, -1, -1, 1, 4, 0, 0, false, 0, 0, 0, 1, 0, 1, 0, 0, 0
-#define C176L 128, 176, 2, 2, false, true, 1, true, -1, 1, 1, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1, 0
-#define C192L 128, 192, 2, 2, false, true, 1, true, -1, 1, 1, -1, 0, 0, false, 0, 0, 0, 2, 2, 0, 0, 1, 0
-static const variant variants[] = {
-    V_CFG("d128 BN176 shipped", 128, 0, C176N, 0),
-    V_CFG("d128 BN176 LAZY", 128, 0, C176L, 0),
-    V_CFG("d128 BN192", 128, 0, C192N, 0),
-    V_CFG("d128 BN192 LAZY", 128, 0, C192L, 0),
-    V_CFG("d128 BN176 again", 128, 0, C176N, 0),
-    V_CFG("d256 pairs shipped", 256, 0, C256P, 0),
-    V_CFG("d256 pairs OSTORE 4", 256, 0, C256P4, 0),
-    V_CFG("d256 pairs again", 256, 0, C256P, 0),
-    V_CFG("d256 causal shipped", 256, 1, C256C, 0),
-    V_CFG("d256 causal OSTORE 4", 256, 1, C256C4, 0),
-    V_CFG("d256 causal again", 256, 1, C256C, 0),
+
+/* The shipped kernels, one variant per fwd_kernel (fwd_kernel_opts, bf16),
+ * in the enum's order, which keeps each (d, causal) group together. */
+constexpr const char *kernel_names[] = {
+    "d64 causal 192x128",  "d64 causal 128x128", "d64 192x128",       "d128 causal 128x128",
+    "d128 causal 128x176", "d128 128x160",       "d128 128x176",      "d128 128x192",
+    "d256 causal 128x80",  "d256 pairs 128x80",  "d256 single 128x80",
+};
+constexpr int NUM_KERNELS = FWD_D256 + 1; /* FWD_D256 is the enum's last */
+static_assert(sizeof kernel_names / sizeof kernel_names[0] == NUM_KERNELS, "a name per fwd_kernel");
+template <size_t... K>
+constexpr std::array<variant, sizeof...(K)> shipped_list(std::index_sequence<K...>) {
+    return {kernel_variant<(fwd_kernel)K>(kernel_names[K])...};
+}
+static const std::array<variant, NUM_KERNELS> shipped = shipped_list(std::make_index_sequence<NUM_KERNELS>());
+
+/* The paper's ablation (FATTN_OPTION_DISABLE_OVERLAP / _DISABLE_PINGPONG /
+ * _SOFTMAX_UNDER_PV) on each kernel the library ablates: the full design,
+ * then fwd_opts_ablation's variants (the kernel's tile, cluster and O store,
+ * none of the later techniques): overlap 1 and pingpong (the ablation's
+ * base, which the library never runs), overlap 3 (softmax always under its
+ * own PV GEMM) with and without pingpong, overlap 1 without pingpong,
+ * overlap 0 with and without pingpong. */
+#define ABLATION(K, name)                                                                           \
+    kernel_variant<K>(name " full design"),                                                         \
+        opts_variant<fwd_opts_ablation(fwd_kernel_opts(K), 1, true)>(name " ov1 pp (base)"),       \
+        opts_variant<fwd_opts_ablation(fwd_kernel_opts(K), 3, true)>(name " ov3 pp"),              \
+        opts_variant<fwd_opts_ablation(fwd_kernel_opts(K), 3, false)>(name " ov3"),                \
+        opts_variant<fwd_opts_ablation(fwd_kernel_opts(K), 1, false)>(name " ov1"),                \
+        opts_variant<fwd_opts_ablation(fwd_kernel_opts(K), 0, true)>(name " ov0 pp"),              \
+        opts_variant<fwd_opts_ablation(fwd_kernel_opts(K), 0, false)>(name " ov0")
+static const variant ablation[] = {
+    ABLATION(FWD_D64, "d64"),
+    ABLATION(FWD_D128_176, "d128"),
+    ABLATION(FWD_D256_PAIRED, "d256 pairs"),
+    ABLATION(FWD_D256, "d256 single"),
+};
+
+/* The experiment of the day (FV_LIST=exp): edit freely; the first variant of
+ * each group is the reference, an identical twin last shows the noise.
+ * Earlier lists, with their configurations, are in perf-notes by run
+ * number (runs 124 and before spelled out the positional FwdCfg and knobs
+ * since removed: git history has them). */
+static const variant experiment[] = {
+    V_KERNEL("d128 BN176 shipped", FWD_D128_176),
+    V("d128 BN176 no SITOUT/SPREAD", .bn = 176, .split = true), /* v31's question */
+    V("d128 BN176 unsplit", .bn = 176, .sitout = 2, .spread = 2, .split = true).no_split(),
+    V_KERNEL("d128 BN176 again", FWD_D128_176),
+};
+
+struct variant_list {
+    const char *name;
+    const variant *v;
+    int n;
+};
+static const variant_list lists[] = {
+    {"shipped", shipped.data(), (int)shipped.size()},
+    {"ablation", ablation, (int)(sizeof ablation / sizeof ablation[0])},
+    {"exp", experiment, (int)(sizeof experiment / sizeof experiment[0])},
 };
 
 /* The SM clock and board power through NVML (dlopen'd, so nothing more to
@@ -146,6 +193,13 @@ static float median15(float *x) {
 static float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
 
 int main(int argc, char **argv) {
+    /* the list to run (FV_LIST) */
+    const char *list_name = getenv("FV_LIST") ? getenv("FV_LIST") : "shipped";
+    const variant *variants = NULL;
+    int nvar = 0;
+    for (const variant_list &l : lists)
+        if (strcmp(l.name, list_name) == 0) variants = l.v, nvar = l.n;
+    if (!variants) { fprintf(stderr, "FV_LIST=%s: not shipped, ablation or exp\n", list_name); return 2; }
     fattn_ctx *ctx;
     if (fattn_ctx_create(&ctx, FATTN_BACKEND_CUDA, 0) != FATTN_OK) { printf("SKIP: no GPU\n"); return 77; }
     /* seqlens: the arguments (at most 8, each dividing 16384 tokens into
@@ -162,7 +216,7 @@ int main(int argc, char **argv) {
     }
     const size_t maxel = (size_t)16384 * 2048;
     uint16_t *q, *k, *v, *o, *o0[8];
-    /* K and V hold 4 copies of their maxel elements (V_CFG_KEYS up to 4x) */
+    /* K and V hold 4 copies of their maxel elements (keys() up to 4x) */
     cudaMalloc(&q, maxel * 2); cudaMalloc(&k, 4 * maxel * 2); cudaMalloc(&v, 4 * maxel * 2);
     cudaMalloc(&o, maxel * 2);
     for (int si = 0; si < nseq; ++si) cudaMalloc(&o0[si], maxel * 2); /* the reference output per seqlen */
@@ -198,18 +252,12 @@ int main(int argc, char **argv) {
     }
     uint16_t *ha = (uint16_t *)malloc(maxel * 2), *hb = (uint16_t *)malloc(maxel * 2);
     cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
-    /* a variant's options and bench knobs, for the calls that follow */
-    auto select = [&](const variant &va) {
-        fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_PDL, va.no_pdl);
-        fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_SPLIT, va.no_split);
-        fwd_split_min_gain_ab = va.min_gain;
-        fwd_head_group_ab = va.hg;
-    };
-    /* the selected variant alone for ms milliseconds, in bursts of 10 calls */
+    /* the variant alone for ms milliseconds, in bursts of 10 calls */
     auto run_alone = [&](const variant &va, fattn_fwd_args &args, float ms_total) {
+        const fwd_variant fv = fv_of(va);
         cudaEventRecord(e0);
         for (float ms = 0.f; ms < ms_total;) {
-            for (int c = 0; c < 10; ++c) va.fn(ctx, &args);
+            for (int c = 0; c < 10; ++c) va.fn(ctx, &args, fv);
             cudaEventRecord(e1);
             cudaEventSynchronize(e1);
             cudaEventElapsedTime(&ms, e0, e1);
@@ -219,15 +267,17 @@ int main(int argc, char **argv) {
     if (!nv.init()) nv.dev = NULL;
     const float settle_ms = getenv("FV_SETTLE_MS") ? (float)atof(getenv("FV_SETTLE_MS")) : 0.f;
     if (settle_ms > 0.f) printf("each variant runs alone for %.0f ms before its samples in every round\n", settle_ms);
-    printf("%-24s %6s %9s %9s %9s %6s %5s\n", "variant", "seqlen", "TFLOPs/s", "maxdiff", "us", "MHz", "W");
-    const int nvar = (int)(sizeof variants / sizeof variants[0]);
+    printf("list %s (*: the kernel the library picks for the shape)\n", list_name);
+    printf("%-25s %6s %9s %9s %9s %6s %5s\n", "variant", "seqlen", "TFLOPs/s", "maxdiff", "us", "MHz", "W");
     /* variants with the same (d, causal) form a group: checked against the
      * group's first, and timed interleaved (round r times every variant of
      * the group once) so that drift of the machine hits them alike */
     for (int g0 = 0, g1; g0 < nvar; g0 = g1) {
-        for (g1 = g0 + 1; g1 < nvar && variants[g1].d == variants[g0].d && variants[g1].causal == variants[g0].causal; ++g1) {
+        for (g1 = g0 + 1; g1 < nvar && variants[g1].o.d == variants[g0].o.d && variants[g1].o.causal == variants[g0].o.causal;
+             ++g1) {
         }
-        const int d = variants[g0].d, causal = variants[g0].causal;
+        if (g1 - g0 > 32) { fprintf(stderr, "group of %s: %d variants, at most 32\n", variants[g0].name, g1 - g0); return 2; }
+        const int d = variants[g0].o.d, causal = variants[g0].o.causal;
         for (int si = 0; si < nseq; ++si) {
             int s = seqlens[si], b = 16384 / s, hh = 2048 / d;
             fattn_fwd_args a; memset(&a, 0, sizeof a);
@@ -238,7 +288,7 @@ int main(int argc, char **argv) {
             const size_t n = (size_t)b * s * hh * d;
             float md[32] = {0};
             int ok[32] = {0};
-            fattn_fwd_args av[32]; /* per variant: seqlen_k cut for V_CFG_WHOLE */
+            fattn_fwd_args av[32]; /* per variant: seqlen_k as whole() / keys() make it */
             for (int vi = g0; vi < g1; ++vi) {
                 av[vi - g0] = a;
                 const int sx = variants[vi].sk_x > 1 ? variants[vi].sk_x * s : s;
@@ -249,8 +299,7 @@ int main(int argc, char **argv) {
             for (int vi = g0; vi < g1; ++vi) {
                 const variant &va = variants[vi];
                 cudaMemset(o, 0xFF, n * 2);
-                select(va);
-                if (va.fn(ctx, &av[vi - g0]) != FATTN_OK) { printf("%s: %s\n", va.name, fattn_last_error(ctx)); continue; }
+                if (va.fn(ctx, &av[vi - g0], fv_of(va)) != FATTN_OK) { printf("%s: %s\n", va.name, fattn_last_error(ctx)); continue; }
                 cudaDeviceSynchronize();
                 ok[vi - g0] = 1;
                 if (vi == g0) cudaMemcpy(o0[si], o, n * 2, cudaMemcpyDeviceToDevice);
@@ -263,7 +312,6 @@ int main(int argc, char **argv) {
              * then starts the rounds at the clock its 700 W limit sustains
              * (run 33: started cold, the first timing of the run was 15% above
              * an identical later one) */
-            select(variants[g0]);
             run_alone(variants[g0], av[0], 500.f);
             /* 5 rounds x 3 samples, each (events around 10 back-to-back calls)
              * / 10, so host-side launch cost overlaps the previous call */
@@ -276,8 +324,8 @@ int main(int argc, char **argv) {
                     const int vi = g0 + (vj + r) % (g1 - g0);
                     if (!ok[vi - g0]) continue;
                     const variant &va = variants[vi];
-                    select(va);
-                    for (int w = 0; w < 2; ++w) va.fn(ctx, &av[vi - g0]);
+                    const fwd_variant fv = fv_of(va);
+                    for (int w = 0; w < 2; ++w) va.fn(ctx, &av[vi - g0], fv);
                     /* FV_SETTLE_MS: the variant alone first, as compare.py's
                      * turns, so its samples run at the clock its own draw
                      * sustains at the power limit (v42: short samples after
@@ -286,7 +334,7 @@ int main(int argc, char **argv) {
                     if (settle_ms > 0.f) run_alone(va, av[vi - g0], settle_ms);
                     for (int j = 0; j < 3; ++j) {
                         cudaEventRecord(e0);
-                        for (int c = 0; c < 10; ++c) va.fn(ctx, &av[vi - g0]);
+                        for (int c = 0; c < 10; ++c) va.fn(ctx, &av[vi - g0], fv);
                         cudaEventRecord(e1);
                         cudaEventSynchronize(e1);
                         float ms;
@@ -300,8 +348,10 @@ int main(int argc, char **argv) {
                 const float t = median15(ts[vi - g0]);
                 const float f = median15(mhz[vi - g0]), w = median15(watts[vi - g0]);
                 double fl = 4.0 * b * hh * (double)s * av[vi - g0].p.seqlen_k * d * (causal ? 0.5 : 1.0);
-                printf("%-24s %6d %9.1f %9.2e %9.1f %6.0f %5.0f\n", variants[vi].name, s, fl / (t * 1e-3) / 1e12, md[vi - g0],
-                       t * 1e3, f, w);
+                const int kk = variants[vi].kernel;
+                const bool picked = kk >= 0 && fwd_sm90_pick(&av[vi - g0].p, fv_of(variants[vi])) == kk;
+                printf("%-24s%s %6d %9.1f %9.2e %9.1f %6.0f %5.0f\n", variants[vi].name, picked ? "*" : " ", s,
+                       fl / (t * 1e-3) / 1e12, md[vi - g0], t * 1e3, f, w);
             }
             fflush(stdout);
         }
