@@ -48,12 +48,15 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
 
     if (warpgroup == 0) {
         regs_dealloc<C::REGS_PRODUCER>();
-        if (threadIdx.x == 0) { /* one working thread: warp 0, lane 0 */
-            const FwdScheduler<C, SP> sched{p, sp, cta_rank};
-            FwdProducer<C, SP> prod{tm_q, tm_k, tm_v, p, sm, cta_rank};
-            prod.run(sched);
+        /* one working thread: warp 0, lane 0; a CTA leaves only when its
+         * peer is done with its shared memory */
+        if (threadIdx.x != 0) {
+            if (C::CLUSTER > 1) cluster_sync_all();
+            return;
         }
-        /* a CTA leaves only when its peer is done with its shared memory */
+        const FwdScheduler<C, SP> sched{p, sp, cta_rank};
+        FwdProducer<C, SP> prod{tm_q, tm_k, tm_v, p, sm, cta_rank};
+        prod.run(sched);
         if (C::CLUSTER > 1) cluster_sync_all();
         return;
     }

@@ -60,12 +60,3 @@ fattn_status fwd_sm90_launch(fattn_ctx *ctx, const fattn_fwd_args *a, const cuda
     return s;
 }
 
-fattn_status fwd_sm90_launch(fattn_ctx *ctx, const fattn_fwd_args *a) {
-    cuda_fwd_options o;
-    o.overlap = !ctx->options[FATTN_OPTION_DISABLE_OVERLAP];
-    o.pingpong = !ctx->options[FATTN_OPTION_DISABLE_PINGPONG];
-    o.under_pv = ctx->options[FATTN_OPTION_SOFTMAX_UNDER_PV] != 0;
-    o.split = !ctx->options[FATTN_OPTION_DISABLE_SPLIT];
-    o.pdl = !ctx->options[FATTN_OPTION_DISABLE_PDL];
-    return fwd_sm90_launch(ctx, a, &o);
-}
