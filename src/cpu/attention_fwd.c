@@ -64,11 +64,18 @@ static size_t fwd_scratch_layout(const fwd_job *j, float *base, fwd_scratch *s) 
     return off;
 }
 
-/* Ask for the cache lines of n elements at element offset off of t. */
-static void fwd_prefetch_row(const fattn_tensor *t, int64_t off, int64_t n) {
+/* Rows of Q and O prefetched ahead of the one being converted. */
+#define FWD_AHEAD 8
+
+/* Ask for the cache lines of n elements at element offset off of t (to be
+ * written when write). */
+static void fwd_prefetch_row(const fattn_tensor *t, int64_t off, int64_t n, int write) {
     const size_t es = fattn_dtype_size(t->dtype);
     const char *p = (const char *)t->data + (size_t)off * es;
-    for (size_t b = 0; b < (size_t)n * es; b += 64) __builtin_prefetch(p + b, 0, 2);
+    for (size_t b = 0; b < (size_t)n * es; b += 64) {
+        if (write) __builtin_prefetch(p + b, 1, 2);
+        else __builtin_prefetch(p + b, 0, 2);
+    }
 }
 
 static void fwd_task(void *arg, int64_t task, int worker) {
@@ -90,9 +97,26 @@ static void fwd_task(void *arg, int64_t task, int worker) {
     const int64_t npanels = (rows + NR - 1) / NR;
     const float sm_scale = p->softmax_scale;
 
+    /* Keys visible to the last row of the task. */
+    int64_t kend = fattn_last_key(p, &sq, i0 + rows - 1) + 1;
+    if (kend > sq.klen) kend = sq.klen;
+
+    /* Rows are heads * d apart in memory, a page or more: the hardware
+     * prefetchers do not follow them, so the first key block and the query
+     * rows a few ahead are asked for here (loads of cold rows were 10-25% of
+     * short sequences). */
+    for (int64_t c = 0; c < BN && c < kend; c++) {
+        fwd_prefetch_row(&a->k, fattn_row_offset(&a->k, sq.tb, sq.k0 + c, hk), d, 0);
+        fwd_prefetch_row(&a->v, fattn_row_offset(&a->v, sq.tb, sq.k0 + c, hk), dv, 0);
+    }
+    for (int64_t r = 0; r < FWD_AHEAD && r < rows; r++)
+        fwd_prefetch_row(&a->q, fattn_row_offset(&a->q, sq.tb, sq.q0 + i0 + r, h), d, 0);
+
     /* Query panels, scaled and transposed; padding lanes zero. */
     for (int64_t r = 0; r < rows; r++) {
         int64_t tr = sq.q0 + i0 + r;
+        if (r + FWD_AHEAD < rows)
+            fwd_prefetch_row(&a->q, fattn_row_offset(&a->q, sq.tb, tr + FWD_AHEAD, h), d, 0);
         float mul = sm_scale * fattn_row_scale(&a->q, sq.tb, p->heads_q, h, j->m.rows_q, tr);
         fattn_load_row(&a->q, fattn_row_offset(&a->q, sq.tb, tr, h), (int)d, mul, j->lut, w.row);
         float *col = w.qp + (r / NR) * d * NR + r % NR;
@@ -106,10 +130,6 @@ static void fwd_task(void *arg, int64_t task, int worker) {
         w.m[r] = -INFINITY;
         w.l[r] = 0.0f;
     }
-
-    /* Keys visible to the last row of the task. */
-    int64_t kend = fattn_last_key(p, &sq, i0 + rows - 1) + 1;
-    if (kend > sq.klen) kend = sq.klen;
 
     fattn_fwd_block blk;
     blk.d = (int)d;
@@ -134,8 +154,8 @@ static void fwd_task(void *arg, int64_t task, int worker) {
         /* The next block's rows, strided by heads * d in memory, are fetched
          * while this block computes (copying them cold was 13% of d64). */
         for (int64_t c = j0 + BN; c < j0 + 2 * BN && c < kend; c++) {
-            fwd_prefetch_row(&a->k, fattn_row_offset(&a->k, sq.tb, sq.k0 + c, hk), d);
-            fwd_prefetch_row(&a->v, fattn_row_offset(&a->v, sq.tb, sq.k0 + c, hk), dv);
+            fwd_prefetch_row(&a->k, fattn_row_offset(&a->k, sq.tb, sq.k0 + c, hk), d, 0);
+            fwd_prefetch_row(&a->v, fattn_row_offset(&a->v, sq.tb, sq.k0 + c, hk), dv, 0);
         }
         /* Packed, even for f32: rows heads * d apart in the tensor share L1
          * sets (reading them in place measured 6-8% slower). */
@@ -156,7 +176,12 @@ static void fwd_task(void *arg, int64_t task, int worker) {
     /* Normalise and store.  A sum of exactly 0 means no key was visible (or
      * every score was -inf): O = 0, LSE = -inf.  A NaN sum falls through and
      * makes O and LSE NaN. */
+    for (int64_t r = 0; r < FWD_AHEAD && r < rows; r++)
+        fwd_prefetch_row(&a->o, fattn_row_offset(&a->o, sq.tb, sq.q0 + i0 + r, h), dv, 1);
     for (int64_t r = 0; r < rows; r++) {
+        if (r + FWD_AHEAD < rows)
+            fwd_prefetch_row(&a->o, fattn_row_offset(&a->o, sq.tb, sq.q0 + i0 + r + FWD_AHEAD, h),
+                             dv, 1);
         const float *col = w.ot + (r / NR) * dv * NR + r % NR;
         const float l = w.l[r];
         float lse;
