@@ -1,11 +1,13 @@
 /* test_cpu_determinism.c - the CPU engine is bitwise reproducible: the same
  * call twice, and with 1, 2 and 3 worker threads, gives identical bytes for
- * O, LSE, dQ, dK and dV. */
+ * O, LSE, dQ, dK and dV, with every forward instance this CPU has; and the
+ * AVX-512 instance agrees bitwise with its AVX2 build (avx2w16). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/testutil.h"
+#include "cpu_isas.h"
 #include "fattn.h"
 
 typedef struct dcase {
@@ -126,6 +128,66 @@ static void run_case(tu_rng *rng, const dcase *c) {
     tu_tensor_free(&q); tu_tensor_free(&k); tu_tensor_free(&v); tu_tensor_free(&dO);
 }
 
+/* The AVX-512 instance and avx2w16 (its code compiled for AVX2) give the
+ * same bytes: on a machine with AVX-512 this checks the compiler's AVX-512
+ * code against the one every AVX2 machine tests. */
+static void instances_agree(tu_rng *rng) {
+    fattn_fwd_kernel k;
+    if (fattn_cpu_fwd_kernel_named("avx512", &k) != 0 ||
+        fattn_cpu_fwd_kernel_named("avx2w16", &k) != 0) {
+        printf("avx512 vs avx2w16: skipped (no AVX-512 on this CPU)\n");
+        return;
+    }
+    const struct { int b, sq, sk, hq, hkv, d, causal; fattn_dtype dt; } cs[] = {
+        {2, 300, 257, 4, 2, 64, 1, FATTN_DTYPE_F32},
+        {1, 129, 400, 3, 3, 128, 0, FATTN_DTYPE_BF16},
+        {1, 77, 90, 2, 1, 256, 1, FATTN_DTYPE_F32},
+        {1, 40, 33, 2, 2, 5, 1, FATTN_DTYPE_F32},
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        tu_tensor q, kk, v, o[2];
+        tu_tensor_alloc(&q, cs[i].dt, cs[i].b, cs[i].sq, cs[i].hq, cs[i].d, TU_BSHD, 1);
+        tu_tensor_alloc(&kk, cs[i].dt, cs[i].b, cs[i].sk, cs[i].hkv, cs[i].d, TU_BSHD, 1);
+        tu_tensor_alloc(&v, cs[i].dt, cs[i].b, cs[i].sk, cs[i].hkv, cs[i].d, TU_BSHD, 1);
+        size_t n = q.count + kk.count + v.count;
+        double *src = (double *)tu_malloc(sizeof(double) * n);
+        tu_fill_normal(rng, src, n);
+        tu_tensor_set(&q, src, NULL);
+        tu_tensor_set(&kk, src + q.count, NULL);
+        tu_tensor_set(&v, src + q.count + kk.count, NULL);
+        free(src);
+        const size_t nlse = (size_t)cs[i].b * cs[i].hq * cs[i].sq;
+        float *lse[2];
+        fattn_ctx *ctx = NULL;
+        TU_EXPECT_OK(fattn_ctx_create(&ctx, FATTN_BACKEND_CPU, 0));
+        for (int t = 0; t < 2; t++) {
+            tu_tensor_alloc(&o[t], cs[i].dt, cs[i].b, cs[i].sq, cs[i].hq, cs[i].d, TU_BSHD, 1);
+            tu_tensor_poison(&o[t]);
+            lse[t] = (float *)tu_malloc(sizeof(float) * nlse);
+            setenv("FATTN_CPU_ISA", t ? "avx2w16" : "avx512", 1);
+            fattn_fwd_args fa;
+            memset(&fa, 0, sizeof fa);
+            fa.p = tu_problem(cs[i].b, cs[i].sq, cs[i].sk, cs[i].hq, cs[i].hkv, cs[i].d, 0,
+                              cs[i].causal, NULL, NULL);
+            fa.q = q.t; fa.k = kk.t; fa.v = v.t; fa.o = o[t].t;
+            fa.lse = lse[t];
+            TU_EXPECT_OK(fattn_fwd(ctx, &fa));
+        }
+        unsetenv("FATTN_CPU_ISA");
+        const int same = memcmp(o[0].t.data, o[1].t.data, o[0].bytes) == 0 &&
+                         memcmp(lse[0], lse[1], sizeof(float) * nlse) == 0;
+        printf("  [%s] avx512 vs avx2w16, case %zu: %s\n", same ? "ok" : "FAIL", i,
+               same ? "bitwise identical" : "DIFFERENT");
+        TU_CHECK(same, "avx512 and avx2w16 differ (case %zu)", i);
+        for (int t = 0; t < 2; t++) {
+            tu_tensor_free(&o[t]);
+            free(lse[t]);
+        }
+        fattn_ctx_free(ctx);
+        tu_tensor_free(&q); tu_tensor_free(&kk); tu_tensor_free(&v);
+    }
+}
+
 int main(void) {
     tu_rng rng;
     tu_rng_init(&rng, (uint64_t)tu_seed());
@@ -135,7 +197,12 @@ int main(void) {
         {"f32 q129 k400 d128", 1, 129, 400, 3, 3, 128, 0, FATTN_DTYPE_F32, 0, 0},
         {"bf16 q200 k200 causal MQA d64", 1, 200, 200, 4, 1, 64, 1, FATTN_DTYPE_BF16, 0, 0},
         {"f16 varlen causal d32", 4, 0, 0, 2, 1, 32, 1, FATTN_DTYPE_F16, cuq, cuk},
+        /* one head: the forward's task height is 256, 128 and 64 rows for
+         * 1, 2 and 3 threads */
+        {"f32 q1000 k1000 causal one head d64", 1, 1000, 1000, 1, 1, 64, 1, FATTN_DTYPE_F32, 0, 0},
+        {"f32 q1000 k700 one head d96", 1, 1000, 700, 1, 1, 96, 0, FATTN_DTYPE_F32, 0, 0},
     };
+    for (int isa = 0; cpu_isa_next(&isa);)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         dcase c = cases[i];
         if (c.cuq) { /* max lengths */
@@ -147,5 +214,6 @@ int main(void) {
         }
         run_case(&rng, &c);
     }
+    instances_agree(&rng);
     return tu_finish("test_cpu_determinism");
 }

@@ -1,7 +1,9 @@
 /* test_cpu_nan.c - NaN and Inf in the inputs reach the outputs as they do in
  * torch's SDPA (issue 27 item 3), on the CPU engine:
  *   - a NaN in q makes its row of O and its LSE NaN;
- *   - a NaN in k, or a key row of +Inf, makes every row that sees that key NaN;
+ *   - a NaN in k makes every row that sees that key NaN, and so does a key row
+ *     of +Inf, except for rows whose q is negative throughout (score -inf: the
+ *     key drops out, as in torch);
  *   - one +Inf element k[j][t] gives the score +inf (NaN row) where q[i][t] > 0
  *     and -inf (key j dropped, row finite) where q[i][t] < 0;
  *   - a NaN v[j][t] (non-causal) makes column t of every row of its head
@@ -20,7 +22,8 @@
  * for the whole head), so those are only checked when finite.
  * Quantize: a block holding +-Inf gets scale +Inf and dequantises to NaN
  * (fattn.h), and attention over it gives NaN rows.
- * Fixed seed (FATTN_TEST_SEED overrides). */
+ * Every forward instance this CPU has (cpu_isas.h).  Fixed seed
+ * (FATTN_TEST_SEED overrides). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +31,7 @@
 
 #include "common/oracle.h"
 #include "common/testutil.h"
+#include "cpu_isas.h"
 #include "fattn.h"
 
 typedef enum poison {
@@ -136,14 +140,19 @@ static void fwd_case(fattn_ctx *ctx, tu_rng *rng, const ncase *c, poison what) {
     tu_tensor_poison(&o);
     tu_poison(lse, sizeof(float) * nlse);
 
-    /* The oracle of the clean inputs, except for the +Inf element, where the
-     * oracle's IEEE arithmetic on the poisoned input is the reference (its
-     * scores are +-inf, never NaN). */
+    /* The oracle of the clean inputs, except for +Inf in k, where the
+     * oracle's IEEE arithmetic on the poisoned input is the reference: its
+     * scores are +inf or NaN (the row is NaN) or -inf (the key is dropped: a
+     * +Inf row meets a q whose every element is negative, or one element a
+     * negative q element). */
     switch (what) {
     case P_Q_NAN: put(&q, s.b, s.i, s.h, 3 % d, NAN); break;
     case P_K_NAN: put(&k, s.b, s.j, s.hk, 5 % d, NAN); break;
     case P_K_INF_ROW:
-        for (int e = 0; e < d; e++) put(&k, s.b, s.j, s.hk, e, INFINITY);
+        for (int e = 0; e < d; e++) {
+            put(&k, s.b, s.j, s.hk, e, INFINITY);
+            hk_[bshd(c->sk, c->hkv, d, s.b, s.j, s.hk, e)] = INFINITY;
+        }
         break;
     case P_K_INF_ELEM:
         put(&k, s.b, s.j, s.hk, 2 % d, INFINITY);
@@ -176,9 +185,9 @@ static void fwd_case(fattn_ctx *ctx, tu_rng *rng, const ncase *c, poison what) {
                     int expect_nan = 0;
                     if (last >= 0 && same) {
                         if (what == P_Q_NAN) expect_nan = i == s.i && h == s.h;
-                        else if (what == P_K_NAN || what == P_K_INF_ROW) expect_nan = s.j <= last;
+                        else if (what == P_K_NAN) expect_nan = s.j <= last;
                         else if (what == P_V_NAN) expect_nan = s.j <= last;
-                        else expect_nan = isnan(oref[oi]); /* +Inf element: the oracle says */
+                        else expect_nan = isnan(oref[oi]); /* +Inf: the oracle says */
                     }
                     if (last < 0) { /* sees no key: exactly 0 and -inf */
                         n_masked++;
@@ -493,18 +502,20 @@ int main(void) {
         {"bf16 100x150 d128",                     1, 100, 150, 2, 1, 128, 0, BF16},
     };
     const int ncases = (int)(sizeof cases / sizeof cases[0]);
-    for (int ci = 0; ci < ncases; ci++) {
-        const ncase *c = &cases[ci];
-        printf("%s\n", c->name);
-        for (int w = P_Q_NAN; w <= P_V_NAN; w++) {
-            if (w == P_V_NAN && c->causal) continue; /* see the header */
-            fwd_case(ctx, &rng, c, (poison)w);
+    for (int isa = 0; cpu_isa_next(&isa);) {
+        for (int ci = 0; ci < ncases; ci++) {
+            const ncase *c = &cases[ci];
+            printf("%s\n", c->name);
+            for (int w = P_Q_NAN; w <= P_V_NAN; w++) {
+                if (w == P_V_NAN && c->causal) continue; /* see the header */
+                fwd_case(ctx, &rng, c, (poison)w);
+            }
+            bwd_case(ctx, &rng, c, P_Q_NAN);
+            bwd_case(ctx, &rng, c, P_K_NAN);
         }
-        bwd_case(ctx, &rng, c, P_Q_NAN);
-        bwd_case(ctx, &rng, c, P_K_NAN);
+        fwd_masked_nan(ctx, &rng, F32);
+        fwd_masked_nan(ctx, &rng, BF16);
     }
-    fwd_masked_nan(ctx, &rng, F32);
-    fwd_masked_nan(ctx, &rng, BF16);
     printf("quantize\n");
     quantize_inf(ctx, &rng, 0, FATTN_QUANT_BLOCK);
     quantize_inf(ctx, &rng, 1, FATTN_QUANT_BLOCK);

@@ -31,7 +31,7 @@ typedef uint32_t fwd_s_vu __attribute__((vector_size(4)));
 #define KT_MR 4
 #define KT_BN 64
 #include "cpu/fwd_block_tmpl.h"
-const fattn_fwd_kernel fattn_fwd_kernel_scalar = {fwd_scalar_run, KT_NV * KT_W, KT_BN, "scalar"};
+const fattn_fwd_kernel fattn_fwd_kernel_scalar = {fwd_scalar_run, fwd_scalar_exp_n, KT_NV * KT_W, KT_BN, "scalar"};
 #undef KT
 #undef KT_ATTR
 #undef VT
@@ -56,7 +56,7 @@ typedef uint32_t fwd_g_vu __attribute__((vector_size(16)));
 #define KT_MR 4
 #define KT_BN 64
 #include "cpu/fwd_block_tmpl.h"
-const fattn_fwd_kernel fattn_fwd_kernel_generic = {fwd_generic_run, KT_NV * KT_W, KT_BN, "generic"};
+const fattn_fwd_kernel fattn_fwd_kernel_generic = {fwd_generic_run, fwd_generic_exp_n, KT_NV * KT_W, KT_BN, "generic"};
 #undef KT
 #undef KT_ATTR
 #undef VT
@@ -84,7 +84,7 @@ typedef uint32_t fwd_8_vu __attribute__((vector_size(32)));
 #define KT_MAX(a, b) ((VT)__builtin_ia32_maxps256((a), (b)))
 #include "cpu/fwd_block_tmpl.h"
 #undef KT_MAX
-const fattn_fwd_kernel fattn_fwd_kernel_avx2 = {fwd_avx2_run, KT_NV * KT_W, KT_BN, "avx2"};
+const fattn_fwd_kernel fattn_fwd_kernel_avx2 = {fwd_avx2_run, fwd_avx2_exp_n, KT_NV * KT_W, KT_BN, "avx2"};
 #undef KT
 #undef KT_ATTR
 #undef VT
@@ -111,13 +111,13 @@ typedef uint32_t fwd_16_vu __attribute__((vector_size(64)));
 #define KT_MAX(a, b) ((VT)_mm512_max_ps((a), (b)))
 #include "cpu/fwd_block_tmpl.h"
 #undef KT_MAX
-const fattn_fwd_kernel fattn_fwd_kernel_avx512 = {fwd_avx512_run, KT_NV * KT_W, KT_BN, "avx512"};
+const fattn_fwd_kernel fattn_fwd_kernel_avx512 = {fwd_avx512_run, fwd_avx512_exp_n, KT_NV * KT_W, KT_BN, "avx512"};
 #undef KT
 #undef KT_ATTR
 #define KT(name) fwd_avx2w16_##name
 #define KT_ATTR __attribute__((target("avx2,fma")))
 #include "cpu/fwd_block_tmpl.h"
-const fattn_fwd_kernel fattn_fwd_kernel_avx2w16 = {fwd_avx2w16_run, KT_NV * KT_W, KT_BN, "avx2w16"};
+const fattn_fwd_kernel fattn_fwd_kernel_avx2w16 = {fwd_avx2w16_run, fwd_avx2w16_exp_n, KT_NV * KT_W, KT_BN, "avx2w16"};
 #undef KT
 #undef KT_ATTR
 #undef VT

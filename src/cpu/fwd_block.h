@@ -41,6 +41,7 @@ typedef struct fattn_fwd_block {
 
 typedef struct fattn_fwd_kernel {
     void (*run)(const fattn_fwd_block *b);
+    void (*exp)(float *x, int n); /* x[i] = exp(x[i]) by the instance's exp (tests) */
     int nr;          /* queries per panel (a divisor of 64) */
     int bn;          /* keys per block */
     const char *isa; /* "scalar", "generic", "avx2", "avx2w16", "avx512" */

@@ -250,6 +250,18 @@ KT_ATTR static void KT(run)(const fattn_fwd_block *b) {
     }
 }
 
+/* x[i] = exp(x[i]), i < n, a whole vector at a time (tests). */
+KT_ATTR static void KT(exp_n)(float *x, int n) {
+    for (int i = 0; i < n; i += KT_W) {
+        float buf[KT_W];
+        for (int c = 0; c < KT_W; c++) buf[c] = i + c < n ? x[i + c] : 0.0f;
+        const VT v = KT(load)(buf);
+        const VT y = KT(exp)(&v);
+        KT(store)(buf, &y);
+        for (int c = 0; c < KT_W && i + c < n; c++) x[i + c] = buf[c];
+    }
+}
+
 #undef KT_NR
 #undef KT_INLINE
 #undef KT_SELECT
