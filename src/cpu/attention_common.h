@@ -7,8 +7,9 @@
 
 #include "fattn.h"
 
-/* Block sizes: BM query rows x BN keys per tile.  BN is a multiple of 16 (the
- * GEMM micro-kernel's column granule). */
+/* The backward's block sizes: BM query rows x BN keys per tile.  BN is a
+ * multiple of 16 (its GEMM micro-kernel's column granule).  The forward's
+ * come from its kernel instance (fwd_block.h). */
 #define FATTN_CPU_BM 64
 #define FATTN_CPU_BN 64
 
