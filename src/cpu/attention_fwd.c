@@ -47,7 +47,7 @@ typedef struct fwd_scratch {
     float *m;     /* [BM] running max */
     float *l;     /* [BM] running sum */
     float *alpha; /* [NR] */
-    float *row;   /* [max(d, dv)] conversion buffer */
+    float *rows;  /* [NR][max(dp, dvp)] rows of one panel, before packing / after unpacking */
 } fwd_scratch;
 
 static size_t fwd_scratch_layout(const fwd_job *j, float *base, fwd_scratch *s) {
@@ -62,7 +62,7 @@ static size_t fwd_scratch_layout(const fwd_job *j, float *base, fwd_scratch *s) 
     TAKE(m, BM);
     TAKE(l, BM);
     TAKE(alpha, NR);
-    TAKE(row, (j->m.d > j->m.dv ? j->m.d : j->m.dv));
+    TAKE(rows, NR * (j->m.dp > j->m.dvp ? j->m.dp : j->m.dvp));
 #undef TAKE
     return off;
 }
@@ -116,18 +116,22 @@ static void fwd_task(void *arg, int64_t task, int worker) {
         fwd_prefetch_row(&a->q, fattn_row_offset(&a->q, sq.tb, sq.q0 + i0 + r, h), d, 0);
 
     /* Query panels, scaled and transposed; padding lanes zero. */
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t tr = sq.q0 + i0 + r;
-        if (r + FWD_AHEAD < rows)
-            fwd_prefetch_row(&a->q, fattn_row_offset(&a->q, sq.tb, tr + FWD_AHEAD, h), d, 0);
-        float mul = sm_scale * fattn_row_scale(&a->q, sq.tb, p->heads_q, h, j->m.rows_q, tr);
-        fattn_load_row(&a->q, fattn_row_offset(&a->q, sq.tb, tr, h), (int)d, mul, j->lut, w.row);
-        float *col = w.qp + (r / NR) * d * NR + r % NR;
-        for (int64_t t = 0; t < d; t++) col[t * NR] = w.row[t];
-    }
-    for (int64_t r = rows; r < npanels * NR; r++) {
-        float *col = w.qp + (r / NR) * d * NR + r % NR;
-        for (int64_t t = 0; t < d; t++) col[t * NR] = 0.0f;
+    const int64_t ldr = j->m.dp > j->m.dvp ? j->m.dp : j->m.dvp;
+    for (int64_t pi = 0; pi < npanels; pi++) {
+        for (int64_t c = 0; c < NR; c++) {
+            const int64_t r = pi * NR + c;
+            float *row = w.rows + c * ldr;
+            if (r >= rows) {
+                memset(row, 0, sizeof(float) * (size_t)d);
+                continue;
+            }
+            const int64_t tr = sq.q0 + i0 + r;
+            if (r + FWD_AHEAD < rows)
+                fwd_prefetch_row(&a->q, fattn_row_offset(&a->q, sq.tb, tr + FWD_AHEAD, h), d, 0);
+            float mul = sm_scale * fattn_row_scale(&a->q, sq.tb, p->heads_q, h, j->m.rows_q, tr);
+            fattn_load_row(&a->q, fattn_row_offset(&a->q, sq.tb, tr, h), (int)d, mul, j->lut, row);
+        }
+        j->kern.pack(w.rows, ldr, (int)d, w.qp + pi * d * NR);
     }
     for (int64_t r = 0; r < npanels * NR; r++) {
         w.m[r] = -INFINITY;
@@ -182,22 +186,23 @@ static void fwd_task(void *arg, int64_t task, int worker) {
     for (int64_t r = 0; r < FWD_AHEAD && r < rows; r++)
         fwd_prefetch_row(&a->o, fattn_row_offset(&a->o, sq.tb, sq.q0 + i0 + r, h), dv, 1);
     for (int64_t r = 0; r < rows; r++) {
+        if (r % NR == 0) j->kern.unpack(w.ot + (r / NR) * dv * NR, (int)dv, w.rows, ldr);
         if (r + FWD_AHEAD < rows)
             fwd_prefetch_row(&a->o, fattn_row_offset(&a->o, sq.tb, sq.q0 + i0 + r + FWD_AHEAD, h),
                              dv, 1);
-        const float *col = w.ot + (r / NR) * dv * NR + r % NR;
+        float *row = w.rows + (r % NR) * ldr;
         const float l = w.l[r];
         float lse;
         if (l == 0.0f) {
-            memset(w.row, 0, sizeof(float) * (size_t)dv);
+            memset(row, 0, sizeof(float) * (size_t)dv);
             lse = -INFINITY;
         } else {
             const float inv = 1.0f / l;
-            for (int64_t t = 0; t < dv; t++) w.row[t] = col[t * NR] * inv;
+            for (int64_t t = 0; t < dv; t++) row[t] *= inv;
             lse = w.m[r] + logf(l);
         }
         int64_t tr = sq.q0 + i0 + r;
-        fattn_store_row(&a->o, fattn_row_offset(&a->o, sq.tb, tr, h), (int)dv, w.row);
+        fattn_store_row(&a->o, fattn_row_offset(&a->o, sq.tb, tr, h), (int)dv, row);
         if (a->lse) a->lse[fattn_lse_index(p, &sq, b, h, i0 + r)] = lse;
     }
 }

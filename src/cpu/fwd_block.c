@@ -31,7 +31,7 @@ typedef uint32_t fwd_s_vu __attribute__((vector_size(4)));
 #define KT_MR 4
 #define KT_BN 64
 #include "cpu/fwd_block_tmpl.h"
-const fattn_fwd_kernel fattn_fwd_kernel_scalar = {fwd_scalar_run, fwd_scalar_exp_n, KT_NV * KT_W, KT_BN, "scalar"};
+const fattn_fwd_kernel fattn_fwd_kernel_scalar = {fwd_scalar_run, fwd_scalar_pack, fwd_scalar_unpack, fwd_scalar_exp_n, KT_NV * KT_W, KT_BN, "scalar"};
 #undef KT
 #undef KT_ATTR
 #undef VT
@@ -56,7 +56,7 @@ typedef uint32_t fwd_g_vu __attribute__((vector_size(16)));
 #define KT_MR 4
 #define KT_BN 64
 #include "cpu/fwd_block_tmpl.h"
-const fattn_fwd_kernel fattn_fwd_kernel_generic = {fwd_generic_run, fwd_generic_exp_n, KT_NV * KT_W, KT_BN, "generic"};
+const fattn_fwd_kernel fattn_fwd_kernel_generic = {fwd_generic_run, fwd_generic_pack, fwd_generic_unpack, fwd_generic_exp_n, KT_NV * KT_W, KT_BN, "generic"};
 #undef KT
 #undef KT_ATTR
 #undef VT
@@ -68,6 +68,34 @@ const fattn_fwd_kernel fattn_fwd_kernel_generic = {fwd_generic_run, fwd_generic_
 #undef KT_BN
 
 #ifdef FATTN_FWD_X86
+/* dst[i * ldd + j] = src[j * lds + i], i, j < 8 (packing Q^T and unpacking
+ * O^T panels; every x86 instance but the scalar and generic ones). */
+__attribute__((target("avx2,fma"))) static inline void fwd_transpose8(const float *src,
+                                                                      int64_t lds, float *dst,
+                                                                      int64_t ldd) {
+    __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + lds);
+    __m256 r2 = _mm256_loadu_ps(src + 2 * lds), r3 = _mm256_loadu_ps(src + 3 * lds);
+    __m256 r4 = _mm256_loadu_ps(src + 4 * lds), r5 = _mm256_loadu_ps(src + 5 * lds);
+    __m256 r6 = _mm256_loadu_ps(src + 6 * lds), r7 = _mm256_loadu_ps(src + 7 * lds);
+    __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+    __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+    __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+    __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    _mm256_storeu_ps(dst, _mm256_permute2f128_ps(u0, u4, 0x20));
+    _mm256_storeu_ps(dst + ldd, _mm256_permute2f128_ps(u1, u5, 0x20));
+    _mm256_storeu_ps(dst + 2 * ldd, _mm256_permute2f128_ps(u2, u6, 0x20));
+    _mm256_storeu_ps(dst + 3 * ldd, _mm256_permute2f128_ps(u3, u7, 0x20));
+    _mm256_storeu_ps(dst + 4 * ldd, _mm256_permute2f128_ps(u0, u4, 0x31));
+    _mm256_storeu_ps(dst + 5 * ldd, _mm256_permute2f128_ps(u1, u5, 0x31));
+    _mm256_storeu_ps(dst + 6 * ldd, _mm256_permute2f128_ps(u2, u6, 0x31));
+    _mm256_storeu_ps(dst + 7 * ldd, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+#define KT_TRANSPOSE8 fwd_transpose8
+
 /* ---- AVX2 + FMA: 8 floats, 6 x 16 tile (12 accumulators of 16 ymm) --------- */
 typedef float fwd_8_vt __attribute__((vector_size(32)));
 typedef int32_t fwd_8_vi __attribute__((vector_size(32)));
@@ -84,7 +112,7 @@ typedef uint32_t fwd_8_vu __attribute__((vector_size(32)));
 #define KT_MAX(a, b) ((VT)__builtin_ia32_maxps256((a), (b)))
 #include "cpu/fwd_block_tmpl.h"
 #undef KT_MAX
-const fattn_fwd_kernel fattn_fwd_kernel_avx2 = {fwd_avx2_run, fwd_avx2_exp_n, KT_NV * KT_W, KT_BN, "avx2"};
+const fattn_fwd_kernel fattn_fwd_kernel_avx2 = {fwd_avx2_run, fwd_avx2_pack, fwd_avx2_unpack, fwd_avx2_exp_n, KT_NV * KT_W, KT_BN, "avx2"};
 #undef KT
 #undef KT_ATTR
 #undef VT
@@ -111,13 +139,13 @@ typedef uint32_t fwd_16_vu __attribute__((vector_size(64)));
 #define KT_MAX(a, b) ((VT)_mm512_max_ps((a), (b)))
 #include "cpu/fwd_block_tmpl.h"
 #undef KT_MAX
-const fattn_fwd_kernel fattn_fwd_kernel_avx512 = {fwd_avx512_run, fwd_avx512_exp_n, KT_NV * KT_W, KT_BN, "avx512"};
+const fattn_fwd_kernel fattn_fwd_kernel_avx512 = {fwd_avx512_run, fwd_avx512_pack, fwd_avx512_unpack, fwd_avx512_exp_n, KT_NV * KT_W, KT_BN, "avx512"};
 #undef KT
 #undef KT_ATTR
 #define KT(name) fwd_avx2w16_##name
 #define KT_ATTR __attribute__((target("avx2,fma")))
 #include "cpu/fwd_block_tmpl.h"
-const fattn_fwd_kernel fattn_fwd_kernel_avx2w16 = {fwd_avx2w16_run, fwd_avx2w16_exp_n, KT_NV * KT_W, KT_BN, "avx2w16"};
+const fattn_fwd_kernel fattn_fwd_kernel_avx2w16 = {fwd_avx2w16_run, fwd_avx2w16_pack, fwd_avx2w16_unpack, fwd_avx2w16_exp_n, KT_NV * KT_W, KT_BN, "avx2w16"};
 #undef KT
 #undef KT_ATTR
 #undef VT

@@ -41,6 +41,10 @@ typedef struct fattn_fwd_block {
 
 typedef struct fattn_fwd_kernel {
     void (*run)(const fattn_fwd_block *b);
+    /* dst[t * nr + c] = src[c * lds + t], c < nr, t < n (rows into a panel) */
+    void (*pack)(const float *src, int64_t lds, int n, float *dst);
+    /* dst[c * ldd + t] = src[t * nr + c], c < nr, t < n (a panel into rows) */
+    void (*unpack)(const float *src, int n, float *dst, int64_t ldd);
     void (*exp)(float *x, int n); /* x[i] = exp(x[i]) by the instance's exp (tests) */
     int nr;          /* queries per panel (a divisor of 64) */
     int bn;          /* keys per block */

@@ -250,6 +250,33 @@ KT_ATTR static void KT(run)(const fattn_fwd_block *b) {
     }
 }
 
+/* dst[t * NR + c] = src[c * lds + t], c < NR, t < n: NR rows into one panel
+ * (Q^T).  8 x 8 blocks go through registers where the instance has
+ * KT_TRANSPOSE8 (a quarter of the memory operations of the scalar loop). */
+KT_ATTR static void KT(pack)(const float *src, int64_t lds, int n, float *dst) {
+    int t0 = 0;
+#ifdef KT_TRANSPOSE8
+    for (; t0 + 8 <= n; t0 += 8)
+        for (int c0 = 0; c0 < KT_NR; c0 += 8)
+            KT_TRANSPOSE8(src + (int64_t)c0 * lds + t0, lds, dst + (int64_t)t0 * KT_NR + c0, KT_NR);
+#endif
+    for (int t = t0; t < n; t++)
+        for (int c = 0; c < KT_NR; c++) dst[(int64_t)t * KT_NR + c] = src[(int64_t)c * lds + t];
+}
+
+/* dst[c * ldd + t] = src[t * NR + c], c < NR, t < n: one panel (O^T) back
+ * into NR rows. */
+KT_ATTR static void KT(unpack)(const float *src, int n, float *dst, int64_t ldd) {
+    int t0 = 0;
+#ifdef KT_TRANSPOSE8
+    for (; t0 + 8 <= n; t0 += 8)
+        for (int c0 = 0; c0 < KT_NR; c0 += 8)
+            KT_TRANSPOSE8(src + (int64_t)t0 * KT_NR + c0, KT_NR, dst + (int64_t)c0 * ldd + t0, ldd);
+#endif
+    for (int t = t0; t < n; t++)
+        for (int c = 0; c < KT_NR; c++) dst[(int64_t)c * ldd + t] = src[(int64_t)t * KT_NR + c];
+}
+
 /* x[i] = exp(x[i]), i < n, a whole vector at a time (tests). */
 KT_ATTR static void KT(exp_n)(float *x, int n) {
     for (int i = 0; i < n; i += KT_W) {
