@@ -53,7 +53,12 @@ typedef struct fwd_scratch {
 static size_t fwd_scratch_layout(const fwd_job *j, float *base, fwd_scratch *s) {
     const int64_t BM = j->bm, BN = j->kern.bn, NR = j->kern.nr;
     size_t off = 0;
-#define TAKE(field, n) FATTN_SCRATCH_TAKE(s, base, off, field, n)
+    /* Each array starts one more cache line past a 4 KB boundary than the
+     * last (the sizes are often multiples of 4 KB): the S stores and the Q,
+     * K loads of the inner loop then never share their low 12 address bits,
+     * which Intel cores mistake for a store-to-load dependency. */
+#define TAKE(field, n) FATTN_SCRATCH_TAKE(s, base, off, field, (n) + 16 * skew++)
+    int skew = 1;
     TAKE(qp, BM * j->m.d);
     TAKE(ot, BM * j->m.dv);
     TAKE(k, BN * j->m.dp);
