@@ -5,7 +5,7 @@ process, interleaved.
 
     python3 bench/cpu_torch_compare.py [--lib build/libfattn.so] [--tokens 2048]
         [--seqlens 256,512,1024,2048] [--head-dims 64,128,256] [--causal both]
-        [--rounds 7] [--threads N] [--json FILE]
+        [--rounds 7] [--threads N] [--isa avx2] [--json FILE]
 
 Per shape, fattn (through ctypes, python/fattn) and torch take turns for
 --rounds rounds, each round starting with the other backend than the last,
@@ -58,6 +58,8 @@ def main():
     ap.add_argument("--causal", default="both", choices=["both", "0", "1"])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--isa", help="fattn's forward instance (FATTN_CPU_ISA: scalar, generic, avx2, "
+                                  "avx2w16, avx512); default: the best this CPU runs")
     ap.add_argument("--json", help="also write the rows as JSON")
     args = ap.parse_args()
 
@@ -66,6 +68,8 @@ def main():
     except ImportError:
         sys.exit("cpu_torch_compare.py: torch is not installed (pip install torch)")
     os.environ["FATTN_LIBRARY"] = os.path.abspath(args.lib)
+    if args.isa:
+        os.environ["FATTN_CPU_ISA"] = args.isa
     sys.path.insert(0, os.path.join(HERE, "..", "python"))
     import fattn
 
