@@ -28,11 +28,20 @@ struct FwdProducer {
             mbar_arrive(&sm.full_q[qi]);
             return;
         }
-        mbar_expect_tx_arrive(&sm.full_q[qi], C::QWG_BYTES);
+        mbar_expect_tx_arrive_n<C::QWG_BYTES>(&sm.full_q[qi]);
         for (int c = 0; c < C::SLABS; ++c) {
             uint8_t *dst = sm.q + qb * C::Q_BYTES + c * C::BM * 128 + w * 64 * 128;
             tma_load_4d(dst, &tm_q, c * 64, m * C::BM + w * 64, h, b, &sm.full_q[qi]);
         }
+    }
+    /* every warpgroup the same tile; after the first, the index is read back
+     * from the slot just written, so it need not stay in one of the few
+     * registers the producer has (a spill at 24) */
+    __device__ __forceinline__ void hand_over_each(int tile, bool load, int m, int h, int b) {
+        hand_over(0, tile, load, m, h, b);
+        for (int w = 1; w < C::NC; ++w)
+            hand_over(w, ld_shared_s32(&sm.tile_slot[(w - 1) * C::QBUF + q_iter % C::QBUF]), load, m, h, b);
+        ++q_iter;
     }
     /* all consumer warpgroups' next tile (QEARLY: handed over a tile early) */
     __device__ __forceinline__ void hand_over_all(int tile) {
@@ -42,8 +51,7 @@ struct FwdProducer {
             fwd_tile_decode<C::CAUSAL>(p, tile, m, h, b);
             load = fwd_num_n_blocks<C>(p, m) > 0;
         }
-        for (int w = 0; w < C::NC; ++w) hand_over(w, tile, load, m, h, b);
-        ++q_iter;
+        hand_over_each(tile, load, m, h, b);
     }
     /* K or V block n into a stage: all slabs, or with a cluster this CTA's
      * half of them, multicast to both CTAs (each CTA's full barrier expects
@@ -100,8 +108,7 @@ struct FwdProducer {
                 if (C::QEARLY) {
                     hand_over_all(t_next);
                 } else {
-                    for (int w = 0; w < C::NC; ++w) hand_over(w, t, false, m, h, b);
-                    ++q_iter;
+                    hand_over_each(t, false, m, h, b);
                 }
             }
             for (int n = n_hi - 1; n >= n_lo; --n, ++it) {
@@ -116,8 +123,7 @@ struct FwdProducer {
                      * block earlier), so K goes first; then each warpgroup's
                      * tile index and Q, as soon as that warpgroup has issued
                      * its last QK^T of the previous tile */
-                    for (int w = 0; w < C::NC; ++w) hand_over(w, t, true, m, h, b);
-                    ++q_iter;
+                    hand_over_each(t, true, m, h, b);
                     FWD_TRACE(22);
                 }
                 ring_wait_empty<C>(&sm.empty_v[s], ph ^ 1);

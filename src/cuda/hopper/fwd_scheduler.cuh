@@ -70,7 +70,11 @@ struct FwdScheduler {
                 const int st = static_tile(k);
                 return st < p.num_tiles ? st : p.num_tiles;
             }
-            const int w = (int)blockIdx.x / C::CLUSTER, j = k - sp.waves;
+            int w = (int)blockIdx.x / C::CLUSTER;
+            const int j = k - sp.waves;
+            /* opaque per call: sp.tile[w] is then read from the parameter bank
+             * where it is used, not hoisted into a register the producer lacks */
+            asm volatile("" : "+r"(w));
             if (w >= sp.workers || j > 1 || sp.rng[j][w] == 0) return p.num_tiles;
             rng = sp.rng[j][w];
             return (sp.tile[w] + j) * C::CLUSTER + (int)cta_rank;

@@ -92,8 +92,10 @@ struct FwdCfg {
     static constexpr bool LAZY = D != 128;
     static constexpr float LAZY_LOG2 = 8.f;
     /* Registers per thread after setmaxnreg (FA3's split, HOPPER-PTX §6). */
-    static constexpr int REGS_PRODUCER = NC == 2 && CLUSTER == 1 ? 24 : 32; /* 24 spills with a cluster */
-    static constexpr int REGS_CONSUMER = NC == 2 ? (CLUSTER == 1 ? 240 : 232) : 160;
+    /* 24 spills with a cluster, and at d64, whose consumers use < 190 */
+    static constexpr bool PRODUCER_24 = NC == 2 && CLUSTER == 1 && D > 64;
+    static constexpr int REGS_PRODUCER = PRODUCER_24 ? 24 : 32;
+    static constexpr int REGS_CONSUMER = NC == 2 ? (PRODUCER_24 ? 240 : 232) : 160;
     /* setmaxnreg.inc waits until the CTA's pool has the registers: the split
      * must fit in the launch's allocation, or the consumers hang (run 11) */
     static_assert(REGS_PRODUCER * 128 + REGS_CONSUMER * 128 * NC <= 65536 / (128 * (NC + 1)) / 8 * 8 * 128 * (NC + 1),
