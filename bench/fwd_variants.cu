@@ -102,7 +102,7 @@ constexpr const char *kernel_names[] = {
     "d128 causal 128x176", "d128 128x160",       "d128 128x176",      "d128 128x192",
     "d256 causal 128x80",  "d256 pairs 128x80",  "d256 single 128x80",
 };
-constexpr int NUM_KERNELS = FWD_D256 + 1; /* FWD_D256 is the enum's last */
+constexpr int NUM_KERNELS = FWD_KERNEL_COUNT_;
 static_assert(sizeof kernel_names / sizeof kernel_names[0] == NUM_KERNELS, "a name per fwd_kernel");
 template <size_t... K>
 constexpr std::array<variant, sizeof...(K)> shipped_list(std::index_sequence<K...>) {

@@ -202,6 +202,7 @@ struct FwdConsumer {
         release(&sm.empty_v[ps]);
         if (C::SPLIT && split_t >= 0) epi.split_finish(oacc, sf.row_max, sf.row_sum, split_t, eb, eh, erow);
         else epi.store(oacc, sf.row_max, sf.row_sum, eb, eh, erow);
+        FWD_TRACE(9);
     }
     /* One tile's key blocks n_lo .. n_hi - 1, from the last to the first. */
     __device__ __forceinline__ void run_tile(int t, int qi, int m, int h, int b, int row_base, int n_lo, int n_hi,
@@ -301,6 +302,7 @@ struct FwdConsumer {
             } else {
                 mbar_arrive(&sm.empty_q[qi]);
                 epi.store_empty(b, h, row_base);
+                FWD_TRACE(9);
             }
         }
         epi.drain();

@@ -28,6 +28,7 @@ enum fwd_kernel {
     FWD_D256_CAUSAL,     /* 128 x 80 */
     FWD_D256_PAIRED,     /* 128 x 80, CTA pairs share K/V (an even number of query blocks) */
     FWD_D256,            /* 128 x 80, single CTAs */
+    FWD_KERNEL_COUNT_    /* not a kernel: the number of them */
 };
 
 /* The tile-size function: which kernel serves this problem (head dim 64, 128

@@ -42,6 +42,7 @@ constexpr FwdOpts fwd_kernel_opts(fwd_kernel k) {
     case FWD_D256:
         o.d = 256, o.bn = 80, o.split = true;
         break;
+    case FWD_KERNEL_COUNT_: break;
     }
     return o;
 }
