@@ -27,6 +27,27 @@
  * - Tensors are 4-D [batch, seqlen, heads, head_dim] ("BSHD") with the head
  *   dimension contiguous.  Any other layout whose head dim is contiguous
  *   (e.g. BHSD) is described through strides.
+ * - Every pointer is aligned for its elements, on every engine: f32 data,
+ *   lse and e4m3 scales 4 bytes, f16/bf16 data 2 bytes, cu_seqlens 4 bytes
+ *   (INVALID_ARGUMENT otherwise; the CUDA engine asks for more, see
+ *   fattn_fwd).
+ * - Outputs never overlap (INVALID_ARGUMENT otherwise), checked with
+ *   interval tests that read no memory:
+ *   . an output's own elements are distinct.  The test is sufficient, not
+ *     necessary: with its dimensions of size > 1 sorted by stride (head_dim,
+ *     stride 1, innermost), each stride must be at least the extent in
+ *     elements of the dimensions inside it, e.g. rows of o with
+ *     stride_seq == stride_head == head_dim_v and heads_q > 1 are refused,
+ *     and so is a layout whose dimensions interleave even where no two
+ *     elements coincide;
+ *   . the bytes an output spans, from its first element to its last (the
+ *     strides are non-negative), share none with the bytes any input spans
+ *     (tensors, lse of the backward, e4m3 scales, cu_seqlens) or another
+ *     output spans (o and lse; dq, dk and dv; quantize's out and out.scale).
+ *     An output interleaved with an input inside one buffer is refused even
+ *     where their elements are disjoint.  Inputs may overlap one another
+ *     (k and v may be the same memory, q, k and v slices of one packed
+ *     buffer).
  */
 #ifndef FATTN_H
 #define FATTN_H
@@ -68,7 +89,8 @@ FATTN_API int fattn_version_number(void);
 typedef enum fattn_status {
     FATTN_OK = 0,
     /* A null pointer, a size <= 0, inconsistent sizes or strides, an
-     * unaligned pointer, int32 overflow of a size product, ... */
+     * unaligned pointer, an output that overlaps itself, an input or another
+     * output (see Conventions), int32 overflow of a size product, ... */
     FATTN_ERROR_INVALID_ARGUMENT = 1,
     /* A valid request this build, engine or device cannot serve (a head dim or
      * dtype the kernel lacks, a CUDA context on a non-Hopper GPU, ...). */

@@ -3,7 +3,13 @@
 # On a machine with a Hopper GPU: build what is missing, check the kernels'
 # resources and SASS, run the GPU tests, compute-sanitizer on small shapes, and
 # the side-by-side benchmark.  Logs land in LOGDIR (at most 8 files).
+# The GPU tests run with FATTN_REQUIRE_GPU=1: here a test that would skip (no
+# device, an unsupported one, a broken driver) fails, and so does any test
+# ctest still reports as skipped.  The exit status is 1 when a test, the
+# fattn-vs-cuDNN table or a sanitizer run failed.
 set -u
+export FATTN_REQUIRE_GPU=1
+failed=0
 LOG=${1:?usage: scripts/gpu-check.sh LOGDIR [quick|causal|full|nobench]}
 MODE=${2:-full}
 mkdir -p "$LOG"
@@ -34,8 +40,16 @@ step "GPU tests"
 ( cd "$BUILD" && timeout 900 ctest -L gpu --output-on-failure ) >"$LOG/tests.log" 2>&1
 rc=$?; grep -E "tests passed|Passed|Failed|FAIL|Skipped|\*\*\*" "$LOG/tests.log" | tail -25
 echo "ctest gpu rc=$rc" | tee -a "$LOG/summary.txt"
+if grep -qE "Skipped|Not Run" "$LOG/tests.log"; then
+  echo "ctest gpu: a test was skipped or not run on the GPU host" | tee -a "$LOG/summary.txt"
+  rc=1
+fi
+[ "$rc" -eq 0 ] || failed=1
 echo "--- fattn vs cuDNN error table (tests/gpu/test_vs_cudnn.py)" >>"$LOG/tests.log"
 FATTN_LIBRARY="$PWD/$BUILD/libfattn.so" python3 tests/gpu/test_vs_cudnn.py >>"$LOG/tests.log" 2>&1
+rc=$?; echo "test_vs_cudnn rc=$rc" | tee -a "$LOG/summary.txt"
+grep -E "^WARNING" "$LOG/tests.log" | tee -a "$LOG/summary.txt"
+[ "$rc" -eq 0 ] || failed=1
 
 step "compute-sanitizer (small shapes)"
 {
@@ -50,8 +64,9 @@ step "compute-sanitizer (small shapes)"
   fi
 } >"$LOG/sanitizer.log" 2>&1
 grep -E "rc=|ERROR SUMMARY" "$LOG/sanitizer.log" | tee -a "$LOG/summary.txt"
+grep -qE "rc=[1-9]" "$LOG/sanitizer.log" && failed=1
 
-[ "$MODE" = nobench ] && exit 0
+[ "$MODE" = nobench ] && exit $failed
 
 step benchmark
 export PYTHONUNBUFFERED=1 FATTN_LIBRARY="$PWD/$BUILD/libfattn.so"
@@ -66,3 +81,5 @@ else
 fi
 echo "compare rc=$?" | tee -a "$LOG/summary.txt"
 cat "$LOG/compare.log"
+[ "$failed" -eq 0 ] || echo "gpu-check: FAILED (see $LOG/summary.txt)"
+exit $failed

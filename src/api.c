@@ -10,7 +10,9 @@
 #include "internal.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* Offsets must stay addressable in bytes (x 8 bytes per element at most, with
  * head room), so the largest element offset allowed is 2^59. */
@@ -18,6 +20,13 @@
 /* The CUDA kernels index rows (batch * heads * seqlen) with int32; the limit
  * holds on every engine, so that a call valid on one is valid on all. */
 #define FATTN_MAX_ROWS (INT64_C(1) << 31)
+
+/* Returns from the calling function when a check fails. */
+#define CHECK(x)                                                                                   \
+    do {                                                                                           \
+        fattn_status st_ = (x);                                                                    \
+        if (st_ != FATTN_OK) return st_;                                                           \
+    } while (0)
 
 /* ------------------------------------------------------------------------ */
 /* Version                                                                  */
@@ -207,6 +216,121 @@ static fattn_status check_e4m3_scale(fattn_ctx *ctx, const fattn_tensor *t, cons
     return FATTN_OK;
 }
 
+/* ------------------------------------------------------------------------ */
+/* Alignment and overlap                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* A pointer must be aligned for the elements it holds: the engines load whole
+ * elements (an f32 pointer one byte off is undefined behaviour in C and a
+ * misaligned-address fault on the GPU). */
+static fattn_status check_aligned(fattn_ctx *ctx, const void *p, size_t align, const char *name,
+                                  const char *elem) {
+    if (p && (uintptr_t)p % align != 0)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                          "%s is not %zu-byte aligned (%p; %s elements)", name, align, p, elem);
+    return FATTN_OK;
+}
+
+static fattn_status check_data_aligned(fattn_ctx *ctx, const fattn_tensor *t, const char *name) {
+    char what[32];
+    snprintf(what, sizeof what, "%s.data", name);
+    return check_aligned(ctx, t->data, fattn_dtype_size(t->dtype), what, fattn_dtype_name(t->dtype));
+}
+
+/* The bytes [lo, hi) that a call reads or writes through one pointer
+ * (lo == hi: none). */
+typedef struct span {
+    const char *name;
+    uint64_t lo, hi;
+} span;
+
+static span span_of(const char *name, const void *p, uint64_t bytes) {
+    span r = {name, (uint64_t)(uintptr_t)p, (uint64_t)(uintptr_t)p};
+    if (!p) return r;
+    r.hi = r.lo + bytes;
+    if (r.hi < r.lo) r.hi = UINT64_MAX;
+    return r;
+}
+
+/* A tensor after check_tensor: strides are non-negative, so its first
+ * element has the lowest address, and the largest offset fits (< 2^59). */
+static span tensor_span(const fattn_tensor *t, const shape4 *s) {
+    int64_t b = s->varlen ? 1 : s->batch;
+    if (b < 1 || s->seqlen < 1 || s->heads < 1 || s->dim < 1) return span_of(s->name, t->data, 0);
+    int64_t off = (s->dim - 1) + (b - 1) * t->stride_batch + (s->seqlen - 1) * t->stride_seq +
+                  (s->heads - 1) * t->stride_head;
+    return span_of(s->name, t->data, (uint64_t)(off + 1) * fattn_dtype_size(t->dtype));
+}
+
+/* count elements of elem_bytes each (count <= 0: none) */
+static span array_span(const char *name, const void *p, int64_t count, size_t elem_bytes) {
+    return span_of(name, p, count > 0 ? (uint64_t)count * elem_bytes : 0);
+}
+
+/* An e4m3 tensor's scales: float32 [batch, heads, ceil(seqlen / scale_block)]. */
+static span scale_span(const char *name, const fattn_tensor *t, const shape4 *s) {
+    if (t->dtype != FATTN_DTYPE_E4M3 || t->scale_block < 1) return span_of(name, NULL, 0);
+    int64_t b = s->varlen ? 1 : s->batch;
+    int64_t blocks = (s->seqlen + t->scale_block - 1) / t->scale_block;
+    return array_span(name, t->scale, b * s->heads * blocks, sizeof(float));
+}
+
+/* An output's own elements are distinct: with its dimensions of size > 1
+ * sorted by stride (head_dim, contiguous, innermost), each stride is at least
+ * the extent in elements of the dimensions inside it.  This is sufficient,
+ * not necessary: a layout whose dimensions interleave is refused even where
+ * no two elements happen to coincide. */
+static fattn_status check_no_self_overlap(fattn_ctx *ctx, const fattn_tensor *t, const shape4 *s) {
+    struct {
+        int64_t n, stride;
+        const char *stride_name, *dim_name;
+    } d[3] = {{s->varlen ? 1 : s->batch, t->stride_batch, "stride_batch", "batch"},
+              {s->seqlen, t->stride_seq, "stride_seq", s->seqlen_name},
+              {s->heads, t->stride_head, "stride_head", s->heads_name}},
+      x;
+    for (int i = 1; i < 3; i++) /* stable insertion sort by stride */
+        for (int j = i; j > 0 && d[j].stride < d[j - 1].stride; j--) x = d[j], d[j] = d[j - 1], d[j - 1] = x;
+    int64_t extent = s->dim; /* elements spanned by the dimensions inside */
+    char inner[96];
+    snprintf(inner, sizeof inner, "%s", s->dim_name);
+    for (int i = 0; i < 3; i++) {
+        if (d[i].n <= 1) continue;
+        if (d[i].stride < extent)
+            return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                              "%s.%s %lld is smaller than %lld, the extent in elements of %s's "
+                              "dimensions with smaller strides (%s): elements of the output %s "
+                              "would overlap",
+                              s->name, d[i].stride_name, (long long)d[i].stride, (long long)extent,
+                              s->name, inner, s->name);
+        extent += (d[i].n - 1) * d[i].stride; /* bounded by check_tensor */
+        size_t used = strlen(inner);
+        snprintf(inner + used, sizeof inner - used, ", %s", d[i].dim_name);
+    }
+    return FATTN_OK;
+}
+
+/* Outputs share no byte with an input or with another output (interval
+ * tests on the spans: cheap, and conservative for outputs interleaved with
+ * inputs in one buffer). */
+static fattn_status check_disjoint(fattn_ctx *ctx, const span *out, int nout, const span *in,
+                                   int nin) {
+    for (int i = 0; i < nout; i++) {
+        const span *a = &out[i];
+        if (a->lo == a->hi) continue;
+        for (int j = 0; j < nin + i; j++) {
+            const span *b = j < nin ? &in[j] : &out[j - nin];
+            if (b->lo == b->hi || a->hi <= b->lo || b->hi <= a->lo) continue;
+            return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                              "%s overlaps %s in memory (bytes [%p, %p) and [%p, %p)): %s", a->name,
+                              b->name, (void *)(uintptr_t)a->lo, (void *)(uintptr_t)a->hi,
+                              (void *)(uintptr_t)b->lo, (void *)(uintptr_t)b->hi,
+                              j < nin ? "an output must not share memory with an input"
+                                      : "outputs must not share memory");
+        }
+    }
+    return FATTN_OK;
+}
+
 /* Sizes and flags of the problem; fills the defaults in `p`. */
 static fattn_status check_problem(fattn_ctx *ctx, fattn_problem *p) {
     int varlen = p->cu_seqlens_q != NULL || p->cu_seqlens_k != NULL;
@@ -215,6 +339,8 @@ static fattn_status check_problem(fattn_ctx *ctx, fattn_problem *p) {
                           "%s is NULL but %s is not (give both or neither)",
                           p->cu_seqlens_q ? "cu_seqlens_k" : "cu_seqlens_q",
                           p->cu_seqlens_q ? "cu_seqlens_q" : "cu_seqlens_k");
+    CHECK(check_aligned(ctx, p->cu_seqlens_q, sizeof(int32_t), "cu_seqlens_q", "int32"));
+    CHECK(check_aligned(ctx, p->cu_seqlens_k, sizeof(int32_t), "cu_seqlens_k", "int32"));
     if (p->batch < 1)
         return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "batch %d must be >= 1", (int)p->batch);
     if (varlen) {
@@ -297,12 +423,6 @@ static fattn_status problem_shapes(fattn_ctx *ctx, const fattn_problem *p, tenso
     return FATTN_OK;
 }
 
-#define CHECK(x)                                                                                   \
-    do {                                                                                           \
-        fattn_status st_ = (x);                                                                    \
-        if (st_ != FATTN_OK) return st_;                                                           \
-    } while (0)
-
 static fattn_status check_dtype(fattn_ctx *ctx, fattn_dtype d, const char *name) {
     if (!dtype_valid(d))
         return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "%s.dtype %d is not a fattn_dtype",
@@ -353,6 +473,16 @@ fattn_status fattn_fwd(fattn_ctx *ctx, const fattn_fwd_args *args) {
     if (!a.k.data) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "k.data is NULL");
     if (!a.v.data) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "v.data is NULL");
     if (!a.o.data) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "o.data is NULL");
+    CHECK(check_data_aligned(ctx, &a.q, "q"));
+    CHECK(check_data_aligned(ctx, &a.k, "k"));
+    CHECK(check_data_aligned(ctx, &a.v, "v"));
+    CHECK(check_data_aligned(ctx, &a.o, "o"));
+    CHECK(check_aligned(ctx, a.lse, sizeof(float), "lse", "f32"));
+    if (a.q.dtype == FATTN_DTYPE_E4M3) {
+        CHECK(check_aligned(ctx, a.q.scale, sizeof(float), "q.scale", "f32"));
+        CHECK(check_aligned(ctx, a.k.scale, sizeof(float), "k.scale", "f32"));
+        CHECK(check_aligned(ctx, a.v.scale, sizeof(float), "v.scale", "f32"));
+    }
 
     /* the engine's limits (internal.h), before anything reads cu_seqlens */
     CHECK(ctx->backend == FATTN_BACKEND_CUDA ? fattn_cuda_fwd_check(ctx, &a)
@@ -363,6 +493,21 @@ fattn_status fattn_fwd(fattn_ctx *ctx, const fattn_fwd_args *args) {
     CHECK(check_tensor(ctx, &a.k, &ts.k));
     CHECK(check_tensor(ctx, &a.v, &ts.v));
     CHECK(check_tensor(ctx, &a.o, &ts.o));
+    CHECK(check_no_self_overlap(ctx, &a.o, &ts.o));
+    {
+        const int64_t nb = ts.varlen ? 1 : a.p.batch, ncu = ts.varlen ? (int64_t)a.p.batch + 1 : 0;
+        const span in[] = {tensor_span(&a.q, &ts.q),
+                           tensor_span(&a.k, &ts.k),
+                           tensor_span(&a.v, &ts.v),
+                           scale_span("q.scale", &a.q, &ts.q),
+                           scale_span("k.scale", &a.k, &ts.k),
+                           scale_span("v.scale", &a.v, &ts.v),
+                           array_span("cu_seqlens_q", a.p.cu_seqlens_q, ncu, sizeof(int32_t)),
+                           array_span("cu_seqlens_k", a.p.cu_seqlens_k, ncu, sizeof(int32_t))};
+        const span out[] = {tensor_span(&a.o, &ts.o),
+                            array_span("lse", a.lse, nb * a.p.heads_q * ts.total_q, sizeof(float))};
+        CHECK(check_disjoint(ctx, out, 2, in, (int)(sizeof in / sizeof in[0])));
+    }
 
     if (ctx->backend == FATTN_BACKEND_CUDA) return fattn_cuda_fwd(ctx, &a);
     return fattn_cpu_fwd(ctx, &a);
@@ -397,6 +542,8 @@ fattn_status fattn_bwd(fattn_ctx *ctx, const fattn_bwd_args *args) {
     if (!a.lse)
         return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
                           "lse is NULL (the backward needs the forward's log-sum-exp)");
+    for (int i = 0; i < n; i++) CHECK(check_data_aligned(ctx, all[i].t, all[i].name));
+    CHECK(check_aligned(ctx, a.lse, sizeof(float), "lse", "f32"));
     a.deterministic = a.deterministic != 0;
 
     /* the engine's limits (internal.h), before anything reads cu_seqlens */
@@ -417,6 +564,23 @@ fattn_status fattn_bwd(fattn_ctx *ctx, const fattn_bwd_args *args) {
     CHECK(check_tensor(ctx, &a.dq, &sdq));
     CHECK(check_tensor(ctx, &a.dk, &sdk));
     CHECK(check_tensor(ctx, &a.dv, &sdv));
+    CHECK(check_no_self_overlap(ctx, &a.dq, &sdq));
+    CHECK(check_no_self_overlap(ctx, &a.dk, &sdk));
+    CHECK(check_no_self_overlap(ctx, &a.dv, &sdv));
+    {
+        const int64_t nb = ts.varlen ? 1 : a.p.batch, ncu = ts.varlen ? (int64_t)a.p.batch + 1 : 0;
+        const span in[] = {tensor_span(&a.q, &ts.q),
+                           tensor_span(&a.k, &ts.k),
+                           tensor_span(&a.v, &ts.v),
+                           tensor_span(&a.o, &ts.o),
+                           tensor_span(&a.dout, &sdout),
+                           array_span("lse", a.lse, nb * a.p.heads_q * ts.total_q, sizeof(float)),
+                           array_span("cu_seqlens_q", a.p.cu_seqlens_q, ncu, sizeof(int32_t)),
+                           array_span("cu_seqlens_k", a.p.cu_seqlens_k, ncu, sizeof(int32_t))};
+        const span out[] = {tensor_span(&a.dq, &sdq), tensor_span(&a.dk, &sdk),
+                            tensor_span(&a.dv, &sdv)};
+        CHECK(check_disjoint(ctx, out, 3, in, (int)(sizeof in / sizeof in[0])));
+    }
 
     if (ctx->backend == FATTN_BACKEND_CUDA) return fattn_cuda_bwd(ctx, &a);
     return fattn_cpu_bwd(ctx, &a);
@@ -462,12 +626,20 @@ fattn_status fattn_quantize(fattn_ctx *ctx, const fattn_quantize_args *args) {
                           "out.scale is NULL (it receives the scales)");
     a.out.scale_block = a.block_rows;
     a.rotate = a.rotate != 0;
+    CHECK(check_data_aligned(ctx, &a.in, "in"));
+    CHECK(check_aligned(ctx, a.out.scale, sizeof(float), "out.scale", "f32"));
 
     shape4 sin = {"in", a.batch, a.seqlen, a.heads, a.head_dim, "seqlen", "heads", "head_dim", 0};
     shape4 sout = sin;
     sout.name = "out";
     CHECK(check_tensor(ctx, &a.in, &sin));
     CHECK(check_tensor(ctx, &a.out, &sout));
+    CHECK(check_no_self_overlap(ctx, &a.out, &sout));
+    {
+        const span in[] = {tensor_span(&a.in, &sin)};
+        const span out[] = {tensor_span(&a.out, &sout), scale_span("out.scale", &a.out, &sout)};
+        CHECK(check_disjoint(ctx, out, 2, in, 1));
+    }
 
     if (a.rotate && (a.head_dim & (a.head_dim - 1)) != 0)
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,

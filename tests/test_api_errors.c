@@ -1,5 +1,7 @@
 /* test_api_errors.c - every bad input gets its status, a message naming the
- * offending argument, and leaves the outputs untouched. */
+ * offending argument, and leaves the outputs (and inputs) untouched:
+ * sizes, dtypes, strides, varlen offsets, misaligned pointers, outputs that
+ * overlap themselves, an input or another output. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -34,6 +36,16 @@ static float q[NQ], k[NK], v[NK], o[NQ], dout[NQ], dq[NQ], dk[NK], dv[NK], lse[N
 static float o_ref[NQ], lse_ref[NLSE], dq_ref[NQ], dk_ref[NK], dv_ref[NK];
 static uint8_t q8[NQ];
 static float qscale[B * HQ * S];
+/* The inputs as main() set them: a rejected call writes no input either
+ * (the overlap tests alias outputs with them). */
+static float q_in[NQ], k_in[NK], v_in[NK], dout_in[NQ];
+/* Memory the overlap tests carve tensors from, so that a call accepted by
+ * mistake still writes only memory the test owns; all sentinel bytes. */
+#define NARENA (4 * NQ)
+static float arena[NARENA];
+/* cu_seqlens of the overlap tests ({0, 10, 16}, then 0xA5 bytes): room for an
+ * lse laid over it */
+static int32_t cubuf[NLSE];
 
 static void poison_outputs(void) {
     memset(o, SENTINEL, sizeof o);
@@ -43,6 +55,9 @@ static void poison_outputs(void) {
     memset(dv, SENTINEL, sizeof dv);
     memset(q8, SENTINEL, sizeof q8);
     memset(qscale, SENTINEL, sizeof qscale);
+    memset(arena, SENTINEL, sizeof arena);
+    memset(cubuf, SENTINEL, sizeof cubuf);
+    cubuf[0] = 0, cubuf[1] = 10, cubuf[2] = 16;
     memcpy(o_ref, o, sizeof o);
     memcpy(lse_ref, lse, sizeof lse);
     memcpy(dq_ref, dq, sizeof dq);
@@ -53,12 +68,20 @@ static void poison_outputs(void) {
 static int outputs_untouched(void) {
     static uint8_t q8_ref[NQ];
     static float qscale_ref[B * HQ * S];
+    static float arena_ref[NARENA];
+    static int32_t cubuf_ref[NLSE];
     memset(q8_ref, SENTINEL, sizeof q8_ref);
     memset(qscale_ref, SENTINEL, sizeof qscale_ref);
+    memset(arena_ref, SENTINEL, sizeof arena_ref);
+    memset(cubuf_ref, SENTINEL, sizeof cubuf_ref);
+    cubuf_ref[0] = 0, cubuf_ref[1] = 10, cubuf_ref[2] = 16;
     return !memcmp(o, o_ref, sizeof o) && !memcmp(lse, lse_ref, sizeof lse) &&
            !memcmp(dq, dq_ref, sizeof dq) && !memcmp(dk, dk_ref, sizeof dk) &&
            !memcmp(dv, dv_ref, sizeof dv) && !memcmp(q8, q8_ref, sizeof q8) &&
-           !memcmp(qscale, qscale_ref, sizeof qscale);
+           !memcmp(qscale, qscale_ref, sizeof qscale) && !memcmp(arena, arena_ref, sizeof arena) &&
+           !memcmp(cubuf, cubuf_ref, sizeof cubuf) && !memcmp(q, q_in, sizeof q) &&
+           !memcmp(k, k_in, sizeof k) && !memcmp(v, v_in, sizeof v) &&
+           !memcmp(dout, dout_in, sizeof dout);
 }
 
 static fattn_fwd_args good_fwd(void) {
@@ -382,6 +405,165 @@ static void test_bwd(fattn_ctx *ctx) {
     BWD_FAIL(ctx, (a_.p.cu_seqlens_q = cu_ok, a_.p.cu_seqlens_k = cu_dec), INV, "cu_seqlens_k");
 }
 
+/* A pointer misaligned for its elements is refused on every engine before
+ * anything is read through it (under UBSan a read would be reported). */
+#define OFF(p, bytes) ((void *)((char *)(p) + (bytes)))
+static void test_alignment(fattn_ctx *ctx) {
+    FWD_FAIL(ctx, a_.q.data = OFF(q, 1), INV, "q.data is not 4-byte aligned");
+    FWD_FAIL(ctx, a_.k.data = OFF(k, 2), INV, "k.data is not 4-byte aligned");
+    FWD_FAIL(ctx, a_.o.data = OFF(o, 2), INV, "o.data is not 4-byte aligned");
+    FWD_FAIL(ctx, a_.lse = (float *)OFF(lse, 1), INV, "lse is not 4-byte aligned");
+    FWD_FAIL(ctx,
+             (a_.q.dtype = a_.k.dtype = a_.v.dtype = a_.o.dtype = FATTN_DTYPE_BF16,
+              a_.v.data = OFF(v, 1)),
+             INV, "v.data is not 2-byte aligned");
+    FWD_FAIL(ctx,
+             (a_.q.dtype = a_.k.dtype = a_.v.dtype = FATTN_DTYPE_E4M3,
+              a_.q.data = a_.k.data = a_.v.data = OFF(q8, 1), a_.q.scale = a_.v.scale = qscale,
+              a_.k.scale = (float *)OFF(qscale, 1),
+              a_.q.scale_block = a_.k.scale_block = a_.v.scale_block = 1),
+             INV, "k.scale is not 4-byte aligned");
+    int32_t cu_k[B + 1] = {0, 10, 16};
+    FWD_FAIL(ctx, (a_.p.cu_seqlens_q = (const int32_t *)OFF(cubuf, 2), a_.p.cu_seqlens_k = cu_k),
+             INV, "cu_seqlens_q is not 4-byte aligned");
+    BWD_FAIL(ctx, a_.dout.data = OFF(dout, 1), INV, "dout.data is not 4-byte aligned");
+    BWD_FAIL(ctx, a_.dq.data = OFF(dq, 2), INV, "dq.data is not 4-byte aligned");
+    BWD_FAIL(ctx, a_.lse = (const float *)OFF(lse, 3), INV, "lse is not 4-byte aligned");
+    BWD_FAIL(ctx, (a_.p.cu_seqlens_q = cu_k, a_.p.cu_seqlens_k = (const int32_t *)OFF(cubuf, 1)),
+             INV, "cu_seqlens_k is not 4-byte aligned");
+    QUANT_FAIL(ctx, a_.in.data = OFF(q, 1), INV, "in.data is not 4-byte aligned");
+    QUANT_FAIL(ctx, (a_.in.dtype = FATTN_DTYPE_F16, a_.in.data = OFF(q, 3)), INV,
+               "in.data is not 2-byte aligned");
+    QUANT_FAIL(ctx, a_.out.scale = (float *)OFF(qscale, 2), INV, "out.scale is not 4-byte aligned");
+
+    /* e4m3 codes are bytes: any address will do */
+    fattn_quantize_args qa = good_quant();
+    qa.out.data = OFF(arena, 1);
+    fattn_status st = fattn_quantize(ctx, &qa);
+    EXPECT(st == FATTN_OK, "quantize into out.data 1 byte off: %s", fattn_last_error(ctx));
+}
+
+/* max |x - y| (inf on NaN) */
+static double max_diff(const float *x, const float *y, size_t n) {
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)x[i] - (double)y[i]);
+        if (!(d <= m)) m = isnan(d) ? INFINITY : d;
+    }
+    return m;
+}
+
+/* Outputs that overlap themselves, an input or another output are refused
+ * (fattn.h, Conventions); the tensors are carved from `arena` (all inside
+ * it) so that a call accepted by mistake writes only memory the test owns. */
+static void test_overlap(fattn_ctx *ctx) {
+    float *A = arena;
+    /* an output's own elements: rows of heads on top of each other */
+    FWD_FAIL(ctx, (a_.o.stride_batch = S * HQ * D, a_.o.stride_seq = D, a_.o.stride_head = D), INV,
+             "o.stride_head");
+    /* batches on top of tokens */
+    FWD_FAIL(ctx, (a_.o.stride_batch = HQ * D, a_.o.stride_seq = HQ * D, a_.o.stride_head = D),
+             INV, "o.stride_seq");
+    BWD_FAIL(ctx, (a_.dq.stride_batch = S * HQ * D, a_.dq.stride_seq = D, a_.dq.stride_head = D),
+             INV, "dq.stride_head");
+    BWD_FAIL(ctx, (a_.dv.stride_batch = HK * D, a_.dv.stride_seq = HK * D, a_.dv.stride_head = D),
+             INV, "dv.stride_seq");
+    QUANT_FAIL(ctx, (a_.out.stride_batch = S * HQ * D, a_.out.stride_seq = D, a_.out.stride_head = D),
+               INV, "out.stride_head");
+
+    /* an output on an input */
+    FWD_FAIL(ctx, a_.o.data = q, INV, "o overlaps q");
+    FWD_FAIL(ctx, (a_.k.data = A, a_.o.data = A + NK - D), INV, "o overlaps k");
+    FWD_FAIL(ctx, (a_.v.data = A + 2 * NQ, a_.o.data = A + NQ + 1), INV, "o overlaps v"); /* by 1 float */
+    FWD_FAIL(ctx, a_.lse = k, INV, "lse overlaps k");
+    FWD_FAIL(ctx,
+             (a_.q.dtype = a_.k.dtype = a_.v.dtype = FATTN_DTYPE_E4M3,
+              a_.q.data = a_.k.data = a_.v.data = q8, a_.q.scale = a_.k.scale = qscale,
+              a_.v.scale = A, a_.q.scale_block = a_.k.scale_block = a_.v.scale_block = 1,
+              a_.o.data = A + 32),
+             INV, "o overlaps v.scale");
+    /* varlen: the cu_seqlens are inputs too (lse [heads_q, total_q] = 64
+     * floats fits in cubuf) */
+    int32_t cu_k[B + 1] = {0, 10, 16};
+    FWD_FAIL(ctx, (a_.p.cu_seqlens_q = cubuf, a_.p.cu_seqlens_k = cu_k, a_.lse = (float *)cubuf),
+             INV, "lse overlaps cu_seqlens_q");
+    BWD_FAIL(ctx, a_.dq.data = dout, INV, "dq overlaps dout");
+    BWD_FAIL(ctx, a_.dv.data = o, INV, "dv overlaps o");
+    BWD_FAIL(ctx, (a_.lse = A + 10, a_.dq.data = A), INV, "dq overlaps lse");
+    BWD_FAIL(ctx, (a_.k.data = A + NQ - D, a_.dq.data = A), INV, "dq overlaps k");
+    QUANT_FAIL(ctx, a_.out.data = q, INV, "out overlaps in");
+    QUANT_FAIL(ctx, a_.out.scale = q + 8, INV, "out.scale overlaps in");
+
+    /* an output on another output */
+    FWD_FAIL(ctx, (a_.o.data = A, a_.lse = A + NQ - 4), INV, "lse overlaps o");
+    BWD_FAIL(ctx, a_.dv.data = dk, INV, "dv overlaps dk");
+    BWD_FAIL(ctx, (a_.dq.data = A, a_.dk.data = A + NQ - 1), INV, "dk overlaps dq");
+    QUANT_FAIL(ctx, (a_.out.data = A, a_.out.scale = A + 16), INV, "out.scale overlaps out");
+
+    /* What stays allowed: inputs that overlap each other (k and v the same
+     * memory; q, k and v heads of one packed [batch, seq, HQ + 2 HK, D]
+     * buffer), padded and transposed outputs.  Each call's O equals the one
+     * of separate packed tensors. */
+    fattn_fwd_args a = good_fwd();
+    fattn_status st = fattn_fwd(ctx, &a);
+    EXPECT(st == FATTN_OK, "packed fwd: %s", fattn_last_error(ctx));
+    static float o_packed[NQ];
+    memcpy(o_packed, o, sizeof o);
+
+    enum { W = (HQ + 2 * HK) * D };
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < S; t++) {
+            float *row = A + ((size_t)b * S + t) * W;
+            memcpy(row, q + ((size_t)b * S + t) * HQ * D, sizeof(float) * HQ * D);
+            memcpy(row + HQ * D, k + ((size_t)b * S + t) * HK * D, sizeof(float) * HK * D);
+            memcpy(row + (HQ + HK) * D, v + ((size_t)b * S + t) * HK * D, sizeof(float) * HK * D);
+        }
+    a = good_fwd();
+    fattn_tensor packed = {A, FATTN_DTYPE_F32, (int64_t)S * W, W, D, NULL, 0};
+    a.q = a.k = a.v = packed;
+    a.k.data = A + HQ * D;
+    a.v.data = A + (HQ + HK) * D;
+    memset(o, SENTINEL, sizeof o);
+    st = fattn_fwd(ctx, &a);
+    EXPECT(st == FATTN_OK && max_diff(o, o_packed, NQ) <= 1e-6,
+           "q, k, v heads of one packed buffer: status %d (%s), O differs by %g", (int)st,
+           fattn_last_error(ctx), max_diff(o, o_packed, NQ));
+
+    a = good_fwd();
+    a.v.data = k; /* v = k */
+    st = fattn_fwd(ctx, &a);
+    EXPECT(st == FATTN_OK, "v the same memory as k: %s", fattn_last_error(ctx));
+
+    /* O padded (8 floats after each token) in the arena, past the packed
+     * inputs, and O transposed (BHSD) */
+    float *P = A + 2 * NQ;
+    memset(P, SENTINEL, sizeof(float) * 2 * NQ);
+    a = good_fwd();
+    a.o.data = P;
+    a.o.stride_head = D;
+    a.o.stride_seq = HQ * D + 8;
+    a.o.stride_batch = (int64_t)S * (HQ * D + 8);
+    st = fattn_fwd(ctx, &a);
+    double diff = 0.0;
+    int gaps = 1;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < S; t++) {
+            const float *row = P + (size_t)b * a.o.stride_batch + (size_t)t * a.o.stride_seq;
+            double d = max_diff(row, o_packed + ((size_t)b * S + t) * HQ * D, HQ * D);
+            if (!(d <= diff)) diff = d;
+            for (size_t i = 0; i < 8 * sizeof(float); i++)
+                gaps &= ((const uint8_t *)(row + HQ * D))[i] == SENTINEL;
+        }
+    EXPECT(st == FATTN_OK && diff <= 1e-6 && gaps, "padded O: status %d (%s), O differs by %g, gaps %s",
+           (int)st, fattn_last_error(ctx), diff, gaps ? "untouched" : "WRITTEN");
+    a = good_fwd();
+    a.o.stride_seq = D;
+    a.o.stride_head = (int64_t)S * D;
+    a.o.stride_batch = (int64_t)HQ * S * D;
+    st = fattn_fwd(ctx, &a);
+    EXPECT(st == FATTN_OK, "BHSD O: %s", fattn_last_error(ctx));
+}
+
 /* A CUDA context answers a varlen request before anything reads cu_seqlens:
  * they point at an unmapped address, so a host read would crash and a device
  * copy would fail with another message.  The context is faked (no GPU is
@@ -404,6 +586,19 @@ static void test_cuda_varlen_unread(void) {
               a_.q.dtype = a_.k.dtype = a_.v.dtype = a_.o.dtype = FATTN_DTYPE_BF16),
              want, fwd_word);
     BWD_FAIL(&fake, (a_.p.head_dim = 64, a_.p.cu_seqlens_q = a_.p.cu_seqlens_k = bad), want, bwd_word);
+    /* alignment is checked before the engine's limits, overlap after them,
+     * and neither reads memory: both hold on a CUDA context too (q is 16 KB,
+     * the size of bf16 [2, 16, 4, 64]) */
+    FWD_FAIL(&fake,
+             (a_.p.head_dim = 64, a_.q.dtype = a_.k.dtype = a_.v.dtype = a_.o.dtype = FATTN_DTYPE_BF16,
+              a_.q.data = OFF(q, 1)),
+             INV, "q.data is not 2-byte aligned");
+#ifdef FATTN_WITH_CUDA
+    FWD_FAIL(&fake,
+             (a_.p.head_dim = 64, a_.q.dtype = a_.k.dtype = a_.v.dtype = a_.o.dtype = FATTN_DTYPE_BF16,
+              a_.o.data = q),
+             INV, "o overlaps q");
+#endif
 }
 
 static void test_quantize(fattn_ctx *ctx) {
@@ -451,6 +646,10 @@ int main(void) {
     for (size_t i = 0; i < NK; i++) k[i] = (float)((i * 104729) % 97) / 97.0f - 0.5f;
     for (size_t i = 0; i < NK; i++) v[i] = (float)((i * 1299709) % 89) / 89.0f - 0.5f;
     for (size_t i = 0; i < NQ; i++) dout[i] = (float)((i * 15485863) % 83) / 83.0f - 0.5f;
+    memcpy(q_in, q, sizeof q);
+    memcpy(k_in, k, sizeof k);
+    memcpy(v_in, v, sizeof v);
+    memcpy(dout_in, dout, sizeof dout);
 
     test_status_and_version();
     test_contexts();
@@ -464,6 +663,8 @@ int main(void) {
     test_bwd(ctx);
     test_quantize(ctx);
     test_quantize_rotate96(ctx);
+    test_alignment(ctx);
+    test_overlap(ctx);
     fattn_ctx_free(ctx);
     test_cuda_varlen_unread();
 

@@ -42,15 +42,19 @@ static uint64_t splitmix64(uint64_t *x) {
 int tu_seed(void) {
     const char *env = getenv("FATTN_TEST_SEED");
     int seed;
-    if (env && *env) {
+    if (env && *env && strcmp(env, "random") != 0) {
         seed = (int)(strtoul(env, NULL, 0) & 0x7fffffffu);
         printf("seed %d (from FATTN_TEST_SEED)\n", seed);
-    } else {
+    } else if (env && *env) {
         struct timespec ts;
         timespec_get(&ts, TIME_UTC);
         uint64_t x = (uint64_t)ts.tv_sec * 1000000007ull + (uint64_t)ts.tv_nsec;
         seed = (int)(splitmix64(&x) & 0x7fffffffu);
-        printf("seed %d: rerun with FATTN_TEST_SEED=%d to reproduce\n", seed, seed);
+        printf("seed %d (FATTN_TEST_SEED=random): rerun with FATTN_TEST_SEED=%d to reproduce\n", seed,
+               seed);
+    } else {
+        seed = TU_DEFAULT_SEED;
+        printf("seed %d (the default; FATTN_TEST_SEED=N or =random draws other inputs)\n", seed);
     }
     fflush(stdout);
     return seed;
@@ -145,6 +149,19 @@ double tu_rel_err(const double *x, const double *ref, size_t n) {
         den += ref[i] * ref[i];
     }
     return den > 0.0 ? sqrt(num / den) : sqrt(num);
+}
+
+double tu_max_row_rel_err(const double *x, const double *ref, size_t count, size_t width,
+                          size_t *worst) {
+    double m = 0.0;
+    size_t at = 0;
+    for (size_t r = 0; width && r < count / width; r++) {
+        double e = tu_rel_err(x + r * width, ref + r * width, width);
+        if (isnan(e)) e = INFINITY;
+        if (e > m) m = e, at = r;
+    }
+    if (worst) *worst = at;
+    return m;
 }
 
 double tu_max_abs_err(const double *x, const double *ref, size_t n) {
