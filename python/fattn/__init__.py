@@ -1,139 +1,166 @@
 """fattn: Python bindings (ctypes) over the fattn C library.
 
     import torch, fattn
-    o = fattn.attention(q, k, v, causal=True)       # q [b, s, h, d] on a Hopper GPU
+    o = fattn.attention(q, k, v, causal=True)       # q [b, s, h, d]: CUDA (Hopper) or CPU tensors
 
-Tensors are torch tensors in [batch, seqlen, heads, head_dim] layout (any
-strides with head_dim contiguous).  The library is found through the
-FATTN_LIBRARY environment variable, else build/libfattn.so next to the source
-tree, else the system's libfattn.so.
+    o = fattn.flash_attn_func(q, k, v, causal=True)  # FlashAttention-3's signature
+
+Inputs are torch tensors (CUDA, or CPU through the CPU engine) or NumPy arrays
+(CPU engine) in [batch, seqlen, heads, head_dim] layout, GQA by fewer K/V
+heads.  On torch tensors the call is the custom op torch.ops.fattn.fwd:
+differentiable (CPU engine; the CUDA engine has no backward yet) and
+traceable by torch.compile.  Library errors raise FattnError (with the
+library's message) or a subclass: FattnInvalidArgumentError (a ValueError)
+and FattnUnsupportedError (a NotImplementedError).
+
+The library is FATTN_LIBRARY when set, else the libfattn.so installed in this
+package (pip install ./python), else build/libfattn.so of the source tree,
+else the system's libfattn.so.  docs/python.md has the details.
 """
-import ctypes
-import os
+import sys as _sys
 
-_here = os.path.dirname(os.path.abspath(__file__))
+from . import _capi
+from ._core import (Context, FattnError, FattnInvalidArgumentError, FattnOutOfMemoryError,  # noqa: F401
+                    FattnUnsupportedError, library_path)
+from . import _core
 
-F32, F16, BF16, E4M3 = 0, 1, 2, 3
-OPTION_DISABLE_OVERLAP, OPTION_DISABLE_PINGPONG, OPTION_DISABLE_PDL, OPTION_SOFTMAX_UNDER_PV = 0, 1, 2, 3
-OPTION_DISABLE_SPLIT = 4
-BACKEND_AUTO, BACKEND_CPU, BACKEND_CUDA = 0, 1, 2
+_lib = _core.lib
 
-
-class _Tensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("stride_batch", ctypes.c_int64),
-                ("stride_seq", ctypes.c_int64), ("stride_head", ctypes.c_int64),
-                ("scale", ctypes.c_void_p), ("scale_block", ctypes.c_int32)]
-
-
-class _Problem(ctypes.Structure):
-    _fields_ = [("batch", ctypes.c_int32), ("seqlen_q", ctypes.c_int32), ("seqlen_k", ctypes.c_int32),
-                ("heads_q", ctypes.c_int32), ("heads_kv", ctypes.c_int32), ("head_dim", ctypes.c_int32),
-                ("head_dim_v", ctypes.c_int32), ("softmax_scale", ctypes.c_float), ("causal", ctypes.c_int32),
-                ("cu_seqlens_q", ctypes.c_void_p), ("cu_seqlens_k", ctypes.c_void_p)]
-
-
-class _FwdArgs(ctypes.Structure):
-    _fields_ = [("p", _Problem), ("q", _Tensor), ("k", _Tensor), ("v", _Tensor), ("o", _Tensor),
-                ("lse", ctypes.c_void_p)]
-
-
-def _load():
-    cands = [os.environ.get("FATTN_LIBRARY"),
-             os.path.join(_here, "..", "..", "build", "libfattn.so"), "libfattn.so"]
-    err = None
-    for c in cands:
-        if not c:
-            continue
-        try:
-            return ctypes.CDLL(c)
-        except OSError as e:
-            err = e
-    raise OSError("cannot load libfattn.so (set FATTN_LIBRARY): %s" % err)
-
-
-_lib = _load()
-_lib.fattn_ctx_create.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_int]
-_lib.fattn_ctx_free.argtypes = [ctypes.c_void_p]
-_lib.fattn_ctx_set_stream.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-_lib.fattn_ctx_set_option.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-_lib.fattn_last_error.argtypes = [ctypes.c_void_p]
-_lib.fattn_last_error.restype = ctypes.c_char_p
-_lib.fattn_status_string.restype = ctypes.c_char_p
-_lib.fattn_fwd.argtypes = [ctypes.c_void_p, ctypes.POINTER(_FwdArgs)]
-_lib.fattn_version_string.restype = ctypes.c_char_p
+_E = _capi.ENUMS
+F32 = _E["fattn_dtype"]["FATTN_DTYPE_F32"]
+F16 = _E["fattn_dtype"]["FATTN_DTYPE_F16"]
+BF16 = _E["fattn_dtype"]["FATTN_DTYPE_BF16"]
+E4M3 = _E["fattn_dtype"]["FATTN_DTYPE_E4M3"]
+OPTION_DISABLE_OVERLAP = _E["fattn_option"]["FATTN_OPTION_DISABLE_OVERLAP"]
+OPTION_DISABLE_PINGPONG = _E["fattn_option"]["FATTN_OPTION_DISABLE_PINGPONG"]
+OPTION_DISABLE_PDL = _E["fattn_option"]["FATTN_OPTION_DISABLE_PDL"]
+OPTION_SOFTMAX_UNDER_PV = _E["fattn_option"]["FATTN_OPTION_SOFTMAX_UNDER_PV"]
+OPTION_DISABLE_SPLIT = _E["fattn_option"]["FATTN_OPTION_DISABLE_SPLIT"]
+BACKEND_AUTO = _E["fattn_backend"]["FATTN_BACKEND_AUTO"]
+BACKEND_CPU = _E["fattn_backend"]["FATTN_BACKEND_CPU"]
+BACKEND_CUDA = _E["fattn_backend"]["FATTN_BACKEND_CUDA"]
 
 __version__ = _lib.fattn_version_string().decode()
 
+try:  # written by the package's CMake build; absent in a source tree
+    from ._build_config import WITH_CUDA as built_with_cuda  # noqa: F401
+except ImportError:
+    built_with_cuda = None
 
-class FattnError(RuntimeError):
-    def __init__(self, status, msg):
-        super().__init__("%s: %s" % (_lib.fattn_status_string(status).decode(), msg))
-        self.status = status
-
-
-class Context:
-    """A fattn context on one CUDA device (or the CPU for backend=BACKEND_CPU)."""
-
-    def __init__(self, backend=BACKEND_CUDA, device=0):
-        self._h = ctypes.c_void_p()
-        st = _lib.fattn_ctx_create(ctypes.byref(self._h), backend, device)
-        if st != 0:
-            raise FattnError(st, _lib.fattn_last_error(None).decode())
-        self._stream = None
-
-    def __del__(self):
-        if getattr(self, "_h", None):
-            _lib.fattn_ctx_free(self._h)
-            self._h = None
-
-    def _check(self, st):
-        if st != 0:
-            raise FattnError(st, _lib.fattn_last_error(self._h).decode())
-
-    def set_option(self, option, value):
-        self._check(_lib.fattn_ctx_set_option(self._h, option, int(value)))
-
-    def set_stream(self, stream_ptr):
-        if stream_ptr != self._stream:
-            self._check(_lib.fattn_ctx_set_stream(self._h, ctypes.c_void_p(stream_ptr)))
-            self._stream = stream_ptr
-
-    def fwd_args(self, q, k, v, out, lse=None, causal=False, softmax_scale=0.0):
-        """Build the argument struct once (for timing loops); run with fwd_raw."""
-        import torch
-        dt = {torch.bfloat16: BF16, torch.float16: F16, torch.float32: F32}[q.dtype]
-
-        def ten(t):
-            assert t.dim() == 4 and t.stride(3) == 1, "tensors are [b, s, h, d] with d contiguous"
-            return _Tensor(t.data_ptr(), dt, t.stride(0), t.stride(1), t.stride(2), None, 0)
-
-        a = _FwdArgs()
-        a.p = _Problem(q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3],
-                       float(softmax_scale), int(bool(causal)), None, None)
-        a.q, a.k, a.v, a.o = ten(q), ten(k), ten(v), ten(out)
-        a.lse = lse.data_ptr() if lse is not None else None
-        return a
-
-    def fwd_raw(self, args):
-        self._check(_lib.fattn_fwd(self._h, ctypes.byref(args)))
+_torch_impl = None  # the torch integration, module ._torch, imported with torch
 
 
-_default_ctx = None
+def _torch_module():
+    global _torch_impl
+    if _torch_impl is None:
+        import importlib
+        _torch_impl = importlib.import_module(__name__ + "._torch")
+    return _torch_impl
 
 
-def attention(q, k, v, causal=False, softmax_scale=0.0, return_lse=False, out=None, ctx=None):
-    """softmax(q k^T * scale) v for torch tensors [b, s, h, d] on a Hopper GPU
-    (or on the CPU with a CPU context).  Returns o (and lse [b, h, s_q] fp32)."""
-    import torch
-    global _default_ctx
-    if ctx is None:
-        if _default_ctx is None:
-            _default_ctx = Context(BACKEND_CUDA if q.is_cuda else BACKEND_CPU, q.device.index or 0)
-        ctx = _default_ctx
-    if out is None:
-        out = torch.empty(q.shape[:3] + (v.shape[3],), dtype=q.dtype, device=q.device)
-    lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device) if return_lse else None
-    if q.is_cuda:
-        ctx.set_stream(torch.cuda.current_stream(q.device).cuda_stream)
-    ctx.fwd_raw(ctx.fwd_args(q, k, v, out, lse, causal, softmax_scale))
-    return (out, lse) if return_lse else out
+class _AfterTorchImport:
+    """A one-shot sys.meta_path entry: when torch is imported after fattn, the
+    custom ops are registered right after torch's own import, because a first
+    fattn call inside torch.compile cannot import a module (dynamo breaks the
+    graph there).  Only the name "torch" is looked at; its spec comes from the
+    other finders, unchanged but for a wrapped exec_module."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        if self in _sys.meta_path:
+            _sys.meta_path.remove(self)
+        import importlib.util
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        exec_torch = spec.loader.exec_module
+
+        def exec_module(module):
+            exec_torch(module)
+            try:
+                _torch_module()
+            except Exception:  # noqa: BLE001 - raised again, with its message, at the first torch call
+                pass
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+# With torch imported, register the custom ops now; otherwise as soon as torch
+# is imported.  Without torch nothing of it is imported (NumPy-only use).
+if "torch" in _sys.modules:
+    _torch_module()
+else:
+    _sys.meta_path.insert(0, _AfterTorchImport())
+
+
+def _is_torch(x):
+    if _torch_impl is not None:
+        return isinstance(x, _torch_impl.torch.Tensor)
+    t = _sys.modules.get("torch")  # a tensor exists only once torch is imported
+    return t is not None and isinstance(x, t.Tensor)
+
+
+def attention(q, k, v, causal=False, softmax_scale=None, fp8=False, return_lse=False, *, out=None, ctx=None):
+    """softmax(q k^T * softmax_scale [+ causal mask]) v.
+
+    q [b, sq, hq, d], k [b, sk, hkv, d], v [b, sk, hkv, dv] (hq % hkv == 0):
+    torch tensors (CUDA or CPU) or NumPy arrays (CPU), float32, float16 or
+    bfloat16, one dtype.  Any strides; a layout fattn cannot read as it is
+    (head dim not contiguous, expanded dimensions) is copied first.
+    causal: bottom-right aligned, as FlashAttention (rows that see no key give
+    0 and lse -inf).  softmax_scale: None = 1/sqrt(d).
+    fp8: quantise q, k, v to e4m3 first (block scales of 128 rows, Q and K
+    Hadamard-rotated when d is a power of two); forward only.
+    Returns out [b, sq, hq, dv] in q's dtype, and with return_lse=True also
+    lse [b, hq, sq] float32 (natural log; no gradient flows through it).
+    out= writes into a given array; ctx= runs on a given Context (e.g. one
+    with options set): both bypass autograd and torch.compile."""
+    if _is_torch(q):
+        return _torch_module().attention(q, k, v, causal, softmax_scale, fp8, return_lse, out, ctx)
+    if _core.is_numpy(q):
+        from . import _numpy
+        return _numpy.attention(q, k, v, causal, softmax_scale, fp8, return_lse, out, ctx)
+    raise TypeError("fattn.attention takes torch tensors or NumPy arrays, got a %s" % type(q).__name__)
+
+
+def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None,
+                    v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
+                    pack_gqa=None, deterministic=False, sm_margin=0, return_attn_probs=False):
+    """FlashAttention-3's flash_attn_func (flash_attn_interface), served by fattn:
+    `from fattn import flash_attn_func` switches an FA3 caller.  Tensors are
+    [b, s, h, d] torch tensors.  Arguments whose effect fattn cannot give raise
+    NotImplementedError, never ignored: qv, q/k/v_descale, window_size other
+    than (-1, -1) (or (-1, 0), which is causal), attention_chunk != 0,
+    softcap != 0, num_splits > 1, sm_margin != 0.  num_splits 0 or 1 and
+    pack_gqa are scheduling hints with no numerical effect: fattn schedules
+    itself.  deterministic is passed to the backward.  Returns out, or
+    (out, softmax_lse [b, h, sq] float32) with return_attn_probs=True."""
+    def no(what):
+        raise NotImplementedError("fattn.flash_attn_func: %s is not supported by fattn" % what)
+
+    if qv is not None:
+        no("qv")
+    if q_descale is not None or k_descale is not None or v_descale is not None:
+        no("q_descale/k_descale/v_descale (fp8 inputs; fattn.attention(fp8=True) quantises itself)")
+    ws = tuple(window_size) if window_size is not None else (-1, -1)
+    if len(ws) != 2:
+        raise ValueError("fattn.flash_attn_func: window_size must be a pair, got %r" % (window_size,))
+    if ws == (-1, 0) or (ws[0] < 0 and ws[1] == 0):
+        causal = True  # FlashAttention's causal mask is the window (-inf, 0], bottom-right aligned
+    elif not (ws[0] < 0 and ws[1] < 0):
+        no("window_size=%r (local attention)" % (window_size,))
+    if attention_chunk:
+        no("attention_chunk=%r" % (attention_chunk,))
+    if softcap:
+        no("softcap=%r" % (softcap,))
+    if num_splits is not None and num_splits > 1:
+        no("num_splits=%r (fattn picks its own split of the keys)" % (num_splits,))
+    if sm_margin:
+        no("sm_margin=%r" % (sm_margin,))
+    if not _is_torch(q):
+        raise TypeError("fattn.flash_attn_func takes torch tensors, got a %s (fattn.attention also takes "
+                        "NumPy arrays)" % type(q).__name__)
+    t = _torch_module()
+    o_lse = t.attention(q, k, v, causal, softmax_scale, False, True, None, None, deterministic=deterministic)
+    return o_lse if return_attn_probs else o_lse[0]

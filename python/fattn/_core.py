@@ -1,0 +1,449 @@
+"""_core.py - the library, its errors, contexts, and the calls on described arrays.
+
+Everything here works on plain descriptions of arrays (pointer, fattn dtype,
+shape, strides in elements), so the NumPy path and the torch path share one
+way of calling fattn_fwd, fattn_bwd and fattn_quantize.  Neither NumPy nor
+torch is imported here.
+"""
+import collections
+import ctypes
+import math
+import os
+import sys
+import threading
+import weakref
+
+from . import _capi
+
+_here = os.path.dirname(os.path.abspath(__file__))
+
+_E = _capi.ENUMS
+OK = _E["fattn_status"]["FATTN_OK"]
+ERROR_INVALID_ARGUMENT = _E["fattn_status"]["FATTN_ERROR_INVALID_ARGUMENT"]
+ERROR_UNSUPPORTED = _E["fattn_status"]["FATTN_ERROR_UNSUPPORTED"]
+ERROR_NO_DEVICE = _E["fattn_status"]["FATTN_ERROR_NO_DEVICE"]
+ERROR_OUT_OF_MEMORY = _E["fattn_status"]["FATTN_ERROR_OUT_OF_MEMORY"]
+F32 = _E["fattn_dtype"]["FATTN_DTYPE_F32"]
+F16 = _E["fattn_dtype"]["FATTN_DTYPE_F16"]
+BF16 = _E["fattn_dtype"]["FATTN_DTYPE_BF16"]
+E4M3 = _E["fattn_dtype"]["FATTN_DTYPE_E4M3"]
+BACKEND_AUTO = _E["fattn_backend"]["FATTN_BACKEND_AUTO"]
+BACKEND_CPU = _E["fattn_backend"]["FATTN_BACKEND_CPU"]
+BACKEND_CUDA = _E["fattn_backend"]["FATTN_BACKEND_CUDA"]
+QUANT_BLOCK = _E["fattn_quant_granularity"]["FATTN_QUANT_BLOCK"]
+
+# fp8=True: one e4m3 scale per 128 rows of each (batch, head), FA3's query
+# tile, and the Hadamard rotation of Q and K when head_dim is a power of two
+# (FA3's recipe; tools/accuracy.c measures it).  The seed only picks the
+# rotation's signs: Q M (K M)^T = Q K^T for any of them.
+FP8_BLOCK_ROWS = 128
+FP8_SEED = 0
+
+
+# ---------------------------------------------------------------------------
+# The library
+# ---------------------------------------------------------------------------
+
+def library_candidates():
+    """Where libfattn.so is looked for, in order: FATTN_LIBRARY alone when set
+    (an override that fails is an error, never a fallback), else the library
+    installed inside this package, else build/libfattn.so of the source tree
+    this file is in, else the dynamic loader's search path."""
+    env = os.environ.get("FATTN_LIBRARY")
+    if env:
+        return [env]
+    cands = [os.path.join(_here, "libfattn.so")]
+    root = os.path.dirname(os.path.dirname(_here))
+    if os.path.isfile(os.path.join(root, "include", "fattn.h")):
+        cands.append(os.path.join(root, "build", "libfattn.so"))
+    cands.append("libfattn.so")
+    return cands
+
+
+def _load():
+    tried = []
+    for c in library_candidates():
+        if os.sep in c and not os.path.exists(c):
+            tried.append("%s (no such file)" % c)
+            continue
+        try:
+            return _capi.bind(ctypes.CDLL(c)), c
+        except OSError as e:
+            tried.append("%s (%s)" % (c, e))
+        except AttributeError as e:  # an old library without a symbol the bindings declare
+            tried.append("%s (%s)" % (c, e))
+    raise OSError("fattn: cannot load libfattn.so; tried: %s. Install the package (pip install ./python), "
+                  "build the library (make), or set FATTN_LIBRARY to its path" % "; ".join(tried))
+
+
+lib, library_path = _load()
+
+
+# ---------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------
+
+class FattnError(RuntimeError):
+    """A call into libfattn failed: `status` is the fattn_status, `detail` the
+    library's fattn_last_error message.  The subclasses below also derive from
+    the built-in exception that fits the status."""
+
+    def __init__(self, status, msg):
+        super().__init__("%s: %s" % (lib.fattn_status_string(status).decode(), msg))
+        self.status = status
+        self.detail = msg
+
+
+class FattnInvalidArgumentError(FattnError, ValueError):
+    """FATTN_ERROR_INVALID_ARGUMENT."""
+
+
+class FattnUnsupportedError(FattnError, NotImplementedError):
+    """FATTN_ERROR_UNSUPPORTED or FATTN_ERROR_NO_DEVICE: a valid request this
+    build, engine or device cannot serve."""
+
+
+class FattnOutOfMemoryError(FattnError, MemoryError):
+    """FATTN_ERROR_OUT_OF_MEMORY."""
+
+
+def error(status, msg, where=None):
+    cls = {ERROR_INVALID_ARGUMENT: FattnInvalidArgumentError, ERROR_UNSUPPORTED: FattnUnsupportedError,
+           ERROR_NO_DEVICE: FattnUnsupportedError, ERROR_OUT_OF_MEMORY: FattnOutOfMemoryError}.get(status, FattnError)
+    return cls(status, "%s: %s" % (where, msg) if where else msg)
+
+
+# ---------------------------------------------------------------------------
+# Contexts
+# ---------------------------------------------------------------------------
+
+class Context:
+    """A fattn context: a CUDA device (backend=BACKEND_CUDA) or the CPU
+    (BACKEND_CPU).  Calls on one context are serialised by a lock (the C
+    contract: a context is not for use from two threads at once).  The C
+    context is freed by close(), when the object is collected, or at exit."""
+
+    def __init__(self, backend=BACKEND_CUDA, device=0):
+        h = ctypes.c_void_p()
+        st = lib.fattn_ctx_create(ctypes.byref(h), backend, device)
+        if st != OK:
+            raise error(st, lib.fattn_last_error(None).decode(), "fattn_ctx_create")
+        self._h = h
+        self._stream = None
+        self._lock = threading.RLock()
+        self.backend = lib.fattn_ctx_backend(h)
+        self.device = device
+        # A finalizer rather than __del__: it runs at exit while the module's
+        # globals still exist (a __del__ at shutdown printed an ignored exception).
+        self._finalizer = weakref.finalize(self, lib.fattn_ctx_free, h)
+
+    def close(self):
+        self._finalizer()
+        self._h = None
+
+    def _forget(self):
+        """After fork: the child must not free (or use) the parent's threads."""
+        self._finalizer.detach()
+        self._h = None
+
+    def _check(self, st, where=None):
+        if st != OK:
+            raise error(st, lib.fattn_last_error(self._h).decode(), where)
+
+    def _handle(self):
+        if not self._h:
+            raise ValueError("fattn: this Context is closed")
+        return self._h
+
+    def set_option(self, option, value):
+        with self._lock:
+            self._check(lib.fattn_ctx_set_option(self._handle(), option, int(value)), "fattn_ctx_set_option")
+
+    def set_threads(self, threads):
+        with self._lock:
+            self._check(lib.fattn_ctx_set_threads(self._handle(), int(threads)), "fattn_ctx_set_threads")
+
+    def set_stream(self, stream_ptr):
+        with self._lock:
+            if stream_ptr != self._stream:
+                self._check(lib.fattn_ctx_set_stream(self._handle(), ctypes.c_void_p(stream_ptr)),
+                            "fattn_ctx_set_stream")
+                self._stream = stream_ptr
+
+    def fwd_args(self, q, k, v, out, lse=None, causal=False, softmax_scale=0.0):
+        """The argument struct of one forward call (torch tensors or NumPy
+        arrays [b, s, h, d], head dim contiguous, each with its own dtype;
+        softmax_scale 0 = 1/sqrt(head_dim)), built once for timing loops and
+        run with fwd_raw.  The struct holds pointers: keep the arrays alive."""
+        qd, kd, vd, od = (describe(t, n) for t, n in ((q, "q"), (k, "k"), (v, "v"), (out, "out")))
+        for d in (qd, kd, vd, od):
+            if d.c_strides is None:
+                raise ValueError("fattn: %s's layout %s with strides %s is not [b, s, h, d] with d contiguous"
+                                 % (d.name, d.shape, d.strides))
+        dims = check_shapes(qd.shape, kd.shape, vd.shape)
+        if tuple(od.shape) != dims.o_shape:
+            raise ValueError("fattn: out has shape %s, expected %s" % (tuple(od.shape), dims.o_shape))
+        if lse is not None:
+            ld = describe(lse, "lse", allow=(F32,))
+            if tuple(ld.shape) != dims.lse_shape or not ld.contiguous:
+                raise ValueError("fattn: lse must be a contiguous float32 %s" % (dims.lse_shape,))
+        a = fwd_struct(dims, qd, kd, vd, od, lse_ptr(lse) if lse is not None else None, causal, softmax_scale)
+        a._keep = (q, k, v, out, lse)
+        return a
+
+    def fwd_raw(self, args):
+        with self._lock:
+            self._check(lib.fattn_fwd(self._handle(), ctypes.byref(args)), "fattn_fwd")
+
+    def bwd_raw(self, args):
+        with self._lock:
+            self._check(lib.fattn_bwd(self._handle(), ctypes.byref(args)), "fattn_bwd")
+
+    def quantize_raw(self, args):
+        with self._lock:
+            self._check(lib.fattn_quantize(self._handle(), ctypes.byref(args)), "fattn_quantize")
+
+
+_contexts = {}
+_contexts_lock = threading.Lock()
+
+
+def context(backend, device=0):
+    """The shared context of (backend, device), made on first use: one per CUDA
+    device and one for the CPU, so a call never runs on another device's
+    context."""
+    key = (backend, 0 if backend == BACKEND_CPU else int(device))
+    c = _contexts.get(key)
+    if c is None:
+        with _contexts_lock:
+            c = _contexts.get(key)
+            if c is None:
+                c = _contexts[key] = Context(backend, key[1])
+    return c
+
+
+def _after_fork_in_child():
+    for c in _contexts.values():
+        c._forget()
+    _contexts.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# ---------------------------------------------------------------------------
+# Array descriptions
+# ---------------------------------------------------------------------------
+
+Desc = collections.namedtuple("Desc", "name ptr dtype shape strides c_strides contiguous")
+
+_TORCH_DTYPES = {"torch.float32": F32, "torch.float16": F16, "torch.bfloat16": BF16, "torch.float8_e4m3fn": E4M3}
+_NUMPY_DTYPES = {"float32": F32, "float16": F16, "bfloat16": BF16}  # bfloat16: ml_dtypes' NumPy dtype
+DTYPE_NAMES = {F32: "float32", F16: "float16", BF16: "bfloat16", E4M3: "float8_e4m3fn"}
+
+
+def is_numpy(x):
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(x, np.ndarray)
+
+
+def fattn_dtype(x):
+    """fattn_dtype of a torch tensor or NumPy array, None when fattn has none."""
+    if is_numpy(x):
+        return _NUMPY_DTYPES.get(x.dtype.name)
+    return _TORCH_DTYPES.get(str(x.dtype))
+
+
+def c_strides(shape, strides):
+    """(stride_batch, stride_seq, stride_head) for fattn_tensor, in elements,
+    or None when fattn cannot read the layout as it is (head dim not
+    contiguous, a negative or zero stride along a dimension longer than one,
+    heads/tokens/batches closer than a row).  The stride of a dimension of
+    size 1 is never used: it gets a packed value, so that the three strides
+    are never all 0 (which the C API reads as 'packed')."""
+    if len(shape) != 4:
+        return None
+    b, s, h, d = shape
+    if d > 1 and strides[3] != 1:
+        return None
+    packed = (s * h * d, h * d, d)
+    out = []
+    for size, st, pk in zip((b, s, h), strides[:3], packed):
+        if size <= 1:
+            out.append(max(pk, 1))
+        elif st < max(d, 1):
+            return None
+        else:
+            out.append(st)
+    return tuple(out)
+
+
+def non_overlapping(shape, strides):
+    """No two elements share an address (what an output needs)."""
+    dims = sorted((st, size) for size, st in zip(shape, strides) if size > 1)
+    extent = 1
+    for st, size in dims:
+        if st < extent:
+            return False
+        extent = st * (size - 1) + extent
+    return True
+
+
+def _contiguous(shape, strides):
+    expect = 1
+    for size, st in zip(reversed(shape), reversed(strides)):
+        if size != 1 and st != expect:
+            return False
+        expect *= size
+    return True
+
+
+def describe(x, name, allow=(F32, F16, BF16, E4M3)):
+    """Desc of a torch tensor or NumPy array; TypeError for another type or a
+    dtype fattn has no code for."""
+    dt = fattn_dtype(x) if (is_numpy(x) or hasattr(x, "data_ptr")) else None
+    if dt is None or dt not in allow:
+        if not (is_numpy(x) or hasattr(x, "data_ptr")):
+            raise TypeError("fattn: %s is a %s; fattn takes torch tensors or NumPy arrays" % (name, type(x).__name__))
+        raise TypeError("fattn: %s has dtype %s; fattn takes %s" % (
+            name, x.dtype, ", ".join(DTYPE_NAMES[a] for a in allow)))
+    if is_numpy(x):
+        item = x.dtype.itemsize
+        if any(st % item for st in x.strides):
+            strides = None
+        else:
+            strides = tuple(st // item for st in x.strides)
+        ptr = x.ctypes.data
+        shape = tuple(x.shape)
+    else:
+        strides = tuple(x.stride())
+        ptr = x.data_ptr()
+        shape = tuple(x.shape)
+    cs = c_strides(shape, strides) if strides is not None else None
+    return Desc(name, ptr, dt, shape, strides, cs, strides is not None and _contiguous(shape, strides))
+
+
+def tensor_struct(d, scale_ptr=None, scale_block=0):
+    return _capi.Tensor(d.ptr, d.dtype, d.c_strides[0], d.c_strides[1], d.c_strides[2], scale_ptr, scale_block)
+
+
+def lse_ptr(lse):
+    return lse.ctypes.data if is_numpy(lse) else lse.data_ptr()
+
+
+# ---------------------------------------------------------------------------
+# Shapes, scale
+# ---------------------------------------------------------------------------
+
+class Dims(collections.namedtuple("Dims", "b sq sk hq hkv d dv")):
+    @property
+    def o_shape(self):
+        return (self.b, self.sq, self.hq, self.dv)
+
+    @property
+    def lse_shape(self):
+        return (self.b, self.hq, self.sq)
+
+    @property
+    def empty(self):
+        """No output element, or no key: fattn_fwd is not called."""
+        return self.b == 0 or self.sq == 0 or self.hq == 0 or self.sk == 0
+
+
+def check_shapes(qs, ks, vs):
+    """Dims of q [b, sq, hq, d], k [b, sk, hkv, d], v [b, sk, hkv, dv];
+    ValueError naming the mismatch otherwise."""
+    for n, s in (("q", qs), ("k", ks), ("v", vs)):
+        if len(s) != 4:
+            raise ValueError("fattn: %s must be 4-D [batch, seqlen, heads, head_dim], got shape %s" % (n, tuple(s)))
+    b, sq, hq, d = qs
+    if ks[0] != b or vs[0] != b:
+        raise ValueError("fattn: batch sizes differ: q %s, k %s, v %s" % (tuple(qs), tuple(ks), tuple(vs)))
+    if ks[1] != vs[1] or ks[2] != vs[2]:
+        raise ValueError("fattn: k %s and v %s differ in seqlen or heads" % (tuple(ks), tuple(vs)))
+    if ks[3] != d:
+        raise ValueError("fattn: q's head dim %d differs from k's %d" % (d, ks[3]))
+    if d < 1 or vs[3] < 1:
+        raise ValueError("fattn: head dims must be >= 1 (q/k %d, v %d)" % (d, vs[3]))
+    hkv = ks[2]
+    if hkv < 1 and hq > 0 or hkv > 0 and hq % hkv != 0:
+        raise ValueError("fattn: q's %d heads are not a multiple of k/v's %d (GQA needs heads_q %% heads_kv == 0)"
+                         % (hq, hkv))
+    return Dims(b, sq, ks[1], hq, hkv, d, vs[3])
+
+
+def resolve_scale(softmax_scale, head_dim):
+    """None -> 1/sqrt(head_dim), as FlashAttention; else a finite value > 0."""
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    s = float(softmax_scale)
+    if not (s > 0.0 and math.isfinite(s)):
+        raise ValueError("fattn: softmax_scale must be finite and > 0 (None = 1/sqrt(head_dim)), got %r"
+                         % (softmax_scale,))
+    return s
+
+
+# ---------------------------------------------------------------------------
+# Calls
+# ---------------------------------------------------------------------------
+
+def problem(dims, causal, softmax_scale):
+    return _capi.Problem(dims.b, dims.sq, dims.sk, dims.hq, dims.hkv, dims.d, dims.dv,
+                         float(softmax_scale), int(bool(causal)), None, None)
+
+
+def fwd_struct(dims, qd, kd, vd, od, lse, causal, softmax_scale, scales=None):
+    a = _capi.FwdArgs()
+    a.p = problem(dims, causal, softmax_scale)
+    sq, sk, sv = scales or (None, None, None)
+    blk = FP8_BLOCK_ROWS if scales else 0
+    a.q, a.k, a.v = tensor_struct(qd, sq, blk), tensor_struct(kd, sk, blk), tensor_struct(vd, sv, blk)
+    a.o = tensor_struct(od)
+    a.lse = lse
+    return a
+
+
+def run_fwd(ctx, dims, qd, kd, vd, od, lse, causal, softmax_scale):
+    ctx.fwd_raw(fwd_struct(dims, qd, kd, vd, od, lse, causal, softmax_scale))
+
+
+def run_bwd(ctx, dims, qd, kd, vd, od, dod, dqd, dkd, dvd, lse, causal, softmax_scale, deterministic):
+    a = _capi.BwdArgs()
+    a.p = problem(dims, causal, softmax_scale)
+    a.q, a.k, a.v, a.o, a.dout = (tensor_struct(x) for x in (qd, kd, vd, od, dod))
+    a.dq, a.dk, a.dv = (tensor_struct(x) for x in (dqd, dkd, dvd))
+    a.lse = lse
+    a.deterministic = int(bool(deterministic))
+    ctx.bwd_raw(a)
+
+
+def fp8_rotates(head_dim):
+    return head_dim >= 2 and head_dim & (head_dim - 1) == 0
+
+
+def run_fwd_fp8(ctx, dims, qd, kd, vd, od, lse, causal, softmax_scale, alloc):
+    """Quantise q, k, v to e4m3 (fattn_quantize: block scales, Q and K rotated
+    when head_dim is a power of two), then the e4m3 forward into od.
+    alloc(n, kind) returns (buffer, address) of n uint8 ('u8') or float32
+    ('f32') elements on the context's device; the buffers live until return."""
+    keep = []
+    coded, scales = [], []
+    rotate = fp8_rotates(dims.d)
+    for x, (s, h, dim), rot in ((qd, (dims.sq, dims.hq, dims.d), rotate), (kd, (dims.sk, dims.hkv, dims.d), rotate),
+                                (vd, (dims.sk, dims.hkv, dims.dv), False)):
+        nblk = (s + FP8_BLOCK_ROWS - 1) // FP8_BLOCK_ROWS
+        cbuf, cptr = alloc(dims.b * s * h * dim, "u8")
+        sbuf, sptr = alloc(dims.b * h * nblk, "f32")
+        keep += [cbuf, sbuf]
+        qa = _capi.QuantizeArgs()
+        setattr(qa, "in", tensor_struct(x))
+        qa.out = _capi.Tensor(cptr, E4M3, 0, 0, 0, sptr, FP8_BLOCK_ROWS)
+        qa.batch, qa.seqlen, qa.heads, qa.head_dim = dims.b, s, h, dim
+        qa.granularity, qa.block_rows, qa.rotate, qa.seed = QUANT_BLOCK, FP8_BLOCK_ROWS, int(rot), FP8_SEED
+        ctx.quantize_raw(qa)
+        coded.append(Desc(x.name, cptr, E4M3, (dims.b, s, h, dim), None, (s * h * dim, h * dim, dim), True))
+        scales.append(sptr)
+    a = fwd_struct(dims, coded[0], coded[1], coded[2], od, lse, causal, softmax_scale, scales)
+    ctx.fwd_raw(a)
+    del keep

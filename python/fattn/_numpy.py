@@ -1,0 +1,58 @@
+"""_numpy.py - fattn.attention on NumPy arrays (CPU engine, forward only)."""
+import numpy as np
+
+from . import _core
+
+
+def _readable(x, name):
+    d = _core.describe(x, name)
+    if d.c_strides is None:  # a layout fattn cannot read as it is: read a packed copy
+        x = np.ascontiguousarray(x)
+        d = _core.describe(x, name)
+    return x, d
+
+
+def attention(q, k, v, causal, softmax_scale, fp8, return_lse, out, ctx):
+    for n, x in (("k", k), ("v", v)):
+        if not isinstance(x, np.ndarray):
+            raise TypeError("fattn: q is a NumPy array but %s is a %s" % (n, type(x).__name__))
+    dims = _core.check_shapes(q.shape, k.shape, v.shape)
+    allow = (_core.F32, _core.F16, _core.BF16)
+    qd, kd, vd = (_core.describe(x, n, allow) for x, n in ((q, "q"), (k, "k"), (v, "v")))
+    if not (qd.dtype == kd.dtype == vd.dtype):
+        raise TypeError("fattn: q, k and v must have one dtype, got %s, %s and %s" % (q.dtype, k.dtype, v.dtype))
+    scale = _core.resolve_scale(softmax_scale, dims.d)
+    if ctx is None:
+        ctx = _core.context(_core.BACKEND_CPU)
+    elif ctx.backend != _core.BACKEND_CPU:
+        raise ValueError("fattn: NumPy arrays are host memory and need a CPU context")
+
+    if out is None:
+        out = np.empty(dims.o_shape, dtype=q.dtype)
+    else:
+        od = _core.describe(out, "out", allow)
+        if not isinstance(out, np.ndarray) or out.dtype != q.dtype or tuple(out.shape) != dims.o_shape:
+            raise ValueError("fattn: out must be a %s array of shape %s, got %s %s"
+                             % (q.dtype, dims.o_shape, out.dtype, tuple(out.shape)))
+        if od.c_strides is None or not _core.non_overlapping(od.shape, od.strides) or not out.flags.writeable:
+            raise ValueError("fattn: out must be writeable, non-overlapping, with its head dim contiguous")
+    lse = np.empty(dims.lse_shape, dtype=np.float32) if return_lse else None
+
+    if dims.empty:
+        out[...] = 0
+        if lse is not None:
+            lse[...] = -np.inf
+    else:
+        q, qd = _readable(q, "q")
+        k, kd = _readable(k, "k")
+        v, vd = _readable(v, "v")
+        od = _core.describe(out, "out")
+        lp = lse.ctypes.data if lse is not None else None
+        if fp8:
+            def alloc(n, kind):
+                a = np.empty(n, dtype=np.uint8 if kind == "u8" else np.float32)
+                return a, a.ctypes.data
+            _core.run_fwd_fp8(ctx, dims, qd, kd, vd, od, lp, causal, scale, alloc)
+        else:
+            _core.run_fwd(ctx, dims, qd, kd, vd, od, lp, causal, scale)
+    return (out, lse) if return_lse else out

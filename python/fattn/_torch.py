@@ -1,0 +1,189 @@
+"""_torch.py - fattn on torch tensors: the custom ops <ns>::fwd and <ns>::bwd
+(torch.library, with fake implementations for torch.compile) and autograd
+through fattn_bwd.
+
+<ns> is the package's name: "fattn", or "fattn_b" when bench/compare.py loads
+a second copy of these bindings beside the first (an op name is registered
+once per process).
+"""
+import math
+from typing import Tuple
+
+import torch
+
+from . import _core
+
+_NS = __name__.split(".")[0]
+
+if not hasattr(torch.library, "custom_op"):
+    raise ImportError("fattn's torch integration needs torch >= 2.4 (torch.library.custom_op); found %s"
+                      % torch.__version__)
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _context(device):
+    if device.type == "cpu":
+        return _core.context(_core.BACKEND_CPU)
+    if device.type == "cuda":
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        ctx = _core.context(_core.BACKEND_CUDA, idx)
+        ctx.set_stream(torch.cuda.current_stream(idx).cuda_stream)
+        return ctx
+    raise NotImplementedError("fattn: tensors on %s: fattn computes on CUDA devices and the CPU" % device)
+
+
+def _readable(t, name):
+    """(tensor, Desc): t itself when fattn can read its layout, else a packed copy
+    (a head dim that is not contiguous, an expanded (stride 0) dimension, ...)."""
+    d = _core.describe(t, name)
+    if d.c_strides is None:
+        t = t.contiguous()
+        d = _core.describe(t, name)
+    return t, d
+
+
+def _fwd_impl(q, k, v, causal, softmax_scale, fp8, ctx=None, out=None):
+    dims = _core.check_shapes(q.shape, k.shape, v.shape)
+    if out is None:
+        out = torch.empty(dims.o_shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(dims.lse_shape, dtype=torch.float32, device=q.device)
+    if dims.empty:
+        out.zero_()
+        lse.fill_(-math.inf)
+        return out, lse
+    if ctx is None:
+        ctx = _context(q.device)
+    q, qd = _readable(q, "q")
+    k, kd = _readable(k, "k")
+    v, vd = _readable(v, "v")
+    od = _core.describe(out, "out")
+    if fp8:
+        def alloc(n, kind):
+            t = torch.empty(n, dtype=torch.uint8 if kind == "u8" else torch.float32, device=q.device)
+            return t, t.data_ptr()
+        _core.run_fwd_fp8(ctx, dims, qd, kd, vd, od, lse.data_ptr(), causal, softmax_scale, alloc)
+    else:
+        _core.run_fwd(ctx, dims, qd, kd, vd, od, lse.data_ptr(), causal, softmax_scale)
+    return out, lse
+
+
+@torch.library.custom_op(_NS + "::fwd", mutates_args=())
+def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float, fp8: bool,
+        deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(out [b, sq, hq, dv] in q's dtype, lse [b, hq, sq] float32).  `deterministic`
+    is kept for the backward (FlashAttention's flag; the CPU engine always is)."""
+    return _fwd_impl(q, k, v, causal, softmax_scale, fp8)
+
+
+@fwd.register_fake
+def _fwd_fake(q, k, v, causal, softmax_scale, fp8, deterministic):
+    b, sq, hq, _ = q.shape
+    return (q.new_empty((b, sq, hq, v.shape[3])), q.new_empty((b, hq, sq), dtype=torch.float32))
+
+
+@torch.library.custom_op(_NS + "::bwd", mutates_args=())
+def bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+        lse: torch.Tensor, causal: bool, softmax_scale: float,
+        deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) shaped and typed like q, k, v, through fattn_bwd."""
+    dims = _core.check_shapes(q.shape, k.shape, v.shape)
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    if dims.empty:
+        for g in (dq, dk, dv):
+            g.zero_()
+        return dq, dk, dv
+    ctx = _context(q.device)
+    ts = [_readable(t, n) for t, n in ((q, "q"), (k, "k"), (v, "v"), (out, "out"), (dout, "dout"))]
+    lse = lse.contiguous()
+    gd = [_core.describe(g, n) for g, n in ((dq, "dq"), (dk, "dk"), (dv, "dv"))]
+    try:
+        _core.run_bwd(ctx, dims, *[d for _, d in ts], *gd, lse.data_ptr(), causal, softmax_scale, deterministic)
+    except _core.FattnUnsupportedError as e:
+        if q.is_cuda:
+            raise type(e)(e.status, "fattn backward on CUDA tensors (the CUDA engine has no backward yet; "
+                          "CPU tensors are differentiable): %s" % e.detail) from None
+        raise
+    return dq, dk, dv
+
+
+@bwd.register_fake
+def _bwd_fake(dout, q, k, v, out, lse, causal, softmax_scale, deterministic):
+    return tuple(t.new_empty(t.shape) for t in (q, k, v))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, softmax_scale, fp8, deterministic = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.causal, ctx.softmax_scale, ctx.fp8, ctx.deterministic = causal, softmax_scale, fp8, deterministic
+    # The LSE is returned without a gradient (as FlashAttention's): fattn_bwd
+    # takes no dlse.
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, dout, dlse):
+    if ctx.fp8:
+        raise NotImplementedError("fattn: fp8=True has no backward (fattn_bwd takes f32, f16 and bf16)")
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = bwd(dout, q, k, v, o, lse, ctx.causal, ctx.softmax_scale, ctx.deterministic)
+    return dq, dk, dv, None, None, None, None
+
+
+fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _check_inputs(q, k, v):
+    for n, t in (("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError("fattn: q is a torch tensor but %s is a %s" % (n, type(t).__name__))
+    for n, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype not in _DTYPES:
+            raise TypeError("fattn: %s has dtype %s; fattn takes float32, float16 and bfloat16 tensors "
+                            "(fp8=True quantises them to e4m3 itself)" % (n, t.dtype))
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError("fattn: q, k and v must have one dtype, got %s, %s and %s" % (q.dtype, k.dtype, v.dtype))
+    if not (q.device == k.device == v.device):
+        raise ValueError("fattn: q, k and v must be on one device, got %s, %s and %s"
+                         % (q.device, k.device, v.device))
+    if q.device.type not in ("cpu", "cuda"):
+        raise NotImplementedError("fattn: tensors on %s: fattn computes on CUDA devices and the CPU" % q.device)
+
+
+def attention(q, k, v, causal, softmax_scale, fp8, return_lse, out, ctx, deterministic=False):
+    _check_inputs(q, k, v)
+    dims = _core.check_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape))
+    scale = _core.resolve_scale(softmax_scale, dims.d)
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if fp8 and grad:
+        raise NotImplementedError("fattn: fp8=True has no backward; call it under torch.no_grad() or on "
+                                  "tensors that do not require grad")
+    if out is None and ctx is None:
+        o, lse = fwd(q, k, v, bool(causal), scale, bool(fp8), bool(deterministic))
+        return (o, lse) if return_lse else o
+
+    # out= or ctx=: a direct call, outside autograd and torch.compile
+    if grad:
+        raise RuntimeError("fattn.attention(out=..., ctx=...) does not support autograd (the inputs require "
+                           "grad); leave out and ctx unset")
+    if out is not None:
+        if not isinstance(out, torch.Tensor) or out.dtype != q.dtype or out.device != q.device \
+                or tuple(out.shape) != dims.o_shape:
+            raise ValueError("fattn: out must be a %s tensor of shape %s on %s, got %s"
+                             % (q.dtype, dims.o_shape, q.device,
+                                "%s %s on %s" % (out.dtype, tuple(out.shape), out.device)
+                                if isinstance(out, torch.Tensor) else type(out).__name__))
+        od = _core.describe(out, "out")
+        if od.c_strides is None or not _core.non_overlapping(od.shape, od.strides):
+            raise ValueError("fattn: out must be non-overlapping with its head dim contiguous, got strides %s"
+                             % (tuple(out.stride()),))
+    if ctx is not None:
+        want = _core.BACKEND_CUDA if q.is_cuda else _core.BACKEND_CPU
+        if ctx.backend != want or (q.is_cuda and q.device.index not in (None, ctx.device)):
+            raise ValueError("fattn: ctx computes on %s but the tensors are on %s"
+                             % ("cuda:%d" % ctx.device if ctx.backend == _core.BACKEND_CUDA else "the CPU", q.device))
+        if q.is_cuda:
+            ctx.set_stream(torch.cuda.current_stream(q.device).cuda_stream)
+    with torch.no_grad():
+        o, lse = _fwd_impl(q, k, v, bool(causal), scale, bool(fp8), ctx=ctx, out=out)
+    return (o, lse) if return_lse else o

@@ -1,0 +1,206 @@
+"""fattn.attention on NumPy arrays (CPU engine) against a float64 NumPy reference,
+and every kind of bad argument.  Needs NumPy and the library, not torch."""
+import os
+import unittest
+
+import _path  # noqa: F401
+import numpy as np
+
+import fattn
+
+
+def reference(q, k, v, causal=False, scale=None):
+    """float64 softmax attention, FlashAttention's bottom-right causal mask; (o, lse)."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    scale = 1.0 / np.sqrt(d) if scale is None else scale
+    k = np.repeat(k, hq // hkv, axis=2)
+    v = np.repeat(v, hq // hkv, axis=2)
+    s = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    if causal:
+        i, j = np.arange(sq)[:, None], np.arange(sk)[None, :]
+        s = np.where(j > i + sk - sq, -np.inf, s)
+    m = s.max(-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    e = np.exp(s - m)
+    den = e.sum(-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = np.where(den > 0, e / den, 0.0)
+        lse = np.where(den[..., 0] > 0, np.log(den[..., 0]) + m[..., 0], -np.inf)
+    return np.einsum("bhqk,bkhd->bqhd", p, v), lse
+
+
+def rel(a, b):
+    return float(np.linalg.norm(np.asarray(a, np.float64) - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def inputs(b=2, sq=37, sk=45, hq=4, hkv=2, d=16, dv=None, dtype=np.float32, seed=0):
+    r = np.random.default_rng(seed)
+    dv = d if dv is None else dv
+    return (r.standard_normal((b, sq, hq, d)).astype(dtype), r.standard_normal((b, sk, hkv, d)).astype(dtype),
+            r.standard_normal((b, sk, hkv, dv)).astype(dtype))
+
+
+class Forward(unittest.TestCase):
+    def test_matches_reference(self):
+        # f32: the CPU engine accumulates in f32 (error ~1e-7 relative); f16: inputs and
+        # output rounded to 11 bits (~5e-4 relative each)
+        for dtype, tol in ((np.float32, 1e-5), (np.float16, 3e-3)):
+            for causal in (False, True):
+                for shape in (dict(), dict(hq=6, hkv=1), dict(sq=50, sk=20), dict(d=24, dv=40), dict(b=1, sq=1, sk=1)):
+                    q, k, v = inputs(dtype=dtype, **shape)
+                    o, lse = fattn.attention(q, k, v, causal=causal, return_lse=True)
+                    ro, rl = reference(q, k, v, causal)
+                    self.assertEqual(o.dtype, dtype)
+                    self.assertEqual(o.shape, ro.shape)
+                    self.assertEqual(lse.dtype, np.float32)
+                    self.assertLess(rel(o, ro), tol, (dtype, causal, shape))
+                    fin = np.isfinite(rl)
+                    np.testing.assert_array_equal(np.isfinite(lse), fin)
+                    np.testing.assert_allclose(lse[fin], rl[fin], rtol=1e-4, atol=1e-4)
+
+    def test_rows_that_see_no_key(self):
+        q, k, v = inputs(sq=10, sk=4)
+        o, lse = fattn.attention(q, k, v, causal=True, return_lse=True)
+        self.assertTrue((o[:, :6] == 0).all())
+        self.assertTrue(np.isneginf(lse[:, :, :6]).all())
+
+    def test_softmax_scale(self):
+        q, k, v = inputs()
+        o = fattn.attention(q, k, v, softmax_scale=0.3)
+        self.assertLess(rel(o, reference(q, k, v, scale=0.3)[0]), 1e-5)
+        for bad in (0.0, -1.0, float("inf"), float("nan")):
+            with self.assertRaises(ValueError):
+                fattn.attention(q, k, v, softmax_scale=bad)
+
+    def test_layouts(self):
+        q, k, v = inputs()
+        ro = reference(q, k, v)[0]
+        bhsd = [np.ascontiguousarray(x.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3) for x in (q, k, v)]
+        self.assertLess(rel(fattn.attention(*bhsd), ro), 1e-5)
+        flipped = [np.ascontiguousarray(x[:, ::-1])[:, ::-1] for x in (q, k, v)]  # negative strides: copied
+        self.assertLess(rel(fattn.attention(*flipped), ro), 1e-5)
+        wide = np.zeros(q.shape[:3] + (2 * q.shape[3],), np.float32)[..., ::2]  # head dim not contiguous
+        wide[...] = q
+        self.assertLess(rel(fattn.attention(wide, k, v), ro), 1e-5)
+        kb = np.broadcast_to(k[:, :, :1], k.shape)  # stride 0 along heads
+        vb = np.broadcast_to(v[:, :, :1], v.shape)
+        self.assertLess(rel(fattn.attention(q, kb, vb), reference(q, kb, vb)[0]), 1e-5)
+        packed = np.random.default_rng(1).standard_normal((2, 37, 3, 4, 16)).astype(np.float32)
+        qp, kp, vp = packed[:, :, 0], packed[:, :, 1], packed[:, :, 2]  # one qkv buffer
+        self.assertLess(rel(fattn.attention(qp, kp, vp), reference(qp, kp, vp)[0]), 1e-5)
+
+    def test_out(self):
+        q, k, v = inputs()
+        out = np.empty((2, 37, 4, 16), np.float32)
+        r = fattn.attention(q, k, v, out=out)
+        self.assertIs(r, out)
+        self.assertLess(rel(out, reference(q, k, v)[0]), 1e-5)
+        for bad in (np.empty((2, 37, 4, 16), np.float16), np.empty((2, 37, 4, 8), np.float32),
+                    np.empty((2, 37, 4, 32), np.float32)[..., ::2]):
+            with self.assertRaises(ValueError):
+                fattn.attention(q, k, v, out=bad)
+        ro = np.empty((2, 37, 4, 16), np.float32)
+        ro.flags.writeable = False
+        with self.assertRaises(ValueError):
+            fattn.attention(q, k, v, out=ro)
+        overlap = np.lib.stride_tricks.as_strided(np.empty(2 * 37 * 16, np.float32), (2, 37, 4, 16),
+                                                  (37 * 16 * 4, 16 * 4, 4, 4))  # heads on top of each other
+        with self.assertRaises(ValueError):
+            fattn.attention(q, k, v, out=overlap)
+
+    def test_fp8(self):
+        # e4m3 keeps 3 mantissa bits: each V entry carries ~2^-4 / sqrt(3) = 3.6% relative
+        # rounding error, and O = P V averages it no better than it averages V itself, so
+        # O's relative error is ~4-5% on N(0, 1) inputs (measured 4.1-5.0e-2 over seeds,
+        # head dims 64 and 24, both masks); garbage would be ~1
+        for d in (64, 24):  # rotated (power of two) and not
+            q, k, v = inputs(d=d, sq=200, sk=200)
+            for causal in (False, True):
+                o = fattn.attention(q, k, v, causal=causal, fp8=True)
+                self.assertEqual(o.dtype, np.float32)
+                self.assertLess(rel(o, reference(q, k, v, causal)[0]), 7e-2, (d, causal))
+
+    def test_empty(self):
+        q, k, v = inputs(sk=0)
+        o, lse = fattn.attention(q, k, v, return_lse=True)
+        self.assertTrue((o == 0).all() and np.isneginf(lse).all())
+        q, k, v = inputs(b=0)
+        self.assertEqual(fattn.attention(q, k, v).shape, (0, 37, 4, 16))
+
+    def test_bfloat16_if_ml_dtypes(self):
+        try:
+            import ml_dtypes
+        except ImportError:
+            self.skipTest("ml_dtypes not installed")
+        q, k, v = (x.astype(ml_dtypes.bfloat16) for x in inputs())
+        o = fattn.attention(q, k, v)
+        self.assertEqual(o.dtype, q.dtype)
+        self.assertLess(rel(o.astype(np.float32), reference(q, k, v)[0]), 2e-2)
+
+
+class BadArguments(unittest.TestCase):
+    def test_dtype(self):
+        q, k, v = inputs()
+        with self.assertRaises(TypeError) as cm:  # was a bare KeyError
+            fattn.attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64))
+        self.assertIn("float64", str(cm.exception))
+        with self.assertRaises(TypeError):  # was read with q's dtype, past k's end
+            fattn.attention(q, k.astype(np.float16), v)
+        with self.assertRaises(TypeError):
+            fattn.attention(q.astype(np.int32), k, v)
+        with self.assertRaises(TypeError):
+            fattn.attention(q, k.tolist(), v)
+
+    def test_shapes(self):
+        q, k, v = inputs()
+        for args in ((q[0], k, v), (q, k[:1], v), (q, k, v[:, :5]), (q, k[..., :8], v),
+                     (q[:, :, :3], k, v), (q, k[:, :, :0], v[:, :, :0])):
+            with self.assertRaises(ValueError):
+                fattn.attention(*args)
+
+    def test_raw_args_take_each_dtype(self):
+        # Context.fwd_args used q's dtype for every tensor: k f16 was read as f32
+        q, k, v = inputs()
+        ctx = fattn.Context(fattn.BACKEND_CPU)
+        o = np.empty_like(q)
+        with self.assertRaises(fattn.FattnInvalidArgumentError) as cm:
+            ctx.fwd_raw(ctx.fwd_args(q, k.astype(np.float16), v, o))
+        self.assertIn("k.dtype f16 differs from q.dtype f32", str(cm.exception))
+        ctx.fwd_raw(ctx.fwd_args(q, k, v, o))
+        self.assertLess(rel(o, reference(q, k, v)[0]), 1e-5)
+
+    def test_library_limits_raise_not_implemented(self):
+        q, k, v = inputs(d=513, sq=2, sk=2)
+        with self.assertRaises(NotImplementedError) as cm:
+            fattn.attention(q, k, v)
+        self.assertIsInstance(cm.exception, fattn.FattnUnsupportedError)
+        self.assertIn("head_dim 513 is not supported by the CPU engine", str(cm.exception))
+
+    def test_cpu_context_only(self):
+        try:
+            c = fattn.Context(fattn.BACKEND_CUDA, 0)
+        except fattn.FattnError:
+            self.skipTest("no CUDA context here")
+        with self.assertRaises(ValueError):
+            fattn.attention(*inputs(), ctx=c)
+
+
+@unittest.skipUnless(hasattr(os, "fork"), "no fork")
+class Fork(unittest.TestCase):
+    def test_child_computes(self):
+        q, k, v = inputs()
+        o = fattn.attention(q, k, v)  # the parent's CPU context and its threads exist
+        pid = os.fork()
+        if pid == 0:  # the child gets a context of its own
+            try:
+                ok = np.array_equal(fattn.attention(q, k, v), o)
+            finally:
+                os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        self.assertEqual(status, 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
