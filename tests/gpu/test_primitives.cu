@@ -356,8 +356,7 @@ int main(void) {
     cudaDeviceProp prop;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0 || cudaGetDeviceProperties(&prop, 0) != cudaSuccess ||
         prop.major != 9) {
-        printf("SKIP: no Hopper GPU\n");
-        return 77;
+        gpu_skip("no Hopper GPU");
     }
     tu_rng rng;
     tu_rng_init(&rng, (uint64_t)tu_seed());
