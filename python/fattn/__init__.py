@@ -13,6 +13,9 @@ traceable by torch.compile.  Library errors raise FattnError (with the
 library's message) or a subclass: FattnInvalidArgumentError (a ValueError)
 and FattnUnsupportedError (a NotImplementedError).
 
+fattn.hf.register() makes attn_implementation="fattn" available to Hugging Face
+transformers models.
+
 The library is FATTN_LIBRARY when set, else the libfattn.so installed in this
 package (pip install ./python), else build/libfattn.so of the source tree,
 else the system's libfattn.so.  docs/python.md has the details.

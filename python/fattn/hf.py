@@ -1,0 +1,52 @@
+"""hf.py - fattn as an attention implementation of Hugging Face transformers.
+
+    import fattn.hf
+    fattn.hf.register()                      # once; then any model whose attention goes
+    model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="fattn")
+                                             # through transformers' AttentionInterface
+
+Registers `attention_forward` in transformers' AttentionInterface, and FlashAttention's
+mask function in its AttentionMaskInterface, so that the model hands fattn either no mask
+(causal or full attention, which fattn computes) or a 2-D padding mask, which fattn
+refuses with NotImplementedError rather than ignoring (a custom implementation without a
+mask function would get no mask at all, padded or not).  Sliding windows, softcapping,
+attention sinks, position biases and dropout raise NotImplementedError too.
+"""
+NAME = "fattn"
+
+
+def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+                      **kwargs):
+    """transformers' attention signature: query [b, hq, sq, d], key/value [b, hkv, sk, d]
+    (not repeated for GQA); returns (out [b, sq, hq, dv], None)."""
+    from . import attention
+
+    def no(what):
+        raise NotImplementedError("fattn (attn_implementation=%r): %s is not supported" % (NAME, what))
+
+    if attention_mask is not None:
+        no("an attention mask (padding, or a custom 4-D mask); pass unpadded batches")
+    if dropout:
+        no("attention dropout (%r)" % (dropout,))
+    for k in ("sliding_window", "softcap", "s_aux", "position_bias"):
+        if kwargs.get(k) is not None:
+            no(k)
+    if kwargs.get("output_attentions"):
+        no("output_attentions=True")
+    if is_causal is None:
+        is_causal = getattr(module, "is_causal", True)
+    # [b, h, s, d] -> [b, s, h, d] views: the head dim stays contiguous, nothing is copied.
+    # fattn's causal mask is bottom-right aligned, as transformers' with a KV cache: the
+    # queries are the last sq positions of the sk keys.
+    out = attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=bool(is_causal),
+                    softmax_scale=scaling)
+    return out, None
+
+
+def register(name=NAME):
+    """Make attn_implementation=name (default "fattn") available to transformers models."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+    AttentionInterface.register(name, attention_forward)
+    AttentionMaskInterface.register(name, flash_attention_mask)
+    return name
