@@ -29,6 +29,11 @@ from . import _core
 
 _lib = _core.lib
 
+__all__ = ["attention", "flash_attn_func", "Context", "FattnError", "FattnInvalidArgumentError",
+           "FattnUnsupportedError", "FattnOutOfMemoryError", "library_path", "built_with_cuda", "__version__",
+           "F32", "F16", "BF16", "E4M3", "BACKEND_AUTO", "BACKEND_CPU", "BACKEND_CUDA", "OPTION_DISABLE_OVERLAP",
+           "OPTION_DISABLE_PINGPONG", "OPTION_DISABLE_PDL", "OPTION_SOFTMAX_UNDER_PV", "OPTION_DISABLE_SPLIT"]
+
 _E = _capi.ENUMS
 F32 = _E["fattn_dtype"]["FATTN_DTYPE_F32"]
 F16 = _E["fattn_dtype"]["FATTN_DTYPE_F16"]

@@ -27,10 +27,14 @@ def _context(device):
         return _core.context(_core.BACKEND_CPU)
     if device.type == "cuda":
         idx = device.index if device.index is not None else torch.cuda.current_device()
-        ctx = _core.context(_core.BACKEND_CUDA, idx)
-        ctx.set_stream(torch.cuda.current_stream(idx).cuda_stream)
-        return ctx
+        return _core.context(_core.BACKEND_CUDA, idx)
     raise NotImplementedError("fattn: tensors on %s: fattn computes on CUDA devices and the CPU" % device)
+
+
+def _on_current_stream(ctx, device):
+    """Call under ctx._lock: the stream set here is the one the call then uses."""
+    if device.type == "cuda":
+        ctx.set_stream(torch.cuda.current_stream(device).cuda_stream)
 
 
 def _readable(t, name):
@@ -58,13 +62,15 @@ def _fwd_impl(q, k, v, causal, softmax_scale, fp8, ctx=None, out=None):
     k, kd = _readable(k, "k")
     v, vd = _readable(v, "v")
     od = _core.describe(out, "out")
-    if fp8:
-        def alloc(n, kind):
-            t = torch.empty(n, dtype=torch.uint8 if kind == "u8" else torch.float32, device=q.device)
-            return t, t.data_ptr()
-        _core.run_fwd_fp8(ctx, dims, qd, kd, vd, od, lse.data_ptr(), causal, softmax_scale, alloc)
-    else:
-        _core.run_fwd(ctx, dims, qd, kd, vd, od, lse.data_ptr(), causal, softmax_scale)
+    with ctx._lock:
+        _on_current_stream(ctx, q.device)
+        if fp8:
+            def alloc(n, kind):
+                t = torch.empty(n, dtype=torch.uint8 if kind == "u8" else torch.float32, device=q.device)
+                return t, t.data_ptr()
+            _core.run_fwd_fp8(ctx, dims, qd, kd, vd, od, lse.data_ptr(), causal, softmax_scale, alloc)
+        else:
+            _core.run_fwd(ctx, dims, qd, kd, vd, od, lse.data_ptr(), causal, softmax_scale)
     return out, lse
 
 
@@ -98,7 +104,9 @@ def bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o
     lse = lse.contiguous()
     gd = [_core.describe(g, n) for g, n in ((dq, "dq"), (dk, "dk"), (dv, "dv"))]
     try:
-        _core.run_bwd(ctx, dims, *[d for _, d in ts], *gd, lse.data_ptr(), causal, softmax_scale, deterministic)
+        with ctx._lock:
+            _on_current_stream(ctx, q.device)
+            _core.run_bwd(ctx, dims, *[d for _, d in ts], *gd, lse.data_ptr(), causal, softmax_scale, deterministic)
     except _core.FattnUnsupportedError as e:
         if q.is_cuda:
             raise type(e)(e.status, "fattn backward on CUDA tensors (the CUDA engine has no backward yet; "
@@ -182,8 +190,6 @@ def attention(q, k, v, causal, softmax_scale, fp8, return_lse, out, ctx, determi
         if ctx.backend != want or (q.is_cuda and q.device.index not in (None, ctx.device)):
             raise ValueError("fattn: ctx computes on %s but the tensors are on %s"
                              % ("cuda:%d" % ctx.device if ctx.backend == _core.BACKEND_CUDA else "the CPU", q.device))
-        if q.is_cuda:
-            ctx.set_stream(torch.cuda.current_stream(q.device).cuda_stream)
     with torch.no_grad():
         o, lse = _fwd_impl(q, k, v, bool(causal), scale, bool(fp8), ctx=ctx, out=out)
     return (o, lse) if return_lse else o
