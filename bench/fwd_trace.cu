@@ -75,14 +75,7 @@ int main() {
         fattn_tensor t = {q, FATTN_DTYPE_BF16, (int64_t)s * hh * d, (int64_t)hh * d, d, NULL, 0};
         a.q = t; a.k = t; a.k.data = k; a.v = t; a.v.data = v; a.o = t; a.o.data = o;
         /* what fwd_sm90_run is told: the variant's flags, the rest as the instance has it */
-        fwd_variant fv;
-        fv.bf16 = true;
-        fv.causal = va.o.causal;
-        fv.overlap = va.o.overlap != 0;
-        fv.pingpong = va.o.pingpong;
-        fv.under_pv = va.o.overlap == 3;
-        fv.split = va.split;
-        fv.pdl = va.pdl;
+        const fwd_variant fv = fwd_variant_of(va.o, va.split, va.pdl);
         int zero[4] = {0, 0, 0, 0};
         cudaMemcpyToSymbol(fwd_trace_len, zero, sizeof zero);
         /* warm up, then the traced call is the last of 5 back-to-back ones */

@@ -52,17 +52,7 @@ struct variant {
 };
 /* What fwd_sm90_run is told: the variant's flags; overlap, pingpong and
  * under_pv as the instance has them (the instance alone decides them). */
-static fwd_variant fv_of(const variant &va) {
-    fwd_variant v;
-    v.bf16 = true;
-    v.causal = va.o.causal;
-    v.overlap = va.o.overlap != 0;
-    v.pingpong = va.o.pingpong;
-    v.under_pv = va.o.overlap == 3;
-    v.split = va.split;
-    v.pdl = va.pdl;
-    return v;
-}
+static fwd_variant fv_of(const variant &va) { return fwd_variant_of(va.o, va.split, va.pdl); }
 /* Any FwdOpts, in bf16 (the inputs are bf16) */
 template <FwdOpts O>
 constexpr variant opts_variant(const char *name) {

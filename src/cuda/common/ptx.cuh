@@ -105,13 +105,6 @@ __device__ __forceinline__ void mbar_expect_tx_arrive(uint64_t *bar, uint32_t by
     (void)ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, bar, bytes);
 }
 __device__ __forceinline__ void mbar_arrive(uint64_t *bar) { (void)ptx::mbarrier_arrive(bar); }
-/* expect-tx with the byte count an immediate (a compile-time constant): it
- * then needs no register, which the 24-register producer lacks */
-template <uint32_t BYTES> __device__ __forceinline__ void mbar_expect_tx_arrive_n(uint64_t *bar) {
-    asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)),
-                 "n"(BYTES)
-                 : "memory");
-}
 /* Wait until the phase of parity `parity` has completed.  SLEEP passes
  * try_wait a suspend-time hint (10 ms, CUTLASS's value): ptxas then emits
  * TRYWAIT, NANOSLEEP.SYNCS (the warp sleeps until an mbarrier of the CTA

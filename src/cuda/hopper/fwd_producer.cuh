@@ -28,11 +28,9 @@ struct FwdProducer {
             mbar_arrive(&sm.full_q[qi]);
             return;
         }
-        mbar_expect_tx_arrive_n<C::QWG_BYTES>(&sm.full_q[qi]);
-        for (int c = 0; c < C::SLABS; ++c) {
-            uint8_t *dst = sm.q + qb * C::Q_BYTES + c * C::BM * 128 + w * 64 * 128;
-            tma_load_4d(dst, &tm_q, c * 64, m * C::BM + w * 64, h, b, &sm.full_q[qi]);
-        }
+        mbar_expect_tx_arrive(&sm.full_q[qi], C::QWG_BYTES);
+        for (int c = 0; c < C::SLABS; ++c)
+            tma_load_4d(sm.q_rows(qb, w) + c * C::BM * 128, &tm_q, c * 64, m * C::BM + w * 64, h, b, &sm.full_q[qi]);
     }
     /* every warpgroup the same tile; after the first, the index is read back
      * from the slot just written, so it need not stay in one of the few

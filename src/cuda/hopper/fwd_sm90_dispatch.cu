@@ -35,13 +35,9 @@ fwd_kernel fwd_sm90_pick(const fattn_problem *pr, const fwd_variant &v) {
 
 fattn_status fwd_sm90_launch(fattn_ctx *ctx, const fattn_fwd_args *a, const cuda_fwd_options *opt) {
     fwd_variant v;
+    static_cast<cuda_fwd_options &>(v) = *opt;
     v.bf16 = a->q.dtype == FATTN_DTYPE_BF16;
     v.causal = a->p.causal != 0;
-    v.overlap = opt->overlap;
-    v.pingpong = opt->pingpong;
-    v.under_pv = opt->under_pv;
-    v.split = opt->split;
-    v.pdl = opt->pdl;
     int prev;
     const cudaError_t e = cuda_device_enter(ctx->device, &prev);
     if (e != cudaSuccess) {

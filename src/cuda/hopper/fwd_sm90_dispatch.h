@@ -4,12 +4,10 @@
 #pragma once
 #include "../cuda_engine.h"
 
-/* Kernel variant knobs (the paper's ablation) and launch options, from
- * fattn_ctx_set_option, read once per call. */
-struct fwd_variant {
-    bool bf16, causal, overlap, pingpong, under_pv;
-    bool split; /* the last wave's tiles may split along the keys */
-    bool pdl;   /* programmatic dependent launch */
+/* The call's dtype and mask, and its options (the paper's ablation knobs,
+ * split, PDL: cuda_fwd_options, read once by entry.cu). */
+struct fwd_variant : cuda_fwd_options {
+    bool bf16, causal;
     /* the full design: every fp16 call, and bf16 unless the ablation turned
      * a technique off (the ablation's variants are bf16 only) */
     bool full_design() const { return !bf16 || (overlap && pingpong && !under_pv); }

@@ -61,6 +61,20 @@ constexpr FwdOpts fwd_opts_ablation(FwdOpts k, int overlap, bool pingpong) {
     return o;
 }
 
+/* What an instance with options O is told when it is launched directly (the
+ * bench harnesses): its own dtype, overlap and pingpong, and the launch flags. */
+inline fwd_variant fwd_variant_of(const FwdOpts &o, bool split, bool pdl) {
+    fwd_variant v;
+    v.bf16 = o.bf16;
+    v.causal = o.causal;
+    v.overlap = o.overlap != 0;
+    v.pingpong = o.pingpong;
+    v.under_pv = o.overlap == 3;
+    v.split = split;
+    v.pdl = pdl;
+    return v;
+}
+
 /* Run kernel K in the call's dtype. */
 template <fwd_kernel K>
 fattn_status fwd_sm90_run_kernel(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v) {
