@@ -357,6 +357,32 @@ typedef struct fattn_quantize_args {
 
 FATTN_API fattn_status fattn_quantize(fattn_ctx *ctx, const fattn_quantize_args *args);
 
+/*
+ * FP8 attention from 16-bit (or f32) inputs in one call: Q, K and V are
+ * quantised to e4m3 (fattn_quantize, Q and K optionally rotated) into a
+ * workspace the context owns, then fattn_fwd runs on the e4m3 tensors.
+ *   args: as for fattn_fwd with q, k, v f16 | bf16 | f32 (one dtype) and
+ *         o f16 | bf16 | f32; their .scale fields are ignored.
+ *   opt:  NULL = block scales of 128 rows, no rotation.
+ * Block sizes the CUDA engine serves (others: UNSUPPORTED; the CPU engine
+ * serves any): Q any; K 1 (one scale per token) or a multiple of 128; V a
+ * multiple of 128.  Per-tensor granularity writes one scale into every block
+ * (any block size works then).  The workspace (1 byte per element of Q, K and
+ * V plus their scales) grows on first need and is freed with the context; on
+ * a CUDA context it is device memory and the call is asynchronous on the
+ * context's stream, like fattn_fwd.
+ */
+typedef struct fattn_fp8_options {
+    fattn_quant_granularity granularity; /* FATTN_QUANT_BLOCK (0) or FATTN_QUANT_TENSOR */
+    int32_t block_rows_q;  /* rows per scale of Q; 0 = 128 */
+    int32_t block_rows_k;  /* of K; 0 = 128; 1 = one scale per token */
+    int32_t block_rows_v;  /* of V; 0 = 128 */
+    int32_t rotate;        /* nonzero: the random-sign Hadamard on Q and K */
+    uint64_t seed;         /* the rotation's signs (fattn_rotation_signs) */
+} fattn_fp8_options;
+
+FATTN_API fattn_status fattn_fwd_fp8(fattn_ctx *ctx, const fattn_fwd_args *args, const fattn_fp8_options *opt);
+
 /* Host-side scalar conversions, identical to the device's saturating
  * round-to-nearest-even cvt.rn.satfinite.e4m3x2.f32 (NaN -> 0x7F). */
 FATTN_API uint8_t fattn_f32_to_e4m3(float x);

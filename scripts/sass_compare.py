@@ -20,8 +20,8 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from sass_loops import read_functions, main_loop  # noqa: E402
 
 OLD = "D BN NC STAGES CAUSAL BF16 OVERLAP PINGPONG SCHED LAZY CLUSTER OSTORE XTILE QEARLY SLEEP L2HINT ROWMASK TREEMAX SITOUT SPREAD SKIPDIAG QREG SPLIT UNIWG OTMA".split()
-NEW = "d bn nc stages causal bf16 overlap pingpong cluster qearly sleep sitout spread skipdiag qreg split otma".split()
-KEY = "d bn nc stages causal bf16 overlap pingpong cluster qearly sleep sitout spread skipdiag qreg split otma".split()
+NEW = "d bn nc stages causal bf16 overlap pingpong cluster qearly sleep sitout spread skipdiag qreg split otma fp8 kcol".split()
+KEY = NEW
 
 
 def val(x):
@@ -33,7 +33,8 @@ def key_of(mangled):
     entry = dem.split("<", 1)[0].split()[-1]
     m = re.search(r"FwdOpts\{([^}]*)\}", dem)
     if m:
-        vals = dict(zip(NEW, [val(v.strip()) for v in m.group(1).split(",")]))
+        vals = dict.fromkeys(NEW, 0)  # options added later (fp8, kcol) default to 0
+        vals.update(zip(NEW, [val(v.strip()) for v in m.group(1).split(",")]))
     else:
         m = re.search(r"FwdCfg<([^>]*)>", dem)
         if not m:
@@ -42,7 +43,7 @@ def key_of(mangled):
         vals = {"d": o["D"], "bn": o["BN"], "nc": o["NC"], "stages": o["STAGES"], "causal": o["CAUSAL"],
                 "bf16": o["BF16"], "overlap": o["OVERLAP"], "pingpong": o["PINGPONG"], "cluster": o["CLUSTER"],
                 "qearly": o["QEARLY"], "sleep": o["SLEEP"], "sitout": o["SITOUT"], "spread": o["SPREAD"],
-                "skipdiag": o["SKIPDIAG"], "qreg": o["QREG"], "split": o["SPLIT"], "otma": o["OTMA"]}
+                "skipdiag": o["SKIPDIAG"], "qreg": o["QREG"], "split": o["SPLIT"], "otma": o["OTMA"], "fp8": 0, "kcol": 0}
     return (entry,) + tuple(vals[k] for k in KEY)
 
 

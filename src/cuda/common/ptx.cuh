@@ -57,6 +57,16 @@ __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
                  : "memory");
 }
 
+/* The same with .trans: r[j] holds matrix j's elements (row 2 (lane % 4),
+ * column lane / 4) in its low half and (row 2 (lane % 4) + 1, same column)
+ * in its high half. */
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+
 /* ---- wgmma bookkeeping --------------------------------------------------- */
 /* wgmma.fence: order register accesses to accumulators / A fragments before a
  * following wgmma that uses them. */
@@ -94,6 +104,19 @@ __device__ __forceinline__ uint64_t smem_desc_sw128(const void *p, uint32_t lbo,
     d |= (uint64_t)((lbo >> 4) & 0x3FFF) << 16;
     d |= (uint64_t)((sbo >> 4) & 0x3FFF) << 32;
     d |= (uint64_t)1 << 62; /* 128B swizzle */
+    return d;
+}
+/* The same for a K-major tile whose rows are SW = 128 or 64 bytes wide (the
+ * 128- or 64-byte swizzle: layout type 1 or 2, SBO = 8 rows); 64-byte rows
+ * are the FP8 head-dim-64 tiles, whose atoms sit on 512-byte boundaries. */
+template <int SW>
+__device__ __forceinline__ uint64_t smem_desc_kmajor(const void *p) {
+    static_assert(SW == 128 || SW == 64, "swizzle span");
+    uint64_t d = 0;
+    d |= (uint64_t)((smem_u32(p) & 0x3FFFF) >> 4);
+    d |= (uint64_t)1 << 16; /* LBO: unused by swizzled K-major tiles */
+    d |= (uint64_t)(((8 * SW) >> 4) & 0x3FFF) << 32;
+    d |= (uint64_t)(SW == 128 ? 1 : 2) << 62;
     return d;
 }
 /* Advance a descriptor's start address by `bytes` (multiple of 16). */
@@ -263,4 +286,16 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 __device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
     __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* Four floats to four e4m3 codes (saturating, round to nearest even), a0 in
+ * the lowest byte: cvt.rn.satfinite.e4m3x2 puts its first source in the
+ * upper byte, so each pair goes in high-first. */
+__device__ __forceinline__ uint32_t pack_e4m3x4(float a0, float a1, float a2, float a3) {
+    uint32_t r;
+    asm("{\n .reg .b16 lo, hi;\n cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+        " mov.b32 %0, {lo, hi};\n}\n"
+        : "=r"(r)
+        : "f"(a0), "f"(a1), "f"(a2), "f"(a3));
+    return r;
 }

@@ -86,30 +86,32 @@ struct FwdEpilogue {
         }
     }
     /* row r0 + 8 r of a finished tile: its sum over the quad, the LSE
-     * written, and 1 / l returned */
+     * written, and 1 / l returned (FP8: osc / l, osc the V scale O is in
+     * units of; rmax in log2 units and P offset by 2^8, fwd_softmax.cuh) */
     __device__ __forceinline__ float finish_row(int r, const float (&rmax)[2], const float (&rsum)[2], int eb, int eh,
-                                                int erow) const {
+                                                int erow, float osc) const {
         const float l = fwd_quad_sum(rsum[r]);
-        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const float inv = l > 0.f ? (C::FP8 ? osc : 1.f) / l : 0.f;
         const int row = erow + r0 + 8 * r;
         if (p.lse && q4 == 0 && row < p.seqlen_q)
             p.lse[((int64_t)eb * p.heads_q + eh) * p.seqlen_q + row] =
-                l > 0.f ? rmax[r] * p.softmax_scale + logf(l) : -INFINITY;
+                l > 0.f ? (C::FP8 ? (rmax[r] - 8.f) * 0.6931471805599453f : rmax[r] * p.softmax_scale) + logf(l)
+                        : -INFINITY;
         return inv;
     }
     /* O / l and LSE of a finished tile (rows erow + r0, + 8 of head eh, batch eb) */
     __device__ __forceinline__ void store(const float (&o)[C::D / 2], const float (&rmax)[2], const float (&rsum)[2],
-                                          int eb, int eh, int erow) {
+                                          int eb, int eh, int erow, float osc = 1.f) {
         if (C::OTMA && p.o_wide == 2) {
             float inv[2];
 #pragma unroll
-            for (int r = 0; r < 2; ++r) inv[r] = finish_row(r, rmax, rsum, eb, eh, erow);
+            for (int r = 0; r < 2; ++r) inv[r] = finish_row(r, rmax, rsum, eb, eh, erow, osc);
             store_o_tma(o, inv, eb, eh, erow);
             return;
         }
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            const float inv = finish_row(r, rmax, rsum, eb, eh, erow);
+            const float inv = finish_row(r, rmax, rsum, eb, eh, erow, osc);
             const int row = erow + r0 + 8 * r;
             const bool row_ok = row < p.seqlen_q; /* the same for the 4 lanes of a quad */
             uint8_t *orow = (uint8_t *)p.o + 2 * (eb * p.o_sb + (int64_t)row * p.o_ss + eh * p.o_sh);

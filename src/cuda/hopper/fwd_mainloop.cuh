@@ -11,8 +11,15 @@
  *   tiles, so one warpgroup's softmax hides under the other's GEMMs.
  * SITOUT: a warpgroup with no row in the sequence only keeps the protocol
  *   going for its tile; SKIPDIAG: a causal warpgroup that sees none of the
- *   tile's first key block does the same for that block. */
+ *   tile's first key block does the same for that block.
+ * FP8 (e4m3 Q, K, V): both GEMMs are k32 e4m3 wgmma; the PV GEMM's B is the
+ *   V^T the transposers wrote (fwd_transpose.cuh), whose key order makes the
+ *   score accumulator P's A fragment after a register renaming (convert_p);
+ *   the Q and K scales scale the scores (a factor per row, or with KCOL a
+ *   column vector too) and O is kept in units of the current V block's
+ *   scale, the ratio folded into the rescale factor. */
 #pragma once
+#include "../common/wgmma_e4m3.cuh"
 #include "../common/wgmma_gen.cuh"
 #include "fwd_epilogue.cuh"
 #include "fwd_pipeline.cuh"
@@ -33,6 +40,7 @@ struct FwdConsumer {
     uint32_t cta_rank;
     float c2;
     int bar_self, bar_next;
+    const FwdFp8 *f8; /* FP8 only */
     int it = 0; /* K/V ring position */
 #ifdef FATTN_FWD_TRACE
     int trace_n = 0;
@@ -40,7 +48,14 @@ struct FwdConsumer {
 
     float sacc[BN / 2];
     float oacc[D / 2];
-    uint32_t pfrag[BN / 16][4];
+    uint32_t pfrag[C::P_STEPS][4];
+    /* FP8: c2 q_scale of rows r0, r0 + 8; this tile's K and V scale rows; the
+     * current key block's K scale (KCOL: its columns' scales) and V scale,
+     * and the V scale O is in units of */
+    float qf[2];
+    const float *ks_row, *vs_row;
+    float sk_cur, sv_cur, sv_units;
+    float kcol[C::KCOL ? BN / 4 : 1];
     uint32_t qfrag[C::QREG ? C::QREGK : 1][4]; /* QREG: this tile's Q, A fragments per 16 columns */
     uint64_t desc_q_tile;
 
@@ -64,6 +79,16 @@ struct FwdConsumer {
     }
     /* S = Q K_s^T into sacc (issue only). */
     __device__ __forceinline__ void issue_qk(int s) {
+        if constexpr (C::FP8) {
+            const uint64_t desc_k = smem_desc_kmajor<C::SW>(sm.k_stage(s));
+#pragma unroll
+            for (int kk = 0; kk < C::QK_STEPS; ++kk) {
+                const uint32_t off = (kk % C::STEPS_PER_SLAB) * 32, slab = kk / C::STEPS_PER_SLAB;
+                wgmma_e4m3<BN>::ss(sacc, desc_add(desc_q_tile, slab * BM * C::SW + off),
+                                   desc_add(desc_k, slab * BN * C::SW + off), kk > 0);
+            }
+            return;
+        }
         const uint64_t desc_k = smem_desc_sw128(sm.k_stage(s), 16, 1024);
         const uint64_t desc_q = desc_q_tile;
 #pragma unroll
@@ -76,26 +101,114 @@ struct FwdConsumer {
     }
     /* O += P V_s (issue only). */
     __device__ __forceinline__ void issue_pv(int s) {
-        const uint64_t desc_v = smem_desc_sw128(sm.v_stage(s), BN * 128, 1024);
+        if constexpr (C::FP8) {
+            /* V^T: D rows of 128-key slabs, K-major; k32 steps of 32 bytes */
+            const uint64_t desc_vt = smem_desc_sw128(sm.v_stage(s), 16, 1024);
 #pragma unroll
-        for (int ks = 0; ks < BN / 16; ++ks) WGO::rs(oacc, pfrag[ks], desc_add(desc_v, ks * 2048), 1);
+            for (int ks = 0; ks < C::P_STEPS; ++ks)
+                wgmma_e4m3<D>::rs(oacc, pfrag[ks], desc_add(desc_vt, (ks / 4) * D * 128 + (ks % 4) * 32), 1);
+        } else {
+            const uint64_t desc_v = smem_desc_sw128(sm.v_stage(s), BN * 128, 1024);
+#pragma unroll
+            for (int ks = 0; ks < BN / 16; ++ks) WGO::rs(oacc, pfrag[ks], desc_add(desc_v, ks * 2048), 1);
+        }
     }
     /* S accumulator -> bf16/f16 A fragments of the PV GEMM (HOPPER-PTX §3:
      * the layouts coincide, no data movement across threads). */
     __device__ __forceinline__ void convert_p() {
+        if constexpr (C::FP8) {
+            /* k32 step ks covers column groups g = 4 ks .. 4 ks + 3; with V^T's
+             * key order (fwd_transpose.cuh) the A fragment's bytes 4q..4q+3
+             * of a row are its columns (2q, 2q+1) of groups g and g + 1:
+             * FA3's swap of 64-bit pairs, here a renaming */
 #pragma unroll
-        for (int ks = 0; ks < BN / 16; ++ks)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const float lo = sacc[8 * ks + 2 * j], hi = sacc[8 * ks + 2 * j + 1];
-                pfrag[ks][j] = C::BF16 ? pack_bf16x2(lo, hi) : pack_f16x2(lo, hi);
+            for (int ks = 0; ks < C::P_STEPS; ++ks) {
+                const float *g = sacc + 16 * ks;
+                pfrag[ks][0] = pack_e4m3x4(g[0], g[1], g[4], g[5]);
+                pfrag[ks][1] = pack_e4m3x4(g[2], g[3], g[6], g[7]);
+                pfrag[ks][2] = pack_e4m3x4(g[8], g[9], g[12], g[13]);
+                pfrag[ks][3] = pack_e4m3x4(g[10], g[11], g[14], g[15]);
             }
+        } else {
+#pragma unroll
+            for (int ks = 0; ks < BN / 16; ++ks)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const float lo = sacc[8 * ks + 2 * j], hi = sacc[8 * ks + 2 * j + 1];
+                    pfrag[ks][j] = C::BF16 ? pack_bf16x2(lo, hi) : pack_f16x2(lo, hi);
+                }
+        }
+    }
+    /* FP8: this tile's Q scales (rows r0, r0 + 8 of the warpgroup) and its K
+     * and V scale rows */
+    __device__ __forceinline__ void fp8_tile(int b, int h, int row_base) {
+        if constexpr (C::FP8) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int row = min(row_base + r0 + 8 * r, p.seqlen_q - 1);
+                qf[r] = c2 * __ldg(f8->q_scale + (int64_t)(b * p.heads_q + h) * f8->q_nblocks + row / f8->q_block);
+            }
+            const int64_t bh = (int64_t)b * p.heads_kv + h / p.group;
+            ks_row = f8->k_scale + bh * f8->k_nblocks;
+            vs_row = f8->v_scale + bh * f8->v_nblocks;
+        } else {
+            (void)b, (void)h, (void)row_base;
+        }
+    }
+    /* FP8: key block col0 / BN's scales, loaded before its S is waited for */
+    __device__ __forceinline__ void fp8_load(int col0) {
+        if constexpr (C::FP8) {
+            const int n = col0 / BN;
+            sv_cur = __ldg(vs_row + n / f8->v_div);
+            if constexpr (C::KCOL) {
+#pragma unroll
+                for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e)
+                        kcol[2 * i + e] = __ldg(ks_row + min(col0 + 8 * i + 2 * q4 + e, p.seqlen_k - 1));
+            } else {
+                sk_cur = __ldg(ks_row + n / f8->k_div);
+            }
+        } else {
+            (void)col0;
+        }
+    }
+    /* mask and online softmax of the block in sacc (first: the tile's first) */
+    __device__ __forceinline__ void softmax(const FwdMask<C> &mask, FwdSoftmax<C> &sf, int col0, bool first,
+                                            float (&alpha)[2], bool &rescale) {
+        if constexpr (C::FP8) {
+            float f[2];
+            if constexpr (C::KCOL) {
+#pragma unroll
+                for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) sacc[4 * i + e] *= kcol[2 * i + (e & 1)];
+                f[0] = qf[0];
+                f[1] = qf[1];
+            } else {
+                f[0] = qf[0] * sk_cur;
+                f[1] = qf[1] * sk_cur;
+            }
+            mask.apply(sacc, col0);
+            sf.step_fp8(sacc, f, alpha);
+            /* O (in units of the previous block's V scale) goes to this one's */
+            const float ratio = first ? 1.f : __fdividef(sv_units, sv_cur);
+            alpha[0] *= ratio;
+            alpha[1] *= ratio;
+            sv_units = sv_cur;
+            rescale = true;
+        } else {
+            (void)first;
+            mask.apply(sacc, col0);
+            sf.step(sacc, c2, alpha, rescale);
+        }
     }
     /* this tile's Q: its descriptor, and (QREG) the first QREGK slices in
      * registers; with all of them the buffer goes back to the producer */
     __device__ __forceinline__ void load_q(int qi) {
         const uint8_t *sq_wg = sm.q_rows(qi % C::QBUF, wg);
-        desc_q_tile = smem_desc_sw128(sq_wg, 16, 1024);
+        if constexpr (C::FP8) desc_q_tile = smem_desc_kmajor<C::SW>(sq_wg);
+        else desc_q_tile = smem_desc_sw128(sq_wg, 16, 1024);
         if (C::QREG) {
             /* 16x16 block kk of warp w: rows 16w + (j % 2) 8 + lane % 8,
              * 16-byte chunk 2 (kk % 4) + j / 2 of slab kk / 4 for matrix
@@ -121,6 +234,7 @@ struct FwdConsumer {
     __device__ __forceinline__ void overlap_step(int s, uint32_t ph, int pv_s, uint32_t pv_ph, int n, int qi,
                                                  int col0, const FwdMask<C> &mask, FwdSoftmax<C> &sf,
                                                  float (&alpha)[2], bool &rescale) {
+        fp8_load(col0);
         /* V_{j-1} landed before K_j: waiting for both before the fence keeps
          * ptxas from injecting a second warpgroup.arrive (C7519) between the
          * two GEMMs */
@@ -142,8 +256,7 @@ struct FwdConsumer {
         FWD_TRACE(5);
         release(&sm.empty_k[s]);
         if (!C::QREG_ALL && n == 0) mbar_arrive(&sm.empty_q[qi]);
-        mask.apply(sacc, col0);
-        sf.step(sacc, c2, alpha, rescale); /* under the PV GEMM */
+        softmax(mask, sf, col0, false, alpha, rescale); /* under the PV GEMM */
         FWD_TRACE(6);
         /* keeps the wait below the softmax in the SASS (both rows' sums) */
         if (C::SCHED_FENCE) sched_fence(__float_as_uint(sf.row_sum[0]) & __float_as_uint(sf.row_sum[1]));
@@ -154,7 +267,7 @@ struct FwdConsumer {
          * which made it wait for the PV GEMM before the softmax (v8) */
         if (C::SCHED_FENCE)
 #pragma unroll
-            for (int ks = 0; ks < BN / 16; ++ks) reg_fence(pfrag[ks]);
+            for (int ks = 0; ks < C::P_STEPS; ++ks) reg_fence(pfrag[ks]);
         FWD_TRACE(7);
         release(&sm.empty_v[pv_s]);
         convert_p();
@@ -164,6 +277,7 @@ struct FwdConsumer {
     __device__ __forceinline__ void serial_step(int s, uint32_t ph, int pv_s, uint32_t pv_ph, int n, int qi, int col0,
                                                 const FwdMask<C> &mask, FwdSoftmax<C> &sf, float (&alpha)[2],
                                                 bool &rescale) {
+        fp8_load(col0);
         fwd_rescale_o<C>(oacc, alpha, rescale);
         mbar_wait<C::SLEEP>(&sm.full_v[pv_s], pv_ph);
         mbar_wait<C::SLEEP>(&sm.full_k[s], ph);
@@ -180,8 +294,7 @@ struct FwdConsumer {
         release(&sm.empty_v[pv_s]);
         release(&sm.empty_k[s]);
         if (!C::QREG_ALL && n == 0) mbar_arrive(&sm.empty_q[qi]);
-        mask.apply(sacc, col0);
-        sf.step(sacc, c2, alpha, rescale);
+        softmax(mask, sf, col0, false, alpha, rescale);
         convert_p();
     }
     /* The tile's last PV GEMM, alone, then its epilogue (split_t >= 0: a
@@ -201,7 +314,7 @@ struct FwdConsumer {
         FWD_TRACE(7);
         release(&sm.empty_v[ps]);
         if (C::SPLIT && split_t >= 0) epi.split_finish(oacc, sf.row_max, sf.row_sum, split_t, eb, eh, erow);
-        else epi.store(oacc, sf.row_max, sf.row_sum, eb, eh, erow);
+        else epi.store(oacc, sf.row_max, sf.row_sum, eb, eh, erow, C::FP8 ? sv_units : 1.f);
         FWD_TRACE(9);
     }
     /* One tile's key blocks n_lo .. n_hi - 1, from the last to the first. */
@@ -212,6 +325,7 @@ struct FwdConsumer {
 #pragma unroll
         for (int i = 0; i < D / 2; ++i) oacc[i] = 0.f;
         load_q(qi);
+        fp8_tile(b, h, row_base);
         /* O starts at zero and is rescaled by the pending alpha right before
          * each PV GEMM adds to it (FA3's placement: with the overlap, under
          * the QK^T GEMM just issued). */
@@ -233,6 +347,7 @@ struct FwdConsumer {
         }
         /* peeled first block: S, softmax (no PV yet).  Data is waited for
          * before taking the token, so a warpgroup never holds it idle. */
+        fp8_load((n + n_lo) * BN);
         mbar_wait<C::SLEEP>(&sm.full_k[s], ph);
         FWD_TRACE(2);
         pp_sync();
@@ -247,8 +362,7 @@ struct FwdConsumer {
         FWD_TRACE(5);
         release(&sm.empty_k[s]);
         if (!C::QREG_ALL && n == 0) mbar_arrive(&sm.empty_q[qi]);
-        mask.apply(sacc, (n + n_lo) * BN);
-        sf.step(sacc, c2, alpha, rescale);
+        softmax(mask, sf, (n + n_lo) * BN, true, alpha, rescale);
         convert_p();
         FWD_TRACE(6);
         int prev_s = s;

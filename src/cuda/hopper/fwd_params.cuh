@@ -20,6 +20,15 @@ struct FwdParams {
     float softmax_scale, scale_log2;
 };
 
+/* FP8: the dequantisation scales [batch, heads, blocks] (fattn_tensor.scale),
+ * a kernel parameter of the FP8 instances only (in FwdParams it changed the
+ * 16-bit kernels' code); Q: rows per scale q_block; K, V: k_div / v_div key
+ * blocks of BN per scale (K with KCOL: one scale per key). */
+struct FwdFp8 {
+    const float *q_scale, *k_scale, *v_scale;
+    int q_block, q_nblocks, k_div, k_nblocks, v_div, v_nblocks;
+};
+
 /* SPLIT (perf-notes v30): the kernel's second parameter block, only in the
  * instances with SPLIT (with these tables in FwdParams every kernel's
  * key-block loop changed, d128 811 -> 817 SASS instructions).  Workers are

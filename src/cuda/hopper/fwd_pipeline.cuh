@@ -7,14 +7,22 @@
  *     64-row Q buffer, a full / empty barrier pair and a tile-index slot.  The
  *     producer writes the index, then loads Q (or only arrives); the arrive
  *     on full publishes the index; each consumer thread arrives on empty once
- *     it has read the index and its last QK^T of that tile is done. */
+ *     it has read the index and its last QK^T of that tile is done.
+ *   FP8: V lands row-major in a ring of its own (VRAW: full_vraw by TMA,
+ *     empty_vraw by the transposers); the transposer warps write V^T into
+ *     the V stage and arrive on its full barrier (one per warp); the
+ *     producer ends them with a plain arrive on full_vraw after writing the
+ *     ring position of that arrive into the end flag (a flag alone could be
+ *     seen by transposers still waiting for an earlier V). */
 #pragma once
 #include "../common/ptx.cuh"
 
 template <class C>
 struct FwdSmem {
-    uint8_t *base, *q, *k, *v;
+    uint8_t *base, *q, *k, *v, *vraw;
     uint64_t *full_k, *empty_k, *full_v, *empty_v;
+    uint64_t *full_vraw, *empty_vraw; /* FP8 only */
+    int *end_flag;                    /* FP8 only */
     uint64_t *full_q, *empty_q; /* index w * QBUF + buffer */
     int *tile_slot;             /* st/ld_shared_s32 only */
 
@@ -23,6 +31,7 @@ struct FwdSmem {
         q = base + C::OFF_Q;
         k = base + C::OFF_K;
         v = base + C::OFF_V;
+        vraw = base + C::OFF_VRAW;
         uint64_t *bars = (uint64_t *)(base + C::OFF_BAR);
         full_k = bars;
         empty_k = bars + C::STAGES;
@@ -31,15 +40,25 @@ struct FwdSmem {
         full_q = bars + 4 * C::STAGES;
         empty_q = full_q + C::NC * C::QBUF;
         tile_slot = (int *)(base + C::OFF_SLOT);
+        full_vraw = empty_q + C::NC * C::QBUF;
+        empty_vraw = full_vraw + C::STAGES;
+        end_flag = tile_slot + C::NC * C::QBUF;
     }
     /* by one thread, before anyone uses them */
     __device__ __forceinline__ void init_barriers() const {
         for (int s = 0; s < C::STAGES; ++s) {
             mbar_init(&full_k[s], 1);
-            mbar_init(&full_v[s], 1);
+            mbar_init(&full_v[s], C::FP8 ? 3 : 1); /* FP8: one arrival per transposer warp */
             /* one arrival per consumer warp, after its wgmma reads are waited for */
             mbar_init(&empty_k[s], 4 * C::NC * C::CLUSTER);
             mbar_init(&empty_v[s], 4 * C::NC * C::CLUSTER);
+        }
+        if (C::FP8) {
+            for (int s = 0; s < C::STAGES; ++s) {
+                mbar_init(&full_vraw[s], 1);
+                mbar_init(&empty_vraw[s], 3);
+            }
+            st_shared_s32(end_flag, -1);
         }
         for (int w = 0; w < C::NC * C::QBUF; ++w) {
             mbar_init(&full_q[w], 1);
@@ -47,10 +66,11 @@ struct FwdSmem {
         }
         ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
     }
-    /* consumer warpgroup w's 64 Q rows in buffer qb (slab c at + c BM 128) */
-    __device__ __forceinline__ uint8_t *q_rows(int qb, int w) const { return q + qb * C::Q_BYTES + w * 64 * 128; }
+    /* consumer warpgroup w's 64 Q rows in buffer qb (slab c at + c BM SW) */
+    __device__ __forceinline__ uint8_t *q_rows(int qb, int w) const { return q + qb * C::Q_BYTES + w * 64 * C::SW; }
     __device__ __forceinline__ uint8_t *k_stage(int s) const { return k + s * C::KV_BYTES; }
-    __device__ __forceinline__ uint8_t *v_stage(int s) const { return v + s * C::KV_BYTES; }
+    __device__ __forceinline__ uint8_t *v_stage(int s) const { return v + s * C::V_BYTES; }
+    __device__ __forceinline__ uint8_t *vraw_stage(int s) const { return vraw + s * C::VRAW_BYTES; }
 };
 
 __device__ __forceinline__ int ring_stage(int it, int stages) { return it % stages; }

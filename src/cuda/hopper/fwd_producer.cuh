@@ -30,7 +30,8 @@ struct FwdProducer {
         }
         mbar_expect_tx_arrive(&sm.full_q[qi], C::QWG_BYTES);
         for (int c = 0; c < C::SLABS; ++c)
-            tma_load_4d(sm.q_rows(qb, w) + c * C::BM * 128, &tm_q, c * 64, m * C::BM + w * 64, h, b, &sm.full_q[qi]);
+            tma_load_4d(sm.q_rows(qb, w) + c * C::BM * C::SW, &tm_q, c * C::SLAB_COLS, m * C::BM + w * 64, h, b,
+                        &sm.full_q[qi]);
     }
     /* every warpgroup the same tile; after the first, the index is read back
      * from the slot just written, so it need not stay in one of the few
@@ -61,9 +62,10 @@ struct FwdProducer {
         for (int i = 0; i < PER_CTA; ++i) {
             const int c = (int)cta_rank * PER_CTA + i;
             if (C::CLUSTER > 1)
-                tma_load_4d_multicast(dst + c * C::BN * 128, map, c * 64, n * C::BN, hk, b, bar, (uint16_t)0x3);
+                tma_load_4d_multicast(dst + c * C::BN * C::SW, map, c * C::SLAB_COLS, n * C::BN, hk, b, bar,
+                                      (uint16_t)0x3);
             else
-                tma_load_4d(dst + c * C::BN * 128, map, c * 64, n * C::BN, hk, b, bar);
+                tma_load_4d(dst + c * C::BN * C::SW, map, c * C::SLAB_COLS, n * C::BN, hk, b, bar);
         }
     }
     /* Q is read once, from DRAM: pull the next tile's Q into L2 a tile ahead
@@ -72,7 +74,7 @@ struct FwdProducer {
         int m2, h2, b2;
         fwd_tile_decode<C::CAUSAL>(p, t_next, m2, h2, b2);
         for (int w = 0; w < C::NC; ++w)
-            for (int c = 0; c < C::SLABS; ++c) tma_prefetch_l2_4d(&tm_q, c * 64, m2 * C::BM + w * 64, h2, b2);
+            for (int c = 0; c < C::SLABS; ++c) tma_prefetch_l2_4d(&tm_q, c * C::SLAB_COLS, m2 * C::BM + w * 64, h2, b2);
     }
 
     __device__ __forceinline__ void run(const FwdScheduler<C, SP> &sched) {
@@ -124,10 +126,13 @@ struct FwdProducer {
                     hand_over_each(t, true, m, h, b);
                     FWD_TRACE(22);
                 }
-                ring_wait_empty<C>(&sm.empty_v[s], ph ^ 1);
+                /* FP8: V row-major into its own ring, for the transposers */
+                uint64_t *v_empty = C::FP8 ? &sm.empty_vraw[s] : &sm.empty_v[s];
+                uint64_t *v_full = C::FP8 ? &sm.full_vraw[s] : &sm.full_v[s];
+                ring_wait_empty<C>(v_empty, ph ^ 1);
                 FWD_TRACE(23);
-                mbar_expect_tx_arrive(&sm.full_v[s], C::KV_BYTES);
-                load_kv(sm.v_stage(s), &tm_v, n, hk, b, &sm.full_v[s]);
+                mbar_expect_tx_arrive(v_full, C::KV_BYTES);
+                load_kv(C::FP8 ? sm.vraw_stage(s) : sm.v_stage(s), &tm_v, n, hk, b, v_full);
                 /* QEARLY: the next tile's Q goes into the other buffer during
                  * this tile.  That buffer's previous tile (two back) has
                  * issued its last QK^T by now: the V stage just waited for
@@ -140,6 +145,13 @@ struct FwdProducer {
         }
         /* end of work for the consumers (QEARLY: handed over with the last tile) */
         if (!C::QEARLY) hand_over_all(p.num_tiles);
+        if (C::FP8) {
+            /* the transposers' end: the next V stage's turn comes with the flag set */
+            const int s = ring_stage(it, C::STAGES);
+            ring_wait_empty<C>(&sm.empty_vraw[s], ring_phase(it, C::STAGES) ^ 1);
+            st_shared_s32(sm.end_flag, it);
+            mbar_arrive(&sm.full_vraw[s]);
+        }
         sched.finish();
         FWD_TRACE_END();
     }

@@ -8,6 +8,7 @@
  *   fwd_mainloop.cuh   warpgroups 1..NC: QK^T, softmax, PV (overlap, pingpong)
  *   fwd_softmax.cuh    mask and online softmax
  *   fwd_epilogue.cuh   O / l and LSE (registers or TMA), empty tiles, split merge
+ *   fwd_transpose.cuh  FP8: warps 1-3 of warpgroup 0 transpose V in shared memory
  * One persistent CTA per SM; the producer gives registers away and one of
  * its threads works, the consumers take them (setmaxnreg).  CLUSTER 2 (d256
  * non-causal): CTA pairs on adjacent query blocks of one head share each K/V
@@ -17,6 +18,7 @@
 #pragma once
 #include "fwd_mainloop.cuh"
 #include "fwd_producer.cuh"
+#include "fwd_transpose.cuh"
 #include "fwd_traits.cuh"
 
 /* The kernel's body; sp: the FwdSplit parameter with SPLIT (the kernels
@@ -26,7 +28,8 @@
 template <class C, class SP>
 __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUtensorMap &tm_k,
                                               const CUtensorMap &tm_v, const FwdParams p, const SP &sp,
-                                              const CUtensorMap *tm_o /* OTMA only */) {
+                                              const CUtensorMap *tm_o /* OTMA only */,
+                                              const FwdFp8 *f8 /* FP8 only */) {
     extern __shared__ uint8_t smem_raw[];
     const FwdSmem<C> sm(smem_raw);
     const int warpgroup = threadIdx.x / 128;
@@ -48,6 +51,13 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
 
     if (warpgroup == 0) {
         regs_dealloc<C::REGS_PRODUCER>();
+        if constexpr (C::FP8) {
+            if (warp >= 1) {
+                const FwdTransposer<C> tr{sm, warp - 1, lane};
+                tr.run();
+                return;
+            }
+        }
         /* one working thread: warp 0, lane 0; a CTA leaves only when its
          * peer is done with its shared memory */
         if (threadIdx.x != 0) {
@@ -72,7 +82,8 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
     const int r0 = 16 * warp + lane / 4; /* accumulator rows r0 and r0 + 8 (HOPPER-PTX §3) */
     const int q4 = lane % 4;
     FwdEpilogue<C, SP> epi{p, sp, tm_o, sm.base, wg, warp, lane, tid, r0, q4, p.scale_log2};
-    FwdConsumer<C, SP> cons{p, sp, sm, epi, wg, warp, lane, r0, q4, cta_rank, p.scale_log2, 8 + wg, 8 + (wg + 1) % C::NC};
+    FwdConsumer<C, SP> cons{p,  sp,       sm,           epi,    wg,
+                            warp, lane, r0, q4, cta_rank, p.scale_log2, 8 + wg, 8 + (wg + 1) % C::NC, f8};
     cons.run();
     if (C::CLUSTER > 1) cluster_sync_all();
 }
@@ -81,7 +92,16 @@ template <class C>
 __global__ void __launch_bounds__(C::THREADS, 1)
     fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                     const __grid_constant__ CUtensorMap tm_v, const FwdParams p) {
-    fwd_sm90_body<C>(tm_q, tm_k, tm_v, p, FwdNoSplit(), nullptr);
+    fwd_sm90_body<C>(tm_q, tm_k, tm_v, p, FwdNoSplit(), nullptr, nullptr);
+}
+
+/* FP8: the scales after FwdParams */
+template <class C>
+__global__ void __launch_bounds__(C::THREADS, 1)
+    fwd_sm90_fp8_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                        const __grid_constant__ CUtensorMap tm_v, const FwdParams p,
+                        const __grid_constant__ FwdFp8 f8) {
+    fwd_sm90_body<C>(tm_q, tm_k, tm_v, p, FwdNoSplit(), nullptr, &f8);
 }
 
 template <class C>
@@ -89,7 +109,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     fwd_sm90_split_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                           const __grid_constant__ CUtensorMap tm_v, const FwdParams p,
                           const __grid_constant__ FwdSplit sp) {
-    fwd_sm90_body<C>(tm_q, tm_k, tm_v, p, sp, nullptr);
+    fwd_sm90_body<C>(tm_q, tm_k, tm_v, p, sp, nullptr, nullptr);
 }
 
 /* OTMA: the same kernels with O's tensor map (box 64 x 16) */
@@ -98,7 +118,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     fwd_sm90_kernel_o(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                       const __grid_constant__ CUtensorMap tm_v, const FwdParams p,
                       const __grid_constant__ CUtensorMap tm_o) {
-    fwd_sm90_body<C>(tm_q, tm_k, tm_v, p, FwdNoSplit(), &tm_o);
+    fwd_sm90_body<C>(tm_q, tm_k, tm_v, p, FwdNoSplit(), &tm_o, nullptr);
 }
 
 template <class C>
@@ -106,5 +126,5 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     fwd_sm90_split_kernel_o(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                             const __grid_constant__ CUtensorMap tm_v, const FwdParams p,
                             const __grid_constant__ FwdSplit sp, const __grid_constant__ CUtensorMap tm_o) {
-    fwd_sm90_body<C>(tm_q, tm_k, tm_v, p, sp, &tm_o);
+    fwd_sm90_body<C>(tm_q, tm_k, tm_v, p, sp, &tm_o, nullptr);
 }

@@ -6,6 +6,13 @@
 
 fwd_kernel fwd_sm90_pick(const fattn_problem *pr, const fwd_variant &v) {
     const int64_t sk = pr->seqlen_k;
+    if (v.fp8) {
+        switch (pr->head_dim) {
+        case 64: return v.causal ? FWD_FP8_D64_CAUSAL : FWD_FP8_D64;
+        case 128: return v.causal ? FWD_FP8_D128_CAUSAL : FWD_FP8_D128;
+        default: return v.causal ? FWD_FP8_D256_CAUSAL : FWD_FP8_D256;
+        }
+    }
     switch (pr->head_dim) {
     case 64:
         /* 3 warpgroups (192-row tiles) with OTMA 2 win from seqlen_k 512
@@ -36,8 +43,10 @@ fwd_kernel fwd_sm90_pick(const fattn_problem *pr, const fwd_variant &v) {
 fattn_status fwd_sm90_launch(fattn_ctx *ctx, const fattn_fwd_args *a, const cuda_fwd_options *opt) {
     fwd_variant v;
     static_cast<cuda_fwd_options &>(v) = *opt;
-    v.bf16 = a->q.dtype == FATTN_DTYPE_BF16;
+    v.fp8 = a->q.dtype == FATTN_DTYPE_E4M3;
+    v.bf16 = (v.fp8 ? a->o.dtype : a->q.dtype) == FATTN_DTYPE_BF16;
     v.causal = a->p.causal != 0;
+    v.kcol = v.fp8 && a->k.scale_block == 1;
     int prev;
     const cudaError_t e = cuda_device_enter(ctx->device, &prev);
     if (e != cudaSuccess) {

@@ -7,7 +7,8 @@
 /* The call's dtype and mask, and its options (the paper's ablation knobs,
  * split, PDL: cuda_fwd_options, read once by entry.cu). */
 struct fwd_variant : cuda_fwd_options {
-    bool bf16, causal;
+    bool bf16, causal; /* bf16: of the output (16-bit calls: of every tensor) */
+    bool fp8, kcol;    /* e4m3 inputs; one K scale per key */
     /* the full design: every fp16 call, and bf16 unless the ablation turned
      * a technique off (the ablation's variants are bf16 only) */
     bool full_design() const { return !bf16 || (overlap && pingpong && !under_pv); }
@@ -26,6 +27,12 @@ enum fwd_kernel {
     FWD_D256_CAUSAL,     /* 128 x 80 */
     FWD_D256_PAIRED,     /* 128 x 80, CTA pairs share K/V (an even number of query blocks) */
     FWD_D256,            /* 128 x 80, single CTAs */
+    FWD_FP8_D64_CAUSAL,  /* FP8 (e4m3 inputs): 128 x 128 */
+    FWD_FP8_D64,
+    FWD_FP8_D128_CAUSAL,
+    FWD_FP8_D128,
+    FWD_FP8_D256_CAUSAL,
+    FWD_FP8_D256,
     FWD_KERNEL_COUNT_    /* not a kernel: the number of them */
 };
 

@@ -42,6 +42,14 @@ constexpr FwdOpts fwd_kernel_opts(fwd_kernel k) {
     case FWD_D256:
         o.d = 256, o.bn = 80, o.split = true;
         break;
+    case FWD_FP8_D64_CAUSAL: o.d = 64, o.causal = true, o.fp8 = true; break;
+    case FWD_FP8_D64: o.d = 64, o.fp8 = true; break;
+    case FWD_FP8_D128_CAUSAL: o.causal = true, o.fp8 = true; break;
+    case FWD_FP8_D128: o.fp8 = true; break;
+    /* d256: BN 128 spills (232 registers: 128 of O, 64 of S); 64 still
+     * divides the 128-key scale blocks */
+    case FWD_FP8_D256_CAUSAL: o.d = 256, o.bn = 64, o.causal = true, o.fp8 = true; break;
+    case FWD_FP8_D256: o.d = 256, o.bn = 64, o.fp8 = true; break;
     case FWD_KERNEL_COUNT_: break;
     }
     return o;
@@ -73,6 +81,23 @@ inline fwd_variant fwd_variant_of(const FwdOpts &o, bool split, bool pdl) {
     v.split = split;
     v.pdl = pdl;
     return v;
+}
+
+/* FP8 kernel K with output dtype bf16 or f16 and the K scale per key or per block */
+constexpr FwdOpts fwd_opts_fp8(FwdOpts o, bool bf16, bool kcol) {
+    o.bf16 = bf16;
+    o.kcol = kcol;
+    return o;
+}
+template <fwd_kernel K>
+fattn_status fwd_sm90_run_fp8(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v) {
+    constexpr FwdOpts O = fwd_kernel_opts(K);
+    if (v.bf16) {
+        if (v.kcol) return fwd_sm90_run<FwdCfg<fwd_opts_fp8(O, true, true)>>(ctx, a, v);
+        return fwd_sm90_run<FwdCfg<fwd_opts_fp8(O, true, false)>>(ctx, a, v);
+    }
+    if (v.kcol) return fwd_sm90_run<FwdCfg<fwd_opts_fp8(O, false, true)>>(ctx, a, v);
+    return fwd_sm90_run<FwdCfg<fwd_opts_fp8(O, false, false)>>(ctx, a, v);
 }
 
 /* Run kernel K in the call's dtype. */

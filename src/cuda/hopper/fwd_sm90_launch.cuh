@@ -14,13 +14,15 @@
 /* the kernel's parameters (three tensor maps, FwdParams, SPLIT's tables
  * and OTMA's map of O) stay within the classic 4 KB limit */
 static_assert(4 * sizeof(CUtensorMap) + sizeof(FwdParams) + sizeof(FwdSplit) <= 4096, "kernel parameters");
+static_assert(3 * sizeof(CUtensorMap) + sizeof(FwdParams) + sizeof(FwdFp8) <= 4096, "FP8 kernel parameters");
 
 /* the kernel of an instance: (Q, K, V tensor maps, FwdParams), with SPLIT a
  * FwdSplit after FwdParams, with OTMA O's tensor map last; the launch passes
  * its arguments in that order */
 template <class C>
 auto fwd_sm90_kernel_of() {
-    if constexpr (C::SPLIT && C::OTMA) return fwd_sm90_split_kernel_o<C>;
+    if constexpr (C::FP8) return fwd_sm90_fp8_kernel<C>;
+    else if constexpr (C::SPLIT && C::OTMA) return fwd_sm90_split_kernel_o<C>;
     else if constexpr (C::SPLIT) return fwd_sm90_split_kernel<C>;
     else if constexpr (C::OTMA) return fwd_sm90_kernel_o<C>;
     else return fwd_sm90_kernel<C>;
@@ -181,7 +183,7 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, const
          * d128 causal 4096 -5%, d64 8192 -4%, and with 16 pairs or fewer
          * +1% at d256, -3.7% at d128 16384 against the merge alone. */
         const long nbh = (long)pr->batch * pr->heads_q;
-        const double kv_bytes = 2.0 * pr->seqlen_k * C::D * 2;
+        const double kv_bytes = 2.0 * pr->seqlen_k * C::D * C::ELEM;
         const long min_hg = (2L * st->num_sms + p.num_m_blocks - 1) / p.num_m_blocks;
         long hg = (long)(24.0e6 / kv_bytes) * p.group;
         if (hg < min_hg) hg = min_hg;
@@ -199,12 +201,43 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, const
     if (!sp) grid = p.num_tiles < max_ctas ? p.num_tiles : max_ctas; /* num_tiles is even with a cluster */
 
     CUtensorMap tq, tk, tv;
-    if ((s = cuda_make_tensor_map(ctx, &tq, &a->q, C::D, pr->seqlen_q, pr->heads_q, pr->batch, 64, "q")) != FATTN_OK)
-        return s;
-    if ((s = cuda_make_tensor_map(ctx, &tk, &a->k, C::D, pr->seqlen_k, pr->heads_kv, pr->batch, C::BN, "k")) != FATTN_OK)
-        return s;
-    if ((s = cuda_make_tensor_map(ctx, &tv, &a->v, C::D, pr->seqlen_k, pr->heads_kv, pr->batch, C::BN, "v")) != FATTN_OK)
-        return s;
+    FwdFp8 f8;
+    memset(&f8, 0, sizeof f8);
+    if constexpr (C::FP8) {
+        /* e4m3 tiles of SW-byte rows (fwd_traits.cuh); the scales' layout:
+         * fattn_tensor (entry.cu checked that K's and V's blocks suit BN) */
+        const CUtensorMapSwizzle sw = C::SW == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+        if ((s = cuda_tensor_map_4d(ctx, &tq, &a->q, FATTN_DTYPE_E4M3, C::D, pr->seqlen_q, pr->heads_q, pr->batch,
+                                    C::SLAB_COLS, 64, sw, "q")) != FATTN_OK)
+            return s;
+        if ((s = cuda_tensor_map_4d(ctx, &tk, &a->k, FATTN_DTYPE_E4M3, C::D, pr->seqlen_k, pr->heads_kv, pr->batch,
+                                    C::SLAB_COLS, C::BN, sw, "k")) != FATTN_OK)
+            return s;
+        if ((s = cuda_tensor_map_4d(ctx, &tv, &a->v, FATTN_DTYPE_E4M3, C::D, pr->seqlen_k, pr->heads_kv, pr->batch,
+                                    C::SLAB_COLS, C::BN, sw, "v")) != FATTN_OK)
+            return s;
+        f8.q_scale = a->q.scale;
+        f8.k_scale = a->k.scale;
+        f8.v_scale = a->v.scale;
+        f8.q_block = a->q.scale_block;
+        f8.q_nblocks = (pr->seqlen_q + a->q.scale_block - 1) / a->q.scale_block;
+        f8.k_div = C::KCOL ? 1 : a->k.scale_block / C::BN;
+        f8.k_nblocks = (pr->seqlen_k + a->k.scale_block - 1) / a->k.scale_block;
+        f8.v_div = a->v.scale_block / C::BN;
+        f8.v_nblocks = (pr->seqlen_k + a->v.scale_block - 1) / a->v.scale_block;
+        if ((!C::KCOL && (f8.k_div < 1 || a->k.scale_block % C::BN)) || f8.v_div < 1 || a->v.scale_block % C::BN)
+            return fattn_fail(ctx, FATTN_ERROR_INTERNAL, "FP8 kernel: scale blocks k %d, v %d do not suit its key block %d",
+                              a->k.scale_block, a->v.scale_block, C::BN);
+    } else {
+        if ((s = cuda_make_tensor_map(ctx, &tq, &a->q, C::D, pr->seqlen_q, pr->heads_q, pr->batch, 64, "q")) != FATTN_OK)
+            return s;
+        if ((s = cuda_make_tensor_map(ctx, &tk, &a->k, C::D, pr->seqlen_k, pr->heads_kv, pr->batch, C::BN, "k")) !=
+            FATTN_OK)
+            return s;
+        if ((s = cuda_make_tensor_map(ctx, &tv, &a->v, C::D, pr->seqlen_k, pr->heads_kv, pr->batch, C::BN, "v")) !=
+            FATTN_OK)
+            return s;
+    }
     /* OTMA: O through TMA stores where TMA can address it (o_wide: base and
      * strides 16-byte multiples; strides below 2^40 bytes), else the
      * kernel's register stores (the map is then never read) */
@@ -252,6 +285,7 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, const
     int nargs = 4;
     if constexpr (C::SPLIT) args[nargs++] = const_cast<FwdSplit *>(sp);
     if constexpr (C::OTMA) args[nargs++] = &to;
+    if constexpr (C::FP8) args[nargs++] = &f8;
     cudaError_t e = cudaLaunchKernelExC(&cfg, (const void *)fwd_sm90_kernel_of<C>(), args);
     if (e == cudaSuccess) e = cudaGetLastError();
     if (e != cudaSuccess) return fattn_fail(ctx, FATTN_ERROR_CUDA, "forward kernel launch: %s", cudaGetErrorString(e));

@@ -26,6 +26,11 @@ struct FwdOpts {
     int qreg = 0;                /* first k 16-column slices of Q in registers, -1 all (v26) */
     bool split = false;          /* the last wave's tiles split along the keys (FwdSplit, v30) */
     int otma = 0;                /* O by TMA store: 1 at the tile's end, 2 after the next first QK^T (v43) */
+    /* FP8 (paper §3.3): e4m3 Q, K, V with fp32 scales, 16-bit O (bf16 selects
+     * bf16 or f16); V is transposed in shared memory by the producer
+     * warpgroup's warps 1-3 (fwd_transpose.cuh) */
+    bool fp8 = false;
+    bool kcol = false;           /* FP8: one K scale per key (a column vector), else one per key block */
 };
 
 /* the same options without the key split (the instance that runs when the
@@ -49,7 +54,17 @@ struct FwdCfg {
     static constexpr bool SCHED_FENCE = O.overlap == 3 || (O.overlap == 1 && O.d <= 128 && !O.causal);
     static constexpr int BM = 64 * NC;
     static constexpr int THREADS = 128 * (NC + 1);
-    static constexpr int SLABS = D / 64; /* 128-byte swizzled slabs of 64 columns */
+    static constexpr bool FP8 = O.fp8, KCOL = O.fp8 && O.kcol;
+    static constexpr int ELEM = FP8 ? 1 : 2; /* bytes per Q/K/V element */
+    /* Q, K (and 16-bit V) tiles are slabs of SW-byte swizzled rows: 128
+     * bytes (64 16-bit or 128 e4m3 columns), 64 for FP8 head dim 64 */
+    static constexpr int SW = D * ELEM < 128 ? D * ELEM : 128;
+    static constexpr int SLAB_COLS = SW / ELEM;
+    static constexpr int SLABS = D / SLAB_COLS;
+    /* k-steps of the QK^T GEMM (k16 16-bit, k32 e4m3: 32 bytes each) and per slab */
+    static constexpr int QK_STEPS = D * ELEM / 32, STEPS_PER_SLAB = SW / 32;
+    /* P's A fragments: one per k-step of the PV GEMM */
+    static constexpr int P_STEPS = BN * ELEM / 32;
     static constexpr bool QEARLY = O.qearly;
     static constexpr int QBUF = QEARLY ? 2 : 1;
     static constexpr bool SLEEP = O.sleep;
@@ -57,18 +72,24 @@ struct FwdCfg {
     static constexpr bool SITOUT = O.sitout == 1 || (O.sitout == 2 && O.split);
     static constexpr bool SPREAD = O.spread == 1 || (O.spread == 2 && O.split);
     static constexpr bool SKIPDIAG = O.skipdiag && O.causal;
-    static constexpr int QREGK = O.qreg < 0 ? D / 16 : (O.qreg < D / 16 ? O.qreg : D / 16);
+    static constexpr int QREGK = O.qreg < 0 ? QK_STEPS : (O.qreg < QK_STEPS ? O.qreg : QK_STEPS);
     static constexpr bool QREG = QREGK > 0;
-    static constexpr bool QREG_ALL = QREGK == D / 16; /* the Q buffer goes back at the tile's start */
-    static constexpr int Q_BYTES = BM * D * 2;        /* one Q buffer set */
-    static constexpr int QWG_BYTES = 64 * D * 2;      /* one consumer warpgroup's Q rows */
-    static constexpr int KV_BYTES = BN * D * 2;
+    static constexpr bool QREG_ALL = QREGK == QK_STEPS; /* the Q buffer goes back at the tile's start */
+    static constexpr int Q_BYTES = BM * D * ELEM;     /* one Q buffer set */
+    static constexpr int QWG_BYTES = 64 * D * ELEM;   /* one consumer warpgroup's Q rows */
+    static constexpr int KV_BYTES = BN * D * ELEM;
+    /* FP8: the PV GEMM's V^T (D rows of keys, K-major) in slabs of 128 keys
+     * with the 128-byte swizzle; TMA lands V row-major in its own ring (VRAW) */
+    static constexpr int VT_SLABS = FP8 ? (BN + 127) / 128 : 0;
+    static constexpr int V_BYTES = FP8 ? VT_SLABS * D * 128 : KV_BYTES;
+    static constexpr int VRAW_BYTES = FP8 ? KV_BYTES : 0;
     /* Shared layout (offsets from a 1024-aligned base). */
     static constexpr int OFF_Q = 0;
     static constexpr int OFF_K = OFF_Q + QBUF * Q_BYTES;
     static constexpr int OFF_V = OFF_K + STAGES * KV_BYTES;
-    static constexpr int OFF_BAR = OFF_V + STAGES * KV_BYTES;
-    static constexpr int NUM_BARS = 4 * STAGES + 2 * NC * QBUF;
+    static constexpr int OFF_VRAW = OFF_V + STAGES * V_BYTES;
+    static constexpr int OFF_BAR = OFF_VRAW + STAGES * VRAW_BYTES;
+    static constexpr int NUM_BARS = (FP8 ? 6 : 4) * STAGES + 2 * NC * QBUF;
     static constexpr int OFF_SLOT = OFF_BAR + NUM_BARS * 8; /* tile index per consumer warpgroup and Q buffer */
     using NoSplit = FwdCfg<fwd_opts_no_split(O)>;
     /* OTMA: each consumer warp stages its 16 rows of O / l in shared memory
@@ -77,7 +98,7 @@ struct FwdCfg {
      * (d64) or 16 KB (d128), which d128 BN 176 and d256 do not have. */
     static constexpr bool OTMA = O.otma != 0;
     static constexpr bool OTMA_LATE = O.otma == 2; /* the next tile's first K/V loads go first */
-    static constexpr int END_SLOT = OFF_SLOT + NC * QBUF * 4;
+    static constexpr int END_SLOT = OFF_SLOT + NC * QBUF * 4 + (FP8 ? 4 : 0); /* FP8: the transposers' end flag */
     static constexpr int OFF_OST = (END_SLOT + 1023) / 1024 * 1024;
     static constexpr int OST_WARP_BYTES = 16 * D * 2;
     static constexpr int SMEM_BYTES = (OTMA ? OFF_OST + 4 * NC * OST_WARP_BYTES : END_SLOT) + 1024; /* + alignment slack */
@@ -89,13 +110,14 @@ struct FwdCfg {
     /* lazy rescaling (FA4): a row's reference max moves only when the block
      * max passes it by more than LAZY_LOG2; d64 +1-4%, d256 +3-7%, d128
      * -1-2% (v5) */
-    static constexpr bool LAZY = D != 128;
+    static constexpr bool LAZY = D != 128 && !FP8; /* FP8: P must stay below e4m3's 448 */
     static constexpr float LAZY_LOG2 = 8.f;
     /* Registers per thread after setmaxnreg (FA3's split, HOPPER-PTX §6). */
     /* 24 spills with a cluster, and at d64, whose consumers use < 190 */
-    static constexpr bool PRODUCER_24 = NC == 2 && CLUSTER == 1 && D > 64;
-    static constexpr int REGS_PRODUCER = PRODUCER_24 ? 24 : 32;
-    static constexpr int REGS_CONSUMER = NC == 2 ? (PRODUCER_24 ? 240 : 232) : 160;
+    static constexpr bool PRODUCER_24 = NC == 2 && CLUSTER == 1 && D > 64 && !FP8;
+    /* FP8: the V transposers need 40 */
+    static constexpr int REGS_PRODUCER = FP8 ? 40 : PRODUCER_24 ? 24 : 32;
+    static constexpr int REGS_CONSUMER = NC == 2 ? (PRODUCER_24 ? 240 : 232) : FP8 ? 152 : 160;
     /* setmaxnreg.inc waits until the CTA's pool has the registers: the split
      * must fit in the launch's allocation, or the consumers hang (run 11) */
     static_assert(REGS_PRODUCER * 128 + REGS_CONSUMER * 128 * NC <= 65536 / (128 * (NC + 1)) / 8 * 8 * 128 * (NC + 1),
@@ -104,4 +126,6 @@ struct FwdCfg {
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
     static_assert(CLUSTER == 1 || (CLUSTER == 2 && SLABS % 2 == 0 && !CAUSAL), "cluster variant");
     static_assert(!SPLIT || (!CAUSAL && !QEARLY), "SPLIT: static non-causal kernels");
+    static_assert(!FP8 || (BN % 32 == 0 && CLUSTER == 1 && !QREG && !OTMA && !SPLIT && !QEARLY && !SITOUT && !SKIPDIAG),
+                  "FP8: the techniques it has");
 };

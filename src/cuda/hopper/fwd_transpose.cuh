@@ -1,0 +1,77 @@
+/* fwd_transpose.cuh - FP8: warps 1-3 of the producer warpgroup turn each V
+ * block that TMA landed row-major (keys x head dim, e4m3) into the K-major
+ * V^T the PV GEMM needs (FP8 wgmma has no transposed B, HOPPER-PTX §1).
+ *
+ * A unit is 16 keys x 32 columns: ldmatrix.x4.trans reads four 8x8 b16
+ * matrices (keys 0-7 and 8-15 of columns 0-15, then of 16-31); lane (c, q)
+ * = (lane / 4, lane % 4) receives key pairs (2q, 2q+1) of column pair
+ * (2c, 2c+1) from each; __byte_perm 0x6420 / 0x7531 splits even and odd
+ * columns, giving column 2c's keys (2q, 2q+1, 8+2q, 9+2q) in one word; and
+ * stmatrix.x4 writes them as bytes 4q..4q+3 of V^T row 2c (and 2c+1, 16+2c,
+ * 17+2c).  So within every 16 keys V^T holds them in the order
+ * 0 1 8 9 2 3 10 11 4 5 12 13 6 7 14 15: exactly the order in which a
+ * thread's score accumulator holds its columns, so P needs no data movement
+ * to become the PV GEMM's A fragment (FwdConsumer::convert_p; HOPPER-PTX §3).
+ *
+ * The transposers walk the ring positions in the producer's order: wait for
+ * V (full_vraw) and for the V^T stage (empty_v, released by the consumers),
+ * transpose, make the writes visible to wgmma (fence.proxy.async), arrive on
+ * full_v and give the row-major stage back (empty_vraw).  The producer ends
+ * them with a plain arrive whose ring position it writes in the end flag. */
+#pragma once
+#include "fwd_pipeline.cuh"
+
+/* byte offset of (row, byte col) in a tile of W-byte rows with the W-byte
+ * swizzle (W = 128: 16-byte chunk ^= row % 8; W = 64: ^= (row / 2) % 4),
+ * the tile starting on a swizzle-atom boundary */
+template <int W>
+__device__ __forceinline__ uint32_t swz_offset(int row, int col) {
+    const uint32_t lin = (uint32_t)(row * W + col);
+    return lin ^ (((lin >> 7) & (W == 128 ? 7u : 3u)) << 4);
+}
+
+template <class C>
+struct FwdTransposer {
+    static constexpr int D = C::D, BN = C::BN, STAGES = C::STAGES;
+    static constexpr int UNITS = (BN / 16) * (D / 32);
+    const FwdSmem<C> &sm;
+    int tw, lane; /* transposer warp 0..2 */
+
+    __device__ __forceinline__ void transpose(int s) const {
+        const uint32_t src = smem_u32(sm.vraw_stage(s)), dst = smem_u32(sm.v_stage(s));
+        const int j = lane >> 3, i = lane & 7;
+        for (int u = tw; u < UNITS; u += 3) {
+            const int kg = u % (BN / 16), dg = u / (BN / 16);
+            /* ldmatrix: lane gives row i of matrix j: key 16 kg + 8 (j % 2) + i, columns 32 dg + 16 (j / 2) .. + 15 */
+            const int key = 16 * kg + 8 * (j & 1) + i, col = 32 * dg + 16 * (j >> 1);
+            const int sl = col / C::SLAB_COLS;
+            uint32_t r[4];
+            ldsm_x4_trans(r, src + sl * BN * C::SW + swz_offset<C::SW>(key, col % C::SLAB_COLS));
+            const uint32_t o0 = __byte_perm(r[0], r[1], 0x6420), o1 = __byte_perm(r[0], r[1], 0x7531);
+            const uint32_t o2 = __byte_perm(r[2], r[3], 0x6420), o3 = __byte_perm(r[2], r[3], 0x7531);
+            /* stmatrix: lane gives row i of matrix j: V^T row (column of V)
+             * 32 dg + 16 (j / 2) + 2 i + j % 2, keys 16 kg .. + 15 */
+            const int vrow = 32 * dg + 16 * (j >> 1) + 2 * i + (j & 1);
+            const int k0 = 16 * kg;
+            stsm_x4(dst + (k0 / 128) * D * 128 + swz_offset<128>(vrow, k0 % 128), o0, o1, o2, o3);
+        }
+    }
+
+    __device__ __forceinline__ void run() const {
+        for (int it = 0;; ++it) {
+            const int s = ring_stage(it, STAGES);
+            const uint32_t ph = ring_phase(it, STAGES);
+            /* sleeping waits: spinning warps would take issue slots from the consumers */
+            mbar_wait<true>(&sm.full_vraw[s], ph);
+            if (ld_shared_s32(sm.end_flag) == it) break; /* the producer's end, at this position */
+            mbar_wait<true>(&sm.empty_v[s], ph ^ 1);
+            transpose(s);
+            fence_async_shared(); /* V^T is read by wgmma (the async proxy) */
+            __syncwarp();
+            if (lane == 0) {
+                mbar_arrive(&sm.full_v[s]);
+                mbar_arrive(&sm.empty_vraw[s]);
+            }
+        }
+    }
+};
