@@ -7,6 +7,8 @@ measured in one process on the same inputs (DESIGN.md §7).
         [--seqlens 512,...,16384] [--causal both|0|1] [--backends fattn,fattn-b,cudnn,fa2,fa3]
         [--fattn-lib-b build-old/libfattn.so] [--rounds 3] [--iters 4] [--settle-ms 500]
         [--json out.json] [--png out.png] [--ablation] [--clocks] [--dry-run]
+    python3 bench/compare.py --fp8 [--backends fattn,fattn-fp8,fattn-fp8-e2e,fa3,fa3-fp8] [--head-dims ..]
+        [--seqlens 1024,4096,16384] [--causal both|0|1] [--rounds 3] [--clocks] [--json out.json] [--dry-run]
 
 FLOPs = 4 * batch * heads * seqlen^2 * head_dim (halved for causal);
 TFLOPs/s = FLOPs / median kernel time; the backends take turns over --rounds (3) rounds per shape,
@@ -26,6 +28,13 @@ The expected duration is printed first (--dry-run prints only that, without torc
 one device command may run 10 minutes, so split long tables with --dtypes / --causal.
 --ablation runs the paper's setting (batch 4, seqlen 8448, 16 heads, d 128,
 bf16, non-causal) with the overlap and/or pingpong turned off.
+--fp8 times the FP8 forward instead (same shapes, seqlen 1024 / 4096 / 16384 by default, the same
+turns): fattn-fp8 is fattn's FP8 kernel alone (fattn_fwd on e4m3 Q, K, V quantised beforehand by
+torch with one scale per 128 rows, through python/fattn/_capi.py's structs), fa3-fp8 FA3's FP8 kernel
+alone (e4m3 with per-(batch, kv head) descales), fattn-fp8-e2e fattn_fwd_fp8 from the bf16 inputs
+(quantise, Hadamard on Q and K, attend), fattn and fa3 the bf16 calls; one FLOP count for all.
+Ratios fattn FP8 / FA3 FP8, e2e / fattn bf16, e2e / FA3 bf16; maxdiff against fattn's bf16 O.
+A backend that fails (say the FP8 kernel is not there yet) prints its error once and is left out.
 """
 import argparse
 import contextlib
@@ -63,7 +72,8 @@ LABEL = {"fattn": "fattn", "fattn-b": "fattn-b", "cudnn": "cuDNN", "fa2": "FA2",
 RATIOS = (("x cuDNN", "cudnn"), ("x FA3", "fa3"), ("x FA2", "fa2"), ("new/old", "fattn-b"))
 ROWS = {"all": ("bf16,fp16", "64,128,256", "512,1024,2048,4096,8192,16384", "both"),
         "table": ("bf16,fp16", "64,128,256", "1024,2048,4096,8192,16384", "both"),  # the README's 60 rows
-        "smoke": ("bf16,fp16", "64,128,256", "1024", "both")}
+        "smoke": ("bf16,fp16", "64,128,256", "1024", "both"),
+        "fp8": ("bf16", "64,128,256", "1024,4096,16384", "both")}  # with --fp8 (dtypes unused there)
 DT = {"bfloat16": "bf16", "float16": "fp16"}  # the JSON's dtype names -> the command line's
 MAXDIFF_WARN = 0.05  # a wrong mask or scale moves outputs by 0.1-1; bf16 rounding by < 0.02
 
@@ -99,6 +109,17 @@ class Clocks:
 
 
 CLOCKS = None  # a Clocks when --clocks is given
+
+
+def init_clocks(a):
+    """--clocks: start NVML (CLOCKS); without it, say so and time without."""
+    global CLOCKS
+    if a.clocks:
+        try:
+            CLOCKS = Clocks()
+        except (OSError, RuntimeError) as e:  # no NVML: time without it
+            print("--clocks: NVML not available (%s); clocks not recorded" % e)
+            a.clocks = False
 
 
 def time_fn(fn, iters, warmup=5, batch=10, settle_ms=0.0):
@@ -309,6 +330,17 @@ def bench_case(ctx, dtype, b, s, h, d, causal, iters, peers=True, rounds=3, rota
             except Exception:  # an output this script cannot read: time it all the same
                 res[key(name) + "_maxdiff"] = None
             fns.append((name, fn, be))
+    take_turns(res, fns, fl, iters, rounds, rotate, settle_ms, cooldown_ms, ctx, ab_option)
+    del case
+    res["row_s"] = round(time.perf_counter() - t_row, 2)
+    return res
+
+
+def take_turns(res, fns, fl, iters, rounds=3, rotate=True, settle_ms=0.0, cooldown_ms=0.0, ctx=None,
+               ab_option=None):
+    """The backends of fns [(name, fn, what its calls run under: None, an SDPA backend or "ab")]
+    take turns over `rounds` rounds; res[key(name)] = fl / median sample / 1e12 (TFLOPs/s), and with
+    --clocks <key>_mhz, <key>_w, <key>_clock_samples."""
     # the backends take turns over `rounds` rounds (median over all samples):
     # the machine drifts by several percent within a run, and interleaving
     # makes that drift hit every backend alike
@@ -334,30 +366,313 @@ def bench_case(ctx, dtype, b, s, h, d, causal, iters, peers=True, rounds=3, rota
             res[n + "_mhz"] = statistics.median(c[0] for c in clocks[name])
             res[n + "_w"] = statistics.median(c[1] for c in clocks[name])
             res[n + "_clock_samples"] = len(clocks[name])
+
+
+# ------------------------------------------------------------------ FP8 rows (--fp8)
+
+FP8_BACKENDS = ("fattn", "fattn-fp8", "fattn-fp8-e2e", "fa3", "fa3-fp8")
+FP8_LABEL = {"fattn": "fattn bf16", "fattn-fp8": "fattn FP8", "fattn-fp8-e2e": "fattn e2e", "fa3": "FA3 bf16",
+             "fa3-fp8": "FA3 FP8"}
+# ratio columns of the FP8 table: (header, numerator, denominator)
+FP8_RATIOS = (("FP8/FA3-8", "fattn-fp8", "fa3-fp8"), ("e2e/bf16", "fattn-fp8-e2e", "fattn"),
+              ("e2e/FA3-16", "fattn-fp8-e2e", "fa3"))
+FP8_BLOCK = 128  # rows per scale of Q, K and V: fattn's kernel alone and fattn_fwd_fp8
+FP8_SEED = 0     # fattn_fwd_fp8's rotation signs
+E4M3_MAX = 448.0
+FP8_MAXDIFF_WARN = 0.25  # |O_fp8 - fattn's bf16 O| on N(0,1) inputs: a few 1e-2; a wrong scale: >= 0.5
+
+
+class Fp8Options(ctypes.Structure):
+    """include/fattn.h's fattn_fp8_options, until python/fattn/_capi.py mirrors it (then its struct is used)."""
+    _fields_ = [("granularity", ctypes.c_int), ("block_rows_q", ctypes.c_int32), ("block_rows_k", ctypes.c_int32),
+                ("block_rows_v", ctypes.c_int32), ("rotate", ctypes.c_int32), ("seed", ctypes.c_uint64)]
+
+
+def fwd_fp8_binding():
+    """(fattn_fwd_fp8 of the loaded library, its options struct type); RuntimeError when the library
+    has no such symbol."""
+    from fattn import _capi, _core
+    try:
+        fn = getattr(_core.lib, "fattn_fwd_fp8")
+    except AttributeError:
+        raise RuntimeError("%s has no fattn_fwd_fp8 (built before it)" % _core.library_path)
+    proto = _capi.PROTOTYPES.get("fattn_fwd_fp8")
+    if proto:  # bound by _capi.bind: its own struct
+        return fn, proto[1][2]._type_
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.POINTER(_capi.FwdArgs), ctypes.POINTER(Fp8Options)]
+    return fn, Fp8Options
+
+
+def e4m3_block(x, block):
+    """x [b, s, h, d] -> (e4m3 codes [b, s, h, d], float32 scales [b, h, ceil(s / block)]): amax / 448 per
+    block of `block` rows of each (batch, head), the layout of fattn_tensor.scale (1 for an all-zero block)."""
+    b, s, h, d = x.shape
+    nb = -(-s // block)
+    xf = x.float()
+    if nb * block != s:
+        xf = torch.cat([xf, xf.new_zeros(b, nb * block - s, h, d)], 1)
+    xb = xf.view(b, nb, block, h, d)
+    amax = xb.abs().amax(dim=(2, 4))  # [b, nb, h]
+    sc = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    codes = (xb / sc[:, :, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX).view(b, nb * block, h, d)[:, :s]
+    return codes.to(torch.float8_e4m3fn).contiguous(), sc.permute(0, 2, 1).contiguous()
+
+
+def e4m3_head(x):
+    """x [b, s, h, d] -> (e4m3 codes, float32 descales [b, h]): FA3's per-(batch, kv head) scales."""
+    xf = x.float()
+    amax = xf.abs().amax(dim=(1, 3))
+    sc = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax)).contiguous()
+    return (xf / sc[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).contiguous(), sc
+
+
+def fp8_fwd_args(codes, scales, o, lse, causal):
+    """fattn_fwd's arguments (python/fattn/_capi.py's structs) for packed e4m3 q, k, v [b, s, h, d] with
+    float32 scales [b, h, ceil(s / FP8_BLOCK)] (scale_block FP8_BLOCK), bf16 o and float32 lse [b, h, s].
+    The struct holds pointers: it keeps the tensors alive."""
+    from fattn import _capi
+    b, s, h, d = codes[0].shape
+    st = (s * h * d, h * d, d)  # packed BSHD strides, in elements
+    a = _capi.FwdArgs()
+    a.p = _capi.Problem(b, s, s, h, h, d, d, 0.0, int(bool(causal)), None, None)
+    a.q, a.k, a.v = (_capi.Tensor(c.data_ptr(), fattn.E4M3, st[0], st[1], st[2], sc.data_ptr(), FP8_BLOCK)
+                     for c, sc in zip(codes, scales))
+    a.o = _capi.Tensor(o.data_ptr(), fattn.BF16, st[0], st[1], st[2], None, 0)
+    a.lse = lse.data_ptr()
+    a._keep = (codes, scales, o, lse)
+    return a
+
+
+def raiser(e):
+    def fn():
+        raise e
+    return fn
+
+
+class Fp8Case:
+    """One shape of the FP8 table: bf16 Q, K, V ~ N(0, 1) [b, s, h, d] (the seed's CUDA generator), their
+    e4m3 codes with block scales (fattn's kernel) and with per-(batch, head) descales (FA3's), and each
+    backend's call: `calls` is [(name, fn, None)] in `backends` order; a backend whose set-up fails
+    (fattn_fwd_fp8 missing, FA3 not loaded) gets a call that raises why."""
+
+    def __init__(self, ctx, b, s, h, d, causal, seed, backends, fa3=None):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        self.q, self.k, self.v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+                                  for _ in range(3))
+        ctx.set_stream(torch.cuda.current_stream().cuda_stream)
+        self.out = {}  # name -> the O tensor fattn's calls write
+        self.calls = []
+        for name in backends:
+            try:
+                fn = self.make(name, ctx, causal, fa3)
+            except Exception as e:  # noqa: BLE001 - the row records it
+                fn = raiser(e)
+            self.calls.append((name, fn, None))
+
+    def make(self, name, ctx, causal, fa3):
+        q, k, v = self.q, self.k, self.v
+        b, s, h, d = q.shape
+
+        def lse():
+            return torch.empty(b, h, s, device="cuda", dtype=torch.float32)
+        if name in ("fattn", "fattn-fp8-e2e"):
+            args = ctx.fwd_args(q, k, v, self.out.setdefault(name, torch.empty_like(q)), lse(), causal)
+            if name == "fattn":
+                return lambda: ctx.fwd_raw(args)
+            fn, opt_t = fwd_fp8_binding()
+            # FATTN_QUANT_BLOCK, 128 rows per scale of Q, K and V, Q and K rotated (fields in the header's order)
+            opt = opt_t(0, FP8_BLOCK, FP8_BLOCK, FP8_BLOCK, 1, FP8_SEED)
+
+            def e2e():
+                with ctx._lock:
+                    ctx._check(fn(ctx._handle(), ctypes.byref(args), ctypes.byref(opt)), "fattn_fwd_fp8")
+            return e2e
+        if name == "fattn-fp8":
+            coded = [e4m3_block(x, FP8_BLOCK) for x in (q, k, v)]
+            args = fp8_fwd_args([c for c, _ in coded], [sc for _, sc in coded],
+                                self.out.setdefault(name, torch.empty_like(q)), lse(), causal)
+            return lambda: ctx.fwd_raw(args)
+        if fa3 is None:
+            raise RuntimeError("FA3 not loaded")
+        if name == "fa3":
+            return fa3_call(fa3, q, k, v, causal)
+        if name == "fa3-fp8":
+            (q8, qs), (k8, ks), (v8, vs) = (e4m3_head(x) for x in (q, k, v))
+            scale = d ** -0.5
+
+            def fa3_fp8():
+                r = fa3(q8, k8, v8, softmax_scale=scale, causal=bool(causal), q_descale=qs, k_descale=ks,
+                        v_descale=vs)
+                return r[0] if isinstance(r, (tuple, list)) else r
+            return fa3_fp8
+        raise ValueError(name)
+
+    def output(self, name, r):
+        return self.out.get(name, r)
+
+
+def bench_fp8_case(ctx, b, s, h, d, causal, a, backends, fa3=None):
+    """One FP8 row: every backend once (the failing ones record <name>_error, and are not timed;
+    maxdiff against fattn's bf16 O), then the others take turns as in bench_case."""
+    t_row = time.perf_counter()
+    case = Fp8Case(ctx, b, s, h, d, causal, 1234 + s + d, backends, fa3)
+    res = {"dtype": "fp8", "batch": b, "seqlen": s, "heads": h, "head_dim": d, "causal": bool(causal)}
+    fns, ref = [], None
+    for name, fn, be in sorted(case.calls, key=lambda c: c[0] != "fattn"):  # fattn's O first: the reference
+        try:
+            r = fn()
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - e.g. the FP8 kernel not there yet: said, and the row goes on
+            res[key(name)] = None
+            res[key(name) + "_error"] = (str(e).splitlines() or [type(e).__name__])[0][:200]
+            continue
+        o = case.output(name, r)
+        if name == "fattn":
+            ref = o
+        elif ref is not None:
+            try:
+                res[key(name) + "_maxdiff"] = float((o.float() - ref.float()).abs().max().item())
+            except Exception:  # noqa: BLE001 - an output this script cannot read: timed all the same
+                res[key(name) + "_maxdiff"] = None
+        fns.append((name, fn, be))
+    fns.sort(key=lambda f: backends.index(f[0]))
+    if fns:
+        take_turns(res, fns, flops(b, h, s, s, d, causal), a.iters, a.rounds, a.order == "rotate", a.settle_ms,
+                   a.cooldown_ms)
     del case
     res["row_s"] = round(time.perf_counter() - t_row, 2)
     return res
 
 
-# the estimate's assumptions: TFLOPs/s under the power limit (README table; causal 0.8x of it),
-# start-up (torch, CUDA, cuDNN, the FA3 extension) and per row (inputs, first calls, maxdiff)
-EST_TFLOPS, EST_START_S, EST_ROW_S = {"fa2": 300.0}, 30.0, 0.5
+def fp8_ratio(r, num, den):
+    return r[key(num)] / r[key(den)] if r.get(key(num)) and r.get(key(den)) else None
 
 
-def turn_s(name, fl, causal, iters, settle_ms, cooldown_ms):
-    """One turn: cool-down, 5 warm-up calls, the settling (half a batch of 10 past it), iters x 10 samples."""
-    t = fl / (EST_TFLOPS.get(name, 520.0) * (0.8 if causal else 1.0) * 1e12)
+def main_fp8(a, ap):
+    """--fp8: fattn's FP8 kernel alone and FA3's, fattn_fwd_fp8 from bf16 inputs (quantise, rotate,
+    attend), fattn bf16 and FA3 bf16, taking turns per row; ratios per row and over the rows."""
+    for opt, given in (("--ablation", a.ablation), ("--fattn-lib-b", a.fattn_lib_b), ("--ab-option", a.ab_option)):
+        if given:
+            ap.error("%s is not available with --fp8" % opt)
+    backends = a.backends.split(",") if a.backends else list(FP8_BACKENDS)
+    bad = [n for n in backends if n not in FP8_BACKENDS]
+    if bad or not backends or len(set(backends)) != len(backends):
+        ap.error("--backends with --fp8: %s (from %s, once each)" % (",".join(bad) or "a name twice",
+                                                                     ",".join(FP8_BACKENDS)))
+    causals = [False, True] if a.causal == "both" else [a.causal == "1"]
+    rows = [("fp8", d, causal, s, max(1, a.tokens // s), a.hidden // d)
+            for d in [int(x) for x in a.head_dims.split(",")] for causal in causals
+            for s in [int(x) for x in a.seqlens.split(",")]]
+    want_fa3 = any(n.startswith("fa3") for n in backends)
+    fa3, fa3_info = (None, "not in --backends") if not want_fa3 or a.dry_run else (
+        load_fa3() if torch is not None else (None, "torch is not importable"))
+    est = estimate_s(rows, backends, a, fa3_ok=fa3 is not None or a.dry_run)
+    print("%d FP8 rows (d %s; seqlen %s; causal %s; batch = %d / seqlen, heads = %d / d) x backends %s x %d rounds "
+          "x (settle %.0f ms + %d x 10 calls): expected ~%.0f s (%.1f min)" % (
+              len(rows), a.head_dims, a.seqlens, a.causal, a.tokens, a.hidden, ",".join(backends), a.rounds,
+              a.settle_ms, a.iters, est, est / 60))
+    for _, d, causal, s, b, h in rows:
+        print("  d %3d %-6s seqlen %5d: batch %3d, heads %3d, %.3f TFLOP per call" % (
+            d, "causal" if causal else "none", s, b, h, flops(b, h, s, s, d, causal) / 1e12))
+    if est > 540:
+        print("  over 9 minutes: one device command may run 10; split it with --causal, --head-dims or --seqlens")
+    if a.dry_run:
+        return
+    if IMPORT_ERROR is not None:
+        sys.exit("compare.py: %s (torch and the fattn library are needed; --dry-run runs without)" % IMPORT_ERROR)
+    ctx = fattn.Context(fattn.BACKEND_CUDA, 0)
+    init_clocks(a)
+    if a.no_pdl:
+        ctx.set_option(fattn.OPTION_DISABLE_PDL, 1)
+    print("device: %s, torch %s, fattn %s (%s); backend order %s, settle %.0f ms, cool-down %.0f ms per turn" % (
+        torch.cuda.get_device_name(), torch.__version__, fattn.__version__, fattn.library_path, a.order,
+        a.settle_ms, a.cooldown_ms))
+    print("FA3: %s" % (fa3_info if fa3 is not None else "n/a (%s); its columns read n/a" % fa3_info))
+    print("fattn FP8: fattn_fwd on e4m3 Q, K, V with one scale per %d rows (quantised by torch beforehand); "
+          "FA3 FP8: e4m3 with per-(batch, kv head) descales;\nfattn e2e: fattn_fwd_fp8 from the bf16 inputs "
+          "(quantise with blocks of %d rows, Hadamard on Q and K, attend). TFLOPs/s, one FLOP count for all"
+          % (FP8_BLOCK, FP8_BLOCK))
+    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "fattn_version": fattn.__version__,
+           "fattn_library": fattn.library_path, "fp8": True, "fp8_block": FP8_BLOCK, "pdl": not a.no_pdl,
+           "backends": backends, "fa3_version": fa3_info if fa3 else None,
+           "fa3_unavailable": None if fa3 else fa3_info, "order": a.order, "rounds": a.rounds, "iters": a.iters,
+           "settle_ms": a.settle_ms, "cooldown_ms": a.cooldown_ms, "estimate_s": round(est), "results": []}
+    ratios = [(hdr, n, dn) for hdr, n, dn in FP8_RATIOS if n in backends and dn in backends]
+    hdr = "%4s %-6s %6s | %s | %s" % ("d", "mask", "seqlen", " ".join("%10s" % FP8_LABEL[n] for n in backends),
+                                      " ".join("%10s" % h for h, _, _ in ratios))
+    print("\n" + hdr + "\n" + "-" * len(hdr))
+    errors_seen = set()
+    for _, d, causal, s, b, h in rows:
+        r = bench_fp8_case(ctx, b, s, h, d, causal, a, backends, fa3)
+        out["results"].append(r)
+        out["elapsed_s"] = round(time.perf_counter() - T0)
+        if a.json:  # after every row, so a command stopped at its time limit keeps the rows it measured
+            with open(a.json, "w") as f:
+                json.dump(out, f, indent=1)
+        print("%4d %-6s %6d | %s | %s" % (d, "causal" if causal else "none", s,
+                                          " ".join(fmt(r.get(key(n)), "%10.1f") for n in backends),
+                                          " ".join(fmt(fp8_ratio(r, n, dn), "%10.3f") for _, n, dn in ratios)),
+              flush=True)
+        for n in backends:
+            e = r.get(key(n) + "_error")
+            if e and (n, e) not in errors_seen:  # each distinct error once
+                errors_seen.add((n, e))
+                print("      %s: %s" % (FP8_LABEL[n], e), flush=True)
+        off = ["%s %.3g" % (FP8_LABEL[n], r[key(n) + "_maxdiff"]) for n in backends
+               if (r.get(key(n) + "_maxdiff") or 0) > FP8_MAXDIFF_WARN]
+        if off:
+            print("      maxdiff against fattn's bf16 O above %.2f: %s" % (FP8_MAXDIFF_WARN, ", ".join(off)), flush=True)
+        if a.clocks:
+            print("      SM MHz / W (median while running): " + ", ".join(
+                "%s %s / %s" % (FP8_LABEL[n], "%.0f" % r[key(n) + "_mhz"] if key(n) + "_mhz" in r else "-",
+                                "%.0f" % r[key(n) + "_w"] if key(n) + "_w" in r else "-") for n in backends), flush=True)
+    out["elapsed_s"] = round(time.perf_counter() - T0)
+    print()
+    print("largest |O - fattn's bf16 O| per backend: " + ", ".join(
+        "%s %s" % (FP8_LABEL[n], "%.3g" % m if m is not None else "n/a") for n, m in
+        ((n, max((r[key(n) + "_maxdiff"] for r in out["results"] if r.get(key(n) + "_maxdiff") is not None),
+                 default=None)) for n in backends if n != "fattn")))
+    for hdr_, n, dn in ratios:
+        xs = [v for v in (fp8_ratio(r, n, dn) for r in out["results"]) if v]
+        if xs:
+            print("%-10s over %2d rows: %.3f-%.3f, geometric mean %.3f" % (
+                hdr_, len(xs), min(xs), max(xs), math.exp(sum(math.log(x) for x in xs) / len(xs))))
+        else:
+            print("%-10s: no row has both" % hdr_)
+    print("done in %.0f s (estimate %.0f s)" % (out["elapsed_s"], est))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+# the estimate's assumptions: TFLOPs/s under the power limit (README table; causal 0.8x of it; FP8:
+# REFERENCE.md's FA3 FP8 figures, fattn's FP8 not yet measured), start-up (torch, CUDA, cuDNN, the FA3
+# extension) and per row (inputs, first calls, maxdiff; FP8 rows also quantise their inputs in torch)
+EST_TFLOPS, EST_START_S, EST_ROW_S = {"fa2": 300.0, "fattn-fp8": 750.0, "fa3-fp8": 750.0,
+                                      "fattn-fp8-e2e": 750.0}, 30.0, 0.5
+EST_ROW_S_FP8 = 1.0
+EST_QUANT_BPS = 2.5e12  # fattn_fwd_fp8's quantisation: 3 bytes (2 read, 1 written) per input element
+
+
+def turn_s(name, fl, causal, iters, settle_ms, cooldown_ms, extra_s=0.0):
+    """One turn: cool-down, 5 warm-up calls, the settling (half a batch of 10 past it), iters x 10 samples;
+    extra_s per call on top of the FLOPs (the e2e quantisation)."""
+    t = fl / (EST_TFLOPS.get(name, 520.0) * (0.8 if causal else 1.0) * 1e12) + extra_s
     return (cooldown_ms + settle_ms) / 1e3 + (5 + 5 + 10 * iters) * t
 
 
 def estimate_s(rows, backends, a, fa3_ok=True):
     """Expected seconds of the run: rows x backends x rounds x (settle + samples), plus start-up."""
     tot = EST_START_S
-    names = [n for n in backends if n != "fa3" or fa3_ok] + (["fattn_ab"] if a.ab_option else [])
+    names = [n for n in backends if not n.startswith("fa3") or fa3_ok] + (["fattn_ab"] if a.ab_option else [])
     for dn, d, causal, s, b, h in rows:
         fl = flops(b, h, s, s, d, causal)
-        tot += EST_ROW_S + sum(a.rounds * turn_s(n, fl, causal, a.iters, a.settle_ms, a.cooldown_ms)
-                               for n in names if n != "fa3" or dn == "bf16")
+        quant_s = 3 * b * s * h * d * 3 / EST_QUANT_BPS
+        tot += (EST_ROW_S_FP8 if dn == "fp8" else EST_ROW_S) + sum(
+            a.rounds * turn_s(n, fl, causal, a.iters, a.settle_ms, a.cooldown_ms,
+                              quant_s if n == "fattn-fp8-e2e" else 0.0)
+            for n in names if n != "fa3" or dn in ("bf16", "fp8"))
     if a.ablation:  # 4 variants x --ablation-rounds single turns, the peers once
         fl = flops(4, 16, 8448, 8448, 128, False)
         tot += 4 * a.ablation_rounds * (EST_ROW_S + turn_s("fattn", fl, False, a.iters, a.settle_ms, 0)) + sum(
@@ -397,9 +712,14 @@ def summary(results, ratios, names):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", default="all", choices=sorted(ROWS),
-                    help="preset of dtypes, head dims, seqlens and masks (table: the README's 60 rows; smoke: "
-                         "seqlen 1024 only); --dtypes, --head-dims, --seqlens, --causal override it")
+    ap.add_argument("--rows", choices=sorted(ROWS),
+                    help="preset of dtypes, head dims, seqlens and masks (all, the default; table: the README's 60 "
+                         "rows; smoke: seqlen 1024 only; fp8, the default with --fp8: seqlen 1024, 4096, 16384); "
+                         "--dtypes, --head-dims, --seqlens, --causal override it")
+    ap.add_argument("--fp8", action="store_true",
+                    help="the FP8 table: fattn's FP8 kernel alone (e4m3 inputs, block scales of 128 rows), FA3's "
+                         "FP8 kernel alone (per-(batch, kv head) descales), fattn_fwd_fp8 end to end from bf16, "
+                         "fattn bf16 and FA3 bf16 (--backends from %s)" % ",".join(FP8_BACKENDS))
     ap.add_argument("--dtypes")
     ap.add_argument("--head-dims")
     ap.add_argument("--seqlens")
@@ -439,10 +759,13 @@ def main():
     ap.add_argument("--dry-run", action="store_true",
                     help="print the rows, the backends and the expected duration, and stop (needs no torch or GPU)")
     a = ap.parse_args()
+    a.rows = a.rows or ("fp8" if a.fp8 else "all")
     preset = dict(zip(("dtypes", "head_dims", "seqlens", "causal"), ROWS[a.rows]))
     for k, v in preset.items():
         if getattr(a, k) is None:
             setattr(a, k, v)
+    if a.fp8:
+        return main_fp8(a, ap)
     backends = (a.backends.split(",") if a.backends else
                 ["fattn"] + (["fattn-b"] if a.fattn_lib_b else []) + ["cudnn", "fa2", "fa3"])
     bad = [n for n in backends if n not in BACKENDS]
@@ -477,13 +800,7 @@ def main():
     fb = FattnB(a.fattn_lib_b, a.fattn_py_b) if "fattn-b" in backends else None
     dts = {"bf16": torch.bfloat16, "fp16": torch.float16}
     ctx = fattn.Context(fattn.BACKEND_CUDA, 0)
-    if a.clocks:
-        global CLOCKS
-        try:
-            CLOCKS = Clocks()
-        except (OSError, RuntimeError) as e:  # no NVML: time without it
-            print("--clocks: NVML not available (%s); clocks not recorded" % e)
-            a.clocks = False
+    init_clocks(a)
     if a.no_pdl:
         ctx.set_option(fattn.OPTION_DISABLE_PDL, 1)
         if fb is not None:
