@@ -23,7 +23,7 @@ step build
 
 step "resources (ptxas) and SASS"
 {
-  for f in src/cuda/hopper/fwd_sm90_hdim*.cu; do
+  for f in src/cuda/hopper/fwd_sm90_*hdim*.cu; do
     nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++20 -O3 --use_fast_math -Iinclude -Isrc \
       -Xptxas=-v,--warn-on-spills -c "$f" -o /dev/null 2>&1 | grep -E "Used|spill|warn|C75" | sort | uniq -c
   done
@@ -54,9 +54,11 @@ grep -E "^WARNING" "$LOG/tests.log" | tee -a "$LOG/summary.txt"
 step "compute-sanitizer (small shapes)"
 {
   for tool in memcheck racecheck synccheck; do
-    echo "--- $tool"
-    FATTN_TEST_SMALL=1 timeout 600 compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/tests/gpu_test_fwd" 2>&1 | tail -6
-    echo "$tool rc=${PIPESTATUS[0]}"
+    for t in gpu_test_fwd gpu_test_fwd_fp8; do
+      echo "--- $tool $t"
+      FATTN_TEST_SMALL=1 timeout 600 compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/tests/$t" 2>&1 | tail -6
+      echo "$tool $t rc=${PIPESTATUS[0]}"
+    done
   done
   if [ -x "$BUILD/tests/gpu_test_primitives" ]; then
     echo "--- racecheck primitives"

@@ -52,8 +52,10 @@ def main_loop(ins):
         if target >= a or target not in where:
             continue
         body = [x for _, x in ins[where[target]:i + 1]]
-        pv = any("HGMMA" in x and "tnspB" in x for x in body)
-        qk = any("HGMMA" in x and "tnspB" not in x for x in body)
+        # 16-bit: PV is the HGMMA with B transposed; FP8 (QGMMA, no transposes):
+        # PV is the one with its A operand in registers (R, R, gdesc)
+        pv = any(("HGMMA" in x and "tnspB" in x) or re.search(r"QGMMA\S* R\d+, R\d+, gdesc", x) for x in body)
+        qk = any(("HGMMA" in x and "tnspB" not in x) or re.search(r"QGMMA\S* R\d+, gdesc", x) for x in body)
         if pv and qk and (best is None or len(body) < len(best[2])):
             best = (target, a, body)
     return best
@@ -83,8 +85,8 @@ def main():
         ops = collections.Counter(opcode(x) for x in body)
         spills = [addr for addr, t in ins if opcode(t).startswith(("STL", "LDL"))]
         in_loop = sum(start <= addr <= end for addr in spills)
-        hgmma = sum(v for k, v in ops.items() if k.startswith("HGMMA"))
-        print("%s\n  loop %x-%x: %d instructions, %d HGMMA, %d MUFU.EX2, %d FSEL; spill instructions %d in the loop, "
+        hgmma = sum(v for k, v in ops.items() if k.startswith(("HGMMA", "QGMMA")))
+        print("%s\n  loop %x-%x: %d instructions, %d HGMMA/QGMMA, %d MUFU.EX2, %d FSEL; spill instructions %d in the loop, "
               "%d in all" % (short_name(name), start, end, len(body), hgmma, ops["MUFU.EX2"], ops["FSEL"], in_loop,
                              len(spills)))
         if a.ops:

@@ -91,12 +91,15 @@ struct FwdEpilogue {
     __device__ __forceinline__ float finish_row(int r, const float (&rmax)[2], const float (&rsum)[2], int eb, int eh,
                                                 int erow, float osc) const {
         const float l = fwd_quad_sum(rsum[r]);
-        const float inv = l > 0.f ? (C::FP8 ? osc : 1.f) / l : 0.f;
+        /* l == 0: the row sees no key (LSE -inf, O 0); a NaN l (NaN or Inf in
+         * its inputs) gives NaN for both, as the CPU engine does */
+        const bool seen = l != 0.f;
+        const float inv = seen ? (C::FP8 ? osc : 1.f) / l : 0.f;
         const int row = erow + r0 + 8 * r;
         if (p.lse && q4 == 0 && row < p.seqlen_q)
             p.lse[((int64_t)eb * p.heads_q + eh) * p.seqlen_q + row] =
-                l > 0.f ? (C::FP8 ? (rmax[r] - 8.f) * 0.6931471805599453f : rmax[r] * p.softmax_scale) + logf(l)
-                        : -INFINITY;
+                seen ? (C::FP8 ? (rmax[r] - 8.f) * 0.6931471805599453f : rmax[r] * p.softmax_scale) + logf(l)
+                     : -INFINITY;
         return inv;
     }
     /* O / l and LSE of a finished tile (rows erow + r0, + 8 of head eh, batch eb) */

@@ -54,7 +54,7 @@ struct FwdConsumer {
      * and the V scale O is in units of */
     float qf[2];
     const float *ks_row, *vs_row;
-    float sk_cur, sv_cur, sv_units;
+    float sk_g[C::NG], sv_g[C::NG], sv_units; /* per column group of SG keys */
     float kcol[C::KCOL ? BN / 4 : 1];
     uint32_t qfrag[C::QREG ? C::QREGK : 1][4]; /* QREG: this tile's Q, A fragments per 16 columns */
     uint64_t desc_q_tile;
@@ -84,8 +84,13 @@ struct FwdConsumer {
 #pragma unroll
             for (int kk = 0; kk < C::QK_STEPS; ++kk) {
                 const uint32_t off = (kk % C::STEPS_PER_SLAB) * 32, slab = kk / C::STEPS_PER_SLAB;
-                wgmma_e4m3<BN>::ss(sacc, desc_add(desc_q_tile, slab * BM * C::SW + off),
-                                   desc_add(desc_k, slab * BN * C::SW + off), kk > 0);
+                /* QREG: Q's k32 slices from registers (ldmatrix gives the e4m3
+                 * A layout: a b16 pair is 4 bytes of k, load_q) */
+                if (kk < C::QREGK)
+                    wgmma_e4m3<BN>::rs(sacc, qfrag[C::QREG ? kk : 0], desc_add(desc_k, slab * BN * C::SW + off), kk > 0);
+                else
+                    wgmma_e4m3<BN>::ss(sacc, desc_add(desc_q_tile, slab * BM * C::SW + off),
+                                       desc_add(desc_k, slab * BN * C::SW + off), kk > 0);
             }
             return;
         }
@@ -155,19 +160,25 @@ struct FwdConsumer {
             (void)b, (void)h, (void)row_base;
         }
     }
-    /* FP8: key block col0 / BN's scales, loaded before its S is waited for */
+    /* FP8: the scales of key block col0's column groups, loaded before its
+     * S is waited for */
+    __device__ __forceinline__ static int scale_index(int key, int shift, int block) {
+        return shift >= 0 ? key >> shift : key / block;
+    }
     __device__ __forceinline__ void fp8_load(int col0) {
         if constexpr (C::FP8) {
-            const int n = col0 / BN;
-            sv_cur = __ldg(vs_row + n / f8->v_div);
+#pragma unroll
+            for (int g = 0; g < C::NG; ++g) {
+                const int key = col0 + g * C::SG;
+                sv_g[g] = __ldg(vs_row + scale_index(key, f8->v_shift, f8->v_block));
+                if (!C::KCOL) sk_g[g] = __ldg(ks_row + scale_index(key, f8->k_shift, f8->k_block));
+            }
             if constexpr (C::KCOL) {
 #pragma unroll
                 for (int i = 0; i < BN / 8; ++i)
 #pragma unroll
                     for (int e = 0; e < 2; ++e)
                         kcol[2 * i + e] = __ldg(ks_row + min(col0 + 8 * i + 2 * q4 + e, p.seqlen_k - 1));
-            } else {
-                sk_cur = __ldg(ks_row + n / f8->k_div);
             }
         } else {
             (void)col0;
@@ -177,25 +188,35 @@ struct FwdConsumer {
     __device__ __forceinline__ void softmax(const FwdMask<C> &mask, FwdSoftmax<C> &sf, int col0, bool first,
                                             float (&alpha)[2], bool &rescale) {
         if constexpr (C::FP8) {
-            float f[2];
+            float f[C::NG][2];
             if constexpr (C::KCOL) {
 #pragma unroll
                 for (int i = 0; i < BN / 8; ++i)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) sacc[4 * i + e] *= kcol[2 * i + (e & 1)];
-                f[0] = qf[0];
-                f[1] = qf[1];
-            } else {
-                f[0] = qf[0] * sk_cur;
-                f[1] = qf[1] * sk_cur;
+            }
+#pragma unroll
+            for (int g = 0; g < C::NG; ++g)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) f[g][r] = C::KCOL ? qf[r] : qf[r] * sk_g[g];
+            /* V: the block's largest scale is the unit of O from here on; a
+             * group with a smaller one gets its ratio into P (an exponent
+             * offset, so P stays <= 256) and out of the row sum */
+            float sv_ref = sv_g[0], lr[C::NG], inv_ratio[C::NG];
+#pragma unroll
+            for (int g = 1; g < C::NG; ++g) sv_ref = fmaxf(sv_ref, sv_g[g]);
+#pragma unroll
+            for (int g = 0; g < C::NG; ++g) {
+                inv_ratio[g] = C::NG == 1 ? 1.f : __fdividef(sv_ref, sv_g[g]);
+                lr[g] = C::NG == 1 ? 0.f : -__log2f(inv_ratio[g]);
             }
             mask.apply(sacc, col0);
-            sf.step_fp8(sacc, f, alpha);
+            sf.step_fp8(sacc, f, lr, inv_ratio, alpha);
             /* O (in units of the previous block's V scale) goes to this one's */
-            const float ratio = first ? 1.f : __fdividef(sv_units, sv_cur);
+            const float ratio = first ? 1.f : __fdividef(sv_units, sv_ref);
             alpha[0] *= ratio;
             alpha[1] *= ratio;
-            sv_units = sv_cur;
+            sv_units = sv_ref;
             rescale = true;
         } else {
             (void)first;

@@ -22,11 +22,13 @@ struct FwdParams {
 
 /* FP8: the dequantisation scales [batch, heads, blocks] (fattn_tensor.scale),
  * a kernel parameter of the FP8 instances only (in FwdParams it changed the
- * 16-bit kernels' code); Q: rows per scale q_block; K, V: k_div / v_div key
- * blocks of BN per scale (K with KCOL: one scale per key). */
+ * 16-bit kernels' code); rows per scale q_block, k_block, v_block (K, V:
+ * multiples of 128; K with KCOL: 1) and their log2 where they are powers of
+ * two (-1 else: a division). */
 struct FwdFp8 {
     const float *q_scale, *k_scale, *v_scale;
-    int q_block, q_nblocks, k_div, k_nblocks, v_div, v_nblocks;
+    int q_block, q_nblocks, k_block, k_nblocks, v_block, v_nblocks;
+    int k_shift, v_shift;
 };
 
 /* SPLIT (perf-notes v30): the kernel's second parameter block, only in the

@@ -57,9 +57,9 @@ fattn_status fwd_sm90_launch(fattn_ctx *ctx, const fattn_fwd_args *a, const cuda
     const fwd_kernel k = fwd_sm90_pick(&a->p, v);
     fattn_status s;
     switch (a->p.head_dim) {
-    case 64: s = fwd_sm90_hdim64(ctx, a, v, k); break;
-    case 128: s = fwd_sm90_hdim128(ctx, a, v, k); break;
-    default: s = fwd_sm90_hdim256(ctx, a, v, k); break;
+    case 64: s = v.fp8 ? fwd_sm90_fp8_hdim64(ctx, a, v, k) : fwd_sm90_hdim64(ctx, a, v, k); break;
+    case 128: s = v.fp8 ? fwd_sm90_fp8_hdim128(ctx, a, v, k) : fwd_sm90_hdim128(ctx, a, v, k); break;
+    default: s = v.fp8 ? fwd_sm90_fp8_hdim256(ctx, a, v, k) : fwd_sm90_hdim256(ctx, a, v, k); break;
     }
     cuda_device_leave(prev);
     return s;

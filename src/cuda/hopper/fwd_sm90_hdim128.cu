@@ -9,8 +9,6 @@ fattn_status fwd_sm90_hdim128(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd
     case FWD_D128_160: return fwd_sm90_run_kernel<FWD_D128_160>(ctx, a, v);
     case FWD_D128_192: return fwd_sm90_run_kernel<FWD_D128_192>(ctx, a, v);
     case FWD_D128_176: return fwd_sm90_run_ablated<FWD_D128_176>(ctx, a, v);
-    case FWD_FP8_D128_CAUSAL: return fwd_sm90_run_fp8<FWD_FP8_D128_CAUSAL>(ctx, a, v);
-    case FWD_FP8_D128: return fwd_sm90_run_fp8<FWD_FP8_D128>(ctx, a, v);
     default: return fattn_fail(ctx, FATTN_ERROR_INTERNAL, "forward kernel %d is not one of head dim 128", (int)k);
     }
 }

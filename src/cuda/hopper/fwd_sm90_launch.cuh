@@ -221,13 +221,21 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, const
         f8.v_scale = a->v.scale;
         f8.q_block = a->q.scale_block;
         f8.q_nblocks = (pr->seqlen_q + a->q.scale_block - 1) / a->q.scale_block;
-        f8.k_div = C::KCOL ? 1 : a->k.scale_block / C::BN;
+        f8.k_block = a->k.scale_block;
         f8.k_nblocks = (pr->seqlen_k + a->k.scale_block - 1) / a->k.scale_block;
-        f8.v_div = a->v.scale_block / C::BN;
+        f8.v_block = a->v.scale_block;
         f8.v_nblocks = (pr->seqlen_k + a->v.scale_block - 1) / a->v.scale_block;
-        if ((!C::KCOL && (f8.k_div < 1 || a->k.scale_block % C::BN)) || f8.v_div < 1 || a->v.scale_block % C::BN)
-            return fattn_fail(ctx, FATTN_ERROR_INTERNAL, "FP8 kernel: scale blocks k %d, v %d do not suit its key block %d",
-                              a->k.scale_block, a->v.scale_block, C::BN);
+        auto log2_or = [](int x) {
+            int k = 0;
+            while ((1 << k) < x) ++k;
+            return (1 << k) == x ? k : -1;
+        };
+        f8.k_shift = log2_or(f8.k_block);
+        f8.v_shift = log2_or(f8.v_block);
+        if ((C::KCOL ? f8.k_block != 1 : f8.k_block % C::SG != 0) || f8.v_block % C::SG != 0)
+            return fattn_fail(ctx, FATTN_ERROR_INTERNAL,
+                              "FP8 kernel: scale blocks k %d, v %d do not suit its column groups of %d",
+                              a->k.scale_block, a->v.scale_block, C::SG);
     } else {
         if ((s = cuda_make_tensor_map(ctx, &tq, &a->q, C::D, pr->seqlen_q, pr->heads_q, pr->batch, 64, "q")) != FATTN_OK)
             return s;

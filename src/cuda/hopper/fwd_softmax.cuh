@@ -79,33 +79,48 @@ struct FwdSoftmax {
         rescale = !C::LAZY || __any_sync(0xffffffffu, moved); /* warp-uniform */
     }
 
-    /* FP8: the same with a factor per row, f = log2(e) softmax_scale q_scale
-     * k_scale (the block's scales vary, so row_max is kept scaled, in log2
-     * units), and P = exp2(s f - max + 8) in [0, 256] so that its e4m3 codes
-     * use the format's range (FA3); the row sum is taken on this P, before
-     * it is rounded. */
-    __device__ __forceinline__ void step_fp8(float (&s)[C::BN / 2], const float (&f)[2], float (&alpha)[2]) {
+    /* FP8: the same with a factor per row and column group g of SG keys,
+     * f = log2(e) softmax_scale q_scale k_scale (the scales vary, so row_max
+     * is kept scaled, in log2 units), and P = exp2(s f - max + 8 + lr) in
+     * [0, 256] so that its e4m3 codes use the format's range (FA3); lr <= 0
+     * is the log2 of the group's V scale over the block's largest (0 with one
+     * group), taken back out of the row sum (inv_ratio), which is summed on
+     * this P before it is rounded. */
+    __device__ __forceinline__ void step_fp8(float (&s)[C::BN / 2], const float (&f)[C::NG][2],
+                                             const float (&lr)[C::NG], const float (&inv_ratio)[C::NG],
+                                             float (&alpha)[2]) {
+        constexpr int GI = C::SG / 8; /* 8-column groups per column group */
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             float mx = -INFINITY;
 #pragma unroll
-            for (int i = 0; i < C::BN / 8; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]));
+            for (int g = 0; g < C::NG; ++g) {
+                float mg = -INFINITY;
+#pragma unroll
+                for (int i = g * GI; i < (g + 1) * GI; ++i) mg = fmaxf(mg, fmaxf(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]));
+                mx = C::NG == 1 ? mg : fmaxf(mx, mg * f[g][r]);
+            }
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-            const float mnew = fmaxf(row_max[r], mx * f[r]);
+            const float mnew = fmaxf(row_max[r], C::NG == 1 ? mx * f[0][r] : mx);
             /* a row that has seen no key keeps max -inf: use 0 so exp2 gives 0, not NaN */
             const float mref = mnew == -INFINITY ? 0.f : mnew;
             alpha[r] = exp2f(row_max[r] - mref);
             row_max[r] = mnew;
-            const float off = 8.f - mref;
             float sum = 0.f;
 #pragma unroll
-            for (int i = 0; i < C::BN / 8; ++i) {
-                const float a = exp2f(fmaf(s[4 * i + 2 * r], f[r], off));
-                const float bb = exp2f(fmaf(s[4 * i + 2 * r + 1], f[r], off));
-                s[4 * i + 2 * r] = a;
-                s[4 * i + 2 * r + 1] = bb;
-                sum += a + bb;
+            for (int g = 0; g < C::NG; ++g) {
+                const float off = 8.f - mref + lr[g];
+                float sg = 0.f;
+#pragma unroll
+                for (int i = g * GI; i < (g + 1) * GI; ++i) {
+                    const float a = exp2f(fmaf(s[4 * i + 2 * r], f[g][r], off));
+                    const float bb = exp2f(fmaf(s[4 * i + 2 * r + 1], f[g][r], off));
+                    s[4 * i + 2 * r] = a;
+                    s[4 * i + 2 * r + 1] = bb;
+                    sg += a + bb;
+                }
+                sum = C::NG == 1 ? sg : fmaf(sg, inv_ratio[g], sum);
             }
             row_sum[r] = row_sum[r] * alpha[r] + sum;
         }

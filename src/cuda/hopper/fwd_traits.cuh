@@ -65,6 +65,11 @@ struct FwdCfg {
     static constexpr int QK_STEPS = D * ELEM / 32, STEPS_PER_SLAB = SW / 32;
     /* P's A fragments: one per k-step of the PV GEMM */
     static constexpr int P_STEPS = BN * ELEM / 32;
+    /* FP8: K and V scale blocks are multiples of 128 keys (entry.cu), so the
+     * columns of a key block fall into NG groups of SG that each have one K
+     * and one V scale: SG = gcd(BN, 128) */
+    static constexpr int SG = (BN % 128 == 0) ? 128 : (BN % 64 == 0) ? 64 : 32;
+    static constexpr int NG = BN / SG;
     static constexpr bool QEARLY = O.qearly;
     static constexpr int QBUF = QEARLY ? 2 : 1;
     static constexpr bool SLEEP = O.sleep;
@@ -126,6 +131,7 @@ struct FwdCfg {
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
     static_assert(CLUSTER == 1 || (CLUSTER == 2 && SLABS % 2 == 0 && !CAUSAL), "cluster variant");
     static_assert(!SPLIT || (!CAUSAL && !QEARLY), "SPLIT: static non-causal kernels");
-    static_assert(!FP8 || (BN % 32 == 0 && CLUSTER == 1 && !QREG && !OTMA && !SPLIT && !QEARLY && !SITOUT && !SKIPDIAG),
+    static_assert(!FP8 || (BN % 32 == 0 && CLUSTER == 1 && !OTMA && !SPLIT && !QEARLY && !SITOUT && !SKIPDIAG),
                   "FP8: the techniques it has");
+    static_assert(!FP8 || !QREG || SW == 128, "FP8 QREG: 128-byte rows (head dim >= 128)");
 };
