@@ -12,8 +12,9 @@
  *     empty_vraw by the transposers); the transposer warps write V^T into
  *     the V stage and arrive on its full barrier (one per warp); the
  *     producer ends them with a plain arrive on full_vraw after writing the
- *     ring position of that arrive into the end flag (a flag alone could be
- *     seen by transposers still waiting for an earlier V). */
+ *     ring position of that arrive into the stage's end flag: one flag per
+ *     stage, so that the write comes after every read of the flag the
+ *     producer has seen released (empty_vraw) and before the next. */
 #pragma once
 #include "../common/ptx.cuh"
 
@@ -22,7 +23,7 @@ struct FwdSmem {
     uint8_t *base, *q, *k, *v, *vraw;
     uint64_t *full_k, *empty_k, *full_v, *empty_v;
     uint64_t *full_vraw, *empty_vraw; /* FP8 only */
-    int *end_flag;                    /* FP8 only */
+    int *end_flag;                    /* FP8 only: [STAGES] */
     uint64_t *full_q, *empty_q; /* index w * QBUF + buffer */
     int *tile_slot;             /* st/ld_shared_s32 only */
 
@@ -58,7 +59,7 @@ struct FwdSmem {
                 mbar_init(&full_vraw[s], 1);
                 mbar_init(&empty_vraw[s], 3);
             }
-            st_shared_s32(end_flag, -1);
+            for (int s = 0; s < C::STAGES; ++s) st_shared_s32(&end_flag[s], -1);
         }
         for (int w = 0; w < C::NC * C::QBUF; ++w) {
             mbar_init(&full_q[w], 1);

@@ -149,7 +149,7 @@ struct FwdProducer {
             /* the transposers' end: the next V stage's turn comes with the flag set */
             const int s = ring_stage(it, C::STAGES);
             ring_wait_empty<C>(&sm.empty_vraw[s], ring_phase(it, C::STAGES) ^ 1);
-            st_shared_s32(sm.end_flag, it);
+            st_shared_s32(&sm.end_flag[s], it);
             mbar_arrive(&sm.full_vraw[s]);
         }
         sched.finish();

@@ -27,11 +27,11 @@ enum fwd_kernel {
     FWD_D256_CAUSAL,     /* 128 x 80 */
     FWD_D256_PAIRED,     /* 128 x 80, CTA pairs share K/V (an even number of query blocks) */
     FWD_D256,            /* 128 x 80, single CTAs */
-    FWD_FP8_D64_CAUSAL,  /* FP8 (e4m3 inputs): 128 x 128 */
+    FWD_FP8_D64_CAUSAL,  /* FP8 (e4m3 inputs): 192 x 128 (3 consumer warpgroups) */
     FWD_FP8_D64,
-    FWD_FP8_D128_CAUSAL,
+    FWD_FP8_D128_CAUSAL, /* 128 x 128 */
     FWD_FP8_D128,
-    FWD_FP8_D256_CAUSAL,
+    FWD_FP8_D256_CAUSAL, /* 128 x 64 */
     FWD_FP8_D256,
     FWD_KERNEL_COUNT_    /* not a kernel: the number of them */
 };

@@ -42,12 +42,14 @@ constexpr FwdOpts fwd_kernel_opts(fwd_kernel k) {
     case FWD_D256:
         o.d = 256, o.bn = 80, o.split = true;
         break;
-    case FWD_FP8_D64_CAUSAL: o.d = 64, o.causal = true, o.fp8 = true; break;
-    case FWD_FP8_D64: o.d = 64, o.fp8 = true; break;
+    /* d64: 3 consumer warpgroups (192 x 128) +17-30% over 2 (runs 136-138,
+     * perf-notes f2) */
+    case FWD_FP8_D64_CAUSAL: o.d = 64, o.nc = 3, o.causal = true, o.fp8 = true; break;
+    case FWD_FP8_D64: o.d = 64, o.nc = 3, o.fp8 = true; break;
     case FWD_FP8_D128_CAUSAL: o.causal = true, o.fp8 = true; break;
     case FWD_FP8_D128: o.fp8 = true; break;
-    /* d256: BN 128 spills (232 registers: 128 of O, 64 of S); 64 still
-     * divides the 128-key scale blocks */
+    /* d256: BN 128 is 12-17% faster but spills in its loop (13 instructions:
+     * 232 registers, 128 of O and 64 of S; perf-notes f2) */
     case FWD_FP8_D256_CAUSAL: o.d = 256, o.bn = 64, o.causal = true, o.fp8 = true; break;
     case FWD_FP8_D256: o.d = 256, o.bn = 64, o.fp8 = true; break;
     case FWD_KERNEL_COUNT_: break;
@@ -87,6 +89,8 @@ inline fwd_variant fwd_variant_of(const FwdOpts &o, bool split, bool pdl) {
 constexpr FwdOpts fwd_opts_fp8(FwdOpts o, bool bf16, bool kcol) {
     o.bf16 = bf16;
     o.kcol = kcol;
+    /* the per-key K scales (BN / 4 registers) spill at 3 warpgroups' 152 */
+    if (kcol && o.nc == 3) o.nc = 2;
     return o;
 }
 template <fwd_kernel K>

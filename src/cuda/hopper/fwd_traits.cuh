@@ -103,7 +103,7 @@ struct FwdCfg {
      * (d64) or 16 KB (d128), which d128 BN 176 and d256 do not have. */
     static constexpr bool OTMA = O.otma != 0;
     static constexpr bool OTMA_LATE = O.otma == 2; /* the next tile's first K/V loads go first */
-    static constexpr int END_SLOT = OFF_SLOT + NC * QBUF * 4 + (FP8 ? 4 : 0); /* FP8: the transposers' end flag */
+    static constexpr int END_SLOT = OFF_SLOT + NC * QBUF * 4 + (FP8 ? 4 * STAGES : 0); /* FP8: the transposers' end flags */
     static constexpr int OFF_OST = (END_SLOT + 1023) / 1024 * 1024;
     static constexpr int OST_WARP_BYTES = 16 * D * 2;
     static constexpr int SMEM_BYTES = (OTMA ? OFF_OST + 4 * NC * OST_WARP_BYTES : END_SLOT) + 1024; /* + alignment slack */

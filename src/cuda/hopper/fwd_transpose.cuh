@@ -63,7 +63,12 @@ struct FwdTransposer {
             const uint32_t ph = ring_phase(it, STAGES);
             /* sleeping waits: spinning warps would take issue slots from the consumers */
             mbar_wait<true>(&sm.full_vraw[s], ph);
-            if (ld_shared_s32(sm.end_flag) == it) break; /* the producer's end, at this position */
+            /* the producer's end, at this position: read by the lane that
+             * arrives on empty_vraw (so the read is ordered before the
+             * producer's next write of the flag) and shared with the warp */
+            int end = 0;
+            if (lane == 0) end = ld_shared_s32(&sm.end_flag[s]) == it;
+            if (__shfl_sync(0xffffffffu, end, 0)) break;
             mbar_wait<true>(&sm.empty_v[s], ph ^ 1);
             transpose(s);
             fence_async_shared(); /* V^T is read by wgmma (the async proxy) */
