@@ -343,6 +343,9 @@ typedef enum fattn_quant_granularity {
  * its finite entries +-0, so that every entry of the block dequantises
  * (code * scale) to NaN and attention over it gives NaN, never a finite
  * result.  With FATTN_QUANT_TENSOR one Inf makes every scale +Inf.
+ * Engines: CPU any head_dim; CUDA head_dim a multiple of 8 up to 512, with
+ * rotation a power of two up to 256 (UNSUPPORTED otherwise), asynchronous
+ * on the context's stream.  Both give the same bits of codes and scales.
  */
 typedef struct fattn_quantize_args {
     fattn_tensor in;
@@ -370,7 +373,15 @@ FATTN_API fattn_status fattn_quantize(fattn_ctx *ctx, const fattn_quantize_args 
  * (any block size works then).  The workspace (1 byte per element of Q, K and
  * V plus their scales) grows on first need and is freed with the context; on
  * a CUDA context it is device memory and the call is asynchronous on the
- * context's stream, like fattn_fwd.
+ * context's stream, like fattn_fwd.  Calls on one context share the
+ * workspace: each waits for the previous fattn_fwd_fp8 of the context,
+ * whatever stream that ran on.  Nothing is allocated while the stream is
+ * being captured into a CUDA graph: a captured call that needs a larger
+ * workspace than earlier calls made answers UNSUPPORTED (make one such call
+ * before the capture); a captured call is ordered by the graph's streams
+ * only, as for the split workspace (fattn_ctx_set_stream).  The result is
+ * the bits of fattn_quantize on Q, K, V into packed BSHD e4m3 tensors (per
+ * tensor: blocks of 128 rows) followed by fattn_fwd on them.
  */
 typedef struct fattn_fp8_options {
     fattn_quant_granularity granularity; /* FATTN_QUANT_BLOCK (0) or FATTN_QUANT_TENSOR */

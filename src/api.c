@@ -86,6 +86,7 @@ fattn_status fattn_ctx_create(fattn_ctx **out, fattn_backend backend, int device
 void fattn_ctx_free(fattn_ctx *ctx) {
     if (!ctx) return;
     if (ctx->backend == FATTN_BACKEND_CUDA) fattn_cuda_ctx_free(ctx);
+    free(ctx->fp8_ws);
     free(ctx);
 }
 
@@ -442,10 +443,8 @@ static fattn_status check_same_dtype(fattn_ctx *ctx, const fattn_tensor *t, cons
 /* Forward                                                                  */
 /* ------------------------------------------------------------------------ */
 
-fattn_status fattn_fwd(fattn_ctx *ctx, const fattn_fwd_args *args) {
-    if (!ctx) return fattn_fail(NULL, FATTN_ERROR_INVALID_ARGUMENT, "ctx is NULL");
-    fattn_clear_error(ctx);
-    if (!args) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "args is NULL");
+fattn_status fattn_fwd_prepare(fattn_ctx *ctx, fattn_fwd_args *args, const int32_t *fp8_blocks,
+                               int64_t *total_q, int64_t *total_k) {
     fattn_fwd_args a = *args;
 
     CHECK(check_problem(ctx, &a.p));
@@ -456,7 +455,16 @@ fattn_status fattn_fwd(fattn_ctx *ctx, const fattn_fwd_args *args) {
     CHECK(check_dtype(ctx, a.o.dtype, "o"));
     CHECK(check_same_dtype(ctx, &a.k, "k", a.q.dtype, "q"));
     CHECK(check_same_dtype(ctx, &a.v, "v", a.q.dtype, "q"));
-    if (a.q.dtype == FATTN_DTYPE_E4M3) {
+    if (fp8_blocks) {
+        /* fattn_fwd_fp8: 16-bit or f32 inputs, o any output dtype, scales ignored */
+        if (a.q.dtype == FATTN_DTYPE_E4M3)
+            return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                              "q.dtype e4m3: fattn_fwd_fp8 quantises f32, f16 or bf16 inputs itself "
+                              "(fattn_fwd takes e4m3 tensors)");
+        if (a.o.dtype == FATTN_DTYPE_E4M3)
+            return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                              "o.dtype e4m3 is not an output dtype (o is f32, f16 or bf16)");
+    } else if (a.q.dtype == FATTN_DTYPE_E4M3) {
         if (a.o.dtype == FATTN_DTYPE_E4M3)
             return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
                               "o.dtype e4m3 is not an output dtype (e4m3 inputs: o is f32, f16 "
@@ -464,9 +472,11 @@ fattn_status fattn_fwd(fattn_ctx *ctx, const fattn_fwd_args *args) {
     } else {
         CHECK(check_same_dtype(ctx, &a.o, "o", a.q.dtype, "q"));
     }
-    CHECK(check_e4m3_scale(ctx, &a.q, "q"));
-    CHECK(check_e4m3_scale(ctx, &a.k, "k"));
-    CHECK(check_e4m3_scale(ctx, &a.v, "v"));
+    if (!fp8_blocks) {
+        CHECK(check_e4m3_scale(ctx, &a.q, "q"));
+        CHECK(check_e4m3_scale(ctx, &a.k, "k"));
+        CHECK(check_e4m3_scale(ctx, &a.v, "v"));
+    }
 
     /* Null data pointers before anything reads cu_seqlens. */
     if (!a.q.data) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "q.data is NULL");
@@ -484,9 +494,23 @@ fattn_status fattn_fwd(fattn_ctx *ctx, const fattn_fwd_args *args) {
         CHECK(check_aligned(ctx, a.v.scale, sizeof(float), "v.scale", "f32"));
     }
 
-    /* the engine's limits (internal.h), before anything reads cu_seqlens */
-    CHECK(ctx->backend == FATTN_BACKEND_CUDA ? fattn_cuda_fwd_check(ctx, &a)
-                                             : fattn_cpu_fwd_check(ctx, &a));
+    /* the engine's limits (internal.h), before anything reads cu_seqlens;
+     * fattn_fwd_fp8 asks them about the e4m3 call it will make (the checks
+     * read nothing behind a pointer: the scales are placeholders here) */
+    {
+        fattn_fwd_args e = a;
+        if (fp8_blocks) {
+            static float placeholder;
+            fattn_tensor *t[3] = {&e.q, &e.k, &e.v};
+            for (int i = 0; i < 3; i++) {
+                t[i]->dtype = FATTN_DTYPE_E4M3;
+                t[i]->scale = &placeholder;
+                t[i]->scale_block = fp8_blocks[i];
+            }
+        }
+        CHECK(ctx->backend == FATTN_BACKEND_CUDA ? fattn_cuda_fwd_check(ctx, &e)
+                                                 : fattn_cpu_fwd_check(ctx, &e));
+    }
     tensor_shapes ts;
     CHECK(problem_shapes(ctx, &a.p, &ts));
     CHECK(check_tensor(ctx, &a.q, &ts.q));
@@ -508,9 +532,24 @@ fattn_status fattn_fwd(fattn_ctx *ctx, const fattn_fwd_args *args) {
                             array_span("lse", a.lse, nb * a.p.heads_q * ts.total_q, sizeof(float))};
         CHECK(check_disjoint(ctx, out, 2, in, (int)(sizeof in / sizeof in[0])));
     }
+    if (total_q) *total_q = ts.total_q;
+    if (total_k) *total_k = ts.total_k;
+    *args = a;
+    return FATTN_OK;
+}
 
-    if (ctx->backend == FATTN_BACKEND_CUDA) return fattn_cuda_fwd(ctx, &a);
-    return fattn_cpu_fwd(ctx, &a);
+fattn_status fattn_fwd(fattn_ctx *ctx, const fattn_fwd_args *args) {
+    if (!ctx) return fattn_fail(NULL, FATTN_ERROR_INVALID_ARGUMENT, "ctx is NULL");
+    fattn_clear_error(ctx);
+    if (!args) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "args is NULL");
+    fattn_fwd_args a = *args;
+    CHECK(fattn_fwd_prepare(ctx, &a, NULL, NULL, NULL));
+    return fattn_fwd_run(ctx, &a);
+}
+
+fattn_status fattn_fwd_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
+    if (ctx->backend == FATTN_BACKEND_CUDA) return fattn_cuda_fwd(ctx, a);
+    return fattn_cpu_fwd(ctx, a);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -645,6 +684,8 @@ fattn_status fattn_quantize(fattn_ctx *ctx, const fattn_quantize_args *args) {
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                           "rotate needs a power-of-two head_dim (Walsh-Hadamard); head_dim is %d",
                           (int)a.head_dim);
+    /* the engine's limits (the CPU serves every head_dim) */
+    if (ctx->backend == FATTN_BACKEND_CUDA) CHECK(fattn_cuda_quantize_check(ctx, &a));
 
     if (ctx->backend == FATTN_BACKEND_CUDA) return fattn_cuda_quantize(ctx, &a);
     return fattn_cpu_quantize(ctx, &a);

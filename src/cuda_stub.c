@@ -35,7 +35,22 @@ fattn_status fattn_cuda_bwd(fattn_ctx *ctx, const fattn_bwd_args *a) {
     return fattn_fail(ctx, FATTN_ERROR_NO_DEVICE, FATTN_NO_CUDA_MSG);
 }
 
+fattn_status fattn_cuda_quantize_check(fattn_ctx *ctx, const fattn_quantize_args *a) {
+    (void)a;
+    return fattn_fail(ctx, FATTN_ERROR_NO_DEVICE, FATTN_NO_CUDA_MSG);
+}
+
 fattn_status fattn_cuda_quantize(fattn_ctx *ctx, const fattn_quantize_args *a) {
     (void)a;
+    return fattn_fail(ctx, FATTN_ERROR_NO_DEVICE, FATTN_NO_CUDA_MSG);
+}
+
+fattn_status fattn_cuda_fp8_workspace(fattn_ctx *ctx, size_t bytes, void **ws) {
+    (void)bytes;
+    *ws = NULL;
+    return fattn_fail(ctx, FATTN_ERROR_NO_DEVICE, FATTN_NO_CUDA_MSG);
+}
+
+fattn_status fattn_cuda_fp8_workspace_done(fattn_ctx *ctx) {
     return fattn_fail(ctx, FATTN_ERROR_NO_DEVICE, FATTN_NO_CUDA_MSG);
 }

@@ -16,6 +16,8 @@ struct fattn_ctx {
     int threads;           /* CPU worker threads, 0 = all online CPUs */
     void *cuda;            /* engine state owned by src/cuda (NULL on CPU) */
     int options[FATTN_OPTION_COUNT_]; /* fattn_ctx_set_option, 0 = default; read by the engine's entry point */
+    void *fp8_ws;          /* CPU contexts: fattn_fwd_fp8's host workspace (CUDA: in ctx->cuda) */
+    size_t fp8_ws_bytes;
     char err[FATTN_ERRMSG_LEN];
 };
 
@@ -29,6 +31,17 @@ struct fattn_ctx {
  * By the time an engine's run function is called, api.c has replaced the
  * "all strides zero" default by explicit BSHD strides, head_dim_v == 0 by
  * head_dim and softmax_scale == 0 by 1/sqrt(head_dim). */
+
+/* fattn_fwd's checks (api.c) on a copy of its arguments, which they resolve
+ * (packed strides, head_dim_v, softmax_scale) and write back on success;
+ * fattn_fwd_run then dispatches to the engine.  fp8_blocks non-NULL: the
+ * rules of fattn_fwd_fp8 (f32/f16/bf16 inputs, o any output dtype, scales
+ * ignored), and the engine's limits asked of the e4m3 call it will make with
+ * scale blocks fp8_blocks[0..2] for q, k, v.  total_q/k (may be NULL): the
+ * token counts (varlen: cu_seqlens[batch]). */
+fattn_status fattn_fwd_prepare(fattn_ctx *ctx, fattn_fwd_args *a, const int32_t *fp8_blocks,
+                               int64_t *total_q, int64_t *total_k);
+fattn_status fattn_fwd_run(fattn_ctx *ctx, const fattn_fwd_args *a);
 
 /* CPU engine (src/cpu). */
 fattn_status fattn_cpu_fwd_check(fattn_ctx *ctx, const fattn_fwd_args *a);
@@ -52,7 +65,19 @@ fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_args *a);
 fattn_status fattn_cuda_bwd_check(fattn_ctx *ctx, const fattn_bwd_args *a);
 fattn_status fattn_cuda_fwd(fattn_ctx *ctx, const fattn_fwd_args *a);
 fattn_status fattn_cuda_bwd(fattn_ctx *ctx, const fattn_bwd_args *a);
+/* The CUDA quantiser's limits (head dims), read nothing behind a pointer;
+ * fattn_cuda_quantize runs it again itself. */
+fattn_status fattn_cuda_quantize_check(fattn_ctx *ctx, const fattn_quantize_args *a);
 fattn_status fattn_cuda_quantize(fattn_ctx *ctx, const fattn_quantize_args *a);
+/* fattn_fwd_fp8's device workspace (context.cu): at least `bytes`, made or
+ * grown (at least doubled) on first need, an outgrown one kept until the
+ * context is freed (a graph captured earlier may use it); ctx->stream is
+ * made to wait for the previous fattn_fwd_fp8 on this context, whatever
+ * stream that ran on.  While ctx->stream is being captured nothing is
+ * allocated or waited for: a workspace too small then is UNSUPPORTED.
+ * fattn_cuda_fp8_workspace_done records the end of this call's use. */
+fattn_status fattn_cuda_fp8_workspace(fattn_ctx *ctx, size_t bytes, void **ws);
+fattn_status fattn_cuda_fp8_workspace_done(fattn_ctx *ctx);
 
 #ifdef __cplusplus
 }

@@ -87,7 +87,13 @@ class QuantizeArgs(ctypes.Structure):
                 ("block_rows", ctypes.c_int32), ("rotate", ctypes.c_int32), ("seed", ctypes.c_uint64)]
 
 
-STRUCTS = [Tensor, Problem, FwdArgs, BwdArgs, QuantizeArgs]
+class Fp8Options(ctypes.Structure):
+    _c_name_ = "fattn_fp8_options"
+    _fields_ = [("granularity", c_enum), ("block_rows_q", ctypes.c_int32), ("block_rows_k", ctypes.c_int32),
+                ("block_rows_v", ctypes.c_int32), ("rotate", ctypes.c_int32), ("seed", ctypes.c_uint64)]
+
+
+STRUCTS = [Tensor, Problem, FwdArgs, BwdArgs, QuantizeArgs, Fp8Options]
 
 _ctx = ctypes.c_void_p  # fattn_ctx * (opaque)
 _P = ctypes.POINTER
@@ -110,6 +116,7 @@ PROTOTYPES = {
     "fattn_fwd": (c_enum, [_ctx, _P(FwdArgs)]),
     "fattn_bwd": (c_enum, [_ctx, _P(BwdArgs)]),
     "fattn_quantize": (c_enum, [_ctx, _P(QuantizeArgs)]),
+    "fattn_fwd_fp8": (c_enum, [_ctx, _P(FwdArgs), _P(Fp8Options)]),
     "fattn_f32_to_e4m3": (ctypes.c_uint8, [ctypes.c_float]),
     "fattn_e4m3_to_f32": (ctypes.c_float, [ctypes.c_uint8]),
     "fattn_rotation_signs": (c_enum, [ctypes.c_uint64, ctypes.c_int32, _P(ctypes.c_float)]),

@@ -1,8 +1,8 @@
 /* context.cu - the CUDA engine's per-context state: device discovery,
  * fattn_cuda_ctx_init/free (the driver's tensor-map encoder, the causal tile
  * counter and the event that orders its users), switching devices around a
- * call, launch ordering, and the split forward's workspace.  Plain C-style
- * host code. */
+ * call, launch ordering, the split forward's workspace and fattn_fwd_fp8's.
+ * Plain C-style host code. */
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -91,6 +91,10 @@ extern "C" void fattn_cuda_ctx_free(fattn_ctx *ctx) {
     (void)cudaFree(st->tile_counter); /* synchronises with the device first */
     if (st->split_ws) (void)cudaFree(st->split_ws);
     for (int i = 0; i < st->split_nretired; ++i) (void)cudaFree(st->split_retired[i]);
+    if (st->fp8_ws) (void)cudaFree(st->fp8_ws);
+    for (int i = 0; i < st->fp8_nretired; ++i) (void)cudaFree(st->fp8_retired[i]);
+    free(st->fp8_retired);
+    if (st->fp8_event) (void)cudaEventDestroy((cudaEvent_t)st->fp8_event);
     (void)cudaEventDestroy((cudaEvent_t)st->switch_event);
     cuda_device_leave(prev);
     (void)cudaGetLastError();
@@ -185,5 +189,74 @@ fattn_status cuda_split_workspace(fattn_ctx *ctx, size_t bytes, void **ws, unsig
     }
     *ws = st->split_ws;
     *counters = (unsigned *)((char *)st->split_ws + st->split_bytes);
+    return FATTN_OK;
+}
+
+/* ---- fattn_fwd_fp8's workspace ------------------------------------------------ */
+
+extern "C" fattn_status fattn_cuda_fp8_workspace(fattn_ctx *ctx, size_t bytes, void **ws) {
+    fattn_cuda_state *st = (fattn_cuda_state *)ctx->cuda;
+    *ws = NULL;
+    const int cap = stream_capturing(ctx);
+    if (cap < 0) return FATTN_ERROR_CUDA;
+    if (st->fp8_bytes < bytes) {
+        if (cap)
+            return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                              "fattn_fwd_fp8 needs a %zu-byte workspace and the context has %zu bytes: nothing is "
+                              "allocated while the stream is being captured into a CUDA graph (make one such call "
+                              "before the capture)",
+                              bytes, st->fp8_bytes);
+        size_t grow = (bytes + (4u << 20) - 1) / (4u << 20) * (4u << 20); /* 4 MB steps */
+        if (grow < 2 * st->fp8_bytes) grow = 2 * st->fp8_bytes;
+        int prev;
+        cudaError_t e = cuda_device_enter(ctx->device, &prev);
+        void *buf = NULL, **retired = NULL;
+        if (e == cudaSuccess && !st->fp8_event) {
+            cudaEvent_t ev;
+            e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+            if (e == cudaSuccess) st->fp8_event = ev;
+        }
+        if (e == cudaSuccess) e = cudaMalloc(&buf, grow);
+        cuda_device_leave(prev);
+        if (e == cudaSuccess && st->fp8_ws) {
+            retired = (void **)realloc(st->fp8_retired, sizeof(void *) * (size_t)(st->fp8_nretired + 1));
+            if (!retired) {
+                (void)cudaFree(buf);
+                return fattn_fail(ctx, FATTN_ERROR_OUT_OF_MEMORY, "fattn_fwd_fp8: out of host memory");
+            }
+            st->fp8_retired = retired;
+            st->fp8_retired[st->fp8_nretired++] = st->fp8_ws; /* kept: a captured graph may use it */
+        }
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            return fattn_fail(ctx, e == cudaErrorMemoryAllocation ? FATTN_ERROR_OUT_OF_MEMORY : FATTN_ERROR_CUDA,
+                              "fattn_fwd_fp8: cannot allocate its %zu-byte workspace: %s", grow, cudaGetErrorString(e));
+        }
+        st->fp8_ws = buf;
+        st->fp8_bytes = grow;
+    }
+    /* the previous call may still read the workspace on another stream (never
+     * recorded: no wait; inside a capture the graph's order is the caller's) */
+    if (!cap && st->fp8_event) {
+        cudaError_t e = cudaStreamWaitEvent((cudaStream_t)ctx->stream, (cudaEvent_t)st->fp8_event, 0);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            return fattn_fail(ctx, FATTN_ERROR_CUDA, "fattn_fwd_fp8: ordering after the previous call: %s",
+                              cudaGetErrorString(e));
+        }
+    }
+    *ws = st->fp8_ws;
+    return FATTN_OK;
+}
+
+extern "C" fattn_status fattn_cuda_fp8_workspace_done(fattn_ctx *ctx) {
+    fattn_cuda_state *st = (fattn_cuda_state *)ctx->cuda;
+    const int cap = stream_capturing(ctx);
+    if (cap || !st->fp8_event) return cap < 0 ? FATTN_ERROR_CUDA : FATTN_OK; /* never record inside a capture */
+    cudaError_t e = cudaEventRecord((cudaEvent_t)st->fp8_event, (cudaStream_t)ctx->stream);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return fattn_fail(ctx, FATTN_ERROR_CUDA, "fattn_fwd_fp8: cudaEventRecord: %s", cudaGetErrorString(e));
+    }
     return FATTN_OK;
 }

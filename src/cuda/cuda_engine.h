@@ -1,7 +1,8 @@
 /* cuda_engine.h - what the CUDA engine's host files share: entry.cu (entry
  * points, limits, pointer checks, options), context.cu (context state,
- * device switching, launch ordering, split workspace), tensor_map.cu (TMA
- * maps) and the kernels' launchers in hopper/. */
+ * device switching, launch ordering, split and FP8 workspaces), tensor_map.cu
+ * (TMA maps), quantize.cu (fattn_quantize) and the kernels' launchers in
+ * hopper/. */
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -19,6 +20,12 @@ struct fattn_cuda_state {
     size_t split_bytes;     /* its slot bytes; CUDA_SPLIT_COUNTERS zeroed counters follow them */
     void *split_retired[8]; /* outgrown workspaces: a captured graph may still use them, freed with the context */
     int split_nretired;
+    /* fattn_fwd_fp8's quantised Q, K, V (fattn_cuda_fp8_workspace), NULL until first needed */
+    void *fp8_ws;
+    size_t fp8_bytes;
+    void **fp8_retired;     /* outgrown ones, freed with the context (a captured graph may use them) */
+    int fp8_nretired;
+    void *fp8_event;        /* cudaEvent_t recorded after each fattn_fwd_fp8's last use of fp8_ws */
 };
 
 /* The split forward's workspace (perf-notes v30): at least `bytes` of slots

@@ -125,8 +125,3 @@ extern "C" fattn_status fattn_cuda_fwd(fattn_ctx *ctx, const fattn_fwd_args *a) 
 
 /* Refuses every call until the kernel exists (api.c has already refused). */
 extern "C" fattn_status fattn_cuda_bwd(fattn_ctx *ctx, const fattn_bwd_args *a) { return fattn_cuda_bwd_check(ctx, a); }
-
-extern "C" fattn_status fattn_cuda_quantize(fattn_ctx *ctx, const fattn_quantize_args *a) {
-    (void)a;
-    return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED, "fattn_quantize is not implemented on the CUDA engine yet");
-}
