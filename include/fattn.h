@@ -283,9 +283,12 @@ typedef struct fattn_problem {
  *        natural-log log-sum-exp of each row of scaled scores; -inf for a row
  *        that sees no key.
  * Engines: CPU: all dtypes, head_dim and head_dim_v 1..512.
- *          CUDA (Hopper): f16/bf16, head_dim == head_dim_v in {64, 128, 256},
- *          data pointers 16-byte aligned, strides multiples of 8 elements,
- *          fixed-length batches (no cu_seqlens yet).
+ *          CUDA (Hopper): f16/bf16, and e4m3 with f16/bf16 output (q's scale
+ *          blocks any size, k's 1 or a multiple of 128, v's a multiple of 128;
+ *          the scales in device memory; P is rounded to e4m3 before the PV
+ *          product, as in FlashAttention-3); head_dim == head_dim_v in
+ *          {64, 128, 256}, data pointers 16-byte aligned, strides multiples of
+ *          16 bytes, fixed-length batches (no cu_seqlens yet).
  */
 typedef struct fattn_fwd_args {
     fattn_problem p;

@@ -13,7 +13,10 @@
 
 /* What the Hopper 16-bit forward serves (src/cuda/hopper/fwd_sm90_hdim*.cu). */
 static const int fwd_head_dims[] = {64, 128, 256};
-static const fattn_dtype fwd_dtypes[] = {FATTN_DTYPE_BF16, FATTN_DTYPE_F16};
+static const fattn_dtype fwd_dtypes[] = {FATTN_DTYPE_BF16, FATTN_DTYPE_F16, FATTN_DTYPE_E4M3};
+/* The FP8 kernels' key block: K's scale blocks are 1 (per key) or multiples
+ * of it, V's multiples of it (src/cuda/hopper/fwd_sm90_kernels.cuh). */
+#define FWD_FP8_BN 128 /* the scale-block unit: every FP8 kernel's key block divides it */
 #define COUNT(x) ((int)(sizeof(x) / sizeof((x)[0])))
 
 /* "64, 128, 256" or "bf16, f16" into buf, for the messages. */
@@ -42,6 +45,22 @@ extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_arg
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                           "q.dtype %s is not supported by the CUDA engine's forward yet; supported: %s",
                           fattn_dtype_name(a->q.dtype), list_dtypes(list, sizeof list, fwd_dtypes, COUNT(fwd_dtypes)));
+    if (a->q.dtype == FATTN_DTYPE_E4M3) {
+        if (a->o.dtype != FATTN_DTYPE_BF16 && a->o.dtype != FATTN_DTYPE_F16)
+            return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                              "o.dtype %s with e4m3 inputs is not supported by the CUDA engine; supported: bf16, f16",
+                              fattn_dtype_name(a->o.dtype));
+        const int kb = a->k.scale_block, vb = a->v.scale_block;
+        if (kb >= 1 && kb != 1 && kb % FWD_FP8_BN != 0)
+            return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                              "k.scale_block %d is not supported by the CUDA FP8 kernel: 1 (one scale per key) or a "
+                              "multiple of %d",
+                              kb, FWD_FP8_BN);
+        if (vb >= 1 && vb % FWD_FP8_BN != 0)
+            return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                              "v.scale_block %d is not supported by the CUDA FP8 kernel: a multiple of %d", vb,
+                              FWD_FP8_BN);
+    }
     if (p->head_dim != p->head_dim_v)
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                           "head_dim %d != head_dim_v %d is not supported by the Hopper kernel", p->head_dim, p->head_dim_v);
@@ -49,7 +68,7 @@ extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_arg
     for (int i = 0; i < COUNT(fwd_head_dims); ++i) ok = ok || p->head_dim == fwd_head_dims[i];
     if (!ok)
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                          "head_dim %d is not supported by the Hopper 16-bit kernel; supported: %s", p->head_dim,
+                          "head_dim %d is not supported by the Hopper kernels; supported: %s", p->head_dim,
                           list_ints(list, sizeof list, fwd_head_dims, COUNT(fwd_head_dims)));
     /* Refused before api.c would read the offsets: a varlen kernel will check
      * them on the device, never with a copy to the host. */
@@ -111,6 +130,11 @@ extern "C" fattn_status fattn_cuda_fwd(fattn_ctx *ctx, const fattn_fwd_args *a) 
     if ((s = check_tma_input(ctx, &a->k, "k")) != FATTN_OK) return s;
     if ((s = check_tma_input(ctx, &a->v, "v")) != FATTN_OK) return s;
     if ((s = cuda_check_device_ptr(ctx, a->o.data, "o")) != FATTN_OK) return s;
+    if (a->q.dtype == FATTN_DTYPE_E4M3) {
+        if ((s = cuda_check_device_ptr(ctx, a->q.scale, "q.scale")) != FATTN_OK) return s;
+        if ((s = cuda_check_device_ptr(ctx, a->k.scale, "k.scale")) != FATTN_OK) return s;
+        if ((s = cuda_check_device_ptr(ctx, a->v.scale, "v.scale")) != FATTN_OK) return s;
+    }
     /* O is written with 4-byte stores at least (two 16-bit values) */
     if ((uintptr_t)a->o.data % 4 || a->o.stride_seq % 2 || a->o.stride_head % 2 || a->o.stride_batch % 2)
         return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,

@@ -40,8 +40,10 @@
  * 128): 0.57-0.60 of the copy bandwidth without rotation, 0.38-0.49 with;
  * per tensor 0.50 (0.83 counting both reads) and 0.29-0.32.  A CTA waits
  * for the last of its loads before the block's amax is known, so DRAM idles
- * while it computes; quant_pipe_kernel below (FATTN_QUANT_PIPELINE=1) keeps
- * the next tiles in flight and is not yet the default (see there). */
+ * while it computes.  A persistent kernel that keeps the next tiles in
+ * flight by cp.async was written and ran bitwise-correct with one tile per
+ * CTA, but had not run with several when it left the file (git history:
+ * bebe204; perf-notes q1). */
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -578,187 +580,6 @@ __global__ void __launch_bounds__(QUANT_THREADS, quant_min_ctas(DT, ROT))
     if (mode == QUANT_ONCHIP && p.CL > 1) cluster_wait(); /* peers are done with our slot */
 }
 
-/* ---- the pipelined on-chip kernel (FATTN_QUANT_PIPELINE=1; off by default) ----
- * Status: codes and scales bitwise the CPU's on the H200 where each CTA had
- * one tile (tests/gpu/test_quantize.cu); CTAs walking several tiles raised
- * "illegal instruction" at the cache-hinted cp.async (fixed below: no hint),
- * and the fixed kernel has not run on a GPU yet, nor been timed.  Build with
- * -DFATTN_QUANT_PIPELINE=1 in CMAKE_CUDA_FLAGS, run the test (its "large
- * tensors" cases walk many tiles) and bench/quant_bw.cu before making it
- * the default.
- * The kernel above waits, in every CTA, for the last of its 2048 loads
- * before the block's amax is known and for every warp before the codes go
- * out, so DRAM idles while a CTA computes (0.6 of copy bandwidth, block 128
- * without rotation).  This one is persistent: each CTA walks its tiles
- * (whole blocks, as above) with the next QUANT_STAGES - 1 tiles in flight by
- * cp.async into shared memory while it works on the current one.  A thread
- * reads back only the chunks it copied itself, so the data needs no barrier;
- * the two per tile are for the block amax.  The amax and scale slots
- * alternate between two sets, so one tile's slots are cleared while the
- * previous tile's are still read.  Used where a tile of blocks fits (256
- * or 512 threads), pointers and strides allow 4-byte copies and a chunk is
- * at least 16 bytes. */
-#ifndef FATTN_QUANT_PIPELINE
-#define FATTN_QUANT_PIPELINE 0
-#endif
-#if FATTN_QUANT_PIPELINE
-#define QUANT_STAGES 3
-
-template <int DT, int ROT> struct quant_pipe {
-    static constexpr int E = quant_chunk(ROT), ESZ = DT == FATTN_DTYPE_F32 ? 4 : 2, CB = E * ESZ;
-    static constexpr int K = CB >= 16 ? 128 / CB : 1; /* 128 bytes a thread a stage */
-    static constexpr int U = CB >= 16 ? CB / 16 : 1;  /* 16-byte units a chunk */
-};
-
-template <int DT, int ROT>
-__global__ void __launch_bounds__(512, 1) quant_pipe_kernel(const __grid_constant__ quant_params p) {
-    typedef quant_pipe<DT, ROT> Q;
-    constexpr int E = Q::E, K = Q::K, U = Q::U, CB = Q::CB;
-    constexpr bool RAW = quant_store<DT, ROT>::RAW;
-    extern __shared__ __align__(16) unsigned char smem[];
-    const int T = blockDim.x;
-    uint32_t *slot_amax = (uint32_t *)(smem + (size_t)QUANT_STAGES * K * U * T * 16); /* [2][G] */
-    float *slot_scale = (float *)(slot_amax + 2 * p.G);                               /* [2][G] */
-    const uint32_t stage_base = (uint32_t)__cvta_generic_to_shared(smem);
-
-    const int C = ROT ? ROT / E : p.C;
-    const int t = threadIdx.x, c = t % C, y = t / C;
-    const int ntiles = p.tiles;
-    const bool lanes = ROT || p.lane_reduce;
-
-    /* tile -> (batch, head) pair, group gi, rows [s0, s1); as the kernel above */
-    struct tile_t {
-        int pair, gi, s0, s1;
-    };
-    auto decode = [&](int idx) {
-        tile_t r;
-        if (p.head_fast) {
-            const int bb = idx / (p.groups * p.heads), q = idx % (p.groups * p.heads);
-            r.gi = q / p.heads;
-            r.pair = bb * p.heads + q % p.heads;
-        } else {
-            r.pair = idx / p.groups;
-            r.gi = idx % p.groups;
-        }
-        r.s0 = r.gi * p.G * p.br;
-        r.s1 = (int)min((int64_t)p.seqlen, (int64_t)r.s0 + (int64_t)p.G * p.br);
-        return r;
-    };
-    auto issue = [&](int j) { /* this thread's chunks of tile j into stage j % QUANT_STAGES */
-        const int tile = (int)blockIdx.x + j * (int)gridDim.x;
-        if (tile < ntiles) {
-            const tile_t r = decode(tile);
-            const int b = r.pair / p.heads, h = r.pair % p.heads;
-            const char *in = p.in + b * p.in_sb + h * p.in_sh + (int64_t)c * CB;
-            const int st = j % QUANT_STAGES;
-#pragma unroll
-            for (int k = 0; k < K; ++k) {
-                const int s = r.s0 + y + k * p.Y;
-                if (s >= r.s1) continue;
-                const char *src = in + s * p.in_ss;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const uint32_t dst = stage_base + (uint32_t)((((st * K + k) * U + u) * T + t) * 16);
-                    for (int o = 0; o < 16; o += p.w_in) cp_async(dst + o, src + u * 16 + o, p.w_in);
-                }
-            }
-        }
-        cp_async_commit();
-    };
-
-    for (int i = t; i < p.G; i += T) slot_amax[i] = 0;
-    __syncthreads();
-#pragma unroll
-    for (int j = 0; j < QUANT_STAGES - 1; ++j) issue(j);
-
-    for (int j = 0;; ++j) {
-        const int tile = (int)blockIdx.x + j * (int)gridDim.x;
-        if (tile >= ntiles) break;
-        cp_async_wait<QUANT_STAGES - 2>(); /* this thread's copies of tile j have landed */
-        const tile_t r = decode(tile);
-        const int st = j % QUANT_STAGES, par = j & 1;
-
-        float x[RAW ? 1 : K][E];
-        uint32_t raw[RAW ? K : 1][(E + 1) / 2];
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-            const bool valid = r.s0 + y + k * p.Y < r.s1;
-            uint32_t w[U * 4];
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const uint4 v = valid ? *(const uint4 *)(smem + (size_t)(((st * K + k) * U + u) * T + t) * 16)
-                                      : make_uint4(0, 0, 0, 0);
-                w[4 * u] = v.x, w[4 * u + 1] = v.y, w[4 * u + 2] = v.z, w[4 * u + 3] = v.w;
-            }
-            if constexpr (RAW) {
-#pragma unroll
-                for (int i = 0; i < E / 2; ++i) raw[k][i] = w[i];
-            } else {
-#pragma unroll
-                for (int e = 0; e < E; ++e) x[k][e] = elem_f32<DT>(w, e);
-            }
-        }
-        issue(j + QUANT_STAGES - 1); /* into the stage read in the previous round */
-
-        if constexpr (ROT != 0) {
-            const int first = c * E;
-            uint32_t word = p.sign[0];
-#pragma unroll
-            for (int i = 1; i < 8; ++i)
-                if ((first >> 5) == i) word = p.sign[i];
-            const uint32_t sbits = word >> (first & 31);
-#pragma unroll
-            for (int k = 0; k < K; ++k) rotate_chunk<ROT, E>(x[k], sbits, c, p.norm);
-        }
-
-        uint32_t *amax = slot_amax + par * p.G;
-        float *scales = slot_scale + par * p.G;
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-            float m = 0.0f;
-            if constexpr (RAW) {
-                float v[E];
-                unpack16<DT, E>(raw[k], v);
-#pragma unroll
-                for (int e = 0; e < E; ++e) m = f32_amax(m, v[e]);
-            } else {
-#pragma unroll
-                for (int e = 0; e < E; ++e) m = f32_amax(m, x[k][e]);
-            }
-            if (lanes)
-                for (int o = 1; o < C; o <<= 1) m = f32_max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
-            const int rl = y + k * p.Y;
-            const uint32_t mb = __float_as_uint(m);
-            if (r.s0 + rl < r.s1 && mb && (!lanes || c == 0)) atomicMax(&amax[onchip_slot(rl, p)], mb);
-        }
-        for (int i = t; i < p.G; i += T) slot_amax[(par ^ 1) * p.G + i] = 0; /* the next tile's */
-        __syncthreads();
-        const int nslots = min(p.G, p.nb - r.gi * p.G);
-        for (int i = t; i < nslots; i += T) {
-            scales[i] = scale_of_amax(amax[i]);
-            p.scale[(int64_t)r.pair * p.nb + (int64_t)r.gi * p.G + i] = scales[i];
-        }
-        __syncthreads();
-
-        const int b = r.pair / p.heads, h = r.pair % p.heads;
-        uint8_t *out = p.out + b * p.out_sb + h * p.out_sh + (int64_t)c * E;
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-            const int rl = y + k * p.Y, s = r.s0 + rl;
-            if (s >= r.s1) continue;
-            const float scale = scales[onchip_slot(rl, p)];
-            float v[E];
-            if constexpr (RAW) unpack16<DT, E>(raw[k], v);
-            else
-#pragma unroll
-                for (int e = 0; e < E; ++e) v[e] = x[k][e];
-            quantize_store<E>(v, scale, out + s * p.out_ss, p.w_out);
-        }
-    }
-    cp_async_wait<0>();
-}
-#endif /* FATTN_QUANT_PIPELINE */
-
 /* ---- host side ------------------------------------------------------------------ */
 
 typedef void (*quant_kernel_fn)(quant_params);
@@ -769,14 +590,6 @@ typedef void (*quant_kernel_fn)(quant_params);
      quant_kernel<DT, 16>, quant_kernel<DT, 32>, quant_kernel<DT, 64>, quant_kernel<DT, 128>, quant_kernel<DT, 256>}
 static const quant_kernel_fn quant_kernels[3][10] = {
     QK_ROW(FATTN_DTYPE_F32), QK_ROW(FATTN_DTYPE_F16), QK_ROW(FATTN_DTYPE_BF16)};
-#if FATTN_QUANT_PIPELINE
-/* the pipelined kernel where a chunk is >= 16 bytes: no rotation, or d >= 8 */
-#define QP_ROW(DT)                                                                                                    \
-    {quant_pipe_kernel<DT, 0>,   NULL, NULL, NULL, quant_pipe_kernel<DT, 8>, quant_pipe_kernel<DT, 16>,             \
-     quant_pipe_kernel<DT, 32>, quant_pipe_kernel<DT, 64>, quant_pipe_kernel<DT, 128>, quant_pipe_kernel<DT, 256>}
-static const quant_kernel_fn quant_pipe_kernels[3][10] = {
-    QP_ROW(FATTN_DTYPE_F32), QP_ROW(FATTN_DTYPE_F16), QP_ROW(FATTN_DTYPE_BF16)};
-#endif
 
 static int log2_pow2(int n) {
     int l = 0;
@@ -899,50 +712,6 @@ extern "C" fattn_status fattn_cuda_quantize(fattn_ctx *ctx, const fattn_quantize
                           cudaGetErrorString(e));
     }
     cudaStream_t stream = (cudaStream_t)ctx->stream;
-#if FATTN_QUANT_PIPELINE
-    /* pipelined on chip: whole blocks in a tile of 256 (or 512) threads */
-    const int eff_rows = p.br < p.seqlen ? p.br : p.seqlen; /* the most rows a block has */
-    const int chunk_bytes = E * esz;
-    int pipe_threads = 0;
-    if (!p.tensor && chunk_bytes >= 16 && p.w_in >= 4 && quant_pipe_kernels[dt][ki])
-        for (int T = QUANT_THREADS; T <= 2 * QUANT_THREADS && !pipe_threads; T *= 2)
-            if (eff_rows <= (128 / chunk_bytes) * (T / p.C)) pipe_threads = T;
-    if (pipe_threads) {
-        quant_kernel_fn fp = quant_pipe_kernels[dt][ki];
-        p.mode = QUANT_ONCHIP;
-        p.CL = 1;
-        p.Y = pipe_threads / p.C;
-        p.R = (128 / chunk_bytes) * p.Y;
-        threads = p.C * p.Y;
-        p.G = p.R / p.br < 1 ? 1 : (p.R / p.br < p.nb ? p.R / p.br : p.nb);
-        p.groups = (p.nb + p.G - 1) / p.G;
-        p.tiles = (int32_t)(pairs * p.groups);
-        const size_t smem = (size_t)QUANT_STAGES * threads * 128 + (size_t)4 * p.G * sizeof(uint32_t);
-        int per_sm = 0;
-        e = cudaFuncSetAttribute(fp, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fp, threads, smem);
-        if (e != cudaSuccess || per_sm < 1) {
-            (void)cudaGetLastError();
-            st = fattn_fail(ctx, FATTN_ERROR_CUDA, "fattn_quantize: %d threads with %zu bytes of shared memory: %s",
-                            threads, smem, e != cudaSuccess ? cudaGetErrorString(e) : "no CTA fits an SM");
-        } else {
-            const int64_t most = (int64_t)per_sm * ((fattn_cuda_state *)ctx->cuda)->num_sms;
-            const int blocks = (int)(p.tiles < most ? p.tiles : most);
-            cudaLaunchConfig_t cfg;
-            memset(&cfg, 0, sizeof cfg);
-            cfg.gridDim = dim3((unsigned)blocks);
-            cfg.blockDim = dim3((unsigned)threads);
-            cfg.dynamicSmemBytes = smem;
-            cfg.stream = stream;
-            e = cudaLaunchKernelEx(&cfg, fp, p);
-            if (e != cudaSuccess) {
-                (void)cudaGetLastError();
-                st = fattn_fail(ctx, FATTN_ERROR_CUDA, "fattn_quantize: kernel launch (%d CTAs of %d threads): %s",
-                                blocks, threads, cudaGetErrorString(e));
-            }
-        }
-    } else
-#endif
     if (!p.tensor && p.br <= QUANT_MAX_CLUSTER * p.R) {
         /* on chip: whole blocks per CTA, or one block per cluster */
         p.mode = QUANT_ONCHIP;
