@@ -7,7 +7,8 @@
 
 Inputs are torch tensors (CUDA, or CPU through the CPU engine) or NumPy arrays
 (CPU engine) in [batch, seqlen, heads, head_dim] layout, GQA by fewer K/V
-heads.  On torch tensors the call is the custom op torch.ops.fattn.fwd:
+heads.  fp8=True or fp8=fattn.FP8(...) runs FP8 attention (forward only).
+On torch tensors the call is the custom op torch.ops.fattn.fwd (fwd_fp8):
 differentiable (CPU engine; the CUDA engine has no backward yet) and
 traceable by torch.compile.  Library errors raise FattnError (with the
 library's message) or a subclass: FattnInvalidArgumentError (a ValueError)
@@ -23,13 +24,13 @@ else the system's libfattn.so.  docs/python.md has the details.
 import sys as _sys
 
 from . import _capi
-from ._core import (Context, FattnError, FattnInvalidArgumentError, FattnOutOfMemoryError,  # noqa: F401
+from ._core import (FP8, Context, FattnError, FattnInvalidArgumentError, FattnOutOfMemoryError,  # noqa: F401
                     FattnUnsupportedError, library_path)
 from . import _core
 
 _lib = _core.lib
 
-__all__ = ["attention", "flash_attn_func", "Context", "FattnError", "FattnInvalidArgumentError",
+__all__ = ["attention", "flash_attn_func", "FP8", "Context", "FattnError", "FattnInvalidArgumentError",
            "FattnUnsupportedError", "FattnOutOfMemoryError", "library_path", "built_with_cuda", "__version__",
            "F32", "F16", "BF16", "E4M3", "BACKEND_AUTO", "BACKEND_CPU", "BACKEND_CUDA", "OPTION_DISABLE_OVERLAP",
            "OPTION_DISABLE_PINGPONG", "OPTION_DISABLE_PDL", "OPTION_SOFTMAX_UNDER_PV", "OPTION_DISABLE_SPLIT"]
@@ -109,7 +110,7 @@ def _is_torch(x):
     return t is not None and isinstance(x, t.Tensor)
 
 
-def attention(q, k, v, causal=False, softmax_scale=None, fp8=False, return_lse=False, *, out=None, ctx=None):
+def attention(q, k, v, causal=False, softmax_scale=None, fp8=None, return_lse=False, *, out=None, ctx=None):
     """softmax(q k^T * softmax_scale [+ causal mask]) v.
 
     q [b, sq, hq, d], k [b, sk, hkv, d], v [b, sk, hkv, dv] (hq % hkv == 0):
@@ -118,8 +119,12 @@ def attention(q, k, v, causal=False, softmax_scale=None, fp8=False, return_lse=F
     (head dim not contiguous, expanded dimensions) is copied first.
     causal: bottom-right aligned, as FlashAttention (rows that see no key give
     0 and lse -inf).  softmax_scale: None = 1/sqrt(d).
-    fp8: quantise q, k, v to e4m3 first (block scales of 128 rows, Q and K
-    Hadamard-rotated when d is a power of two); forward only.
+    fp8: None (or False) = off; True = quantise q, k, v to e4m3 first with one
+    scale per 128 rows of each batch and head, no rotation (fattn_fwd_fp8);
+    a fattn.FP8(granularity, block_q, block_k, block_v, rotate, seed) sets
+    the scales and the Hadamard rotation of Q and K.  Forward only: inputs
+    that require grad (with grad mode on) raise NotImplementedError (also a
+    ValueError).
     Returns out [b, sq, hq, dv] in q's dtype, and with return_lse=True also
     lse [b, hq, sq] float32 (natural log; no gradient flows through it).
     out= writes into a given array; ctx= runs on a given Context (e.g. one
@@ -170,5 +175,5 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
         raise TypeError("fattn.flash_attn_func takes torch tensors, got a %s (fattn.attention also takes "
                         "NumPy arrays)" % type(q).__name__)
     t = _torch_module()
-    o_lse = t.attention(q, k, v, causal, softmax_scale, False, True, None, None, deterministic=deterministic)
+    o_lse = t.attention(q, k, v, causal, softmax_scale, None, True, None, None, deterministic=deterministic)
     return o_lse if return_attn_probs else o_lse[0]

@@ -2,11 +2,12 @@
 
 Everything here works on plain descriptions of arrays (pointer, fattn dtype,
 shape, strides in elements), so the NumPy path and the torch path share one
-way of calling fattn_fwd, fattn_bwd and fattn_quantize.  Neither NumPy nor
+way of calling fattn_fwd, fattn_fwd_fp8, fattn_bwd and fattn_quantize.  Neither NumPy nor
 torch is imported here.
 """
 import collections
 import ctypes
+import dataclasses
 import math
 import os
 import sys
@@ -31,13 +32,7 @@ BACKEND_AUTO = _E["fattn_backend"]["FATTN_BACKEND_AUTO"]
 BACKEND_CPU = _E["fattn_backend"]["FATTN_BACKEND_CPU"]
 BACKEND_CUDA = _E["fattn_backend"]["FATTN_BACKEND_CUDA"]
 QUANT_BLOCK = _E["fattn_quant_granularity"]["FATTN_QUANT_BLOCK"]
-
-# fp8=True: one e4m3 scale per 128 rows of each (batch, head), FA3's query
-# tile, and the Hadamard rotation of Q and K when head_dim is a power of two
-# (FA3's recipe; tools/accuracy.c measures it).  The seed only picks the
-# rotation's signs: Q M (K M)^T = Q K^T for any of them.
-FP8_BLOCK_ROWS = 128
-FP8_SEED = 0
+QUANT_TENSOR = _E["fattn_quant_granularity"]["FATTN_QUANT_TENSOR"]
 
 
 # ---------------------------------------------------------------------------
@@ -198,6 +193,13 @@ class Context:
     def bwd_raw(self, args):
         with self._lock:
             self._check(lib.fattn_bwd(self._handle(), ctypes.byref(args)), "fattn_bwd")
+
+    def fwd_fp8_raw(self, args, opt):
+        """fattn_fwd_fp8 on a fattn_fwd_args struct and a fattn_fp8_options one
+        (_capi.Fp8Options, e.g. FP8(...).options(); None = the library's default)."""
+        with self._lock:
+            self._check(lib.fattn_fwd_fp8(self._handle(), ctypes.byref(args),
+                                          ctypes.byref(opt) if opt is not None else None), "fattn_fwd_fp8")
 
     def quantize_raw(self, args):
         with self._lock:
@@ -393,12 +395,10 @@ def problem(dims, causal, softmax_scale):
                          float(softmax_scale), int(bool(causal)), None, None)
 
 
-def fwd_struct(dims, qd, kd, vd, od, lse, causal, softmax_scale, scales=None):
+def fwd_struct(dims, qd, kd, vd, od, lse, causal, softmax_scale):
     a = _capi.FwdArgs()
     a.p = problem(dims, causal, softmax_scale)
-    sq, sk, sv = scales or (None, None, None)
-    blk = FP8_BLOCK_ROWS if scales else 0
-    a.q, a.k, a.v = tensor_struct(qd, sq, blk), tensor_struct(kd, sk, blk), tensor_struct(vd, sv, blk)
+    a.q, a.k, a.v = tensor_struct(qd), tensor_struct(kd), tensor_struct(vd)
     a.o = tensor_struct(od)
     a.lse = lse
     return a
@@ -418,32 +418,79 @@ def run_bwd(ctx, dims, qd, kd, vd, od, dod, dqd, dkd, dvd, lse, causal, softmax_
     ctx.bwd_raw(a)
 
 
-def fp8_rotates(head_dim):
-    return head_dim >= 2 and head_dim & (head_dim - 1) == 0
+# ---------------------------------------------------------------------------
+# FP8
+# ---------------------------------------------------------------------------
+
+_GRANULARITIES = {"block": QUANT_BLOCK, "tensor": QUANT_TENSOR}
 
 
-def run_fwd_fp8(ctx, dims, qd, kd, vd, od, lse, causal, softmax_scale, alloc):
-    """Quantise q, k, v to e4m3 (fattn_quantize: block scales, Q and K rotated
-    when head_dim is a power of two), then the e4m3 forward into od.
-    alloc(n, kind) returns (buffer, address) of n uint8 ('u8') or float32
-    ('f32') elements on the context's device; the buffers live until return."""
-    keep = []
-    coded, scales = [], []
-    rotate = fp8_rotates(dims.d)
-    for x, (s, h, dim), rot in ((qd, (dims.sq, dims.hq, dims.d), rotate), (kd, (dims.sk, dims.hkv, dims.d), rotate),
-                                (vd, (dims.sk, dims.hkv, dims.dv), False)):
-        nblk = (s + FP8_BLOCK_ROWS - 1) // FP8_BLOCK_ROWS
-        cbuf, cptr = alloc(dims.b * s * h * dim, "u8")
-        sbuf, sptr = alloc(dims.b * h * nblk, "f32")
-        keep += [cbuf, sbuf]
-        qa = _capi.QuantizeArgs()
-        setattr(qa, "in", tensor_struct(x))
-        qa.out = _capi.Tensor(cptr, E4M3, 0, 0, 0, sptr, FP8_BLOCK_ROWS)
-        qa.batch, qa.seqlen, qa.heads, qa.head_dim = dims.b, s, h, dim
-        qa.granularity, qa.block_rows, qa.rotate, qa.seed = QUANT_BLOCK, FP8_BLOCK_ROWS, int(rot), FP8_SEED
-        ctx.quantize_raw(qa)
-        coded.append(Desc(x.name, cptr, E4M3, (dims.b, s, h, dim), None, (s * h * dim, h * dim, dim), True))
-        scales.append(sptr)
-    a = fwd_struct(dims, coded[0], coded[1], coded[2], od, lse, causal, softmax_scale, scales)
-    ctx.fwd_raw(a)
-    del keep
+class Fp8GradError(NotImplementedError, ValueError):
+    """fp8 attention asked for on inputs that require grad: FP8 attention has no
+    backward.  A NotImplementedError (what fattn raised before) and a ValueError."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FP8:
+    """How fattn.attention(..., fp8=FP8(...)) quantises q, k and v to e4m3
+    before the e4m3 forward (fattn_fwd_fp8 and its fattn_fp8_options).
+
+    granularity: "block" (one scale per block_q / block_k / block_v rows of
+      each batch and head) or "tensor" (one scale for the whole tensor; the
+      block sizes are then unused).
+    block_q, block_k, block_v: rows per scale, >= 1; block_k=1 is one scale
+      per token.  The CUDA engine serves block_k 1 or a multiple of 128 and
+      block_v a multiple of 128 (others raise FattnUnsupportedError).
+    rotate: multiply the rows of Q and K by a random-sign Walsh-Hadamard matrix
+      first (FlashAttention-3's incoherent processing; head_dim a power of two).
+    seed: picks the rotation's signs (0 <= seed < 2**64).
+    fp8=True is FP8(): block scales of 128 rows, no rotation."""
+    granularity: str = "block"
+    block_q: int = 128
+    block_k: int = 128
+    block_v: int = 128
+    rotate: bool = False
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.granularity not in _GRANULARITIES:
+            raise ValueError("fattn.FP8: granularity must be 'block' or 'tensor', got %r" % (self.granularity,))
+        for n in ("block_q", "block_k", "block_v"):
+            x = getattr(self, n)
+            if isinstance(x, bool) or not isinstance(x, int):
+                raise TypeError("fattn.FP8: %s must be an int, got %r" % (n, x))
+            if not 1 <= x <= 2 ** 31 - 1:
+                raise ValueError("fattn.FP8: %s must be >= 1 rows per scale, got %d" % (n, x))
+        if not isinstance(self.rotate, bool):
+            raise TypeError("fattn.FP8: rotate must be a bool, got %r" % (self.rotate,))
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 64:
+            raise ValueError("fattn.FP8: seed must be an int in [0, 2**64), got %r" % (self.seed,))
+
+    def options(self):
+        """The fattn_fp8_options struct (_capi.Fp8Options) of these settings."""
+        return _capi.Fp8Options(_GRANULARITIES[self.granularity], self.block_q, self.block_k, self.block_v,
+                                int(self.rotate), self.seed)
+
+
+def fp8_config(fp8):
+    """None (FP8 off) or an FP8: fp8 is None or False (off), True (FP8()) or an
+    FP8; TypeError for anything else."""
+    if fp8 is None or fp8 is False:
+        return None
+    if fp8 is True:
+        return FP8()
+    if isinstance(fp8, FP8):
+        return fp8
+    raise TypeError("fattn: fp8 must be None, False, True or a fattn.FP8(...), got a %s" % type(fp8).__name__)
+
+
+def fp8_grad_error():
+    return Fp8GradError("fattn: fp8 attention is forward only: the backward of FP8 attention is not implemented "
+                        "(fattn_bwd takes f32, f16 and bf16); call it under torch.no_grad() or on tensors that do "
+                        "not require grad, or leave fp8 unset")
+
+
+def run_fwd_fp8(ctx, dims, qd, kd, vd, od, lse, causal, softmax_scale, fp8):
+    """fattn_fwd_fp8: q, k, v (16-bit or f32) quantised to e4m3 as the FP8
+    `fp8` says, into the context's workspace, then the e4m3 forward into od."""
+    ctx.fwd_fp8_raw(fwd_struct(dims, qd, kd, vd, od, lse, causal, softmax_scale), fp8.options())

@@ -22,6 +22,7 @@ def attention(q, k, v, causal, softmax_scale, fp8, return_lse, out, ctx):
     if not (qd.dtype == kd.dtype == vd.dtype):
         raise TypeError("fattn: q, k and v must have one dtype, got %s, %s and %s" % (q.dtype, k.dtype, v.dtype))
     scale = _core.resolve_scale(softmax_scale, dims.d)
+    fp8 = _core.fp8_config(fp8)
     if ctx is None:
         ctx = _core.context(_core.BACKEND_CPU)
     elif ctx.backend != _core.BACKEND_CPU:
@@ -48,11 +49,8 @@ def attention(q, k, v, causal, softmax_scale, fp8, return_lse, out, ctx):
         v, vd = _readable(v, "v")
         od = _core.describe(out, "out")
         lp = lse.ctypes.data if lse is not None else None
-        if fp8:
-            def alloc(n, kind):
-                a = np.empty(n, dtype=np.uint8 if kind == "u8" else np.float32)
-                return a, a.ctypes.data
-            _core.run_fwd_fp8(ctx, dims, qd, kd, vd, od, lp, causal, scale, alloc)
+        if fp8 is not None:
+            _core.run_fwd_fp8(ctx, dims, qd, kd, vd, od, lp, causal, scale, fp8)
         else:
             _core.run_fwd(ctx, dims, qd, kd, vd, od, lp, causal, scale)
     return (out, lse) if return_lse else out

@@ -1,6 +1,6 @@
-"""_torch.py - fattn on torch tensors: the custom ops <ns>::fwd and <ns>::bwd
-(torch.library, with fake implementations for torch.compile) and autograd
-through fattn_bwd.
+"""_torch.py - fattn on torch tensors: the custom ops <ns>::fwd, <ns>::bwd and
+<ns>::fwd_fp8 (torch.library, with fake implementations for torch.compile),
+autograd through fattn_bwd (fwd_fp8 is forward only: its backward raises).
 
 <ns> is the package's name: "fattn", or "fattn_b" when bench/compare.py loads
 a second copy of these bindings beside the first (an op name is registered
@@ -48,6 +48,7 @@ def _readable(t, name):
 
 
 def _fwd_impl(q, k, v, causal, softmax_scale, fp8, ctx=None, out=None):
+    """fp8: None (the 16-bit/f32 forward) or a _core.FP8 (fattn_fwd_fp8)."""
     dims = _core.check_shapes(q.shape, k.shape, v.shape)
     if out is None:
         out = torch.empty(dims.o_shape, dtype=q.dtype, device=q.device)
@@ -64,11 +65,8 @@ def _fwd_impl(q, k, v, causal, softmax_scale, fp8, ctx=None, out=None):
     od = _core.describe(out, "out")
     with ctx._lock:
         _on_current_stream(ctx, q.device)
-        if fp8:
-            def alloc(n, kind):
-                t = torch.empty(n, dtype=torch.uint8 if kind == "u8" else torch.float32, device=q.device)
-                return t, t.data_ptr()
-            _core.run_fwd_fp8(ctx, dims, qd, kd, vd, od, lse.data_ptr(), causal, softmax_scale, alloc)
+        if fp8 is not None:
+            _core.run_fwd_fp8(ctx, dims, qd, kd, vd, od, lse.data_ptr(), causal, softmax_scale, fp8)
         else:
             _core.run_fwd(ctx, dims, qd, kd, vd, od, lse.data_ptr(), causal, softmax_scale)
     return out, lse
@@ -78,14 +76,51 @@ def _fwd_impl(q, k, v, causal, softmax_scale, fp8, ctx=None, out=None):
 def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float, fp8: bool,
         deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     """(out [b, sq, hq, dv] in q's dtype, lse [b, hq, sq] float32).  `deterministic`
-    is kept for the backward (FlashAttention's flag; the CPU engine always is)."""
-    return _fwd_impl(q, k, v, causal, softmax_scale, fp8)
+    is kept for the backward (FlashAttention's flag; the CPU engine always is).
+    fp8=True is fwd_fp8 with fattn.FP8()'s defaults (forward only)."""
+    return _fwd_impl(q, k, v, causal, softmax_scale, _core.FP8() if fp8 else None)
 
 
 @fwd.register_fake
 def _fwd_fake(q, k, v, causal, softmax_scale, fp8, deterministic):
     b, sq, hq, _ = q.shape
     return (q.new_empty((b, sq, hq, v.shape[3])), q.new_empty((b, hq, sq), dtype=torch.float32))
+
+
+def _seed_to_op(seed):
+    """An op's int is int64: a uint64 seed travels as its two's complement."""
+    return seed - 2 ** 64 if seed >= 2 ** 63 else seed
+
+
+@torch.library.custom_op(_NS + "::fwd_fp8", mutates_args=())
+def fwd_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float,
+            granularity: str, block_q: int, block_k: int, block_v: int, rotate: bool,
+            seed: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """FP8 attention (fattn_fwd_fp8): q, k, v f32/f16/bf16 quantised to e4m3 as
+    fattn.FP8(granularity, block_q, block_k, block_v, rotate, seed) says (seed
+    as int64: a seed >= 2**63 is passed as seed - 2**64), then the e4m3
+    forward.  (out in q's dtype, lse float32).  Forward only."""
+    cfg = _core.FP8(granularity, block_q, block_k, block_v, rotate, seed % 2 ** 64)
+    return _fwd_impl(q, k, v, causal, softmax_scale, cfg)
+
+
+@fwd_fp8.register_fake
+def _fwd_fp8_fake(q, k, v, causal, softmax_scale, granularity, block_q, block_k, block_v, rotate, seed):
+    b, sq, hq, _ = q.shape
+    return (q.new_empty((b, sq, hq, v.shape[3])), q.new_empty((b, hq, sq), dtype=torch.float32))
+
+
+def _fp8_setup_context(ctx, inputs, output):
+    ctx.mark_non_differentiable(output[1])
+
+
+def _fp8_backward(ctx, dout, dlse):
+    # fattn.attention refuses inputs that require grad before the call; this
+    # is for a direct torch.ops.fattn.fwd_fp8 call: an error, never a gradient
+    raise _core.fp8_grad_error()
+
+
+fwd_fp8.register_autograd(_fp8_backward, setup_context=_fp8_setup_context)
 
 
 @torch.library.custom_op(_NS + "::bwd", mutates_args=())
@@ -132,7 +167,7 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dout, dlse):
     if ctx.fp8:
-        raise NotImplementedError("fattn: fp8=True has no backward (fattn_bwd takes f32, f16 and bf16)")
+        raise _core.fp8_grad_error()
     q, k, v, o, lse = ctx.saved_tensors
     dq, dk, dv = bwd(dout, q, k, v, o, lse, ctx.causal, ctx.softmax_scale, ctx.deterministic)
     return dq, dk, dv, None, None, None, None
@@ -148,7 +183,7 @@ def _check_inputs(q, k, v):
     for n, t in (("q", q), ("k", k), ("v", v)):
         if t.dtype not in _DTYPES:
             raise TypeError("fattn: %s has dtype %s; fattn takes float32, float16 and bfloat16 tensors "
-                            "(fp8=True quantises them to e4m3 itself)" % (n, t.dtype))
+                            "(fp8 quantises them to e4m3 itself)" % (n, t.dtype))
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError("fattn: q, k and v must have one dtype, got %s, %s and %s" % (q.dtype, k.dtype, v.dtype))
     if not (q.device == k.device == v.device):
@@ -162,12 +197,16 @@ def attention(q, k, v, causal, softmax_scale, fp8, return_lse, out, ctx, determi
     _check_inputs(q, k, v)
     dims = _core.check_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape))
     scale = _core.resolve_scale(softmax_scale, dims.d)
+    fp8 = _core.fp8_config(fp8)
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if fp8 and grad:
-        raise NotImplementedError("fattn: fp8=True has no backward; call it under torch.no_grad() or on "
-                                  "tensors that do not require grad")
+    if fp8 is not None and grad:
+        raise _core.fp8_grad_error()
     if out is None and ctx is None:
-        o, lse = fwd(q, k, v, bool(causal), scale, bool(fp8), bool(deterministic))
+        if fp8 is not None:
+            o, lse = fwd_fp8(q, k, v, bool(causal), scale, fp8.granularity, fp8.block_q, fp8.block_k, fp8.block_v,
+                             fp8.rotate, _seed_to_op(fp8.seed))
+        else:
+            o, lse = fwd(q, k, v, bool(causal), scale, False, bool(deterministic))
         return (o, lse) if return_lse else o
 
     # out= or ctx=: a direct call, outside autograd and torch.compile
@@ -191,5 +230,5 @@ def attention(q, k, v, causal, softmax_scale, fp8, return_lse, out, ctx, determi
             raise ValueError("fattn: ctx computes on %s but the tensors are on %s"
                              % ("cuda:%d" % ctx.device if ctx.backend == _core.BACKEND_CUDA else "the CPU", q.device))
     with torch.no_grad():
-        o, lse = _fwd_impl(q, k, v, bool(causal), scale, bool(fp8), ctx=ctx, out=out)
+        o, lse = _fwd_impl(q, k, v, bool(causal), scale, fp8, ctx=ctx, out=out)
     return (o, lse) if return_lse else o

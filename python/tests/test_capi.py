@@ -225,7 +225,118 @@ class CompiledLayout(unittest.TestCase):
                 self.assertEqual(self.c[n][0], v, n)
 
 
+# ---------------------------------------------------------------------------
+# FP8 through ctypes alone (no NumPy, no torch: what CI runs)
+# ---------------------------------------------------------------------------
+
+def _library():
+    """FATTN_LIBRARY, else the build this test runs in (ctest's cwd is <build>/tests),
+    else build/libfattn.so of the source tree; None when none exists."""
+    env = os.environ.get("FATTN_LIBRARY")
+    if env:
+        return env
+    for c in (os.path.join(os.getcwd(), "..", "libfattn.so"), os.path.join(ROOT, "build", "libfattn.so")):
+        if os.path.exists(c):
+            return os.path.abspath(c)
+    return None
+
+
+def fp8_child(path):
+    """Run in a subprocess (a sanitizer build's library aborts a plain python3 when
+    loaded): fattn_fwd_fp8 against fattn_quantize + fattn_fwd on e4m3 by hand, bitwise,
+    and against fattn_fwd on the f32 inputs.  Prints LOADED once the library is bound."""
+    import random
+    capi = load_capi()
+    lib = capi.bind(ctypes.CDLL(path))
+    print("LOADED", flush=True)
+    E = capi.ENUMS
+    F32, E4M3 = E["fattn_dtype"]["FATTN_DTYPE_F32"], E["fattn_dtype"]["FATTN_DTYPE_E4M3"]
+    BLOCK, TENSOR = E["fattn_quant_granularity"]["FATTN_QUANT_BLOCK"], E["fattn_quant_granularity"]["FATTN_QUANT_TENSOR"]
+    ctx = ctypes.c_void_p()
+    assert lib.fattn_ctx_create(ctypes.byref(ctx), E["fattn_backend"]["FATTN_BACKEND_CPU"], 0) == 0
+
+    def check(st):
+        assert st == 0, lib.fattn_last_error(ctx).decode()
+
+    rng = random.Random(5)
+    b, sq, sk, hq, hkv, d = 2, 70, 150, 4, 2, 32  # GQA, more keys than queries
+
+    def arr(n):
+        return (ctypes.c_float * n)(*[rng.gauss(0.0, 1.0) for _ in range(n)])
+
+    q, k, v = arr(b * sq * hq * d), arr(b * sk * hkv * d), arr(b * sk * hkv * d)
+
+    def fwd_args(causal, o, qt, kt, vt):
+        a = capi.FwdArgs()
+        a.p = capi.Problem(b, sq, sk, hq, hkv, d, d, 0.0, causal, None, None)
+        a.q, a.k, a.v = qt, kt, vt
+        a.o = capi.Tensor(ctypes.addressof(o), F32, 0, 0, 0, None, 0)
+        return a
+
+    def plain(x):
+        return capi.Tensor(ctypes.addressof(x), F32, 0, 0, 0, None, 0)
+
+    def rel(x, y):
+        num = sum((p - r) ** 2 for p, r in zip(x, y))
+        return (num / max(sum(r * r for r in y), 1e-30)) ** 0.5
+
+    n_o = b * sq * hq * d
+    for causal in (0, 1):
+        want = (ctypes.c_float * n_o)()
+        check(lib.fattn_fwd(ctx, ctypes.byref(fwd_args(causal, want, plain(q), plain(k), plain(v)))))
+        for gran, bq, bk, bv, rot, seed in ((BLOCK, 0, 0, 0, 0, 0), (BLOCK, 128, 1, 128, 1, 7),
+                                            (BLOCK, 16, 64, 50, 0, 0), (TENSOR, 0, 0, 0, 1, 2 ** 64 - 1)):
+            opt = capi.Fp8Options(gran, bq, bk, bv, rot, seed)
+            got = (ctypes.c_float * n_o)()
+            check(lib.fattn_fwd_fp8(ctx, ctypes.byref(fwd_args(causal, got, plain(q), plain(k), plain(v))),
+                                    ctypes.byref(opt)))
+            # by hand: fattn_quantize x 3 into packed e4m3 (per tensor: blocks of 128), fattn_fwd
+            coded, keep = [], []
+            for x, s, h, blk, r in ((q, sq, hq, bq, rot), (k, sk, hkv, bk, rot), (v, sk, hkv, bv, 0)):
+                blk = 128 if gran == TENSOR or blk == 0 else blk
+                codes = (ctypes.c_uint8 * (b * s * h * d))()
+                scales = (ctypes.c_float * (b * h * (-(-s // blk))))()
+                keep += [codes, scales]
+                qa = capi.QuantizeArgs()
+                setattr(qa, "in", plain(x))
+                qa.out = capi.Tensor(ctypes.addressof(codes), E4M3, 0, 0, 0, ctypes.addressof(scales), blk)
+                qa.batch, qa.seqlen, qa.heads, qa.head_dim = b, s, h, d
+                qa.granularity, qa.block_rows, qa.rotate, qa.seed = gran, blk, r, seed
+                check(lib.fattn_quantize(ctx, ctypes.byref(qa)))
+                coded.append(capi.Tensor(ctypes.addressof(codes), E4M3, 0, 0, 0, ctypes.addressof(scales), blk))
+            hand = (ctypes.c_float * n_o)()
+            check(lib.fattn_fwd(ctx, ctypes.byref(fwd_args(causal, hand, *coded))))
+            what = (causal, gran, bq, bk, bv, rot, seed)
+            assert bytes(got) == bytes(hand), "fattn_fwd_fp8 is not quantize + fwd bit for bit: %s" % (what,)
+            e = rel(got, want)
+            # e4m3: ~4-5e-2 relative on N(0, 1) inputs (python/tests/test_numpy.py says why)
+            assert 1e-3 < e < 7e-2, "error %g against fattn_fwd in f32: %s" % (e, what)
+    bad = capi.Fp8Options(7, 0, 0, 0, 0, 0)
+    got = (ctypes.c_float * n_o)()
+    st = lib.fattn_fwd_fp8(ctx, ctypes.byref(fwd_args(0, got, plain(q), plain(k), plain(v))), ctypes.byref(bad))
+    assert st == E["fattn_status"]["FATTN_ERROR_INVALID_ARGUMENT"], st
+    assert b"granularity" in lib.fattn_last_error(ctx)
+    lib.fattn_ctx_free(ctx)
+    print("FP8 OK")
+
+
+class Fp8ThroughCtypes(unittest.TestCase):
+    def test_fwd_fp8_is_quantize_then_fwd(self):
+        path = _library()
+        if path is None:
+            self.skipTest("no libfattn.so found (set FATTN_LIBRARY)")
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--fp8-child", path], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, universal_newlines=True, timeout=300)
+        if "LOADED" not in r.stdout:
+            self.skipTest("%s does not load in python3 (a sanitizer build?): %s" % (path, r.stderr[-500:]))
+        self.assertEqual(r.returncode, 0, r.stdout[-2000:] + r.stderr[-3000:])
+        self.assertIn("FP8 OK", r.stdout)
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--fp8-child"]:
+        fp8_child(sys.argv[2])
+        sys.exit(0)
     if "--cc" in sys.argv:
         i = sys.argv.index("--cc")
         CC = sys.argv[i + 1]

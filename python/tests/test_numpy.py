@@ -115,12 +115,59 @@ class Forward(unittest.TestCase):
         # rounding error, and O = P V averages it no better than it averages V itself, so
         # O's relative error is ~4-5% on N(0, 1) inputs (measured 4.1-5.0e-2 over seeds,
         # head dims 64 and 24, both masks); garbage would be ~1
-        for d in (64, 24):  # rotated (power of two) and not
+        for d in (64, 24):  # fp8=True: block scales of 128 rows, no rotation
             q, k, v = inputs(d=d, sq=200, sk=200)
             for causal in (False, True):
                 o = fattn.attention(q, k, v, causal=causal, fp8=True)
                 self.assertEqual(o.dtype, np.float32)
                 self.assertLess(rel(o, reference(q, k, v, causal)[0]), 7e-2, (d, causal))
+
+    def test_fp8_options_bitwise(self):
+        # fattn_fwd_fp8 is the bits of fattn_quantize on q, k, v into packed e4m3 followed
+        # by fattn_fwd on them (fattn.h): done here by hand through _capi
+        from fattn import _capi, _core
+        ctx = _core.context(_core.BACKEND_CPU)
+
+        def by_hand(q, k, v, causal, cfg):
+            tensor = cfg.granularity == "tensor"
+            blocks = (128, 128, 128) if tensor else (cfg.block_q, cfg.block_k, cfg.block_v)
+            keep, coded = [], []
+            for x, blk, rot in ((q, blocks[0], cfg.rotate), (k, blocks[1], cfg.rotate), (v, blocks[2], False)):
+                b, s, h, d = x.shape
+                codes = np.empty((b, s, h, d), np.uint8)
+                scales = np.empty((b, h, -(-s // blk)), np.float32)
+                keep += [codes, scales]
+                qa = _capi.QuantizeArgs()
+                setattr(qa, "in", _core.tensor_struct(_core.describe(x, "x")))
+                qa.out = _capi.Tensor(codes.ctypes.data, _core.E4M3, 0, 0, 0, scales.ctypes.data, blk)
+                qa.batch, qa.seqlen, qa.heads, qa.head_dim = b, s, h, d
+                qa.granularity = _core.QUANT_TENSOR if tensor else _core.QUANT_BLOCK
+                qa.block_rows, qa.rotate, qa.seed = blk, int(rot), cfg.seed
+                ctx.quantize_raw(qa)
+                coded.append(_capi.Tensor(codes.ctypes.data, _core.E4M3, 0, 0, 0, scales.ctypes.data, blk))
+            dims = _core.check_shapes(q.shape, k.shape, v.shape)
+            o = np.empty(dims.o_shape, q.dtype)
+            a = _capi.FwdArgs()
+            a.p = _core.problem(dims, causal, 1.0 / np.sqrt(dims.d))
+            a.q, a.k, a.v = coded
+            a.o = _core.tensor_struct(_core.describe(o, "o"))
+            ctx.fwd_raw(a)
+            return o
+
+        q, k, v = inputs(sq=150, sk=300, hq=6, hkv=2, d=32)
+        want = fattn.attention(q, k, v)
+        for cfg in (fattn.FP8(), fattn.FP8(rotate=True, seed=11), fattn.FP8(block_k=1),
+                    fattn.FP8(block_q=7, block_k=64, block_v=300), fattn.FP8(granularity="tensor", rotate=True)):
+            for causal in (False, True):
+                o = fattn.attention(q, k, v, causal=causal, fp8=cfg)
+                self.assertTrue(np.array_equal(o.view(np.int32), by_hand(q, k, v, causal, cfg).view(np.int32)),
+                                (cfg, causal))
+            self.assertLess(rel(fattn.attention(q, k, v, fp8=cfg), want.astype(np.float64)), 7e-2, cfg)
+        self.assertTrue(np.array_equal(fattn.attention(q, k, v, fp8=True), fattn.attention(q, k, v, fp8=fattn.FP8())))
+        with self.assertRaises(TypeError):
+            fattn.attention(q, k, v, fp8="block")
+        with self.assertRaises(fattn.FattnUnsupportedError):  # the library's refusal
+            fattn.attention(*inputs(d=24), fp8=fattn.FP8(rotate=True))
 
     def test_empty(self):
         q, k, v = inputs(sk=0)

@@ -141,6 +141,188 @@ class Forward(unittest.TestCase):
         self.assertEqual(fattn.attention(*inputs(b=0)).shape, (0, 37, 4, 16))
 
 
+def quantize_then_fwd(q, k, v, causal=False, cfg=None, scale=None):
+    """fattn_fwd_fp8's result by hand through _capi: fattn_quantize of q, k and v
+    into packed BSHD e4m3 (per tensor: blocks of 128 rows, as fattn.h says), then
+    fattn_fwd on the e4m3 tensors with o in q's dtype.  CPU tensors."""
+    from fattn import _capi, _core
+    cfg = cfg or fattn.FP8()
+    ctx = _core.context(_core.BACKEND_CPU)
+    dims = _core.check_shapes(q.shape, k.shape, v.shape)
+    tensor = cfg.granularity == "tensor"
+    blocks = (128, 128, 128) if tensor else (cfg.block_q, cfg.block_k, cfg.block_v)
+    keep, coded = [], []
+    for x, name, blk, rot in ((q, "q", blocks[0], cfg.rotate), (k, "k", blocks[1], cfg.rotate),
+                              (v, "v", blocks[2], False)):
+        x = x.contiguous()
+        b, s, h, d = x.shape
+        codes = torch.empty(b, s, h, d, dtype=torch.uint8)
+        scales = torch.empty(b, h, (s + blk - 1) // blk, dtype=torch.float32)
+        keep += [x, codes, scales]
+        qa = _capi.QuantizeArgs()
+        setattr(qa, "in", _core.tensor_struct(_core.describe(x, name)))
+        qa.out = _capi.Tensor(codes.data_ptr(), _core.E4M3, 0, 0, 0, scales.data_ptr(), blk)
+        qa.batch, qa.seqlen, qa.heads, qa.head_dim = b, s, h, d
+        qa.granularity = _core.QUANT_TENSOR if tensor else _core.QUANT_BLOCK
+        qa.block_rows, qa.rotate, qa.seed = blk, int(rot), cfg.seed
+        ctx.quantize_raw(qa)
+        coded.append(_capi.Tensor(codes.data_ptr(), _core.E4M3, 0, 0, 0, scales.data_ptr(), blk))
+    o = torch.empty(dims.o_shape, dtype=q.dtype)
+    lse = torch.empty(dims.lse_shape, dtype=torch.float32)
+    a = _capi.FwdArgs()
+    a.p = _core.problem(dims, causal, _core.resolve_scale(scale, dims.d))
+    a.q, a.k, a.v = coded
+    a.o = _core.tensor_struct(_core.describe(o, "o"))
+    a.lse = lse.data_ptr()
+    ctx.fwd_raw(a)
+    return o, lse
+
+
+# FP8 settings the tests sweep: fp8=True's defaults, rotation, one scale per key,
+# odd block sizes (the CPU engine serves any), per tensor.
+FP8_CONFIGS = [True, fattn.FP8(), fattn.FP8(rotate=True, seed=7), fattn.FP8(block_k=1),
+               fattn.FP8(block_k=1, rotate=True, seed=2 ** 64 - 1), fattn.FP8(block_q=64, block_k=32, block_v=256),
+               fattn.FP8(block_q=1, block_k=3, block_v=5), fattn.FP8(granularity="tensor"),
+               fattn.FP8(granularity="tensor", rotate=True, seed=3)]
+
+
+class Fp8(unittest.TestCase):
+    """fattn.attention(fp8=...) on CPU tensors: fattn_fwd_fp8's bits are those of
+    fattn_quantize + fattn_fwd on e4m3 done by hand, and close to the 16-bit result."""
+
+    def test_bitwise_quantize_then_fwd(self):
+        for dtype in (torch.bfloat16, torch.float32):
+            for shape in (dict(sq=150, sk=300, hq=4, hkv=2, d=64), dict(sq=40, sk=20, hq=6, hkv=1, d=32, dv=16)):
+                q, k, v = inputs(dtype=dtype, **shape)
+                for causal in (False, True):
+                    for fp8 in FP8_CONFIGS:
+                        o, lse = fattn.attention(q, k, v, causal=causal, fp8=fp8, return_lse=True)
+                        cfg = fattn.FP8() if fp8 is True else fp8
+                        ro, rlse = quantize_then_fwd(q, k, v, causal, cfg)
+                        msg = (dtype, shape, causal, fp8)
+                        self.assertEqual(o.dtype, dtype, msg)
+                        self.assertTrue(torch.equal(o.view(torch.int16 if dtype != torch.float32 else torch.int32),
+                                                    ro.view(torch.int16 if dtype != torch.float32 else torch.int32)),
+                                        msg)
+                        self.assertTrue(torch.equal(lse, rlse), msg)
+
+    def test_close_to_16bit(self):
+        # e4m3 keeps 3 mantissa bits: O against the same attention without FP8 has a
+        # relative (Frobenius) error of 4.0-4.8e-2 on these N(0, 1) inputs (bf16 and f32,
+        # both masks, GQA, every FP8_CONFIGS entry; test_numpy.test_fp8 says why it is
+        # not ~2-3e-2: V's rounding is averaged no better than V is); 7e-2 leaves a
+        # margin, garbage would be ~1
+        for dtype in (torch.bfloat16, torch.float32):
+            q, k, v = inputs(dtype=dtype, sq=256, sk=256, hq=4, hkv=2, d=64, seed=1)
+            for causal in (False, True):
+                want = fattn.attention(q, k, v, causal=causal)
+                errs = {}
+                for fp8 in FP8_CONFIGS:
+                    o = fattn.attention(q, k, v, causal=causal, fp8=fp8)
+                    errs[repr(fp8)] = rel(o, want)
+                    self.assertLess(errs[repr(fp8)], 7e-2, (dtype, causal, fp8))
+                self.assertGreater(min(errs.values()), 1e-3, "fp8 did not quantise")
+
+    def test_rotation_changes_the_codes_not_the_math(self):
+        q, k, v = inputs(sq=128, sk=128, d=64, dtype=torch.bfloat16)
+        plain = fattn.attention(q, k, v, fp8=fattn.FP8())
+        rot = [fattn.attention(q, k, v, fp8=fattn.FP8(rotate=True, seed=s)) for s in (0, 1)]
+        self.assertFalse(torch.equal(plain, rot[0]))
+        self.assertFalse(torch.equal(rot[0], rot[1]))  # the seed picks the signs
+        self.assertTrue(torch.equal(rot[0], fattn.attention(q, k, v, fp8=fattn.FP8(rotate=True, seed=0))))
+        want = fattn.attention(q, k, v)
+        for o in [plain] + rot:
+            self.assertLess(rel(o, want), 7e-2)
+        self.assertTrue(torch.equal(fattn.attention(q, k, v, fp8=True), plain))  # True is FP8()
+        self.assertTrue(torch.equal(fattn.attention(q, k, v, fp8=False), want))  # False and None: off
+        self.assertTrue(torch.equal(fattn.attention(q, k, v, fp8=None), want))
+
+    def test_softmax_scale_layouts_out_ctx(self):
+        q, k, v = inputs(d=64, dtype=torch.bfloat16)
+        cfg = fattn.FP8(block_k=1)
+        ro, _ = quantize_then_fwd(q, k, v, True, cfg, scale=0.2)
+        self.assertTrue(torch.equal(fattn.attention(q, k, v, True, 0.2, fp8=cfg), ro))
+        bhsd = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v)]
+        self.assertTrue(torch.equal(fattn.attention(*bhsd, causal=True, softmax_scale=0.2, fp8=cfg), ro))
+        out = torch.empty_like(ro)
+        ctx = fattn.Context(fattn.BACKEND_CPU)
+        self.assertIs(fattn.attention(q, k, v, True, 0.2, fp8=cfg, out=out, ctx=ctx), out)
+        self.assertTrue(torch.equal(out, ro))
+        o = fattn.attention(*inputs(sk=0), fp8=True)  # no key: 0, nothing quantised
+        self.assertTrue(bool((o == 0).all()))
+
+    def test_autograd_refused(self):
+        for grad_of in range(3):
+            ts = inputs(d=32)
+            ts[grad_of].requires_grad_(True)
+            for fp8 in (True, fattn.FP8(rotate=True)):
+                with self.assertRaises(ValueError) as cm:  # also a NotImplementedError, as before
+                    fattn.attention(*ts, fp8=fp8)
+                self.assertIsInstance(cm.exception, NotImplementedError)
+                self.assertIn("fp8", str(cm.exception))
+                self.assertIn("backward of FP8 attention is not implemented", str(cm.exception))
+            with self.assertRaises(ValueError):
+                fattn.attention(*ts, fp8=True, out=torch.empty(2, 37, 4, 32))
+        ts = inputs(d=32, grad=True)
+        with torch.no_grad():  # grad mode off: served
+            o = fattn.attention(*ts, fp8=True)
+        self.assertFalse(o.requires_grad)
+        # the op called directly: its backward raises, never a wrong gradient
+        o, _ = torch.ops.fattn.fwd_fp8(*ts, False, 0.25, "block", 128, 128, 128, False, 0)
+        with self.assertRaises(NotImplementedError) as cm:
+            o.sum().backward()
+        self.assertIn("backward of FP8 attention is not implemented", str(cm.exception))
+        self.assertIsNone(ts[0].grad)
+        o, _ = torch.ops.fattn.fwd(*ts, False, 0.25, True, False)  # fwd's fp8 flag too
+        with self.assertRaises(NotImplementedError):
+            o.sum().backward()
+
+    def test_bad_options(self):
+        for kw in (dict(granularity="row"), dict(granularity=0), dict(block_q=0), dict(block_k=-1),
+                   dict(block_v=2 ** 31), dict(seed=-1), dict(seed=2 ** 64), dict(seed=1.5)):
+            with self.assertRaises(ValueError, msg=str(kw)):
+                fattn.FP8(**kw)
+        for kw in (dict(block_q=1.5), dict(block_k="128"), dict(block_v=True), dict(rotate=1), dict(rotate="yes")):
+            with self.assertRaises(TypeError, msg=str(kw)):
+                fattn.FP8(**kw)
+        q, k, v = inputs(d=24)
+        for bad in ("block", 1, 128, dict(block_k=1), "tensor"):
+            with self.assertRaises(TypeError, msg=repr(bad)):
+                fattn.attention(q, k, v, fp8=bad)
+        with self.assertRaises(fattn.FattnUnsupportedError) as cm:  # the library's refusal and message
+            fattn.attention(q, k, v, fp8=fattn.FP8(rotate=True))
+        self.assertIn("power-of-two head_dim", str(cm.exception))
+        self.assertIn("fattn_fwd_fp8", str(cm.exception))
+        with self.assertRaises(TypeError):  # fp8 takes 16-bit and f32 inputs, not float64
+            fattn.attention(q.double(), k.double(), v.double(), fp8=True)
+
+    def test_opcheck(self):
+        q, k, v = inputs(b=1, sq=7, sk=9, d=32)
+        for args in ((q, k, v, True, 0.3, "block", 128, 1, 128, True, 5),
+                     (q, k, v, False, 0.3, "tensor", 128, 128, 128, False, -1)):
+            for name, res in torch.library.opcheck(torch.ops.fattn.fwd_fp8.default, args).items():
+                self.assertEqual(res, "SUCCESS", name)
+        # a seed >= 2**63 travels as its two's complement
+        a = torch.ops.fattn.fwd_fp8(q, k, v, False, 0.3, "block", 128, 128, 128, True, -1)[0]
+        b = fattn.attention(q, k, v, softmax_scale=0.3, fp8=fattn.FP8(rotate=True, seed=2 ** 64 - 1))
+        self.assertTrue(torch.equal(a, b))
+
+    def test_compile(self):
+        cfg = fattn.FP8(block_k=1, rotate=True, seed=9)
+        q, k, v = inputs(d=32, dtype=torch.bfloat16)
+
+        def f(q, k, v):
+            return fattn.attention(q, k, v, causal=True, fp8=cfg) * 2
+
+        want = f(q, k, v)
+        torch._dynamo.reset()
+        got = torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, v)
+        self.assertTrue(torch.equal(got, want))
+        torch._dynamo.reset()
+        m = torch.compile(lambda q, k, v: fattn.attention(q, k, v, fp8=True), fullgraph=True, backend="aot_eager")
+        self.assertTrue(torch.equal(m(q, k, v), fattn.attention(q, k, v, fp8=True)))
+
+
 class Backward(unittest.TestCase):
     def test_f32_against_float64(self):
         # No f64 in the engine (fattn_dtype: f32, f16, bf16, e4m3), so no gradcheck in
@@ -358,6 +540,16 @@ class Cuda(unittest.TestCase):
         with self.assertRaises(NotImplementedError) as cm:
             o.sum().backward()
         self.assertIn("CUDA", str(cm.exception))
+
+    def test_fp8_matches_cpu_and_refuses_block_sizes(self):
+        q, k, v = inputs(d=128, sq=300, sk=300, dtype=torch.bfloat16)
+        for cfg in (True, fattn.FP8(block_k=1, rotate=True), fattn.FP8(granularity="tensor", block_v=64)):
+            o = fattn.attention(*(x.cuda() for x in (q, k, v)), causal=True, fp8=cfg)
+            self.assertEqual((o.device.type, o.dtype), ("cuda", torch.bfloat16))
+            self.assertLess(rel(o.cpu(), fattn.attention(q, k, v, causal=True)), 7e-2, cfg)
+        for cfg in (fattn.FP8(block_k=64), fattn.FP8(block_v=100)):  # fattn.h: K 1 or 128n, V 128n
+            with self.assertRaises(fattn.FattnUnsupportedError, msg=repr(cfg)):
+                fattn.attention(*(x.cuda() for x in (q, k, v)), fp8=cfg)
 
     def test_context_per_device(self):
         if torch.cuda.device_count() < 2:
