@@ -57,6 +57,8 @@ static const variant variants[] = {
     V("d64 causal 128x128", .d = 64, .causal = true, .fp8 = true),
 #elif FV_D == 128
     V("d128 128x128", .fp8 = true),
+    V("d128 192x64 nc3", .bn = 64, .nc = 3, .fp8 = true),
+    V("d128 causal 192x64 nc3", .bn = 64, .nc = 3, .causal = true, .fp8 = true),
     V("d128 128x128 nopp", .pingpong = false, .fp8 = true),
     V("d128 128x128 sleep", .sleep = true, .fp8 = true),
     V("d128 128x128 qreg", .qreg = -1, .fp8 = true),
