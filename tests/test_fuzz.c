@@ -1,0 +1,1654 @@
+/* test_fuzz.c - random-argument fuzz of the public API on a CPU context
+ * (issue 27): fattn_fwd, fattn_bwd, fattn_quantize and fattn_fwd_fp8.
+ *
+ * Each case draws a tiny valid call (batch <= 3, seqlens <= 40, head dims
+ * <= 64; every dtype; packed, explicit, permuted and padded layouts; GQA,
+ * causal with any seqlen_q / seqlen_k, variable-length batches with empty
+ * sequences and any maximum; k and v in one buffer, q, k and v slices of one
+ * packed buffer; ignored fields holding garbage) and then, in two cases out
+ * of three, breaks it in one to three ways: sizes zero, negative or whose
+ * products overflow the limits, head dims the CPU engine lacks, heads_q %
+ * heads_kv != 0, softmax_scale NaN / Inf / negative, NULL or misaligned
+ * pointers, dtypes that are no fattn_dtype or do not match, e4m3 tensors
+ * without scales or with scale_block <= 0, cu_seqlens given on one side only,
+ * not starting at 0, decreasing or longer than seqlen_q / seqlen_k, negative
+ * or overflowing strides, strides that make a tensor overlap itself, an
+ * output laid over (or just next to) an input or another output, bad
+ * quantisation granularity and block sizes (fattn_quantize and
+ * fattn_fwd_fp8's options), rotation of a non-power-of-two head dim, NULL
+ * ctx or args.  Whether the call is valid is decided from the header's rules
+ * (fattn.h, docs/design.md section 3), not from src/api.c.
+ *
+ * All buffers of a case live in one arena: 0xFF bytes (NaN in every float
+ * format) everywhere except the input views, guard bytes between buffers.
+ * Every call must
+ *   - not crash (nor trip ASan / UBSan);
+ *   - return FATTN_OK with fattn_last_error "" or an error status with a
+ *     non-empty one-line message: OK for a valid call, INVALID_ARGUMENT for
+ *     an invalid one (UNSUPPORTED where the only fault is a head dim over 512
+ *     or a rotation of a non-power-of-two head dim);
+ *   - if refused, leave every byte of the arena as it was; if accepted,
+ *     change bytes inside its outputs' views only; never write its argument
+ *     structs;
+ *   - if accepted on finite inputs, write every output element, finite:
+ *     O 0 and LSE -inf exactly on rows that see no key, |O| within the range
+ *     of V, e4m3 codes never NaN, scales finite and positive, dq / dk / dv
+ *     finite.
+ *
+ * Environment: FATTN_TEST_SEED (testutil.h: fixed default), FATTN_FUZZ_CASES
+ * (default 10000: 3 s, 5 s under `make sanitize`, on 2 cores),
+ * FATTN_FUZZ_ONLY=n (case n alone, its call printed: every case draws from
+ * its own stream, seeded by the seed and n), FATTN_FUZZ_VERBOSE=1 (print
+ * every call before it is made).  A failure prints the case, its call in one
+ * line and the command that replays it; so does a crash or an ASan report.
+ * A UBSan report does not (its runtime calls no hook before exiting): rerun
+ * with FATTN_FUZZ_VERBOSE=1, the last case printed is the one.  The long
+ * run, by hand (ASan + UBSan, a few minutes):
+ *
+ *   make sanitize && FATTN_FUZZ_CASES=100000 build-sanitize/tests/test_fuzz
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <float.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/testutil.h"
+#include "cpu/half.h"
+#include "fattn.h"
+
+#define DEFAULT_CASES 10000
+#define MAX_BATCH 3
+#define MAX_FAILURES_SHOWN 20
+
+/* ------------------------------------------------------------------------ */
+/* One case                                                                 */
+/* ------------------------------------------------------------------------ */
+
+typedef enum api_kind { API_FWD, API_BWD, API_QUANT, API_FP8, API_N } api_kind;
+static const char *const api_name[API_N] = {"fwd", "bwd", "quantize", "fwd_fp8"};
+
+/* Pointer arguments.  fattn_quantize uses BQ (in), BO (out), BQS (out.scale). */
+enum { BQ, BK, BV, BO, BDOUT, BDQ, BDK, BDV, BLSE, BQS, BKS, BVS, BCUQ, BCUK, NBUF };
+
+typedef struct buf {
+    const char *name;
+    int alloc;      /* has storage in the arena */
+    int passed;     /* its pointer is an argument of the call (set with the args) */
+    int output;
+    int tensor;     /* 4-D view, else an array of `count` elements */
+    size_t es;      /* element bytes */
+    int64_t n[4];   /* batch (1 in varlen mode), seq, heads, dim */
+    int64_t st[3];  /* strides as passed: batch, seq, head (all 0 = packed) */
+    int64_t count;  /* arrays */
+    int bad_stride; /* negative or overflowing strides (the call is invalid) */
+    size_t region;  /* offset of its own storage */
+    size_t off;     /* offset its pointer points to (another buffer's storage when laid over it) */
+    size_t bytes;   /* storage: the span (packed for a bad_stride; q's also holds k and v when packed) */
+} buf;
+
+/* What can be wrong with a call (or, for the layout kinds, may be). */
+typedef enum mkind {
+    M_STRIDE_BAD,  /* strides < head dim, equal, interleaved, 0: the rules decide */
+    M_STRIDE_NEG,
+    M_STRIDE_HUGE, /* the largest element offset >= 2^59 or overflowing int64 */
+    M_OVERLAP,     /* an output laid over an input or another output */
+    M_TOUCH,       /* an output right next to one: valid unless it meets a third */
+    M_CTX_NULL,
+    M_ARGS_NULL,
+    M_SIZE_BAD,  /* 0 or negative */
+    M_SIZE_HUGE, /* batch * seqlen * heads >= 2^31, offsets >= 2^59 */
+    M_DIM_BIG,   /* head dim > 512: UNSUPPORTED on the CPU */
+    M_GQA,
+    M_SCALE_BAD,
+    M_DTYPE_ENUM,
+    M_DTYPE_MIX,
+    M_NULL_PTR,
+    M_MISALIGN,
+    M_E4M3_NOSCALE,
+    M_E4M3_BLOCK,
+    M_CU_ONE_NULL,
+    M_CU_START,
+    M_CU_DECREASE,
+    M_CU_TOO_LONG,
+    M_QUANT_GRAN,
+    M_QUANT_BLOCK,
+    M_ROTATE, /* rotation of a non-power-of-two head dim: UNSUPPORTED */
+    M_N
+} mkind;
+static const char *const mkind_name[M_N] = {
+    "stride_bad", "stride_neg", "stride_huge", "overlap",   "touch",      "ctx_null",     "args_null",
+    "size_bad",   "size_huge",  "dim_big",     "gqa",       "scale_bad",  "dtype_enum",   "dtype_mix",
+    "null_ptr",   "misalign",   "e4m3_noscale", "e4m3_block", "cu_one_null", "cu_start", "cu_decrease",
+    "cu_too_long", "quant_gran", "quant_block", "rotate"};
+
+#define ALLOW_INV (1u << FATTN_ERROR_INVALID_ARGUMENT)
+#define ALLOW_UNSUP (1u << FATTN_ERROR_UNSUPPORTED)
+
+typedef struct fcase {
+    int64_t index;
+    tu_rng rng;
+    api_kind api;
+    char desc[3072];
+    size_t dlen;
+    /* the valid problem */
+    int batch, sq, sk, hq, hkv, d, dv, dv_arg, causal, varlen, threads;
+    int sq_arg, sk_arg; /* seqlen_q / seqlen_k as passed (varlen: maxima) */
+    int lens_q[MAX_BATCH], lens_k[MAX_BATCH];
+    int32_t cuq[MAX_BATCH + 1], cuk[MAX_BATCH + 1];
+    int tq, tk;            /* rows per batch entry of q / k (varlen: totals) */
+    fattn_dtype dt, dto;   /* inputs, output */
+    int32_t blk[3];        /* e4m3 scale blocks of q, k, v; quantize: block_rows */
+    float softmax_scale;
+    int want_lse, kv_shared, qkv_packed, rotate;
+    buf b[NBUF];
+    mkind mut[3];
+    int nmut;
+    /* the arena */
+    uint8_t *arena, *before;
+    size_t arena_bytes, front;
+    /* the call */
+    fattn_fwd_args fa;
+    fattn_bwd_args ba;
+    fattn_quantize_args qa;
+    fattn_fp8_options opt;
+    int opt_null, ctx_null, args_null;
+    int mutated_args; /* an argument-level fault was applied */
+    int nonfinite;    /* an input holds NaN / Inf: no finiteness checks */
+    int setup_failed; /* bwd: the forward that makes o and lse refused the layout */
+} fcase;
+
+static int g_seed;
+static int g_verbose;
+static const char *g_prog = "test_fuzz";
+static char g_replay[512]; /* for the crash handlers */
+static long g_mut_count[M_N], g_mut_refused[M_N];
+
+static void say(fcase *c, const char *fmt, ...) {
+    if (c->dlen >= sizeof c->desc - 1) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(c->desc + c->dlen, sizeof c->desc - c->dlen, fmt, ap);
+    va_end(ap);
+    if (k > 0) c->dlen += (size_t)k;
+    if (c->dlen > sizeof c->desc - 1) c->dlen = sizeof c->desc - 1;
+}
+
+static uint32_t rnd(fcase *c, uint32_t n) { return n ? (uint32_t)(tu_rng_u64(&c->rng) % n) : 0; }
+static int chance(fcase *c, double p) { return tu_rng_uniform(&c->rng) < p; }
+static int is_pow2(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
+static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+static int draw_seq(fcase *c) {
+    uint32_t r = rnd(c, 100);
+    if (r < 50) return 1 + (int)rnd(c, 8);
+    if (r < 85) return 9 + (int)rnd(c, 16);
+    return 25 + (int)rnd(c, 16);
+}
+
+static int draw_dim(fcase *c) {
+    static const int dims[] = {1, 2, 3, 4, 5, 7, 8, 12, 15, 16, 24, 31, 32, 33, 48, 63, 64};
+    return dims[rnd(c, sizeof dims / sizeof dims[0])];
+}
+
+static int32_t draw_block(fcase *c) {
+    static const int32_t blocks[] = {1, 2, 3, 7, 16, 64, 128, 1000, INT32_MAX - 1, INT32_MAX};
+    return blocks[rnd(c, sizeof blocks / sizeof blocks[0])];
+}
+
+static fattn_dtype draw_float_dtype(fcase *c) { return (fattn_dtype)rnd(c, 3); /* f32, f16, bf16 */ }
+
+/* ------------------------------------------------------------------------ */
+/* Buffers and layouts                                                      */
+/* ------------------------------------------------------------------------ */
+
+static void tensor_buf(buf *x, const char *name, int output, fattn_dtype dt, int64_t b, int64_t s,
+                       int64_t h, int64_t d) {
+    memset(x, 0, sizeof *x);
+    x->name = name;
+    x->alloc = 1;
+    x->output = output;
+    x->tensor = 1;
+    x->es = fattn_dtype_size(dt);
+    x->n[0] = b, x->n[1] = s, x->n[2] = h, x->n[3] = d;
+}
+
+static void array_buf(buf *x, const char *name, int output, size_t es, int64_t count) {
+    memset(x, 0, sizeof *x);
+    x->name = name;
+    x->alloc = 1;
+    x->output = output;
+    x->es = es;
+    x->count = count;
+}
+
+/* Strides as the library resolves them: all zero = packed BSHD. */
+static void strides_of(const buf *x, int64_t st[3]) {
+    if (x->st[0] == 0 && x->st[1] == 0 && x->st[2] == 0) {
+        st[2] = x->n[3];
+        st[1] = x->n[2] * x->n[3];
+        st[0] = x->n[1] * st[1];
+    } else {
+        memcpy(st, x->st, sizeof x->st);
+    }
+}
+
+/* Bytes from the first element to the last (0: no elements). */
+static size_t span_bytes(const buf *x) {
+    if (!x->tensor) return (size_t)(x->count > 0 ? x->count : 0) * x->es;
+    for (int i = 0; i < 4; i++)
+        if (x->n[i] <= 0) return 0;
+    int64_t st[3], off = x->n[3] - 1;
+    strides_of(x, st);
+    for (int i = 0; i < 3; i++) off += (x->n[i] - 1) * st[i];
+    return (size_t)(off + 1) * x->es;
+}
+
+/* Dimensions ordered outer -> inner by perm (0 batch, 1 seq, 2 head), pad[i]
+ * elements after each step of level i. */
+static void layout_perm(buf *x, const int perm[3], const int64_t pad[3]) {
+    int64_t ext = x->n[3];
+    for (int i = 2; i >= 0; i--) {
+        const int dm = perm[i];
+        x->st[dm] = ext + pad[i];
+        ext = x->st[dm] * x->n[dm];
+    }
+}
+
+static const char *const dim_letter = "bsh";
+
+/* A valid layout: packed (all zero or explicit), or the dimensions in any
+ * order with padding; sometimes a size-1 dimension with any stride (it is
+ * never multiplied by more than 0), and in varlen mode any stride_batch
+ * (ignored). */
+static void draw_layout(fcase *c, buf *x) {
+    uint32_t r = rnd(c, 100);
+    if (r < 45) {
+        say(c, " %s:packed0", x->name);
+        return;
+    }
+    int perm[3] = {0, 1, 2};
+    int64_t pad[3] = {0, 0, 0};
+    if (r >= 55) {
+        for (int i = 2; i > 0; i--) {
+            int j = (int)rnd(c, (uint32_t)i + 1), t = perm[i];
+            perm[i] = perm[j], perm[j] = t;
+        }
+        for (int i = 0; i < 3; i++)
+            if (chance(c, 0.35)) pad[i] = 1 + rnd(c, 9);
+    }
+    layout_perm(x, perm, pad);
+    say(c, " %s:%c%c%c", x->name, dim_letter[perm[0]], dim_letter[perm[1]], dim_letter[perm[2]]);
+    if (pad[0] || pad[1] || pad[2]) say(c, "+pad%lld.%lld.%lld", (long long)pad[0], (long long)pad[1], (long long)pad[2]);
+    for (int i = 0; i < 3; i++) {
+        if (x->n[i] == 1 && chance(c, 0.15)) {
+            static const int64_t any[] = {0, 1, 3, 12345, INT64_MAX / 3, INT64_MAX};
+            x->st[i] = any[rnd(c, 6)];
+            say(c, ",s%c=%lld(size 1)", dim_letter[i], (long long)x->st[i]);
+        }
+    }
+    if (c->varlen && chance(c, 0.1)) {
+        /* stride_batch is ignored in varlen mode (fattn.h, fattn_tensor),
+         * if not negative: strides are non-negative (fattn.h Conventions,
+         * docs/design.md 3 item 6) */
+        static const int64_t any[] = {1, 7, 1000000, INT64_MAX};
+        x->st[0] = any[rnd(c, 4)];
+        say(c, ",sb=%lld(varlen, ignored)", (long long)x->st[0]);
+    }
+    if (x->st[0] == 0 && x->st[1] == 0 && x->st[2] == 0) x->st[2] = x->n[3]; /* stay explicit */
+}
+
+/* M_STRIDE_BAD: a head / seq / batch stride below the head dim, seq and head
+ * strides equal (fattn.h's example), or small interleaved strides.  Whether
+ * the call may take them is the rules' business (layout_ok). */
+static void draw_bad_strides(fcase *c, buf *x) {
+    static const int perm[3] = {0, 1, 2};
+    static const int64_t nopad[3] = {0, 0, 0};
+    layout_perm(x, perm, nopad);
+    x->bad_stride = 0; /* a second fault on the same tensor replaces the first */
+    const int64_t d = x->n[3];
+    for (int tries = 0; tries < 4; tries++) {
+        uint32_t r = rnd(c, 5);
+        if (r < 3) {
+            int dm = 2 - (int)r; /* head, seq, batch */
+            if (x->n[dm] <= 1) continue;
+            x->st[dm] = rnd(c, (uint32_t)d);
+            say(c, " %s:s%c=%lld<d", x->name, dim_letter[dm], (long long)x->st[dm]);
+        } else if (r == 3) {
+            if (x->n[1] <= 1 || x->n[2] <= 1) continue;
+            x->st[1] = x->st[2] = d;
+            say(c, " %s:ss=sh=d", x->name);
+        } else {
+            break;
+        }
+        if (x->st[0] == 0 && x->st[1] == 0 && x->st[2] == 0) x->st[1] = d + 1;
+        return;
+    }
+    x->st[2] = d + rnd(c, (uint32_t)(2 * d + 3));
+    x->st[1] = d + rnd(c, (uint32_t)(2 * d + 3));
+    x->st[0] = d + rnd(c, (uint32_t)(x->n[1] * x->n[2] * d * 2 + 1));
+    say(c, " %s:interleave(%lld,%lld,%lld)", x->name, (long long)x->st[0], (long long)x->st[1],
+        (long long)x->st[2]);
+}
+
+static void draw_neg_stride(fcase *c, buf *x) {
+    static const int perm[3] = {0, 1, 2};
+    static const int64_t nopad[3] = {0, 0, 0};
+    layout_perm(x, perm, nopad);
+    const int dm = (int)rnd(c, 3);
+    x->st[dm] = chance(c, 0.2) ? INT64_MIN : -(int64_t)(1 + rnd(c, (uint32_t)(2 * x->n[3])));
+    x->bad_stride = 1; /* negative strides are refused, with elements or without */
+    say(c, " %s:s%c=%lld", x->name, dim_letter[dm], (long long)x->st[dm]);
+}
+
+/* 0 when every dimension has size 1 (no stride can overflow then).  A
+ * tensor without elements (a varlen total of 0) has no largest offset: any
+ * non-negative stride is valid there. */
+static int draw_huge_stride(fcase *c, buf *x) {
+    int cand[3], nc = 0;
+    for (int i = c->varlen ? 1 : 0; i < 3; i++)
+        if (x->n[i] > 1) cand[nc++] = i;
+    if (!nc) return 0;
+    static const int perm[3] = {0, 1, 2};
+    static const int64_t nopad[3] = {0, 0, 0};
+    layout_perm(x, perm, nopad);
+    const int dm = cand[rnd(c, (uint32_t)nc)];
+    const int64_t m = x->n[dm] - 1;
+    switch (rnd(c, 3)) {
+    case 0: x->st[dm] = ((INT64_C(1) << 59) + m - 1) / m + (int64_t)rnd(c, 3); break;
+    case 1: x->st[dm] = INT64_MAX / 2; break;
+    default: x->st[dm] = INT64_MAX; break;
+    }
+    x->bad_stride = x->n[1] > 0;
+    say(c, " %s:s%c=%lld%s", x->name, dim_letter[dm], (long long)x->st[dm], x->bad_stride ? "" : "(no elements)");
+    return 1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Drawing a case                                                           */
+/* ------------------------------------------------------------------------ */
+
+static int attention(const fcase *c) { return c->api != API_QUANT; }
+
+/* Whether fault k can be applied to the case as drawn so far. */
+static int applicable(const fcase *c, mkind k) {
+    switch (k) {
+    case M_DIM_BIG:
+    case M_GQA:
+    case M_SCALE_BAD:
+    case M_CU_ONE_NULL: return attention(c);
+    case M_E4M3_NOSCALE:
+    case M_E4M3_BLOCK: return c->api == API_FWD && c->dt == FATTN_DTYPE_E4M3;
+    case M_CU_START:
+    case M_CU_DECREASE:
+    case M_CU_TOO_LONG: return attention(c) && c->varlen && (c->sq > 0 || c->sk > 0);
+    case M_SIZE_HUGE: return !(attention(c) && c->varlen) || c->tq >= 2 || c->tk >= 2;
+    case M_QUANT_GRAN:
+    case M_QUANT_BLOCK: return c->api == API_QUANT || c->api == API_FP8;
+    case M_ROTATE: return (c->api == API_QUANT || c->api == API_FP8) && !is_pow2(c->d);
+    default: return 1;
+    }
+}
+
+static void draw_problem(fcase *c) {
+    if (c->api == API_QUANT) {
+        c->batch = 1 + (int)rnd(c, MAX_BATCH);
+        c->sq = c->tq = draw_seq(c);
+        c->hq = 1 + (int)rnd(c, 4);
+        c->d = draw_dim(c);
+        c->dt = draw_float_dtype(c);
+        c->blk[0] = draw_block(c);
+        c->rotate = is_pow2(c->d) && chance(c, 0.4);
+        say(c, "quantize %s b%d s%d h%d d%d block_rows %d%s", fattn_dtype_name(c->dt), c->batch, c->sq, c->hq,
+            c->d, (int)c->blk[0], c->rotate ? " rotate" : "");
+        return;
+    }
+    c->qkv_packed = chance(c, 0.08);
+    c->kv_shared = !c->qkv_packed && chance(c, 0.1);
+    c->batch = 1 + (int)rnd(c, MAX_BATCH);
+    c->hkv = 1 + (int)rnd(c, 3);
+    c->hq = c->hkv * (c->qkv_packed ? 1 : 1 + (int)rnd(c, 3));
+    c->d = draw_dim(c);
+    c->dv = (c->qkv_packed || c->kv_shared || chance(c, 0.7)) ? c->d : draw_dim(c);
+    c->dv_arg = (c->dv == c->d && chance(c, 0.5)) ? 0 : c->dv;
+    static const int causal_values[] = {0, 0, 0, 1, 1, 7, -3};
+    c->causal = causal_values[rnd(c, 7)];
+    c->varlen = chance(c, 0.25);
+    if (c->varlen) {
+        int mq = 0, mk = 0;
+        c->cuq[0] = c->cuk[0] = 0;
+        for (int b = 0; b < c->batch; b++) {
+            c->lens_q[b] = chance(c, 0.1) ? 0 : draw_seq(c);
+            c->lens_k[b] = c->qkv_packed ? c->lens_q[b] : chance(c, 0.1) ? 0 : draw_seq(c);
+            if (c->lens_q[b] > mq) mq = c->lens_q[b];
+            if (c->lens_k[b] > mk) mk = c->lens_k[b];
+            c->cuq[b + 1] = c->cuq[b] + c->lens_q[b];
+            c->cuk[b + 1] = c->cuk[b] + c->lens_k[b];
+        }
+        c->tq = c->cuq[c->batch];
+        c->tk = c->cuk[c->batch];
+        c->sq = mq, c->sk = mk;
+        c->sq_arg = chance(c, 0.04) ? INT32_MAX : mq + (chance(c, 0.3) ? (int)rnd(c, 5) : 0);
+        c->sk_arg = chance(c, 0.04) ? INT32_MAX : mk + (chance(c, 0.3) ? (int)rnd(c, 5) : 0);
+    } else {
+        c->sq = c->tq = c->sq_arg = draw_seq(c);
+        c->sk = c->tk = c->sk_arg = c->qkv_packed ? c->sq : draw_seq(c);
+    }
+    switch (c->api) {
+    case API_FWD: {
+        c->dt = (fattn_dtype)rnd(c, 4);
+        c->dto = c->dt == FATTN_DTYPE_E4M3 ? draw_float_dtype(c) : c->dt;
+        if (c->dt == FATTN_DTYPE_E4M3)
+            for (int i = 0; i < 3; i++) c->blk[i] = draw_block(c);
+        break;
+    }
+    case API_BWD: c->dt = c->dto = draw_float_dtype(c); break;
+    default: /* API_FP8 */
+        c->dt = draw_float_dtype(c);
+        c->dto = draw_float_dtype(c);
+        c->opt_null = chance(c, 0.2);
+        if (!c->opt_null) {
+            static const int32_t blocks[] = {0, 0, 1, 2, 5, 16, 128, 1000, INT32_MAX};
+            c->opt.granularity = chance(c, 0.3) ? FATTN_QUANT_TENSOR : FATTN_QUANT_BLOCK;
+            c->opt.block_rows_q = blocks[rnd(c, 9)];
+            c->opt.block_rows_k = blocks[rnd(c, 9)];
+            c->opt.block_rows_v = blocks[rnd(c, 9)];
+            c->opt.rotate = is_pow2(c->d) && chance(c, 0.4) ? (chance(c, 0.5) ? 1 : -2) : 0;
+            c->opt.seed = tu_rng_u64(&c->rng);
+        }
+        break;
+    }
+    c->want_lse = c->api == API_BWD || chance(c, 0.7);
+    switch (rnd(c, 10)) {
+    case 0: case 1: case 2: case 3: c->softmax_scale = 0.0f; break;
+    case 4: c->softmax_scale = -0.0f; break; /* == 0: the default */
+    case 5: c->softmax_scale = 1e-40f; break; /* subnormal */
+    default: c->softmax_scale = (float)(0.01 + tu_rng_uniform(&c->rng)); break;
+    }
+    say(c, "%s %s->%s b%d sq%d sk%d hq%d hkv%d d%d dv%d%s causal%d scale%g%s", api_name[c->api],
+        fattn_dtype_name(c->dt), fattn_dtype_name(c->dto), c->batch, c->sq_arg, c->sk_arg, c->hq, c->hkv, c->d,
+        c->dv_arg, c->dv_arg ? "" : "(=d)", c->causal, (double)c->softmax_scale, c->want_lse ? " lse" : "");
+    if (c->varlen) {
+        say(c, " varlen q[");
+        for (int b = 0; b < c->batch; b++) say(c, "%s%d", b ? "," : "", c->lens_q[b]);
+        say(c, "] k[");
+        for (int b = 0; b < c->batch; b++) say(c, "%s%d", b ? "," : "", c->lens_k[b]);
+        say(c, "]");
+    }
+    if (c->dt == FATTN_DTYPE_E4M3 && c->api == API_FWD)
+        say(c, " blocks %d,%d,%d", (int)c->blk[0], (int)c->blk[1], (int)c->blk[2]);
+    if (c->api == API_FP8) {
+        if (c->opt_null) say(c, " opt NULL");
+        else
+            say(c, " opt{%s q%d k%d v%d rot%d}", c->opt.granularity == FATTN_QUANT_TENSOR ? "tensor" : "block",
+                (int)c->opt.block_rows_q, (int)c->opt.block_rows_k, (int)c->opt.block_rows_v, (int)c->opt.rotate);
+    }
+    if (c->qkv_packed) say(c, " qkv-packed");
+    if (c->kv_shared) say(c, " k=v");
+}
+
+static void make_bufs(fcase *c) {
+    memset(c->b, 0, sizeof c->b);
+    if (c->api == API_QUANT) {
+        tensor_buf(&c->b[BQ], "in", 0, c->dt, c->batch, c->sq, c->hq, c->d);
+        tensor_buf(&c->b[BO], "out", 1, FATTN_DTYPE_E4M3, c->batch, c->sq, c->hq, c->d);
+        array_buf(&c->b[BQS], "out.scale", 1, 4, (int64_t)c->batch * c->hq * cdiv(c->sq, c->blk[0]));
+        return;
+    }
+    const int64_t nb = c->varlen ? 1 : c->batch;
+    tensor_buf(&c->b[BQ], "q", 0, c->dt, nb, c->tq, c->hq, c->d);
+    tensor_buf(&c->b[BK], "k", 0, c->dt, nb, c->tk, c->hkv, c->d);
+    tensor_buf(&c->b[BV], "v", 0, c->dt, nb, c->tk, c->hkv, c->dv);
+    tensor_buf(&c->b[BO], "o", c->api != API_BWD, c->dto, nb, c->tq, c->hq, c->dv);
+    if (c->want_lse) array_buf(&c->b[BLSE], "lse", c->api != API_BWD, 4, nb * c->hq * c->tq);
+    if (c->api == API_BWD) {
+        tensor_buf(&c->b[BDOUT], "dout", 0, c->dt, nb, c->tq, c->hq, c->dv);
+        tensor_buf(&c->b[BDQ], "dq", 1, c->dt, nb, c->tq, c->hq, c->d);
+        tensor_buf(&c->b[BDK], "dk", 1, c->dt, nb, c->tk, c->hkv, c->d);
+        tensor_buf(&c->b[BDV], "dv", 1, c->dt, nb, c->tk, c->hkv, c->dv);
+    }
+    if (c->api == API_FWD && c->dt == FATTN_DTYPE_E4M3) {
+        array_buf(&c->b[BQS], "q.scale", 0, 4, nb * c->hq * cdiv(c->tq, c->blk[0]));
+        array_buf(&c->b[BKS], "k.scale", 0, 4, nb * c->hkv * cdiv(c->tk, c->blk[1]));
+        array_buf(&c->b[BVS], "v.scale", 0, 4, nb * c->hkv * cdiv(c->tk, c->blk[2]));
+    }
+    /* always there: a fixed-length call may be given one of them (M_CU_ONE_NULL) */
+    array_buf(&c->b[BCUQ], "cu_seqlens_q", 0, 4, c->batch + 1);
+    array_buf(&c->b[BCUK], "cu_seqlens_k", 0, 4, c->batch + 1);
+}
+
+static int tensor_ids(const fcase *c, int *ids) {
+    int n = 0;
+    for (int i = 0; i < NBUF; i++)
+        if (c->b[i].alloc && c->b[i].tensor) ids[n++] = i;
+    return n;
+}
+
+static int output_ids(const fcase *c, int *ids) {
+    int n = 0;
+    for (int i = 0; i < NBUF; i++)
+        if (c->b[i].alloc && c->b[i].output) ids[n++] = i;
+    return n;
+}
+
+static void draw_layouts(fcase *c) {
+    int ids[NBUF], n = tensor_ids(c, ids);
+    for (int i = 0; i < n; i++) {
+        buf *x = &c->b[ids[i]];
+        if ((c->qkv_packed && (ids[i] == BK || ids[i] == BV)) || (c->kv_shared && ids[i] == BV)) continue;
+        if (c->qkv_packed && ids[i] == BQ) {
+            /* [batch, seq, 3, heads, d]: q, k, v slices 0, 1, 2 */
+            const int64_t hd = x->n[2] * x->n[3];
+            x->st[2] = x->n[3];
+            x->st[1] = 3 * hd;
+            x->st[0] = x->n[1] * 3 * hd;
+            say(c, " q:qkv");
+            continue;
+        }
+        draw_layout(c, x);
+    }
+    for (int m = 0; m < c->nmut; m++) {
+        const mkind k = c->mut[m];
+        if (k != M_STRIDE_BAD && k != M_STRIDE_NEG && k != M_STRIDE_HUGE) continue;
+        for (int tries = 0; tries < 8; tries++) {
+            buf *x = &c->b[ids[rnd(c, (uint32_t)n)]];
+            if (c->qkv_packed && (x == &c->b[BQ] || x == &c->b[BK] || x == &c->b[BV])) continue;
+            if (c->kv_shared && (x == &c->b[BK] || x == &c->b[BV])) continue;
+            say(c, " |");
+            if (k == M_STRIDE_BAD) draw_bad_strides(c, x);
+            else if (k == M_STRIDE_NEG) draw_neg_stride(c, x);
+            else if (!draw_huge_stride(c, x)) {
+                say(c, " (no dim > 1 in %s)", x->name);
+                continue;
+            }
+            break;
+        }
+    }
+    if (c->qkv_packed) {
+        memcpy(c->b[BK].st, c->b[BQ].st, sizeof c->b[BQ].st);
+        memcpy(c->b[BV].st, c->b[BQ].st, sizeof c->b[BQ].st);
+    }
+    if (c->kv_shared) memcpy(c->b[BV].st, c->b[BK].st, sizeof c->b[BK].st);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The arena                                                                */
+/* ------------------------------------------------------------------------ */
+
+static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+static void place(fcase *c) {
+    size_t maxb = 64;
+    for (int i = 0; i < NBUF; i++) {
+        buf *x = &c->b[i];
+        if (!x->alloc) continue;
+        if (x->bad_stride) { /* storage as if packed */
+            int64_t st[3];
+            memcpy(st, x->st, sizeof st);
+            memset(x->st, 0, sizeof x->st);
+            x->bytes = span_bytes(x);
+            memcpy(x->st, st, sizeof st);
+        } else {
+            x->bytes = span_bytes(x);
+        }
+        if (x->bytes > maxb) maxb = x->bytes;
+    }
+    if (c->qkv_packed) c->b[BQ].bytes = span_bytes(&c->b[BQ]) + 2 * (size_t)c->hq * c->d * c->b[BQ].es;
+    if (c->b[BQ].bytes > maxb) maxb = c->b[BQ].bytes;
+    /* room before the first and after the last buffer for an output laid
+     * just outside one */
+    c->front = align_up(maxb + 64, 64);
+    size_t cur = c->front;
+    for (int i = 0; i < NBUF; i++) {
+        buf *x = &c->b[i];
+        if (!x->alloc || (c->qkv_packed && (i == BK || i == BV)) || (c->kv_shared && i == BV)) continue;
+        cur = align_up(cur + 8 + rnd(c, 64), 64);
+        /* e4m3 data at any address; others at a random multiple of their size */
+        cur += x->es * rnd(c, x->es == 1 ? 16 : 16 / (uint32_t)x->es);
+        x->region = x->off = cur;
+        cur += x->bytes ? x->bytes : 1;
+    }
+    if (c->qkv_packed) {
+        const size_t slice = (size_t)c->hq * c->d * c->b[BQ].es;
+        c->b[BK].off = c->b[BQ].off + slice;
+        c->b[BV].off = c->b[BQ].off + 2 * slice;
+        c->b[BK].region = c->b[BV].region = c->b[BQ].region;
+        c->b[BK].alloc = c->b[BV].alloc = 0; /* storage is q's */
+    }
+    if (c->kv_shared) {
+        c->b[BV].off = c->b[BV].region = c->b[BK].off;
+        c->b[BV].alloc = 0;
+    }
+    c->arena_bytes = align_up(cur + 64 + c->front, 64);
+    c->arena = (uint8_t *)aligned_alloc(64, c->arena_bytes);
+    c->before = (uint8_t *)malloc(c->arena_bytes);
+    if (!c->arena || !c->before) {
+        fprintf(stderr, "test_fuzz: out of memory (%zu bytes)\n", c->arena_bytes);
+        exit(1);
+    }
+}
+
+/* The bytes a buffer spans (a refused layout: its storage). */
+static size_t span_or_storage(const buf *x) { return x->bad_stride ? x->bytes : span_bytes(x); }
+
+/* Alignment of what a buffer's pointer holds. */
+static size_t align_of(const buf *x) { return x->es; }
+
+/* M_OVERLAP / M_TOUCH: an output's pointer moved into (or just outside)
+ * another buffer of the call.  Its own storage stays, untouched. */
+static void lay_over(fcase *c, int touch) {
+    int outs[NBUF], no = output_ids(c, outs);
+    for (int tries = 0; tries < 16; tries++) {
+        buf *x = &c->b[outs[rnd(c, (uint32_t)no)]];
+        const int yi = (int)rnd(c, NBUF);
+        buf *y = &c->b[yi];
+        const size_t xb = span_or_storage(x), yb = span_or_storage(y);
+        if (y == x || !y->name || !yb || !xb) continue;
+        if ((yi == BCUQ || yi == BCUK) && !c->varlen) continue;
+        const size_t a = align_of(x);
+        size_t off;
+        if (touch) {
+            off = chance(c, 0.5) ? align_up(y->off + yb, a) : (y->off - xb) / a * a;
+        } else {
+            const int64_t lo = -(int64_t)xb + 1, hi = (int64_t)yb - 1;
+            const int64_t delta = lo + (int64_t)(tu_rng_u64(&c->rng) % (uint64_t)(hi - lo + 1));
+            off = (size_t)((int64_t)y->off + delta) / a * a;
+        }
+        x->off = off;
+        say(c, " | %s %s %s (%+lld B)", x->name, touch ? "next to" : "over", y->name,
+            (long long)((int64_t)off - (int64_t)y->off));
+        return;
+    }
+}
+
+/* Element (b, s, h, e) of a tensor: its byte offset in the arena. */
+static size_t elem_off(const buf *x, const int64_t st[3], int64_t b, int64_t s, int64_t h, int64_t e) {
+    return x->off + (size_t)(b * st[0] + s * st[1] + h * st[2] + e) * x->es;
+}
+
+static void put(uint8_t *p, fattn_dtype dt, double v) {
+    const float f = (float)v;
+    switch (dt) {
+    case FATTN_DTYPE_F32: memcpy(p, &f, 4); break;
+    case FATTN_DTYPE_F16: { uint16_t h = fattn_f32_to_f16(f); memcpy(p, &h, 2); break; }
+    case FATTN_DTYPE_BF16: { uint16_t h = fattn_f32_to_bf16(f); memcpy(p, &h, 2); break; }
+    default: *p = fattn_f32_to_e4m3(f); break;
+    }
+}
+
+static double get(const uint8_t *p, fattn_dtype dt) {
+    switch (dt) {
+    case FATTN_DTYPE_F32: { float f; memcpy(&f, p, 4); return f; }
+    case FATTN_DTYPE_F16: { uint16_t h; memcpy(&h, p, 2); return fattn_f16_to_f32(h); }
+    case FATTN_DTYPE_BF16: { uint16_t h; memcpy(&h, p, 2); return fattn_bf16_to_f32(h); }
+    default: return fattn_e4m3_to_f32(*p);
+    }
+}
+
+static fattn_dtype dtype_of(const fcase *c, int id) {
+    if (c->api == API_QUANT) return id == BO ? FATTN_DTYPE_E4M3 : c->dt;
+    return id == BO ? c->dto : c->dt;
+}
+
+static void fill_tensor(fcase *c, int id) {
+    const buf *x = &c->b[id];
+    const fattn_dtype dt = dtype_of(c, id);
+    int64_t st[3];
+    strides_of(x, st);
+    for (int64_t b = 0; b < x->n[0]; b++)
+        for (int64_t s = 0; s < x->n[1]; s++)
+            for (int64_t h = 0; h < x->n[2]; h++)
+                for (int64_t e = 0; e < x->n[3]; e++) {
+                    const double v = tu_rng_normal(&c->rng) * (dt == FATTN_DTYPE_E4M3 ? 16.0 : 1.0);
+                    put(c->arena + elem_off(x, st, b, s, h, e), dt, v);
+                }
+}
+
+static void put_f32(fcase *c, const buf *x, int64_t i, float f) { memcpy(c->arena + x->off + 4 * (size_t)i, &f, 4); }
+
+static void fill(fcase *c) {
+    memset(c->arena, 0xFF, c->arena_bytes);
+    for (int i = 0; i < NBUF; i++) {
+        const buf *x = &c->b[i];
+        if (!x->name || x->output || x->bad_stride) continue;
+        if (x->tensor) {
+            fill_tensor(c, i);
+        } else if (i == BCUQ || i == BCUK) {
+            const int32_t *cu = i == BCUQ ? c->cuq : c->cuk;
+            for (int b = 0; b <= c->batch; b++) {
+                /* a fixed-length call: prefix sums of its lengths */
+                const int32_t v = c->varlen ? cu[b] : b * (i == BCUQ ? c->sq : c->sk);
+                memcpy(c->arena + x->off + 4 * (size_t)b, &v, 4);
+            }
+        } else if (i == BLSE) {
+            for (int64_t k = 0; k < x->count; k++) put_f32(c, x, k, (float)(2.0 + tu_rng_normal(&c->rng)));
+        } else { /* e4m3 scales */
+            for (int64_t k = 0; k < x->count; k++)
+                put_f32(c, x, k, (float)(ldexp(1.0 + tu_rng_uniform(&c->rng), -2 - (int)rnd(c, 5))));
+        }
+    }
+    if (chance(c, 0.04)) {
+        /* one non-finite input element: only the write checks apply */
+        static const int in_ids[] = {BQ, BK, BV, BDOUT, BQS, BKS, BVS};
+        for (int tries = 0; tries < 8; tries++) {
+            const int id = in_ids[rnd(c, 7)];
+            const buf *x = &c->b[id];
+            if (!x->name || x->bad_stride || !x->bytes) continue;
+            const double bad = chance(c, 0.5) ? NAN : chance(c, 0.5) ? INFINITY : -INFINITY;
+            if (x->tensor) {
+                int64_t st[3];
+                strides_of(x, st);
+                const int64_t b = rnd(c, (uint32_t)x->n[0]), s = rnd(c, (uint32_t)x->n[1]);
+                const int64_t h = rnd(c, (uint32_t)x->n[2]), e = rnd(c, (uint32_t)x->n[3]);
+                put(c->arena + elem_off(x, st, b, s, h, e), dtype_of(c, id), bad);
+            } else {
+                put_f32(c, x, rnd(c, (uint32_t)x->count), (float)bad);
+            }
+            c->nonfinite = 1;
+            say(c, " | %s holds %g", x->name, bad);
+            break;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Arguments                                                                */
+/* ------------------------------------------------------------------------ */
+
+static void *ptr(fcase *c, int id) { return c->arena + c->b[id].off; }
+
+/* Pointers that fields ignored for a dtype may hold: an address that would
+ * fault, or an output (which would count as an overlapping input if read). */
+static float *garbage_ptr(fcase *c) {
+    if (chance(c, 0.5)) return (float *)(uintptr_t)(16 + 4 * rnd(c, 64));
+    return (float *)ptr(c, BO);
+}
+
+static fattn_tensor tensor_arg(fcase *c, int id, int scale_id, int32_t block) {
+    const buf *x = &c->b[id];
+    fattn_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = ptr(c, id);
+    t.dtype = dtype_of(c, id);
+    t.stride_batch = x->st[0];
+    t.stride_seq = x->st[1];
+    t.stride_head = x->st[2];
+    if (scale_id >= 0) {
+        t.scale = (float *)ptr(c, scale_id);
+        t.scale_block = block;
+    } else if (chance(c, 0.2)) {
+        t.scale = garbage_ptr(c);
+        t.scale_block = (int32_t)(tu_rng_u64(&c->rng) % 7) - 3;
+    }
+    return t;
+}
+
+static void build_args(fcase *c) {
+    for (int i = 0; i < NBUF; i++) c->b[i].passed = 0;
+#define PASS(id) (c->b[id].passed = 1)
+    if (c->api == API_QUANT) {
+        fattn_quantize_args *a = &c->qa;
+        memset(a, 0, sizeof *a);
+        a->in = tensor_arg(c, BQ, -1, 0);
+        a->out = tensor_arg(c, BO, -1, 0);
+        a->out.scale = (float *)ptr(c, BQS);
+        a->out.scale_block = chance(c, 0.5) ? 0 : (int32_t)rnd(c, 1000) - 500; /* ignored */
+        a->batch = c->batch;
+        a->seqlen = c->sq;
+        a->heads = c->hq;
+        a->head_dim = c->d;
+        a->granularity = chance(c, 0.3) ? FATTN_QUANT_TENSOR : FATTN_QUANT_BLOCK;
+        a->block_rows = c->blk[0];
+        a->rotate = c->rotate ? (chance(c, 0.5) ? 1 : 9) : 0;
+        a->seed = tu_rng_u64(&c->rng);
+        PASS(BQ), PASS(BO), PASS(BQS);
+        say(c, " %s", a->granularity == FATTN_QUANT_TENSOR ? "tensor" : "block");
+        return;
+    }
+    fattn_problem p;
+    memset(&p, 0, sizeof p);
+    p.batch = c->batch;
+    p.seqlen_q = c->sq_arg;
+    p.seqlen_k = c->sk_arg;
+    p.heads_q = c->hq;
+    p.heads_kv = c->hkv;
+    p.head_dim = c->d;
+    p.head_dim_v = c->dv_arg;
+    p.softmax_scale = c->softmax_scale;
+    p.causal = c->causal;
+    if (c->varlen) {
+        p.cu_seqlens_q = (const int32_t *)ptr(c, BCUQ);
+        p.cu_seqlens_k = (const int32_t *)ptr(c, BCUK);
+        PASS(BCUQ), PASS(BCUK);
+    }
+    const int e4m3 = c->api == API_FWD && c->dt == FATTN_DTYPE_E4M3;
+    if (c->api == API_BWD) {
+        fattn_bwd_args *a = &c->ba;
+        memset(a, 0, sizeof *a);
+        a->p = p;
+        a->q = tensor_arg(c, BQ, -1, 0);
+        a->k = tensor_arg(c, BK, -1, 0);
+        a->v = tensor_arg(c, BV, -1, 0);
+        a->o = tensor_arg(c, BO, -1, 0);
+        a->dout = tensor_arg(c, BDOUT, -1, 0);
+        a->dq = tensor_arg(c, BDQ, -1, 0);
+        a->dk = tensor_arg(c, BDK, -1, 0);
+        a->dv = tensor_arg(c, BDV, -1, 0);
+        a->lse = (const float *)ptr(c, BLSE);
+        a->deterministic = (int32_t)rnd(c, 3) - 1;
+        PASS(BQ), PASS(BK), PASS(BV), PASS(BO), PASS(BDOUT), PASS(BDQ), PASS(BDK), PASS(BDV), PASS(BLSE);
+        return;
+    }
+    fattn_fwd_args *a = &c->fa;
+    memset(a, 0, sizeof *a);
+    a->p = p;
+    a->q = tensor_arg(c, BQ, e4m3 ? BQS : -1, c->blk[0]);
+    a->k = tensor_arg(c, BK, e4m3 ? BKS : -1, c->blk[1]);
+    a->v = tensor_arg(c, BV, e4m3 ? BVS : -1, c->blk[2]);
+    a->o = tensor_arg(c, BO, -1, 0);
+    a->lse = c->want_lse ? (float *)ptr(c, BLSE) : NULL;
+    PASS(BQ), PASS(BK), PASS(BV), PASS(BO);
+    if (c->want_lse) PASS(BLSE);
+    if (e4m3) PASS(BQS), PASS(BKS), PASS(BVS);
+#undef PASS
+}
+
+/* bwd: o and lse from the forward on the same tensors (its inputs as the
+ * backward expects them).  A layout the forward refuses (o interleaved, say)
+ * keeps the random o and lse: then only the write checks apply. */
+static void bwd_setup(fcase *c, fattn_ctx *ctx) {
+    fattn_fwd_args f;
+    memset(&f, 0, sizeof f);
+    f.p = c->ba.p;
+    f.q = c->ba.q;
+    f.k = c->ba.k;
+    f.v = c->ba.v;
+    f.o = c->ba.o;
+    f.lse = (float *)ptr(c, BLSE);
+    if (fattn_fwd(ctx, &f) != FATTN_OK) c->setup_failed = 1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Faults in the arguments                                                  */
+/* ------------------------------------------------------------------------ */
+
+static fattn_problem *problem(fcase *c) { return c->api == API_BWD ? &c->ba.p : &c->fa.p; }
+
+/* The tensor arguments of the call and their names. */
+static int tensor_args(fcase *c, fattn_tensor **t, const char **names) {
+    int n = 0;
+#define ADD(x, nm) (t[n] = &(x), names[n++] = (nm))
+    switch (c->api) {
+    case API_QUANT: ADD(c->qa.in, "in"), ADD(c->qa.out, "out"); break;
+    case API_BWD:
+        ADD(c->ba.q, "q"), ADD(c->ba.k, "k"), ADD(c->ba.v, "v"), ADD(c->ba.o, "o");
+        ADD(c->ba.dout, "dout"), ADD(c->ba.dq, "dq"), ADD(c->ba.dk, "dk"), ADD(c->ba.dv, "dv");
+        break;
+    default: ADD(c->fa.q, "q"), ADD(c->fa.k, "k"), ADD(c->fa.v, "v"), ADD(c->fa.o, "o"); break;
+    }
+#undef ADD
+    return n;
+}
+
+static fattn_dtype other_float(fcase *c, fattn_dtype not_this) {
+    fattn_dtype d;
+    do d = (fattn_dtype)rnd(c, 3);
+    while (d == not_this);
+    return d;
+}
+
+static int32_t bad_size(fcase *c, int allow_zero) {
+    static const int32_t v[] = {0, -1, -2, -40, INT32_MIN};
+    return v[allow_zero ? rnd(c, 5) : 1 + rnd(c, 4)];
+}
+
+/* Rows (batch * seqlen * heads) of q and k for the problem as it now is. */
+static int rows_over_limit(const fcase *c, const fattn_problem *p) {
+    const double nb = c->varlen ? 1 : p->batch;
+    const double tq = c->varlen ? c->tq : p->seqlen_q, tk = c->varlen ? c->tk : p->seqlen_k;
+    return nb * tq * p->heads_q >= 0x1p31 || nb * tk * p->heads_kv >= 0x1p31;
+}
+
+static int32_t *cu_in_arena(fcase *c, int id) { return (int32_t *)ptr(c, id); }
+
+/* Applies argument fault k; returns the statuses a refusal may then have
+ * (0: not applied). */
+static unsigned mutate(fcase *c, mkind k) {
+    fattn_tensor *t[8];
+    const char *tn[8];
+    const int nt = tensor_args(c, t, tn);
+    say(c, " |");
+    switch (k) {
+    case M_CTX_NULL: c->ctx_null = 1; say(c, " ctx NULL"); return ALLOW_INV;
+    case M_ARGS_NULL: c->args_null = 1; say(c, " args NULL"); return ALLOW_INV;
+    case M_SIZE_BAD: {
+        if (c->api == API_QUANT) {
+            int32_t *f[4] = {&c->qa.batch, &c->qa.seqlen, &c->qa.heads, &c->qa.head_dim};
+            static const char *fn[4] = {"batch", "seqlen", "heads", "head_dim"};
+            const int i = (int)rnd(c, 4);
+            *f[i] = bad_size(c, 1);
+            say(c, " %s %d", fn[i], (int)*f[i]);
+            return ALLOW_INV;
+        }
+        fattn_problem *p = problem(c);
+        int32_t *f[7] = {&p->batch, &p->seqlen_q, &p->seqlen_k, &p->heads_q, &p->heads_kv, &p->head_dim, &p->head_dim_v};
+        static const char *fn[7] = {"batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim", "head_dim_v"};
+        const int i = (int)rnd(c, 7);
+        /* varlen seqlens are maxima (0 allowed); head_dim_v 0 is the default */
+        *f[i] = bad_size(c, !(i == 6 || (c->varlen && (i == 1 || i == 2))));
+        say(c, " %s %d", fn[i], (int)*f[i]);
+        return ALLOW_INV;
+    }
+    case M_SIZE_HUGE: {
+        const int32_t big = (1 << 16) + (int32_t)rnd(c, 1 << 14);
+        if (c->api == API_QUANT) {
+            fattn_quantize_args *a = &c->qa;
+            switch (rnd(c, 5)) {
+            case 0: a->batch = big, a->seqlen = big; break;
+            case 1: a->seqlen = big, a->heads = big; break;
+            case 2: a->batch = big, a->heads = big; break;
+            case 3: a->batch = INT32_MAX, a->seqlen = a->seqlen < 2 ? 2 : a->seqlen; break;
+            default: a->seqlen = 1 << 30, a->head_dim = 1 << 30; break; /* offsets >= 2^60 */
+            }
+            say(c, " batch %d seqlen %d heads %d head_dim %d", (int)a->batch, (int)a->seqlen, (int)a->heads,
+                (int)a->head_dim);
+            return ALLOW_INV;
+        }
+        fattn_problem *p = problem(c);
+        if (c->varlen) { /* rows = total * heads */
+            p->heads_q = p->heads_kv = chance(c, 0.5) ? INT32_MAX : big;
+        } else {
+            switch (rnd(c, 4)) {
+            case 0: p->batch = big, p->seqlen_q = big; break;
+            case 1: p->batch = big, p->seqlen_k = big; break;
+            case 2: p->seqlen_q = big, p->heads_q = p->heads_kv = big; break;
+            default: p->batch = INT32_MAX; break;
+            }
+        }
+        if (!rows_over_limit(c, p)) p->heads_q = p->heads_kv = INT32_MAX; /* applicable(): enough rows */
+        say(c, " batch %d seqlen_q %d seqlen_k %d heads %d/%d", (int)p->batch, (int)p->seqlen_q,
+            (int)p->seqlen_k, (int)p->heads_q, (int)p->heads_kv);
+        return ALLOW_INV;
+    }
+    case M_DIM_BIG: {
+        static const int32_t v[] = {513, 1000, 4096, 1 << 20, INT32_MAX};
+        fattn_problem *p = problem(c);
+        if (chance(c, 0.5)) {
+            p->head_dim = v[rnd(c, 5)];
+            say(c, " head_dim %d", (int)p->head_dim);
+        } else {
+            p->head_dim_v = v[rnd(c, 5)];
+            say(c, " head_dim_v %d", (int)p->head_dim_v);
+        }
+        /* the new dims also break the explicit strides */
+        return ALLOW_UNSUP | ALLOW_INV;
+    }
+    case M_GQA: {
+        /* (another fault may have made the heads huge or negative) */
+        fattn_problem *p = problem(c);
+        if (p->heads_kv >= 2 && p->heads_kv <= 1000 && chance(c, 0.5))
+            p->heads_q = p->heads_kv * (1 + (int32_t)rnd(c, 3)) + 1 + (int32_t)rnd(c, (uint32_t)p->heads_kv - 1);
+        else if (p->heads_q >= 1 && p->heads_q <= 1000)
+            p->heads_kv = p->heads_q + 1 + (int32_t)rnd(c, 3);
+        else
+            p->heads_q = INT32_MAX, p->heads_kv = 2;
+        say(c, " heads_q %d heads_kv %d", (int)p->heads_q, (int)p->heads_kv);
+        return ALLOW_INV;
+    }
+    case M_SCALE_BAD: {
+        const float v[] = {NAN, INFINITY, -INFINITY, -1.0f, -1e-30f, -FLT_MIN / 4};
+        problem(c)->softmax_scale = v[rnd(c, 6)];
+        say(c, " softmax_scale %g", (double)problem(c)->softmax_scale);
+        return ALLOW_INV;
+    }
+    case M_DTYPE_ENUM: {
+        static const int v[] = {4, 5, 77, -1, 0x7fffffff};
+        const int i = (int)rnd(c, (uint32_t)nt), val = v[rnd(c, 5)];
+        t[i]->dtype = (fattn_dtype)val;
+        say(c, " %s.dtype %d", tn[i], val);
+        return ALLOW_INV;
+    }
+    case M_DTYPE_MIX: {
+        if (c->api == API_QUANT) {
+            if (chance(c, 0.5)) t[0]->dtype = FATTN_DTYPE_E4M3, say(c, " in.dtype e4m3");
+            else t[1]->dtype = draw_float_dtype(c), say(c, " out.dtype %s", fattn_dtype_name(t[1]->dtype));
+            return ALLOW_INV;
+        }
+        if (c->api == API_BWD) {
+            if (chance(c, 0.25)) {
+                for (int i = 0; i < nt; i++) t[i]->dtype = FATTN_DTYPE_E4M3;
+                say(c, " every dtype e4m3");
+            } else {
+                const int i = 1 + (int)rnd(c, (uint32_t)nt - 1);
+                t[i]->dtype = chance(c, 0.3) ? FATTN_DTYPE_E4M3 : other_float(c, c->dt);
+                say(c, " %s.dtype %s", tn[i], fattn_dtype_name(t[i]->dtype));
+            }
+            return ALLOW_INV;
+        }
+        /* fwd, fwd_fp8: q k v o */
+        const int fp8 = c->api == API_FP8;
+        switch (rnd(c, 4)) {
+        case 0: /* o */
+            if (fp8 || c->dt == FATTN_DTYPE_E4M3 || chance(c, 0.3)) t[3]->dtype = FATTN_DTYPE_E4M3;
+            else t[3]->dtype = other_float(c, c->dt);
+            say(c, " o.dtype %s", fattn_dtype_name(t[3]->dtype));
+            break;
+        case 1:
+            if (fp8) {
+                for (int i = 0; i < 3; i++) t[i]->dtype = FATTN_DTYPE_E4M3;
+                say(c, " q,k,v e4m3");
+                break;
+            }
+            /* fallthrough */
+        default: {
+            const int i = (int)rnd(c, 3);
+            if (c->dt == FATTN_DTYPE_E4M3) t[i]->dtype = draw_float_dtype(c);
+            else t[i]->dtype = chance(c, 0.3) ? FATTN_DTYPE_E4M3 : other_float(c, c->dt);
+            say(c, " %s.dtype %s", tn[i], fattn_dtype_name(t[i]->dtype));
+            break;
+        }
+        }
+        return ALLOW_INV;
+    }
+    case M_NULL_PTR: {
+        /* fattn_fwd's lse is optional: NULL there is valid */
+        const int i = (int)rnd(c, (uint32_t)nt + (c->api == API_QUANT || c->api == API_BWD));
+        if (i < nt) {
+            t[i]->data = NULL;
+            say(c, " %s.data NULL", tn[i]);
+        } else if (c->api == API_QUANT) {
+            c->qa.out.scale = NULL;
+            say(c, " out.scale NULL");
+        } else if (c->api == API_BWD) {
+            c->ba.lse = NULL;
+            say(c, " lse NULL");
+        }
+        return ALLOW_INV;
+    }
+    case M_MISALIGN: {
+        for (int tries = 0; tries < 16; tries++) {
+            const int i = (int)rnd(c, (uint32_t)nt + 3);
+            if (i < nt) {
+                const size_t es = fattn_dtype_size(t[i]->dtype);
+                if (es < 2 || !t[i]->data) continue;
+                const size_t by = 1 + rnd(c, (uint32_t)es - 1);
+                if (((uintptr_t)t[i]->data + by) % es == 0) continue; /* misaligned twice */
+                t[i]->data = (uint8_t *)t[i]->data + by;
+                say(c, " %s.data +%zu B", tn[i], by);
+                return ALLOW_INV;
+            }
+            const size_t by = 1 + rnd(c, 3);
+            const void *p4 = c->api == API_QUANT ? (const void *)c->qa.out.scale
+                             : c->api == API_BWD ? (const void *)c->ba.lse : (const void *)c->fa.lse;
+            if (i == nt) { /* lse / out.scale */
+                if (((uintptr_t)p4 + by) % 4 == 0) continue;
+                if (c->api == API_QUANT && c->qa.out.scale) c->qa.out.scale = (float *)((uint8_t *)c->qa.out.scale + by);
+                else if (c->api == API_BWD && c->ba.lse) c->ba.lse = (const float *)((const uint8_t *)c->ba.lse + by);
+                else if (attention(c) && c->api != API_BWD && c->fa.lse) c->fa.lse = (float *)((uint8_t *)c->fa.lse + by);
+                else continue;
+                say(c, " %s +%zu B", c->api == API_QUANT ? "out.scale" : "lse", by);
+                return ALLOW_INV;
+            }
+            if (i == nt + 1) { /* e4m3 scales */
+                if (!(c->api == API_FWD && c->dt == FATTN_DTYPE_E4M3)) continue;
+                const int j = (int)rnd(c, 3);
+                if (!t[j]->scale || ((uintptr_t)t[j]->scale + by) % 4 == 0) continue;
+                t[j]->scale = (float *)((uint8_t *)t[j]->scale + by);
+                say(c, " %s.scale +%zu B", tn[j], by);
+                return ALLOW_INV;
+            }
+            if (!attention(c) || !c->varlen) continue;
+            fattn_problem *p = problem(c);
+            if (!p->cu_seqlens_q || !p->cu_seqlens_k) continue;
+            if (((uintptr_t)p->cu_seqlens_q + by) % 4 == 0 || ((uintptr_t)p->cu_seqlens_k + by) % 4 == 0) continue;
+            if (chance(c, 0.5)) p->cu_seqlens_q = (const int32_t *)((const uint8_t *)p->cu_seqlens_q + by);
+            else p->cu_seqlens_k = (const int32_t *)((const uint8_t *)p->cu_seqlens_k + by);
+            say(c, " cu_seqlens +%zu B", by);
+            return ALLOW_INV;
+        }
+        say(c, " (nothing to misalign)");
+        return 0;
+    }
+    case M_E4M3_NOSCALE: {
+        const int j = (int)rnd(c, 3);
+        t[j]->scale = NULL;
+        say(c, " %s.scale NULL", tn[j]);
+        return ALLOW_INV;
+    }
+    case M_E4M3_BLOCK: {
+        static const int32_t v[] = {0, -1, -128, INT32_MIN};
+        const int j = (int)rnd(c, 3);
+        t[j]->scale_block = v[rnd(c, 4)];
+        say(c, " %s.scale_block %d", tn[j], (int)t[j]->scale_block);
+        return ALLOW_INV;
+    }
+    case M_CU_ONE_NULL: {
+        /* exactly one side given, however often this fault is applied */
+        fattn_problem *p = problem(c);
+        const int q = chance(c, 0.5);
+        if (c->varlen) {
+            if (q) p->cu_seqlens_q = NULL;
+            else p->cu_seqlens_k = NULL;
+            if (!p->cu_seqlens_q && !p->cu_seqlens_k) {
+                if (q) p->cu_seqlens_k = cu_in_arena(c, BCUK);
+                else p->cu_seqlens_q = cu_in_arena(c, BCUQ);
+            }
+            say(c, " cu_seqlens_%c NULL", p->cu_seqlens_q ? 'k' : 'q');
+        } else { /* a valid array on one side only */
+            p->cu_seqlens_q = q ? cu_in_arena(c, BCUQ) : NULL;
+            p->cu_seqlens_k = q ? NULL : cu_in_arena(c, BCUK);
+            say(c, " cu_seqlens_%c given alone", q ? 'q' : 'k');
+        }
+        return ALLOW_INV;
+    }
+    case M_CU_START: {
+        static const int32_t v[] = {1, -1, 5, INT32_MIN, INT32_MAX};
+        const int q = chance(c, 0.5);
+        int32_t *cu = cu_in_arena(c, q ? BCUQ : BCUK), x = v[rnd(c, 5)];
+        memcpy(cu, &x, 4);
+        say(c, " cu_seqlens_%c[0] %d", q ? 'q' : 'k', (int)x);
+        return ALLOW_INV;
+    }
+    case M_CU_DECREASE: {
+        const int q = chance(c, 0.5);
+        int32_t *cu = cu_in_arena(c, q ? BCUQ : BCUK), prev, x;
+        const int b = 1 + (int)rnd(c, (uint32_t)c->batch);
+        memcpy(&prev, cu + b - 1, 4);
+        x = chance(c, 0.2) || prev < INT32_MIN + 4 ? INT32_MIN : prev - 1 - (int32_t)rnd(c, 3);
+        memcpy(cu + b, &x, 4);
+        say(c, " cu_seqlens_%c[%d] %d < %d", q ? 'q' : 'k', b, (int)x, (int)prev);
+        return ALLOW_INV;
+    }
+    case M_CU_TOO_LONG: {
+        fattn_problem *p = problem(c);
+        int q = chance(c, 0.5);
+        if ((q ? c->sq : c->sk) < 1) q = !q; /* applicable(): one side has a token */
+        const int longest = q ? c->sq : c->sk;
+        const int32_t v = (int32_t)rnd(c, (uint32_t)longest);
+        if (q) p->seqlen_q = v;
+        else p->seqlen_k = v;
+        say(c, " seqlen_%c %d < longest %d", q ? 'q' : 'k', (int)v, longest);
+        return ALLOW_INV;
+    }
+    case M_QUANT_GRAN: {
+        static const int v[] = {2, 3, -1, 1000};
+        const int g = v[rnd(c, 4)];
+        if (c->api == API_QUANT) c->qa.granularity = (fattn_quant_granularity)g;
+        else c->opt_null = 0, c->opt.granularity = (fattn_quant_granularity)g;
+        say(c, " granularity %d", g);
+        return ALLOW_INV;
+    }
+    case M_QUANT_BLOCK: {
+        if (c->api == API_QUANT) {
+            static const int32_t v[] = {0, -1, -128, INT32_MIN};
+            c->qa.block_rows = v[rnd(c, 4)];
+            say(c, " block_rows %d", (int)c->qa.block_rows);
+        } else {
+            static const int32_t v[] = {-1, -128, INT32_MIN};
+            int32_t *f[3] = {&c->opt.block_rows_q, &c->opt.block_rows_k, &c->opt.block_rows_v};
+            const int i = (int)rnd(c, 3);
+            c->opt_null = 0;
+            *f[i] = v[rnd(c, 3)];
+            say(c, " opt.block_rows_%c %d", "qkv"[i], (int)*f[i]);
+        }
+        return ALLOW_INV;
+    }
+    case M_ROTATE: {
+        const int32_t r = chance(c, 0.5) ? 1 : -1;
+        if (c->api == API_QUANT) c->qa.rotate = r;
+        else c->opt_null = 0, c->opt.rotate = r;
+        say(c, " rotate %d (head_dim %d)", (int)r, c->d);
+        return ALLOW_UNSUP;
+    }
+    default: return 0;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* The rules                                                                */
+/* ------------------------------------------------------------------------ */
+
+/* 1 when the layout and placement of the call's buffers is one the header
+ * allows (fattn.h Conventions; docs/design.md 3, item 6): strides below a
+ * row only for dimensions of size 1, an output's dimensions nested (sorted
+ * by stride, each stride at least the extent of those inside), an output's
+ * byte span disjoint from every input's and every other output's. */
+static int layout_ok(const fcase *c, char *why, size_t wn) {
+    for (int i = 0; i < NBUF; i++) {
+        const buf *x = &c->b[i];
+        if (!x->passed || !x->tensor) continue;
+        if (x->bad_stride) {
+            snprintf(why, wn, "%s has a negative or overflowing stride", x->name);
+            return 0;
+        }
+        const int packed = x->st[0] == 0 && x->st[1] == 0 && x->st[2] == 0;
+        for (int dm = 0; dm < 3 && !packed; dm++)
+            if (x->n[dm] > 1 && x->st[dm] < x->n[3]) {
+                snprintf(why, wn, "%s.stride_%c %lld < row %lld", x->name, dim_letter[dm], (long long)x->st[dm],
+                         (long long)x->n[3]);
+                return 0;
+            }
+        if (!x->output || x->n[1] == 0) continue; /* no elements: nothing to overlap */
+        int64_t st[3], n[3], extent = x->n[3];
+        strides_of(x, st);
+        memcpy(n, x->n, sizeof n);
+        for (int a = 1; a < 3; a++) /* sort the dimensions by stride */
+            for (int b = a; b > 0 && st[b] < st[b - 1]; b--) {
+                int64_t t = st[b];
+                st[b] = st[b - 1], st[b - 1] = t;
+                t = n[b], n[b] = n[b - 1], n[b - 1] = t;
+            }
+        for (int a = 0; a < 3; a++) {
+            if (n[a] <= 1) continue;
+            if (st[a] < extent) {
+                snprintf(why, wn, "%s overlaps itself (stride %lld < extent %lld)", x->name, (long long)st[a],
+                         (long long)extent);
+                return 0;
+            }
+            extent += (n[a] - 1) * st[a];
+        }
+    }
+    for (int i = 0; i < NBUF; i++) {
+        const buf *x = &c->b[i];
+        if (!x->passed || !x->output) continue;
+        const size_t xb = span_bytes(x);
+        for (int j = 0; j < NBUF; j++) {
+            const buf *y = &c->b[j];
+            if (j == i || !y->passed) continue;
+            const size_t yb = span_bytes(y);
+            if (xb && yb && x->off < y->off + yb && y->off < x->off + xb) {
+                snprintf(why, wn, "%s [%zu, %zu) overlaps %s [%zu, %zu)", x->name, x->off, x->off + xb, y->name,
+                         y->off, y->off + yb);
+                return 0;
+            }
+        }
+    }
+    return 1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Checks of an accepted call                                               */
+/* ------------------------------------------------------------------------ */
+
+static void mark_outputs(const fcase *c, uint8_t *mask) {
+    for (int i = 0; i < NBUF; i++) {
+        const buf *x = &c->b[i];
+        if (!x->passed || !x->output) continue;
+        if (!x->tensor) {
+            memset(mask + x->off, 1, span_bytes(x));
+            continue;
+        }
+        int64_t st[3];
+        strides_of(x, st);
+        for (int64_t b = 0; b < x->n[0]; b++)
+            for (int64_t s = 0; s < x->n[1]; s++)
+                for (int64_t h = 0; h < x->n[2]; h++)
+                    memset(mask + elem_off(x, st, b, s, h, 0), 1, (size_t)x->n[3] * x->es);
+    }
+}
+
+/* Where byte `off` of the arena is, for messages. */
+static void where(const fcase *c, size_t off, char *out, size_t n) {
+    for (int i = 0; i < NBUF; i++) {
+        const buf *x = &c->b[i];
+        if (x->name && off >= x->off && off < x->off + span_or_storage(x)) {
+            snprintf(out, n, "byte %zu of %s's span", off - x->off, x->name);
+            return;
+        }
+    }
+    for (int i = 0; i < NBUF; i++) {
+        const buf *x = &c->b[i];
+        if (x->alloc && off >= x->region && off < x->region + x->bytes) {
+            snprintf(out, n, "byte %zu of %s's storage", off - x->region, x->name);
+            return;
+        }
+    }
+    snprintf(out, n, "arena byte %zu, a guard", off);
+}
+
+static int64_t g_fail_cases;
+static int g_case_failed;
+
+static void fail(fcase *c, const char *fmt, ...) {
+    tu_failures++;
+    if (!g_case_failed) g_fail_cases++;
+    if (g_fail_cases > MAX_FAILURES_SHOWN) {
+        g_case_failed = 1;
+        return;
+    }
+    if (!g_case_failed)
+        fprintf(stderr, "case %lld FAILED: %s\n  replay: FATTN_TEST_SEED=%d FATTN_FUZZ_ONLY=%lld %s\n",
+                (long long)c->index, c->desc, g_seed, (long long)c->index, g_prog);
+    g_case_failed = 1;
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "  - ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+}
+
+/* Row r (packed index in varlen mode) of batch entry b: does it see a key? */
+static int sees_key(const fcase *c, int b, int r) {
+    const int lq = c->varlen ? c->lens_q[b] : c->sq, lk = c->varlen ? c->lens_k[b] : c->sk;
+    if (lk == 0) return 0;
+    return !c->causal || r + lk - lq >= 0;
+}
+
+static void check_fwd_values(fcase *c) {
+    const buf *o = &c->b[BO], *v = &c->b[BV], *lse = &c->b[BLSE];
+    const int e4m3 = c->api == API_FWD && c->dt == FATTN_DTYPE_E4M3;
+    int64_t st[3], vst[3];
+    strides_of(o, st);
+    strides_of(v, vst);
+    double vmax = 0;
+    for (int64_t b = 0; b < v->n[0]; b++)
+        for (int64_t s = 0; s < v->n[1]; s++)
+            for (int64_t h = 0; h < v->n[2]; h++)
+                for (int64_t e = 0; e < v->n[3]; e++) {
+                    double x = fabs(get(c->arena + elem_off(v, vst, b, s, h, e), c->dt));
+                    if (e4m3) {
+                        float sc;
+                        const int64_t nbl = cdiv(v->n[1], c->blk[2]);
+                        memcpy(&sc, c->arena + c->b[BVS].off + 4 * (size_t)((b * v->n[2] + h) * nbl + s / c->blk[2]), 4);
+                        x *= sc;
+                    }
+                    if (x > vmax) vmax = x;
+                }
+    const double bound = 1.25 * vmax + 1e-6; /* O is a convex combination of V's rows (FP8: rounded) */
+    int bad = 0;
+    for (int b = 0; b < c->batch && bad < 3; b++) {
+        const int lq = c->varlen ? c->lens_q[b] : c->sq;
+        for (int r = 0; r < lq && bad < 3; r++) {
+            const int64_t ob = c->varlen ? 0 : b, os = c->varlen ? c->cuq[b] + r : r;
+            const int sees = sees_key(c, b, r);
+            for (int64_t h = 0; h < o->n[2]; h++) {
+                for (int64_t e = 0; e < o->n[3]; e++) {
+                    const double x = get(c->arena + elem_off(o, st, ob, os, h, e), c->dto);
+                    if (!isfinite(x) || fabs(x) > bound || (!sees && x != 0.0)) {
+                        fail(c, "o[%d, %lld, %lld, %lld] = %g (%s; |v| <= %g)", b, (long long)os, (long long)h,
+                             (long long)e, x, sees ? "sees keys" : "sees no key: 0 expected", vmax);
+                        bad++;
+                        break;
+                    }
+                }
+                if (c->want_lse) {
+                    float l;
+                    const int64_t li = c->varlen ? h * c->tq + os : ((int64_t)b * c->hq + h) * c->tq + r;
+                    memcpy(&l, c->arena + lse->off + 4 * (size_t)li, 4);
+                    if (sees ? !isfinite(l) : !(isinf(l) && l < 0)) {
+                        fail(c, "lse[%lld] (batch %d, head %lld, row %d) = %g (%s)", (long long)li, b, (long long)h, r,
+                             (double)l, sees ? "finite expected" : "sees no key: -inf expected");
+                        bad++;
+                    }
+                }
+            }
+        }
+    }
+}
+
+static void check_tensor_finite(fcase *c, int id) {
+    const buf *x = &c->b[id];
+    const fattn_dtype dt = dtype_of(c, id);
+    int64_t st[3];
+    strides_of(x, st);
+    for (int64_t b = 0; b < x->n[0]; b++)
+        for (int64_t s = 0; s < x->n[1]; s++)
+            for (int64_t h = 0; h < x->n[2]; h++)
+                for (int64_t e = 0; e < x->n[3]; e++) {
+                    const double v = get(c->arena + elem_off(x, st, b, s, h, e), dt);
+                    if (!isfinite(v)) {
+                        fail(c, "%s[%lld, %lld, %lld, %lld] = %g on finite inputs", x->name, (long long)b,
+                             (long long)s, (long long)h, (long long)e, v);
+                        return;
+                    }
+                }
+}
+
+static void check_values(fcase *c) {
+    switch (c->api) {
+    case API_FWD:
+    case API_FP8: check_fwd_values(c); break;
+    case API_BWD:
+        check_tensor_finite(c, BDQ);
+        check_tensor_finite(c, BDK);
+        check_tensor_finite(c, BDV);
+        break;
+    default: {
+        check_tensor_finite(c, BO); /* NaN codes are the only non-finite e4m3 */
+        const buf *s = &c->b[BQS];
+        for (int64_t i = 0; i < s->count; i++) {
+            float f;
+            memcpy(&f, c->arena + s->off + 4 * (size_t)i, 4);
+            if (!isfinite(f) || !(f > 0)) {
+                fail(c, "out.scale[%lld] = %g on finite inputs (finite, > 0 expected)", (long long)i, (double)f);
+                break;
+            }
+        }
+        break;
+    }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* One case                                                                 */
+/* ------------------------------------------------------------------------ */
+
+static fattn_status call(fcase *c, fattn_ctx *ctx) {
+    fattn_ctx *x = c->ctx_null ? NULL : ctx;
+    switch (c->api) {
+    case API_FWD: return fattn_fwd(x, c->args_null ? NULL : &c->fa);
+    case API_BWD: return fattn_bwd(x, c->args_null ? NULL : &c->ba);
+    case API_QUANT: return fattn_quantize(x, c->args_null ? NULL : &c->qa);
+    default: return fattn_fwd_fp8(x, c->args_null ? NULL : &c->fa, c->opt_null ? NULL : &c->opt);
+    }
+}
+
+static long g_calls[API_N], g_ok[API_N], g_valid[API_N];
+
+static void run_case(fattn_ctx *ctx, int64_t index) {
+    static fcase cs;
+    fcase *c = &cs;
+    memset(c, 0, sizeof *c);
+    c->index = index;
+    tu_rng_init(&c->rng, (uint64_t)g_seed * 0x9E3779B97F4A7C15ull ^ (uint64_t)index);
+    g_case_failed = 0;
+    snprintf(g_replay, sizeof g_replay,
+             "test_fuzz: died in case %lld; replay: FATTN_TEST_SEED=%d FATTN_FUZZ_ONLY=%lld %s\n",
+             (long long)index, g_seed, (long long)index, g_prog);
+
+    const uint32_t r = rnd(c, 100);
+    c->api = r < 35 ? API_FWD : r < 55 ? API_BWD : r < 75 ? API_QUANT : API_FP8;
+    c->threads = (int)rnd(c, 4);
+    draw_problem(c);
+    say(c, " thr%d", c->threads);
+    const uint32_t m = rnd(c, 100);
+    const int want = m < 35 ? 0 : m < 80 ? 1 : m < 94 ? 2 : 3;
+    for (int i = 0; i < want; i++) {
+        mkind k;
+        do k = (mkind)rnd(c, M_N);
+        while (!applicable(c, k));
+        c->mut[c->nmut++] = k;
+    }
+    make_bufs(c);
+    draw_layouts(c);
+    place(c);
+    for (int i = 0; i < c->nmut; i++)
+        if (c->mut[i] == M_OVERLAP || c->mut[i] == M_TOUCH) lay_over(c, c->mut[i] == M_TOUCH);
+    fill(c);
+    build_args(c);
+    fattn_ctx_set_threads(ctx, c->threads);
+    if (c->api == API_BWD) {
+        if (g_verbose) {
+            printf("case %lld: fattn_fwd making o and lse for the backward\n", (long long)index);
+            fflush(stdout);
+        }
+        bwd_setup(c, ctx);
+    }
+
+    unsigned allow = 0; /* the statuses a refusal may have: union over what is wrong */
+    char why[256] = "";
+    for (int i = 0; i < c->nmut; i++) {
+        const mkind k = c->mut[i];
+        if (k <= M_TOUCH) continue; /* layouts: the rules decide (layout_ok) */
+        const unsigned a = mutate(c, k);
+        if (!a) continue;
+        c->mutated_args = 1;
+        allow |= a;
+        snprintf(why + strlen(why), sizeof why - strlen(why), "%s%s", why[0] ? ", " : "", mkind_name[k]);
+    }
+    char rule[192];
+    if (!layout_ok(c, rule, sizeof rule)) {
+        allow |= ALLOW_INV;
+        snprintf(why + strlen(why), sizeof why - strlen(why), "%s%s", why[0] ? ", " : "", rule);
+    }
+    const int valid = allow == 0;
+    if (g_verbose) {
+        printf("case %lld: %s%s%s\n", (long long)index, c->desc, valid ? "" : " => refuse: ", why);
+        fflush(stdout); /* the last line printed before a crash is its case */
+    }
+
+    /* the call */
+    fattn_fwd_args fa;
+    fattn_bwd_args ba;
+    fattn_quantize_args qa;
+    fattn_fp8_options opt;
+    memcpy(&fa, &c->fa, sizeof fa); /* padding included */
+    memcpy(&ba, &c->ba, sizeof ba);
+    memcpy(&qa, &c->qa, sizeof qa);
+    memcpy(&opt, &c->opt, sizeof opt);
+    memcpy(c->before, c->arena, c->arena_bytes);
+    const fattn_status st = call(c, ctx);
+    const char *msg = fattn_last_error(c->ctx_null ? NULL : ctx);
+    g_calls[c->api]++;
+    g_valid[c->api] += valid;
+    if (st == FATTN_OK) g_ok[c->api]++;
+    for (int i = 0; i < c->nmut; i++) {
+        g_mut_count[c->mut[i]]++;
+        if (st != FATTN_OK) g_mut_refused[c->mut[i]]++;
+    }
+
+    if ((int)st < 0 || (int)st > FATTN_ERROR_INTERNAL) fail(c, "status %d is no fattn_status", (int)st);
+    if (!msg) {
+        fail(c, "fattn_last_error returned NULL");
+        msg = "";
+    }
+    if (st == FATTN_OK && msg[0]) fail(c, "FATTN_OK with a message: \"%s\"", msg);
+    if (st != FATTN_OK && (!msg[0] || strchr(msg, '\n')))
+        fail(c, "%s with an empty or multi-line message: \"%s\"", fattn_status_string(st), msg);
+    if (valid && st != FATTN_OK) fail(c, "valid call refused: %s: %s", fattn_status_string(st), msg);
+    if (!valid && st == FATTN_OK) fail(c, "invalid call accepted (%s)", why);
+    if (!valid && st > FATTN_OK && st <= FATTN_ERROR_INTERNAL && !(allow & (1u << (unsigned)st)))
+        fail(c, "refused with %s (%s), expected %s", fattn_status_string(st), msg,
+             allow == ALLOW_UNSUP ? "UNSUPPORTED" : allow & ALLOW_UNSUP ? "INVALID_ARGUMENT or UNSUPPORTED" : "INVALID_ARGUMENT");
+    if (memcmp(&fa, &c->fa, sizeof fa) || memcmp(&ba, &c->ba, sizeof ba) || memcmp(&qa, &c->qa, sizeof qa) ||
+        memcmp(&opt, &c->opt, sizeof opt))
+        fail(c, "the call wrote its argument struct");
+
+    /* the arena */
+    if (st != FATTN_OK) {
+        if (memcmp(c->before, c->arena, c->arena_bytes)) {
+            size_t i = 0, nd = 0;
+            while (c->before[i] == c->arena[i]) i++;
+            for (size_t j = i; j < c->arena_bytes; j++) nd += c->before[j] != c->arena[j];
+            char w[128];
+            where(c, i, w, sizeof w);
+            fail(c, "refused (%s), yet %zu bytes changed, the first at %s", msg, nd, w);
+        }
+    } else if (valid || !c->mutated_args) {
+        uint8_t *mask = (uint8_t *)calloc(c->arena_bytes, 1);
+        if (!mask) exit(1);
+        int geometry_ok = 1;
+        for (int i = 0; i < NBUF; i++) geometry_ok &= !(c->b[i].passed && c->b[i].bad_stride);
+        if (geometry_ok) {
+            mark_outputs(c, mask);
+            size_t nd = 0, first = 0;
+            for (size_t j = 0; j < c->arena_bytes; j++)
+                if (c->before[j] != c->arena[j] && !mask[j]) {
+                    if (!nd) first = j;
+                    nd++;
+                }
+            if (nd) {
+                char w[128];
+                where(c, first, w, sizeof w);
+                fail(c, "accepted, and %zu bytes outside the outputs' views changed, the first at %s", nd, w);
+            }
+        }
+        free(mask);
+        if (valid && !c->nonfinite && !c->setup_failed) check_values(c);
+    }
+    free(c->arena);
+    free(c->before);
+}
+
+/* ------------------------------------------------------------------------ */
+/* main                                                                     */
+/* ------------------------------------------------------------------------ */
+
+static void on_death(void) {
+    if (write(2, g_replay, strlen(g_replay)) < 0) return;
+}
+
+static void on_signal(int sig) {
+    on_death();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* The sanitizers' runtime, when linked in: say which case died. */
+extern void __sanitizer_set_death_callback(void (*callback)(void)) __attribute__((weak));
+
+static int64_t env_int(const char *name, int64_t dflt) {
+    const char *s = getenv(name);
+    if (!s || !*s) return dflt;
+    char *end;
+    long long v = strtoll(s, &end, 0);
+    if (*end || v < 0) {
+        fprintf(stderr, "test_fuzz: %s=%s is not a non-negative integer\n", name, s);
+        exit(2);
+    }
+    return v;
+}
+
+int main(int argc, char **argv) {
+    (void)argc;
+    if (argv[0]) g_prog = argv[0];
+    g_seed = tu_seed();
+    const int64_t ncases = env_int("FATTN_FUZZ_CASES", DEFAULT_CASES);
+    const int64_t only = env_int("FATTN_FUZZ_ONLY", -1);
+    g_verbose = env_int("FATTN_FUZZ_VERBOSE", 0) != 0 || only >= 0;
+    signal(SIGSEGV, on_signal);
+    signal(SIGBUS, on_signal);
+    signal(SIGFPE, on_signal);
+    signal(SIGILL, on_signal);
+    signal(SIGABRT, on_signal);
+    if (__sanitizer_set_death_callback) __sanitizer_set_death_callback(on_death);
+
+    fattn_ctx *ctx = NULL;
+    if (fattn_ctx_create(&ctx, FATTN_BACKEND_CPU, 0) != FATTN_OK) {
+        fprintf(stderr, "test_fuzz: no CPU context: %s\n", fattn_last_error(NULL));
+        return 1;
+    }
+    if (only >= 0) {
+        printf("case %lld only\n", (long long)only);
+        run_case(ctx, only);
+    } else {
+        printf("%lld cases (FATTN_FUZZ_CASES; FATTN_FUZZ_ONLY=n replays case n)\n", (long long)ncases);
+        fflush(stdout);
+        for (int64_t i = 0; i < ncases; i++) run_case(ctx, i);
+    }
+    fattn_ctx_free(ctx);
+
+    for (int a = 0; a < API_N; a++)
+        printf("  %-9s %6ld calls, %6ld valid, %6ld accepted\n", api_name[a], g_calls[a], g_valid[a], g_ok[a]);
+    printf("  faults (cases with it / refused):");
+    for (int k = 0; k < M_N; k++) printf("%s %s %ld/%ld", k % 6 ? "," : "\n   ", mkind_name[k], g_mut_count[k], g_mut_refused[k]);
+    printf("\n");
+    if (g_fail_cases) printf("%lld case(s) failed (the first %d are printed above)\n", (long long)g_fail_cases, MAX_FAILURES_SHOWN);
+    return tu_finish("test_fuzz");
+}
