@@ -291,6 +291,10 @@ static fattn_status check_no_self_overlap(fattn_ctx *ctx, const fattn_tensor *t,
       x;
     for (int i = 1; i < 3; i++) /* stable insertion sort by stride */
         for (int j = i; j > 0 && d[j].stride < d[j - 1].stride; j--) x = d[j], d[j] = d[j - 1], d[j - 1] = x;
+    /* a tensor with no element (an empty side of a varlen call) overlaps
+     * nothing; check_tensor does not bound its strides */
+    for (int i = 0; i < 3; i++)
+        if (d[i].n == 0) return FATTN_OK;
     int64_t extent = s->dim; /* elements spanned by the dimensions inside */
     char inner[96];
     snprintf(inner, sizeof inner, "%s", s->dim_name);
@@ -303,7 +307,10 @@ static fattn_status check_no_self_overlap(fattn_ctx *ctx, const fattn_tensor *t,
                               "would overlap",
                               s->name, d[i].stride_name, (long long)d[i].stride, (long long)extent,
                               s->name, inner, s->name);
-        extent += (d[i].n - 1) * d[i].stride; /* bounded by check_tensor */
+        /* bounded by check_tensor; saturate all the same (a later stride can
+         * then only be refused) */
+        int64_t span_i;
+        if (!mul_ok(d[i].n - 1, d[i].stride, &span_i) || !add_ok(extent, span_i, &extent)) extent = INT64_MAX;
         size_t used = strlen(inner);
         snprintf(inner + used, sizeof inner - used, ", %s", d[i].dim_name);
     }
