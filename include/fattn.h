@@ -223,7 +223,8 @@ FATTN_API const char *fattn_dtype_name(fattn_dtype dtype);
  * For BHSD pass stride_batch = heads*seqlen*d, stride_head = seqlen*d,
  * stride_seq = d.
  * In variable-length mode (cu_seqlens given) tensors are packed
- * [total_tokens, heads, head_dim]; stride_batch is ignored.
+ * [total_tokens, heads, head_dim]; stride_batch is not used (it must still be >= 0,
+ * as every stride).
  *
  * e4m3 tensors carry dequantisation scales: real value = code * scale.
  * `scale` points to float32 [batch, heads, ceil(seqlen / scale_block)]
