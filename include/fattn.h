@@ -300,6 +300,55 @@ typedef struct fattn_fwd_args {
 FATTN_API fattn_status fattn_fwd(fattn_ctx *ctx, const fattn_fwd_args *args);
 
 /*
+ * Merge of partial results: the attention of each query row over the union
+ * of disjoint key ranges, from fattn_fwd's (o, lse) over each range (split-KV
+ * across calls, context parallelism across GPUs).  Per row, with O_i and
+ * lse_i the row's output and LSE in part i:
+ *   m = max_i lse_i,  w_i = exp(lse_i - m),
+ *   o = sum_i w_i O_i / sum_i w_i,  lse = m + log(sum_i w_i).
+ *   parts[i].o:   [batch, seqlen, heads, head_dim]  f32 | f16 | bf16, any
+ *                 strides (head_dim contiguous); parts may differ in dtype
+ *                 from each other and from o
+ *   parts[i].lse: float32 [batch, heads, seqlen] (fattn_fwd's LSE layout),
+ *                 required
+ *   o:   [batch, seqlen, heads, head_dim]  f32 | f16 | bf16
+ *   lse: optional float32 [batch, heads, seqlen]
+ * `parts` is a host array of 1..FATTN_MERGE_MAX_PARTS entries, read during
+ * the call (like args); the tensors and lse arrays it names live where the
+ * context computes.  Parts are inputs: they may overlap one another, not o
+ * or lse.
+ * A part whose lse_i is -inf for a row (no key of its range visible to the
+ * row) takes no part in that row: w_i = 0 and its O_i is not read, so it may
+ * hold anything, NaN included.  A row that is -inf in every part gets o = 0
+ * and lse = -inf, as fattn_fwd's rows that see no key.  NaN propagates as
+ * torch's would: a NaN lse_i makes the row's o and lse NaN, a NaN in a
+ * participating O_i makes those elements of o NaN (an lse of +inf, which
+ * fattn_fwd does not produce, gives NaN too).
+ * The CPU engine accumulates in double, parts in index order, then rounds
+ * once to f32 (and from f32 to o's dtype): the same bits for any thread
+ * count.  Fixed-length batches only (for varlen outputs describe the packed
+ * [total, heads, dim] tensors as batch 1, seqlen total: the LSE layout
+ * [heads, total] is then the same).
+ * Engines: CPU; CUDA not yet (UNSUPPORTED).
+ */
+#define FATTN_MERGE_MAX_PARTS 1024
+
+typedef struct fattn_merge_part {
+    fattn_tensor o;
+    const float *lse;
+} fattn_merge_part;
+
+typedef struct fattn_merge_args {
+    int32_t batch, seqlen, heads, head_dim;
+    int32_t num_parts;              /* 1..FATTN_MERGE_MAX_PARTS */
+    const fattn_merge_part *parts;  /* num_parts entries */
+    fattn_tensor o;
+    float *lse;
+} fattn_merge_args;
+
+FATTN_API fattn_status fattn_merge(fattn_ctx *ctx, const fattn_merge_args *args);
+
+/*
  * Backward: dq, dk, dv from q, k, v, o, dout and the forward's lse.
  *   q, k, v, o, lse as in fattn_fwd (lse required); dout like o;
  *   dq like q, dk like k, dv like v (same dtype as q; f32/f16/bf16 only).

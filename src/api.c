@@ -697,3 +697,99 @@ fattn_status fattn_quantize(fattn_ctx *ctx, const fattn_quantize_args *args) {
     if (ctx->backend == FATTN_BACKEND_CUDA) return fattn_cuda_quantize(ctx, &a);
     return fattn_cpu_quantize(ctx, &a);
 }
+
+/* ------------------------------------------------------------------------ */
+/* Merge of partial results                                                 */
+/* ------------------------------------------------------------------------ */
+
+static fattn_status check_merge_dtype(fattn_ctx *ctx, fattn_dtype d, const char *name) {
+    CHECK(check_dtype(ctx, d, name));
+    if (d == FATTN_DTYPE_E4M3)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                          "%s.dtype e4m3 is not supported by fattn_merge (f32, f16, bf16 only)", name);
+    return FATTN_OK;
+}
+
+/* `a` is the private copy; `parts` (num_parts entries, checked by the
+ * caller) receives the parts with their strides resolved. */
+static fattn_status merge_prepare(fattn_ctx *ctx, fattn_merge_args *a, fattn_merge_part *parts) {
+    char name[24], lname[24];
+    shape4 so = {"o", a->batch, a->seqlen, a->heads, a->head_dim, "seqlen", "heads", "head_dim", 0};
+    CHECK(check_merge_dtype(ctx, a->o.dtype, "o"));
+    for (int32_t i = 0; i < a->num_parts; i++) {
+        snprintf(name, sizeof name, "parts[%d].o", (int)i);
+        CHECK(check_merge_dtype(ctx, parts[i].o.dtype, name));
+    }
+    if (!a->o.data) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "o.data is NULL");
+    for (int32_t i = 0; i < a->num_parts; i++) {
+        if (!parts[i].o.data)
+            return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "parts[%d].o.data is NULL", (int)i);
+        if (!parts[i].lse)
+            return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                              "parts[%d].lse is NULL (a part's weight is its log-sum-exp)", (int)i);
+    }
+    CHECK(check_data_aligned(ctx, &a->o, "o"));
+    CHECK(check_aligned(ctx, a->lse, sizeof(float), "lse", "f32"));
+    for (int32_t i = 0; i < a->num_parts; i++) {
+        snprintf(name, sizeof name, "parts[%d].o", (int)i);
+        snprintf(lname, sizeof lname, "parts[%d].lse", (int)i);
+        CHECK(check_data_aligned(ctx, &parts[i].o, name));
+        CHECK(check_aligned(ctx, parts[i].lse, sizeof(float), lname, "f32"));
+    }
+
+    /* the engine's limits */
+    if (ctx->backend == FATTN_BACKEND_CUDA) CHECK(fattn_cuda_merge_check(ctx, a));
+
+    CHECK(check_tensor(ctx, &a->o, &so));
+    CHECK(check_no_self_overlap(ctx, &a->o, &so));
+    /* check_tensor bounds batch * heads * seqlen below 2^31 */
+    const int64_t nlse = (int64_t)a->batch * a->heads * a->seqlen;
+    const span out[] = {tensor_span(&a->o, &so), array_span("lse", a->lse, nlse, sizeof(float))};
+    for (int32_t i = 0; i < a->num_parts; i++) {
+        shape4 sp = so;
+        snprintf(name, sizeof name, "parts[%d].o", (int)i);
+        snprintf(lname, sizeof lname, "parts[%d].lse", (int)i);
+        sp.name = name;
+        CHECK(check_tensor(ctx, &parts[i].o, &sp));
+        const span in[] = {tensor_span(&parts[i].o, &sp),
+                           array_span(lname, parts[i].lse, nlse, sizeof(float))};
+        CHECK(check_disjoint(ctx, out, 2, in, 2));
+    }
+    a->parts = parts;
+    return FATTN_OK;
+}
+
+fattn_status fattn_merge(fattn_ctx *ctx, const fattn_merge_args *args) {
+    if (!ctx) return fattn_fail(NULL, FATTN_ERROR_INVALID_ARGUMENT, "ctx is NULL");
+    fattn_clear_error(ctx);
+    if (!args) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "args is NULL");
+    fattn_merge_args a = *args;
+
+    if (a.batch < 1)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "batch %d must be >= 1", (int)a.batch);
+    if (a.seqlen < 1)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "seqlen %d must be >= 1",
+                          (int)a.seqlen);
+    if (a.heads < 1)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "heads %d must be >= 1", (int)a.heads);
+    if (a.head_dim < 1)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "head_dim %d must be >= 1",
+                          (int)a.head_dim);
+    if (a.num_parts < 1 || a.num_parts > FATTN_MERGE_MAX_PARTS)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "num_parts %d must be in 1..%d",
+                          (int)a.num_parts, FATTN_MERGE_MAX_PARTS);
+    if (!a.parts) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "parts is NULL");
+
+    /* The private copy of the parts, where their default strides are
+     * resolved: the caller's array is never written. */
+    fattn_merge_part *parts = (fattn_merge_part *)malloc((size_t)a.num_parts * sizeof *parts);
+    if (!parts)
+        return fattn_fail(ctx, FATTN_ERROR_OUT_OF_MEMORY, "cannot copy %d merge parts",
+                          (int)a.num_parts);
+    memcpy(parts, a.parts, (size_t)a.num_parts * sizeof *parts);
+    fattn_status st = merge_prepare(ctx, &a, parts);
+    if (st == FATTN_OK)
+        st = ctx->backend == FATTN_BACKEND_CUDA ? fattn_cuda_merge(ctx, &a) : fattn_cpu_merge(ctx, &a);
+    free(parts);
+    return st;
+}

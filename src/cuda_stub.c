@@ -45,6 +45,16 @@ fattn_status fattn_cuda_quantize(fattn_ctx *ctx, const fattn_quantize_args *a) {
     return fattn_fail(ctx, FATTN_ERROR_NO_DEVICE, FATTN_NO_CUDA_MSG);
 }
 
+fattn_status fattn_cuda_merge_check(fattn_ctx *ctx, const fattn_merge_args *a) {
+    (void)a;
+    return fattn_fail(ctx, FATTN_ERROR_NO_DEVICE, FATTN_NO_CUDA_MSG);
+}
+
+fattn_status fattn_cuda_merge(fattn_ctx *ctx, const fattn_merge_args *a) {
+    (void)a;
+    return fattn_fail(ctx, FATTN_ERROR_NO_DEVICE, FATTN_NO_CUDA_MSG);
+}
+
 fattn_status fattn_cuda_fp8_workspace(fattn_ctx *ctx, size_t bytes, void **ws) {
     (void)bytes;
     *ws = NULL;

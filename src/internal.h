@@ -54,6 +54,9 @@ fattn_status fattn_cpu_varlen_totals(fattn_ctx *ctx, const fattn_problem *p, int
 fattn_status fattn_cpu_fwd(fattn_ctx *ctx, const fattn_fwd_args *a);
 fattn_status fattn_cpu_bwd(fattn_ctx *ctx, const fattn_bwd_args *a);
 fattn_status fattn_cpu_quantize(fattn_ctx *ctx, const fattn_quantize_args *a);
+/* api.c has checked every part and resolved its default strides in a
+ * private copy of the parts array, which a->parts points to. */
+fattn_status fattn_cpu_merge(fattn_ctx *ctx, const fattn_merge_args *a);
 
 /* CUDA engine (src/cuda; src/cuda_stub.c answers NO_DEVICE when built
  * without CUDA).  Its checks refuse varlen batches: nothing reads cu_seqlens
@@ -69,6 +72,10 @@ fattn_status fattn_cuda_bwd(fattn_ctx *ctx, const fattn_bwd_args *a);
  * fattn_cuda_quantize runs it again itself. */
 fattn_status fattn_cuda_quantize_check(fattn_ctx *ctx, const fattn_quantize_args *a);
 fattn_status fattn_cuda_quantize(fattn_ctx *ctx, const fattn_quantize_args *a);
+/* fattn_merge: no kernel yet, both answer UNSUPPORTED (the run function
+ * repeats the check, as fattn_cuda_bwd does). */
+fattn_status fattn_cuda_merge_check(fattn_ctx *ctx, const fattn_merge_args *a);
+fattn_status fattn_cuda_merge(fattn_ctx *ctx, const fattn_merge_args *a);
 /* fattn_fwd_fp8's device workspace (context.cu): at least `bytes`, made or
  * grown (at least doubled) on first need, an outgrown one kept until the
  * context is freed (a graph captured earlier may use it); ctx->stream is

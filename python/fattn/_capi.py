@@ -93,7 +93,19 @@ class Fp8Options(ctypes.Structure):
                 ("block_rows_v", ctypes.c_int32), ("rotate", ctypes.c_int32), ("seed", ctypes.c_uint64)]
 
 
-STRUCTS = [Tensor, Problem, FwdArgs, BwdArgs, QuantizeArgs, Fp8Options]
+class MergePart(ctypes.Structure):
+    _c_name_ = "fattn_merge_part"
+    _fields_ = [("o", Tensor), ("lse", ctypes.c_void_p)]
+
+
+class MergeArgs(ctypes.Structure):
+    _c_name_ = "fattn_merge_args"
+    _fields_ = [("batch", ctypes.c_int32), ("seqlen", ctypes.c_int32), ("heads", ctypes.c_int32),
+                ("head_dim", ctypes.c_int32), ("num_parts", ctypes.c_int32), ("parts", ctypes.c_void_p),
+                ("o", Tensor), ("lse", ctypes.c_void_p)]
+
+
+STRUCTS = [Tensor, Problem, FwdArgs, BwdArgs, QuantizeArgs, Fp8Options, MergePart, MergeArgs]
 
 _ctx = ctypes.c_void_p  # fattn_ctx * (opaque)
 _P = ctypes.POINTER
@@ -115,6 +127,7 @@ PROTOTYPES = {
     "fattn_tensor_bshd": (Tensor, [ctypes.c_void_p, c_enum]),
     "fattn_fwd": (c_enum, [_ctx, _P(FwdArgs)]),
     "fattn_bwd": (c_enum, [_ctx, _P(BwdArgs)]),
+    "fattn_merge": (c_enum, [_ctx, _P(MergeArgs)]),
     "fattn_quantize": (c_enum, [_ctx, _P(QuantizeArgs)]),
     "fattn_fwd_fp8": (c_enum, [_ctx, _P(FwdArgs), _P(Fp8Options)]),
     "fattn_f32_to_e4m3": (ctypes.c_uint8, [ctypes.c_float]),

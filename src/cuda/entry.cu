@@ -83,6 +83,11 @@ extern "C" fattn_status fattn_cuda_bwd_check(fattn_ctx *ctx, const fattn_bwd_arg
     return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED, "the backward pass is not implemented on the CUDA engine yet");
 }
 
+extern "C" fattn_status fattn_cuda_merge_check(fattn_ctx *ctx, const fattn_merge_args *a) {
+    (void)a;
+    return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED, "fattn_merge is not implemented on the CUDA engine yet");
+}
+
 /* ---- checks that need the device ---------------------------------------------- */
 
 /* The pointer must be device memory of ctx->device (or managed). */
@@ -149,3 +154,6 @@ extern "C" fattn_status fattn_cuda_fwd(fattn_ctx *ctx, const fattn_fwd_args *a) 
 
 /* Refuses every call until the kernel exists (api.c has already refused). */
 extern "C" fattn_status fattn_cuda_bwd(fattn_ctx *ctx, const fattn_bwd_args *a) { return fattn_cuda_bwd_check(ctx, a); }
+
+/* Refuses every call until the kernel exists (api.c has already refused). */
+extern "C" fattn_status fattn_cuda_merge(fattn_ctx *ctx, const fattn_merge_args *a) { return fattn_cuda_merge_check(ctx, a); }
