@@ -29,7 +29,7 @@ step "resources (ptxas) and SASS"
   done
   echo "SASS instruction counts in libfattn:"
   cuobjdump -sass "$BUILD/libfattn.so" >"$LOG/lib.sass"
-  grep -oE "HGMMA\.[0-9x]+\.F32(\.BF16)?|UTMALDG\.[0-9]D|UTMASTG\.[0-9]D|STSM\.[0-9A-Z.]+|USETMAXREG\.[A-Z.]+" "$LOG/lib.sass" | sort | uniq -c
+  grep -oE "HGMMA\.[0-9x]+\.F32(\.BF16)?|QGMMA\.[0-9x]+\.F32\.E4M3\.E4M3|UTMALDG\.[0-9]D|UTMASTG\.[0-9]D|STSM\.[0-9A-Z.]+|USETMAXREG\.[A-Z.]+" "$LOG/lib.sass" | sort | uniq -c
   echo "key-block loops (scripts/sass_loops.py):"
   python3 scripts/sass_loops.py "$LOG/lib.sass"
   rm -f "$LOG/lib.sass"
