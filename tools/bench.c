@@ -27,6 +27,10 @@ static const char *BENCH_HELP =
     "  --head-dims LIST          comma-separated head dims (default 64,128,256)\n"
     "  --causal both|0|1         which masks to run (default both)\n"
     "  --dtype f32|f16|bf16      input and output type\n"
+    "  --fp8 off|block|rotate    FP8 end to end through fattn_fwd_fp8: the 16-bit or f32\n"
+    "                            inputs quantised to e4m3 (block scales of 128 rows; rotate:\n"
+    "                            and the Hadamard rotation of Q and K), then attended;\n"
+    "                            the time includes the quantisation (default off)\n"
     "  --iters N                 timed runs per case (median reported)\n"
     "  --threads N               CPU worker threads (0 = all cores)\n"
     "  --csv FILE                also write the results as CSV\n"
@@ -45,6 +49,7 @@ int fattn_cmd_bench(int argc, char **argv) {
     int nseq = 0, nhd = 0, causal_lo = 0, causal_hi = 1, dtype_set = 0;
     fattn_dtype dtype = FATTN_DTYPE_F32;
     const char *csv = NULL, *json = NULL;
+    int fp8 = 0; /* 0 off, 1 block scales, 2 block scales + rotation */
 
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -69,6 +74,11 @@ int fattn_cmd_bench(int argc, char **argv) {
         } else if ((v = tool_opt(cmd, argc, argv, &i, "--dtype"))) {
             dtype = tool_parse_dtype(cmd, v);
             dtype_set = 1;
+        } else if ((v = tool_opt(cmd, argc, argv, &i, "--fp8"))) {
+            if (!strcmp(v, "off")) fp8 = 0;
+            else if (!strcmp(v, "block")) fp8 = 1;
+            else if (!strcmp(v, "rotate")) fp8 = 2;
+            else tool_usage_error(cmd, "--fp8: '%s' is not one of off, block, rotate", v);
         } else if ((v = tool_opt(cmd, argc, argv, &i, "--iters"))) {
             iters = tool_parse_int(cmd, "--iters", v, 1, 100000);
         } else if ((v = tool_opt(cmd, argc, argv, &i, "--threads"))) {
@@ -121,7 +131,14 @@ int fattn_cmd_bench(int argc, char **argv) {
                 fflush(stderr);
                 tool_problem tp;
                 tool_problem_init(cmd, ctx, &tp, &p, dtype, (uint64_t)n + 1);
-                r->ms = tool_time_fwd(cmd, ctx, &tp.a, gpu ? 3 : 1, iters);
+                if (fp8) {
+                    fattn_fp8_options o;
+                    memset(&o, 0, sizeof o); /* block scales of 128 rows */
+                    o.rotate = fp8 == 2;
+                    r->ms = tool_time_fwd_fp8(cmd, ctx, &tp.a, &o, gpu ? 3 : 1, iters);
+                } else {
+                    r->ms = tool_time_fwd(cmd, ctx, &tp.a, gpu ? 3 : 1, iters);
+                }
                 tool_problem_free(ctx, &tp);
                 r->batch = p.batch, r->seqlen = p.seqlen_q, r->heads = p.heads_q;
                 r->head_dim = p.head_dim, r->causal = c;
@@ -136,9 +153,11 @@ int fattn_cmd_bench(int argc, char **argv) {
 
     const char *unit = gpu ? "TFLOP/s" : "GFLOP/s";
     double mul = gpu ? 1e-12 : 1e-9;
-    printf("fattn %s forward sweep: backend %s, dtype %s, %d tokens, hidden %d, median of %d\n\n",
-           fattn_version_string(), gpu ? "cuda" : "cpu", fattn_dtype_name(dtype), tokens, hidden,
-           iters);
+    static const char *const fp8_name[] = {"", ", FP8 end to end (block scales)",
+                                           ", FP8 end to end (block scales + rotation)"};
+    printf("fattn %s forward sweep: backend %s, dtype %s%s, %d tokens, hidden %d, median of %d\n\n",
+           fattn_version_string(), gpu ? "cuda" : "cpu", fattn_dtype_name(dtype), fp8_name[fp8], tokens,
+           hidden, iters);
     printf("| causal | head dim | seqlen | batch | heads | time (ms) | %s |\n", unit);
     printf("|--------|----------|--------|-------|-------|-----------|---------|\n");
     for (int i = 0; i < n; i++)
@@ -161,9 +180,10 @@ int fattn_cmd_bench(int argc, char **argv) {
     if (json) {
         FILE *f = fopen(json, "w");
         if (!f) tool_die(cmd, "cannot write %s", json);
-        fprintf(f, "{\"version\": \"%s\", \"backend\": \"%s\", \"dtype\": \"%s\", \"tokens\": %d, "
-                   "\"hidden\": %d, \"iters\": %d, \"cases\": [\n",
-                fattn_version_string(), gpu ? "cuda" : "cpu", fattn_dtype_name(dtype), tokens,
+        static const char *const fp8_json[] = {"off", "block", "rotate"};
+        fprintf(f, "{\"version\": \"%s\", \"backend\": \"%s\", \"dtype\": \"%s\", \"fp8\": \"%s\", "
+                   "\"tokens\": %d, \"hidden\": %d, \"iters\": %d, \"cases\": [\n",
+                fattn_version_string(), gpu ? "cuda" : "cpu", fattn_dtype_name(dtype), fp8_json[fp8], tokens,
                 hidden, iters);
         for (int i = 0; i < n; i++)
             fprintf(f, "  {\"batch\": %d, \"seqlen\": %d, \"heads\": %d, \"head_dim\": %d, "

@@ -239,10 +239,21 @@ static double now_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
 
+/* fattn_fwd, or with fp8 fattn_fwd_fp8 (quantise, then attend) */
+static const fattn_fp8_options *time_fp8;
 static void fwd_or_die(const char *cmd, fattn_ctx *ctx, const fattn_fwd_args *a) {
-    fattn_status st = fattn_fwd(ctx, a);
+    fattn_status st = time_fp8 ? fattn_fwd_fp8(ctx, a, time_fp8) : fattn_fwd(ctx, a);
     if (st != FATTN_OK)
-        tool_die(cmd, "fattn_fwd: %s: %s", fattn_status_string(st), fattn_last_error(ctx));
+        tool_die(cmd, "%s: %s: %s", time_fp8 ? "fattn_fwd_fp8" : "fattn_fwd", fattn_status_string(st),
+                 fattn_last_error(ctx));
+}
+
+double tool_time_fwd_fp8(const char *cmd, fattn_ctx *ctx, const fattn_fwd_args *a, const fattn_fp8_options *fp8,
+                         int warmup, int iters) {
+    time_fp8 = fp8;
+    double ms = tool_time_fwd(cmd, ctx, a, warmup, iters);
+    time_fp8 = NULL;
+    return ms;
 }
 
 double tool_time_fwd(const char *cmd, fattn_ctx *ctx, const fattn_fwd_args *a, int warmup,
