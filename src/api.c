@@ -636,22 +636,25 @@ fattn_status fattn_bwd(fattn_ctx *ctx, const fattn_bwd_args *args) {
 /* Quantisation                                                             */
 /* ------------------------------------------------------------------------ */
 
+/* The sizes of a dense [batch, seqlen, heads, head_dim] call (fattn_quantize,
+ * fattn_merge): each >= 1. */
+static fattn_status check_dense_sizes(fattn_ctx *ctx, int32_t batch, int32_t seqlen, int32_t heads,
+                                      int32_t head_dim) {
+    if (batch < 1) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "batch %d must be >= 1", (int)batch);
+    if (seqlen < 1) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "seqlen %d must be >= 1", (int)seqlen);
+    if (heads < 1) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "heads %d must be >= 1", (int)heads);
+    if (head_dim < 1)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "head_dim %d must be >= 1", (int)head_dim);
+    return FATTN_OK;
+}
+
 fattn_status fattn_quantize(fattn_ctx *ctx, const fattn_quantize_args *args) {
     if (!ctx) return fattn_fail(NULL, FATTN_ERROR_INVALID_ARGUMENT, "ctx is NULL");
     fattn_clear_error(ctx);
     if (!args) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "args is NULL");
     fattn_quantize_args a = *args;
 
-    if (a.batch < 1)
-        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "batch %d must be >= 1", (int)a.batch);
-    if (a.seqlen < 1)
-        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "seqlen %d must be >= 1",
-                          (int)a.seqlen);
-    if (a.heads < 1)
-        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "heads %d must be >= 1", (int)a.heads);
-    if (a.head_dim < 1)
-        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "head_dim %d must be >= 1",
-                          (int)a.head_dim);
+    CHECK(check_dense_sizes(ctx, a.batch, a.seqlen, a.heads, a.head_dim));
     if (a.granularity != FATTN_QUANT_BLOCK && a.granularity != FATTN_QUANT_TENSOR)
         return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
                           "granularity %d is not FATTN_QUANT_BLOCK or FATTN_QUANT_TENSOR",
@@ -765,16 +768,7 @@ fattn_status fattn_merge(fattn_ctx *ctx, const fattn_merge_args *args) {
     if (!args) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "args is NULL");
     fattn_merge_args a = *args;
 
-    if (a.batch < 1)
-        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "batch %d must be >= 1", (int)a.batch);
-    if (a.seqlen < 1)
-        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "seqlen %d must be >= 1",
-                          (int)a.seqlen);
-    if (a.heads < 1)
-        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "heads %d must be >= 1", (int)a.heads);
-    if (a.head_dim < 1)
-        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "head_dim %d must be >= 1",
-                          (int)a.head_dim);
+    CHECK(check_dense_sizes(ctx, a.batch, a.seqlen, a.heads, a.head_dim));
     if (a.num_parts < 1 || a.num_parts > FATTN_MERGE_MAX_PARTS)
         return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "num_parts %d must be in 1..%d",
                           (int)a.num_parts, FATTN_MERGE_MAX_PARTS);

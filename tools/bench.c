@@ -131,14 +131,10 @@ int fattn_cmd_bench(int argc, char **argv) {
                 fflush(stderr);
                 tool_problem tp;
                 tool_problem_init(cmd, ctx, &tp, &p, dtype, (uint64_t)n + 1);
-                if (fp8) {
-                    fattn_fp8_options o;
-                    memset(&o, 0, sizeof o); /* block scales of 128 rows */
-                    o.rotate = fp8 == 2;
-                    r->ms = tool_time_fwd_fp8(cmd, ctx, &tp.a, &o, gpu ? 3 : 1, iters);
-                } else {
-                    r->ms = tool_time_fwd(cmd, ctx, &tp.a, gpu ? 3 : 1, iters);
-                }
+                fattn_fp8_options o;
+                memset(&o, 0, sizeof o); /* block scales of 128 rows */
+                o.rotate = fp8 == 2;
+                r->ms = tool_time_fwd_fp8(cmd, ctx, &tp.a, fp8 ? &o : NULL, gpu ? 3 : 1, iters);
                 tool_problem_free(ctx, &tp);
                 r->batch = p.batch, r->seqlen = p.seqlen_q, r->heads = p.heads_q;
                 r->head_dim = p.head_dim, r->causal = c;

@@ -240,27 +240,24 @@ static double now_ms(void) {
 }
 
 /* fattn_fwd, or with fp8 fattn_fwd_fp8 (quantise, then attend) */
-static const fattn_fp8_options *time_fp8;
-static void fwd_or_die(const char *cmd, fattn_ctx *ctx, const fattn_fwd_args *a) {
-    fattn_status st = time_fp8 ? fattn_fwd_fp8(ctx, a, time_fp8) : fattn_fwd(ctx, a);
+static void fwd_or_die(const char *cmd, fattn_ctx *ctx, const fattn_fwd_args *a,
+                       const fattn_fp8_options *fp8) {
+    fattn_status st = fp8 ? fattn_fwd_fp8(ctx, a, fp8) : fattn_fwd(ctx, a);
     if (st != FATTN_OK)
-        tool_die(cmd, "%s: %s: %s", time_fp8 ? "fattn_fwd_fp8" : "fattn_fwd", fattn_status_string(st),
+        tool_die(cmd, "%s: %s: %s", fp8 ? "fattn_fwd_fp8" : "fattn_fwd", fattn_status_string(st),
                  fattn_last_error(ctx));
-}
-
-double tool_time_fwd_fp8(const char *cmd, fattn_ctx *ctx, const fattn_fwd_args *a, const fattn_fp8_options *fp8,
-                         int warmup, int iters) {
-    time_fp8 = fp8;
-    double ms = tool_time_fwd(cmd, ctx, a, warmup, iters);
-    time_fp8 = NULL;
-    return ms;
 }
 
 double tool_time_fwd(const char *cmd, fattn_ctx *ctx, const fattn_fwd_args *a, int warmup,
                      int iters) {
+    return tool_time_fwd_fp8(cmd, ctx, a, NULL, warmup, iters);
+}
+
+double tool_time_fwd_fp8(const char *cmd, fattn_ctx *ctx, const fattn_fwd_args *a, const fattn_fp8_options *fp8,
+                         int warmup, int iters) {
     double *t = (double *)malloc(sizeof(double) * (size_t)iters);
     if (!t) tool_die(cmd, "out of memory");
-    for (int i = 0; i < warmup; i++) fwd_or_die(cmd, ctx, a);
+    for (int i = 0; i < warmup; i++) fwd_or_die(cmd, ctx, a, fp8);
     if (on_gpu(ctx)) {
 #ifdef FATTN_WITH_CUDA
         cudaStream_t stream = NULL; /* the tool never sets a stream */
@@ -269,7 +266,7 @@ double tool_time_fwd(const char *cmd, fattn_ctx *ctx, const fattn_fwd_args *a, i
         CUDA_OK(cmd, cudaEventCreate(&e1));
         for (int i = 0; i < iters; i++) {
             CUDA_OK(cmd, cudaEventRecord(e0, stream));
-            fwd_or_die(cmd, ctx, a);
+            fwd_or_die(cmd, ctx, a, fp8);
             CUDA_OK(cmd, cudaEventRecord(e1, stream));
             CUDA_OK(cmd, cudaEventSynchronize(e1));
             float ms = 0;
@@ -282,7 +279,7 @@ double tool_time_fwd(const char *cmd, fattn_ctx *ctx, const fattn_fwd_args *a, i
     } else {
         for (int i = 0; i < iters; i++) {
             double t0 = now_ms();
-            fwd_or_die(cmd, ctx, a);
+            fwd_or_die(cmd, ctx, a, fp8);
             t[i] = now_ms() - t0;
         }
     }

@@ -53,7 +53,8 @@ double tool_load(const void *p, fattn_dtype dtype, size_t i);
  * events on the context's stream; CPU: wall clock).  `warmup` runs first. */
 double tool_time_fwd(const char *cmd, fattn_ctx *ctx, const fattn_fwd_args *a, int warmup,
                      int iters);
-/* The same for fattn_fwd_fp8 with these options (quantise + attend, end to end). */
+/* The same for fattn_fwd_fp8 with these options (quantise + attend, end to
+ * end); fp8 NULL times fattn_fwd. */
 double tool_time_fwd_fp8(const char *cmd, fattn_ctx *ctx, const fattn_fwd_args *a, const fattn_fp8_options *fp8,
                          int warmup, int iters);
 /* FLOPs of a forward as DESIGN.md section 7 counts them. */

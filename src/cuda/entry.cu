@@ -11,12 +11,13 @@
 
 /* ---- limits ------------------------------------------------------------------ */
 
-/* What the Hopper 16-bit forward serves (src/cuda/hopper/fwd_sm90_hdim*.cu). */
+/* What the Hopper forward serves (src/cuda/hopper/fwd_sm90_*hdim*.cu). */
 static const int fwd_head_dims[] = {64, 128, 256};
 static const fattn_dtype fwd_dtypes[] = {FATTN_DTYPE_BF16, FATTN_DTYPE_F16, FATTN_DTYPE_E4M3};
-/* The FP8 kernels' key block: K's scale blocks are 1 (per key) or multiples
- * of it, V's multiples of it (src/cuda/hopper/fwd_sm90_kernels.cuh). */
-#define FWD_FP8_BN 128 /* the scale-block unit: every FP8 kernel's key block divides it */
+/* FP8: K's scale blocks are 1 (per key) or multiples of this, V's multiples
+ * of it; every FP8 kernel's key block divides it, or is split into column
+ * groups that do (FwdCfg::SG, src/cuda/hopper/fwd_traits.cuh). */
+#define FWD_FP8_SCALE_UNIT 128
 #define COUNT(x) ((int)(sizeof(x) / sizeof((x)[0])))
 
 /* "64, 128, 256" or "bf16, f16" into buf, for the messages. */
@@ -51,15 +52,15 @@ extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_arg
                               "o.dtype %s with e4m3 inputs is not supported by the CUDA engine; supported: bf16, f16",
                               fattn_dtype_name(a->o.dtype));
         const int kb = a->k.scale_block, vb = a->v.scale_block;
-        if (kb >= 1 && kb != 1 && kb % FWD_FP8_BN != 0)
+        if (kb > 1 && kb % FWD_FP8_SCALE_UNIT != 0)
             return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                               "k.scale_block %d is not supported by the CUDA FP8 kernel: 1 (one scale per key) or a "
                               "multiple of %d",
-                              kb, FWD_FP8_BN);
-        if (vb >= 1 && vb % FWD_FP8_BN != 0)
+                              kb, FWD_FP8_SCALE_UNIT);
+        if (vb % FWD_FP8_SCALE_UNIT != 0)
             return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                               "v.scale_block %d is not supported by the CUDA FP8 kernel: a multiple of %d", vb,
-                              FWD_FP8_BN);
+                              FWD_FP8_SCALE_UNIT);
     }
     if (p->head_dim != p->head_dim_v)
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,

@@ -92,16 +92,16 @@ struct FwdConsumer {
                     wgmma_e4m3<BN>::ss(sacc, desc_add(desc_q_tile, slab * BM * C::SW + off),
                                        desc_add(desc_k, slab * BN * C::SW + off), kk > 0);
             }
-            return;
-        }
-        const uint64_t desc_k = smem_desc_sw128(sm.k_stage(s), 16, 1024);
-        const uint64_t desc_q = desc_q_tile;
+        } else {
+            const uint64_t desc_k = smem_desc_sw128(sm.k_stage(s), 16, 1024);
+            const uint64_t desc_q = desc_q_tile;
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            const uint32_t off_q = (kk / 4) * BM * 128 + (kk % 4) * 32;
-            const uint32_t off_k = (kk / 4) * BN * 128 + (kk % 4) * 32;
-            if (kk < C::QREGK) WG::rsk(sacc, qfrag[C::QREG ? kk : 0], desc_add(desc_k, off_k), kk > 0);
-            else WG::ss(sacc, desc_add(desc_q, off_q), desc_add(desc_k, off_k), kk > 0);
+            for (int kk = 0; kk < D / 16; ++kk) {
+                const uint32_t off_q = (kk / 4) * BM * 128 + (kk % 4) * 32;
+                const uint32_t off_k = (kk / 4) * BN * 128 + (kk % 4) * 32;
+                if (kk < C::QREGK) WG::rsk(sacc, qfrag[C::QREG ? kk : 0], desc_add(desc_k, off_k), kk > 0);
+                else WG::ss(sacc, desc_add(desc_q, off_q), desc_add(desc_k, off_k), kk > 0);
+            }
         }
     }
     /* O += P V_s (issue only). */
