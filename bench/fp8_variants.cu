@@ -2,8 +2,8 @@
  * variant is one FwdCfg<FwdOpts{...}> instance with e4m3 inputs and bf16
  * output, run through fwd_sm90_run directly, checked against the group's
  * first variant (max |diff|) and timed interleaved (median of the rounds),
- * 16k tokens, hidden 2048, scales per 768 keys (a multiple of every key
- * block tried here; the codes are random, so only the timing and the
+ * 16k tokens, hidden 2048, scales per 13440 keys (a multiple of every key
+ * block tried here, 128 to 224; the codes are random, so only the timing and the
  * agreement between variants mean anything).
  * Build one head dim per binary (they compile in parallel), from the repo
  * root after the library is built into build-gpu/:
@@ -52,34 +52,30 @@ constexpr variant mk(const char *name) {
 static const variant variants[] = {
 #if FV_D == 64
     V("d64 192x128 nc3", .d = 64, .nc = 3, .fp8 = true),
-    V("d64 128x128", .d = 64, .fp8 = true),
+    V("d64 192x160 nc3 kvblk", .d = 64, .bn = 160, .nc = 3, .fp8 = true, .kvblk = true),
     V("d64 causal 192x128 nc3", .d = 64, .nc = 3, .causal = true, .fp8 = true),
-    V("d64 causal 128x128", .d = 64, .causal = true, .fp8 = true),
+    V("d64 causal 192x160 nc3 kvblk", .d = 64, .bn = 160, .nc = 3, .causal = true, .fp8 = true, .kvblk = true),
 #elif FV_D == 128
     V("d128 128x128", .fp8 = true),
+    V("d128 128x128 p24", .fp8 = true, .preg = 24),
     V("d128 192x64 nc3", .bn = 64, .nc = 3, .fp8 = true),
-    V("d128 causal 192x64 nc3", .bn = 64, .nc = 3, .causal = true, .fp8 = true),
-    V("d128 128x128 nopp", .pingpong = false, .fp8 = true),
-    V("d128 128x128 sleep", .sleep = true, .fp8 = true),
-    V("d128 128x128 qreg", .qreg = -1, .fp8 = true),
-    V("d128 128x128 qreg nopp", .pingpong = false, .qreg = -1, .fp8 = true),
-    V("d128 128x192", .bn = 192, .fp8 = true),
-    V("d128 128x192 nopp", .bn = 192, .pingpong = false, .fp8 = true),
+    V("d128 128x192 kvblk", .bn = 192, .fp8 = true, .kvblk = true),
+    V("d128 128x192 kvblk p24", .bn = 192, .fp8 = true, .kvblk = true, .preg = 24),
+    V("d128 128x224 kvblk", .bn = 224, .fp8 = true, .kvblk = true),
+    V("d128 128x224 kvblk p24", .bn = 224, .fp8 = true, .kvblk = true, .preg = 24),
     V("d128 causal 128x128", .causal = true, .fp8 = true),
-    V("d128 causal 128x128 nopp", .causal = true, .pingpong = false, .fp8 = true),
-    V("d128 causal 128x128 qreg", .causal = true, .qreg = -1, .fp8 = true),
+    V("d128 causal 128x192 kvblk", .bn = 192, .causal = true, .fp8 = true, .kvblk = true),
+    V("d128 causal 128x224 kvblk p24", .bn = 224, .causal = true, .fp8 = true, .kvblk = true, .preg = 24),
 #else
     V("d256 128x64", .d = 256, .bn = 64, .fp8 = true),
-    V("d256 128x64 qreg", .d = 256, .bn = 64, .qreg = -1, .fp8 = true),
-    V("d256 128x64 qreg nopp", .d = 256, .bn = 64, .pingpong = false, .qreg = -1, .fp8 = true),
     V("d256 128x128", .d = 256, .bn = 128, .fp8 = true),
-    V("d256 128x128 nopp", .d = 256, .bn = 128, .pingpong = false, .fp8 = true),
+    V("d256 128x128 p24", .d = 256, .bn = 128, .fp8 = true, .preg = 24),
+    V("d256 128x96 kvblk p24", .d = 256, .bn = 96, .fp8 = true, .kvblk = true, .preg = 24),
     V("d256 causal 128x64", .d = 256, .bn = 64, .causal = true, .fp8 = true),
-    V("d256 causal 128x64 qreg", .d = 256, .bn = 64, .causal = true, .qreg = -1, .fp8 = true),
-    V("d256 causal 128x128 nopp", .d = 256, .bn = 128, .causal = true, .pingpong = false, .fp8 = true),
+    V("d256 causal 128x128 p24", .d = 256, .bn = 128, .causal = true, .fp8 = true, .preg = 24),
 #endif
 };
-enum { NV = sizeof(variants) / sizeof(variants[0]), SBLK = 768 };
+enum { NV = sizeof(variants) / sizeof(variants[0]), SBLK = 13440 };
 
 static uint64_t rs = 0x9e3779b97f4a7c15ull;
 static uint32_t rnd() {

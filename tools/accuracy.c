@@ -81,6 +81,8 @@ static const char *ACC_HELP =
     "  --batch N       batch size (default 1)\n"
     "  --block N       rows per FP8 scale block (default 128, FA3's query tile;\n"
     "                  the CUDA engine takes multiples of 128 for K and V)\n"
+    "  --kv-block N    rows per scale block of K and V (default: --block; multiples\n"
+    "                  of 192 run the CUDA engine's 192-key kernels at head dim 128)\n"
     "  --inputs protocol|gaussian  the paper's inputs (default) or plain N(0,1)\n"
     "  --fp8-from f32|bf16|f16  what the FP8 rows quantise (default f32, the\n"
     "                  original inputs)\n"
@@ -284,7 +286,7 @@ typedef struct acc_run {
     fattn_ctx *ctx;      /* the engine */
     fattn_ctx *cpu;      /* a CPU context: ctx on the CPU engine, else made on first need */
     int gpu, threads;
-    int32_t batch, n, heads, d, block;
+    int32_t batch, n, heads, d, block, kv_block;
     uint64_t seed;
     size_t nel;          /* elements per tensor */
     size_t nsc_max;      /* scales per tensor at block 1 */
@@ -454,7 +456,7 @@ static int quantize_one(acc_run *r, const row_spec *sp, row_result *res, int t, 
 
 /* e4m3 rows: quantise q, k, v, then fattn_fwd on the codes and scales. */
 static void row_fp8(acc_run *r, const row_spec *sp, row_result *res) {
-    const int32_t blk[3] = {sp->token ? 1 : r->block, sp->token ? 1 : r->block, r->block};
+    const int32_t blk[3] = {sp->token ? 1 : r->block, sp->token ? 1 : r->kv_block, r->kv_block};
     res->engine = r->gpu ? "cuda" : "cpu";
     res->in_dtype = FATTN_DTYPE_E4M3;
     res->out_dtype = r->fp8_out;
@@ -621,7 +623,7 @@ static void parse_rows(const char *cmd, const char *s, int *sel) {
 
 int fattn_cmd_accuracy(int argc, char **argv) {
     const char *cmd = "fattn accuracy";
-    int32_t n = 8448, d = 128, heads = 2, batch = 1, block = 128, threads = 0;
+    int32_t n = 8448, d = 128, heads = 2, batch = 1, block = 128, kv_block = 0, threads = 0;
     uint64_t seed = 1;
     int fmt = FMT_TABLE, protocol = 1, rows_given = 0;
     int sel[NROWS];
@@ -654,6 +656,8 @@ int fattn_cmd_accuracy(int argc, char **argv) {
             batch = tool_parse_int(cmd, "--batch", v, 1, BIG);
         } else if ((v = tool_opt(cmd, argc, argv, &i, "--block"))) {
             block = tool_parse_int(cmd, "--block", v, 1, BIG);
+        } else if ((v = tool_opt(cmd, argc, argv, &i, "--kv-block"))) {
+            kv_block = tool_parse_int(cmd, "--kv-block", v, 1, BIG);
         } else if ((v = tool_opt(cmd, argc, argv, &i, "--inputs"))) {
             if (!strcmp(v, "protocol")) protocol = 1;
             else if (!strcmp(v, "gaussian")) protocol = 0;
@@ -723,7 +727,7 @@ int fattn_cmd_accuracy(int argc, char **argv) {
     acc_run r;
     memset(&r, 0, sizeof r);
     r.cmd = cmd; r.ctx = ctx; r.cpu = gpu ? NULL : ctx; r.gpu = gpu; r.threads = threads;
-    r.batch = batch; r.n = n; r.heads = heads; r.d = d; r.block = block; r.seed = seed;
+    r.batch = batch; r.n = n; r.heads = heads; r.d = d; r.block = block; r.kv_block = kv_block ? kv_block : block; r.seed = seed;
     r.nel = nel; r.nsc_max = nscales(&r, 1);
     for (int t = 0; t < 3; t++) r.x[t] = x[t];
     r.ref = ref;

@@ -16,8 +16,11 @@ static const int fwd_head_dims[] = {64, 128, 256};
 static const fattn_dtype fwd_dtypes[] = {FATTN_DTYPE_BF16, FATTN_DTYPE_F16, FATTN_DTYPE_E4M3};
 /* FP8: K's scale blocks are 1 (per key) or multiples of this, V's multiples
  * of it; every FP8 kernel's key block divides it, or is split into column
- * groups that do (FwdCfg::SG, src/cuda/hopper/fwd_traits.cuh). */
+ * groups that do (FwdCfg::SG, src/cuda/hopper/fwd_traits.cuh).  Head dim 128
+ * also takes K and V blocks that are both multiples of the _D128 unit: its
+ * 192-key kernels, one K and one V scale per key block. */
 #define FWD_FP8_SCALE_UNIT 128
+#define FWD_FP8_SCALE_UNIT_D128 192
 #define COUNT(x) ((int)(sizeof(x) / sizeof((x)[0])))
 
 /* "64, 128, 256" or "bf16, f16" into buf, for the messages. */
@@ -52,15 +55,16 @@ extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_arg
                               "o.dtype %s with e4m3 inputs is not supported by the CUDA engine; supported: bf16, f16",
                               fattn_dtype_name(a->o.dtype));
         const int kb = a->k.scale_block, vb = a->v.scale_block;
-        if (kb > 1 && kb % FWD_FP8_SCALE_UNIT != 0)
+        /* head dim 128 also has 192-key kernels: K and V blocks both multiples
+         * of FWD_FP8_SCALE_UNIT_D128 (fwd_sm90_pick) */
+        const bool d128_wide =
+            p->head_dim == 128 && kb % FWD_FP8_SCALE_UNIT_D128 == 0 && vb % FWD_FP8_SCALE_UNIT_D128 == 0;
+        if (!d128_wide && ((kb > 1 && kb % FWD_FP8_SCALE_UNIT != 0) || vb % FWD_FP8_SCALE_UNIT != 0))
             return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                              "k.scale_block %d is not supported by the CUDA FP8 kernel: 1 (one scale per key) or a "
-                              "multiple of %d",
-                              kb, FWD_FP8_SCALE_UNIT);
-        if (vb % FWD_FP8_SCALE_UNIT != 0)
-            return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                              "v.scale_block %d is not supported by the CUDA FP8 kernel: a multiple of %d", vb,
-                              FWD_FP8_SCALE_UNIT);
+                              "k.scale_block %d, v.scale_block %d are not supported by the CUDA FP8 kernels: K's 1 (one "
+                              "scale per key) or a multiple of %d, V's a multiple of %d; at head dim 128 also both "
+                              "multiples of %d",
+                              kb, vb, FWD_FP8_SCALE_UNIT, FWD_FP8_SCALE_UNIT, FWD_FP8_SCALE_UNIT_D128);
     }
     if (p->head_dim != p->head_dim_v)
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,

@@ -24,7 +24,8 @@
  *   (c) an emulation in double of the kernel's P rounding: P = 2^(t - M + 8)
  *       with M the row's FINAL max over all its keys, rounded by
  *       fattn_f32_to_e4m3, l on the unrounded P.  (P is rounded as it is:
- *       the shipped FP8 kernels' key blocks, 128 keys and 64 at d256, each
+ *       the shipped FP8 kernels' key blocks, 128 keys (192 at d128 when the
+ *       scale blocks allow), 64 at d256, each
  *       have one K and one V scale; a key block spanning V scale blocks would
  *       fold the V scales' ratio into P before rounding, fwd_softmax.cuh NG >
  *       1, and (c) would have to do the same.)
@@ -453,16 +454,17 @@ static void ref_row(const fcase &c, const inputs &in, refs &R, size_t r, row_scr
         if (P > pmax) pmax = P, jmax = j;
     }
     {
-        /* forward, and key blocks of 128 and 64 keys from the last (BN of
-         * the shipped FP8 kernels: 128; 64 at d256) */
-        std::vector<double> sw[3] = {std::vector<double>(D, 0.0), std::vector<double>(D, 0.0),
-                                     std::vector<double>(D, 0.0)};
+        /* forward, and key blocks of 128, 64 and 192 keys from the last (BN
+         * of the shipped FP8 kernels: 128; 64 at d256; 192 at d128 where
+         * the K and V scale blocks are multiples of 192) */
+        std::vector<double> sw[4] = {std::vector<double>(D, 0.0), std::vector<double>(D, 0.0),
+                                     std::vector<double>(D, 0.0), std::vector<double>(D, 0.0)};
         std::vector<double> acc(D);
-        const int per[3] = {0, 4, 2};
-        for (int o = 0; o < 3; ++o) walk_chunks(w.chunk.data(), nch, D, per[o], sw[o].data(), acc.data());
+        const int per[4] = {0, 4, 2, 6};
+        for (int o = 0; o < 4; ++o) walk_chunks(w.chunk.data(), nch, D, per[o], sw[o].data(), acc.data());
         double tau2 = 0;
         for (int k = 0; k < D; ++k) {
-            const double tk = 0x1p-12 * std::max(sw[0][k], std::max(sw[1][k], sw[2][k])) / l;
+            const double tk = 0x1p-12 * std::max(std::max(sw[0][k], sw[3][k]), std::max(sw[1][k], sw[2][k])) / l;
             tau2 += tk * tk;
         }
         R.tau[r] = sqrt(tau2);
@@ -1058,6 +1060,10 @@ int main(void) {
         {1, 4097, 4097, 1, 1, 256, 0, F, B, 128, 128, 128, 1, 1, S_, D_RANDOM, 0, C_FWD},
         /* causal with seqlen_q < seqlen_k and > seqlen_k (rows that see no key) */
         {2, 300, 1000, 4, 2, 128, 1, B, H, 128, 384, 512, 0, 0, S_, D_RANDOM, 0, C_FWD},
+        /* K and V scale blocks multiples of 384 (128 and 192): the 192-key kernels (d128) */
+        {2, 1000, 4097, 4, 2, 128, 0, B, B, 128, 384, 384, 0, 1, S_, D_RANDOM, 0, C_FWD},
+        {1, 700, 1500, 4, 1, 128, 1, B, H, 64, 768, 384, 0, 0, T_, D_RANDOM, 0, C_FWD},
+        {2, 1, 1000, 8, 2, 128, 0, B, B, 1, 384, 1152, 0, 0, S_, D_RANDOM, 0, C_FWD},
         {1, 1000, 300, 4, 1, 64, 1, F, B, 128, 1, 128, 0, 0, S_, D_RANDOM, 0, C_FWD},
         {1, 700, 300, 2, 2, 256, 1, B, H, 64, 1, 128, 0, 0, T_, D_RANDOM, 0, C_FWD},
         /* one query row (decode), and odd scale blocks: Q 48, K 256, V 384; softmax_scale */

@@ -9,7 +9,12 @@ fwd_kernel fwd_sm90_pick(const fattn_problem *pr, const fwd_variant &v) {
     if (v.fp8) {
         switch (pr->head_dim) {
         case 64: return v.causal ? FWD_FP8_D64_CAUSAL : FWD_FP8_D64;
-        case 128: return v.causal ? FWD_FP8_D128_CAUSAL : FWD_FP8_D128;
+        /* BN 192 with one K and one V scale per key block: +13% non-causal,
+         * +5% causal over BN 128 (run 142, perf-notes f4); BN 192 over
+         * 128-key scale blocks (three column groups) was -11% (run 138) */
+        case 128:
+            if (v.fp8_kv192) return v.causal ? FWD_FP8_D128_192_CAUSAL : FWD_FP8_D128_192;
+            return v.causal ? FWD_FP8_D128_CAUSAL : FWD_FP8_D128;
         default: return v.causal ? FWD_FP8_D256_CAUSAL : FWD_FP8_D256;
         }
     }
@@ -47,6 +52,7 @@ fattn_status fwd_sm90_launch(fattn_ctx *ctx, const fattn_fwd_args *a, const cuda
     v.bf16 = (v.fp8 ? a->o.dtype : a->q.dtype) == FATTN_DTYPE_BF16;
     v.causal = a->p.causal != 0;
     v.kcol = v.fp8 && a->k.scale_block == 1;
+    v.fp8_kv192 = v.fp8 && !v.kcol && a->k.scale_block % 192 == 0 && a->v.scale_block % 192 == 0;
     int prev;
     const cudaError_t e = cuda_device_enter(ctx->device, &prev);
     if (e != cudaSuccess) {

@@ -48,6 +48,9 @@ constexpr FwdOpts fwd_kernel_opts(fwd_kernel k) {
     case FWD_FP8_D64: o.d = 64, o.nc = 3, o.fp8 = true; break;
     case FWD_FP8_D128_CAUSAL: o.causal = true, o.fp8 = true; break;
     case FWD_FP8_D128: o.fp8 = true; break;
+    /* one K and V scale per 192-key block (run 142) */
+    case FWD_FP8_D128_192_CAUSAL: o.bn = 192, o.causal = true, o.fp8 = true, o.kvblk = true; break;
+    case FWD_FP8_D128_192: o.bn = 192, o.fp8 = true, o.kvblk = true; break;
     /* d256: BN 128 is 12-17% faster but spills in its loop (13 instructions:
      * 232 registers, 128 of O and 64 of S; perf-notes f2) */
     case FWD_FP8_D256_CAUSAL: o.d = 256, o.bn = 64, o.causal = true, o.fp8 = true; break;
@@ -96,6 +99,10 @@ constexpr FwdOpts fwd_opts_fp8(FwdOpts o, bool bf16, bool kcol) {
 template <fwd_kernel K>
 fattn_status fwd_sm90_run_fp8(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v) {
     constexpr FwdOpts O = fwd_kernel_opts(K);
+    if constexpr (O.kvblk) { /* never per-key K (the dispatch sends that to BN 128) */
+        if (v.bf16) return fwd_sm90_run<FwdCfg<fwd_opts_fp8(O, true, false)>>(ctx, a, v);
+        return fwd_sm90_run<FwdCfg<fwd_opts_fp8(O, false, false)>>(ctx, a, v);
+    }
     if (v.bf16) {
         if (v.kcol) return fwd_sm90_run<FwdCfg<fwd_opts_fp8(O, true, true)>>(ctx, a, v);
         return fwd_sm90_run<FwdCfg<fwd_opts_fp8(O, true, false)>>(ctx, a, v);

@@ -31,6 +31,8 @@ struct FwdOpts {
      * warpgroup's warps 1-3 (fwd_transpose.cuh) */
     bool fp8 = false;
     bool kcol = false;           /* FP8: one K scale per key (a column vector), else one per key block */
+    bool kvblk = false;          /* FP8: K and V scale blocks are multiples of BN (one scale pair per key block) */
+    int preg = 0;                /* producer warpgroup's registers; 0: the default split */
 };
 
 /* the same options without the key split (the instance that runs when the
@@ -67,8 +69,9 @@ struct FwdCfg {
     static constexpr int P_STEPS = BN * ELEM / 32;
     /* FP8: K and V scale blocks are multiples of 128 keys (entry.cu), so the
      * columns of a key block fall into NG groups of SG that each have one K
-     * and one V scale: SG = gcd(BN, 128) */
-    static constexpr int SG = (BN % 128 == 0) ? 128 : (BN % 64 == 0) ? 64 : 32;
+     * and one V scale: SG = gcd(BN, 128); with kvblk the blocks are
+     * multiples of BN and there is one group */
+    static constexpr int SG = O.kvblk ? BN : (BN % 128 == 0) ? 128 : (BN % 64 == 0) ? 64 : 32;
     static constexpr int NG = BN / SG;
     static constexpr bool QEARLY = O.qearly;
     static constexpr int QBUF = QEARLY ? 2 : 1;
@@ -121,8 +124,8 @@ struct FwdCfg {
     /* 24 spills with a cluster, and at d64, whose consumers use < 190 */
     static constexpr bool PRODUCER_24 = NC == 2 && CLUSTER == 1 && D > 64 && !FP8;
     /* FP8: the V transposers need 40 */
-    static constexpr int REGS_PRODUCER = FP8 ? 40 : PRODUCER_24 ? 24 : 32;
-    static constexpr int REGS_CONSUMER = NC == 2 ? (PRODUCER_24 ? 240 : 232) : FP8 ? 152 : 160;
+    static constexpr int REGS_PRODUCER = O.preg ? O.preg : FP8 ? 40 : PRODUCER_24 ? 24 : 32;
+    static constexpr int REGS_CONSUMER = NC == 2 ? (REGS_PRODUCER == 24 ? 240 : 232) : FP8 ? 152 : 160;
     /* setmaxnreg.inc waits until the CTA's pool has the registers: the split
      * must fit in the launch's allocation, or the consumers hang (run 11) */
     static_assert(REGS_PRODUCER * 128 + REGS_CONSUMER * 128 * NC <= 65536 / (128 * (NC + 1)) / 8 * 8 * 128 * (NC + 1),
