@@ -9,6 +9,9 @@ measured in one process on the same inputs (DESIGN.md §7).
         [--json out.json] [--png out.png] [--ablation] [--clocks] [--dry-run]
     python3 bench/compare.py --fp8 [--backends fattn,fattn-fp8,fattn-fp8-e2e,fa3,fa3-fp8] [--head-dims ..]
         [--seqlens 1024,4096,16384] [--causal both|0|1] [--rounds 3] [--clocks] [--json out.json] [--dry-run]
+    python3 bench/compare.py --bwd [--bwd-deterministic] [--bwd-no-fwd] [--backends fattn,cudnn,fa2,fa4]
+        [--dtypes bf16] [--head-dims ..] [--seqlens 1024,...,16384] [--causal both|0|1] [--clocks] [--json out.json]
+        [--dry-run]
 
 FLOPs = 4 * batch * heads * seqlen^2 * head_dim (halved for causal);
 TFLOPs/s = FLOPs / median kernel time; the backends take turns over --rounds (3) rounds per shape,
@@ -35,6 +38,14 @@ alone (e4m3 with per-(batch, kv head) descales), fattn-fp8-e2e fattn_fwd_fp8 fro
 (quantise, Hadamard on Q and K, attend), fattn and fa3 the bf16 calls; one FLOP count for all.
 Ratios fattn FP8 / FA3 FP8, e2e / fattn bf16, e2e / FA3 bf16; maxdiff against fattn's bf16 O.
 A backend that fails (say the FP8 kernel is not there yet) prints its error once and is left out.
+--bwd times the backward (bf16, the table's seqlens 1024-16384 by default), each call alone, and each
+backend's forward alone, all taking turns as above: fattn (fattn_bwd on the O and LSE of one fattn_fwd,
+through python/fattn/_capi.py's BwdArgs: no forward in the timed calls), cudnn and fa2 (torch SDPA) and fa4
+(`from flash_attn.cute import flash_attn_func`, package flash-attn-4, when importable; else n/a with why):
+torch.autograd.grad(O, (q, k, v), dO, retain_graph=True) on one forward's graph.  Backward FLOPs = 2.5 x the
+forward's.  Ratios fattn bwd / cuDNN, / FA2, / FA4; fattn's cells read 'unsupported' where fattn_bwd answers
+FATTN_ERROR_UNSUPPORTED (the row goes on); dQ, dK, dV compared with fattn's (or the first backend's that ran).
+--bwd-deterministic adds fattn_bwd with deterministic = 1 (its cost against the default, a bitwise repeat).
 """
 import argparse
 import contextlib
@@ -73,7 +84,8 @@ RATIOS = (("x cuDNN", "cudnn"), ("x FA3", "fa3"), ("x FA2", "fa2"), ("new/old", 
 ROWS = {"all": ("bf16,fp16", "64,128,256", "512,1024,2048,4096,8192,16384", "both"),
         "table": ("bf16,fp16", "64,128,256", "1024,2048,4096,8192,16384", "both"),  # the README's 60 rows
         "smoke": ("bf16,fp16", "64,128,256", "1024", "both"),
-        "fp8": ("bf16", "64,128,256", "1024,4096,16384", "both")}  # with --fp8 (dtypes unused there)
+        "fp8": ("bf16", "64,128,256", "1024,4096,16384", "both"),  # with --fp8 (dtypes unused there)
+        "bwd": ("bf16", "64,128,256", "1024,2048,4096,8192,16384", "both")}  # with --bwd
 DT = {"bfloat16": "bf16", "float16": "fp16"}  # the JSON's dtype names -> the command line's
 MAXDIFF_WARN = 0.05  # a wrong mask or scale moves outputs by 0.1-1; bf16 rounding by < 0.02
 
@@ -340,7 +352,8 @@ def take_turns(res, fns, fl, iters, rounds=3, rotate=True, settle_ms=0.0, cooldo
                ab_option=None):
     """The backends of fns [(name, fn, what its calls run under: None, an SDPA backend or "ab")]
     take turns over `rounds` rounds; res[key(name)] = fl / median sample / 1e12 (TFLOPs/s), and with
-    --clocks <key>_mhz, <key>_w, <key>_clock_samples."""
+    --clocks <key>_mhz, <key>_w, <key>_clock_samples.  fl: the FLOPs of one call, or {name: FLOPs} when
+    the calls differ (--bwd: backward and forward entries in one rotation)."""
     # the backends take turns over `rounds` rounds (median over all samples):
     # the machine drifts by several percent within a run, and interleaving
     # makes that drift hit every backend alike
@@ -361,7 +374,7 @@ def take_turns(res, fns, fl, iters, rounds=3, rotate=True, settle_ms=0.0, cooldo
             clocks[name] += c
     for name, _, _ in fns:
         n = key(name)
-        res[n] = fl / statistics.median(samples[name]) / 1e12
+        res[n] = (fl[name] if isinstance(fl, dict) else fl) / statistics.median(samples[name]) / 1e12
         if clocks[name]:  # median SM clock and power while this backend ran
             res[n + "_mhz"] = statistics.median(c[0] for c in clocks[name])
             res[n + "_w"] = statistics.median(c[1] for c in clocks[name])
@@ -646,12 +659,409 @@ def main_fp8(a, ap):
             json.dump(out, f, indent=1)
 
 
+# ------------------------------------------------------------------ backward rows (--bwd)
+
+BWD_BACKENDS = ("fattn", "cudnn", "fa2", "fa4")
+BWD_LABEL = {"fattn": "fattn", "cudnn": "cuDNN", "fa2": "FA2", "fa4": "FA4"}
+# ratio columns of the backward table: (header, denominator); the numerator is fattn's backward
+BWD_RATIOS = (("x cuDNN", "cudnn"), ("x FA2", "fa2"), ("x FA4", "fa4"))
+BWD_FLOPS = 2.5  # backward FLOPs / forward FLOPs (DESIGN.md §7: five GEMMs of the forward's size against two)
+# max |dX - the reference's dX| / max |reference dX| over dQ, dK, dV: two correct bf16 backwards differ by
+# about 1e-2 of the largest gradient (accumulation order, dQ's atomics); a wrong mask or scale by 0.1 and
+# more.  A first guess: calibrate it on the device
+BWD_MAXDIFF_WARN = 0.05
+
+
+def load_fa4():
+    """FlashAttention-4's interface (package flash-attn-4, module flash_attn.cute; on SM90 its Hopper
+    kernels): (flash_attn_func, version), or (None, why not)."""
+    try:
+        from flash_attn.cute import flash_attn_func
+    except Exception as e:  # ImportError, or the CuTe DSL failing to load against this torch or driver
+        return None, "%s: %s" % (type(e).__name__, (str(e).splitlines() or [""])[0][:160])
+    from importlib.metadata import version
+    for dist in ("flash-attn-4", "fa4"):  # the PyPI name; the source tree's __init__ asks for "fa4"
+        try:
+            return flash_attn_func, "flash-attn-4 " + version(dist)
+        except Exception:
+            pass
+    v = getattr(sys.modules.get("flash_attn.cute"), "__version__", None)
+    return flash_attn_func, "flash_attn.cute %s" % (v or "(version unknown)")
+
+
+def first(r):
+    """O of a call that returns O or (O, LSE, ...)."""
+    return r[0] if isinstance(r, (tuple, list)) else r
+
+
+def bwd_args(q, k, v, o, dout, dq, dk, dv, lse, causal, deterministic=False):
+    """fattn_bwd's argument struct (python/fattn/_capi.py's BwdArgs, filled as _core.run_bwd fills it) for
+    [b, s, h, d] tensors with the head dim contiguous and float32 lse [b, h, s]; softmax scale 1/sqrt(d).
+    Built once for a timing loop and run with ctx.bwd_raw.  The struct holds pointers: it keeps the
+    tensors alive."""
+    from fattn import _capi, _core
+    ds = [_core.describe(t, n) for t, n in ((q, "q"), (k, "k"), (v, "v"), (o, "o"), (dout, "dout"), (dq, "dq"),
+                                            (dk, "dk"), (dv, "dv"))]
+    for x in ds:
+        if x.c_strides is None:
+            raise ValueError("fattn: %s's layout %s with strides %s is not [b, s, h, d] with d contiguous"
+                             % (x.name, x.shape, x.strides))
+    a = _capi.BwdArgs()
+    a.p = _core.problem(_core.check_shapes(ds[0].shape, ds[1].shape, ds[2].shape), causal, 0.0)
+    a.q, a.k, a.v, a.o, a.dout, a.dq, a.dk, a.dv = (_core.tensor_struct(x) for x in ds)
+    a.lse = lse.data_ptr()
+    a.deterministic = int(bool(deterministic))
+    a._keep = (q, k, v, o, dout, dq, dk, dv, lse)
+    return a
+
+
+class BwdCase:
+    """One shape of the backward table: Q, K, V and dO ~ N(0, 1) [b, s, h, d] (the seed's generator on
+    `device`; Q, K, V require grad) and, per backend of `backends`, a forward and a backward call:
+    fwd[name] and bwd[name] are (fn, what fn runs under: None or the SDPA backend); a backend whose set-up
+    fails is in errors[name] instead.
+    fattn: forward fattn_fwd into O and LSE of its own (ctx.fwd_raw); backward fattn_bwd alone
+      (ctx.bwd_raw) on the O and LSE of one forward run here, into dQ, dK, dV allocated here, so the timed
+      calls hold no forward and no allocation; with deterministic also fattn-det, the same with
+      fattn_bwd_args.deterministic = 1, into dQ, dK, dV of its own.
+    cudnn, fa2 (torch SDPA on [b, h, s, d] views) and fa4 (flash_attn.cute.flash_attn_func): forward the call
+      with grad on (it saves what its backward reads, LSE included, as a training step's forward does);
+      backward torch.autograd.grad(O, (q, k, v), dO, retain_graph=True) on the graph of one forward run
+      here: the backend's backward kernels with the small passes it runs around them (D = rowsum(dO * O),
+      a float32 dQ accumulator's zeroing and conversion), never its forward.
+    grads(name, r): (dQ, dK, dV) of bwd[name]'s call that returned r.  The object owns the tensors and
+    graphs the calls use: keep it alive while calling them.  device "cpu" (with a CPU context) builds the
+    same calls on the CPU engine and torch's CPU kernels, to check this code on a machine without a GPU."""
+
+    def __init__(self, ctx, dtype, b, s, h, d, causal, seed, backends, fa4=None, deterministic=False,
+                 device="cuda"):
+        g = torch.Generator(device=device).manual_seed(seed)
+        self.q, self.k, self.v, self.dout = (torch.randn(b, s, h, d, device=device, dtype=dtype, generator=g)
+                                             for _ in range(4))
+        for x in (self.q, self.k, self.v):
+            x.requires_grad_(True)
+        if self.q.is_cuda:
+            ctx.set_stream(torch.cuda.current_stream().cuda_stream)
+        self.causal = bool(causal)
+        self.fwd, self.bwd, self.errors, self.out, self.fattn_grads = {}, {}, {}, {}, {}
+        for name in backends:
+            try:
+                if name == "fattn":
+                    self.make_fattn(ctx, deterministic)
+                else:
+                    self.make_torch(name, fa4)
+            except Exception as e:  # noqa: BLE001 - the row records it
+                self.errors[name] = e
+
+    def make_fattn(self, ctx, deterministic):
+        q, k, v, dout = (x.detach() for x in (self.q, self.k, self.v, self.dout))  # the same storage
+        b, s, h, _ = q.shape
+
+        def lse():
+            return torch.empty(b, h, s, device=q.device, dtype=torch.float32)
+        self.o, self.lse = torch.empty_like(q), lse()
+        ctx.fwd_raw(ctx.fwd_args(q, k, v, self.o, self.lse, self.causal))  # what the backward reads
+        self.out["fattn"] = torch.empty_like(q)
+        fargs = ctx.fwd_args(q, k, v, self.out["fattn"], lse(), self.causal)
+        self.fwd["fattn"] = (lambda: ctx.fwd_raw(fargs), None)
+        for name, det in (("fattn", False), ("fattn-det", True))[:2 if deterministic else 1]:
+            gs = self.fattn_grads[name] = tuple(torch.empty_like(x) for x in (q, k, v))
+            self.bwd[name] = (self.fattn_bwd_call(ctx, bwd_args(q, k, v, self.o, dout, *gs, self.lse, self.causal,
+                                                                det)), None)
+
+    @staticmethod
+    def fattn_bwd_call(ctx, args):
+        return lambda: ctx.bwd_raw(args)
+
+    def make_torch(self, name, fa4):
+        q, k, v = self.q, self.k, self.v
+        if name in ("cudnn", "fa2"):
+            be = SDPBackend.CUDNN_ATTENTION if name == "cudnn" else SDPBackend.FLASH_ATTENTION
+            qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # [b, h, s, d] views, as SDPA takes them
+
+            def fwd():
+                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=self.causal)
+            dout = self.dout.transpose(1, 2)
+        elif name == "fa4":
+            if fa4 is None:
+                raise RuntimeError("FA4 not loaded")
+            be, dout, scale = None, self.dout, q.shape[-1] ** -0.5
+
+            def fwd():  # keywords only: the interface has grown positional parameters (qv, ...) before them
+                return first(fa4(q, k, v, softmax_scale=scale, causal=self.causal))
+        else:
+            raise ValueError(name)
+        with turn_context(be):
+            o = fwd()  # the graph the timed backward calls run on (FA4 compiles its kernels here)
+        self.out[name] = o.transpose(1, 2) if name in ("cudnn", "fa2") else o
+        self.fwd[name] = (fwd, be)
+        self.bwd[name] = (lambda: torch.autograd.grad(o, (q, k, v), dout, retain_graph=True), None)
+
+    def grads(self, name, r):
+        return self.fattn_grads[name] if name in self.fattn_grads else r
+
+
+def grad_maxdiff(gs, ref):
+    """max over dQ, dK, dV of max |g - ref| / max |ref|."""
+    return max(float((g.float() - r.float()).abs().max().item() / max(r.float().abs().max().item(), 1e-30))
+               for g, r in zip(gs, ref))
+
+
+def short_error(e, n=160):
+    return (str(e).splitlines() or [type(e).__name__])[0][:n]
+
+
+def bench_bwd_case(ctx, dtype, b, s, h, d, causal, a, backends, fa4=None, device="cuda"):
+    """One backward row: each backend's backward once (fattn's UNSUPPORTED recorded as <name>_bwd_unsupported,
+    another failure as <name>_bwd_error; neither is timed), its gradients against the first backend's that ran
+    (fattn's when it runs; grad_reference names it), fattn-det twice (bitwise equal?), each forward once
+    (O against fattn's); then every backward and forward takes turns as in bench_case, a backward counting
+    BWD_FLOPS x the forward's FLOPs."""
+    t_row = time.perf_counter()
+    case = BwdCase(ctx, dtype, b, s, h, d, causal, 1234 + s + d, backends, fa4, a.bwd_deterministic, device)
+    fl = flops(b, h, s, s, d, causal)
+    res = {"dtype": str(dtype).split(".")[-1], "batch": b, "seqlen": s, "heads": h, "head_dim": d,
+           "causal": bool(causal), "flops_fwd": fl, "flops_bwd": BWD_FLOPS * fl}
+    for name, e in case.errors.items():
+        for n in (name + "-bwd", name):
+            res[key(n)], res[key(n) + "_error"] = None, short_error(e)
+    fns, fl_of, ref = [], {}, None
+    names = [n for n in backends if n in case.bwd]
+    if "fattn-det" in case.bwd:
+        names.insert(names.index("fattn") + 1, "fattn-det")
+    for name in names:
+        fn, be = case.bwd[name]
+        n = name + "-bwd"
+        try:
+            with turn_context(be):
+                r = fn()
+            if device == "cuda":
+                torch.cuda.synchronize()
+        except fattn.FattnUnsupportedError as e:  # a head dim (or all) the CUDA backward does not serve yet
+            res[key(n)], res[key(n) + "_unsupported"] = None, short_error(e, 200)
+            continue
+        except Exception as e:  # noqa: BLE001 - a peer that cannot run this shape: said, and the row goes on
+            res[key(n)], res[key(n) + "_error"] = None, short_error(e)
+            continue
+        gs = [x.detach().clone() for x in case.grads(name, r)]
+        if ref is None:
+            ref, res["grad_reference"] = gs, name
+        else:
+            res[key(n) + "_grad_maxdiff"] = grad_maxdiff(gs, ref)
+        if name == "fattn-det":  # deterministic = bitwise-reproducible: a second call must give the same bits
+            fn()
+            res["fattn_det_bitwise"] = all(torch.equal(x, y) for x, y in zip(gs, case.grads(name, None)))
+        fns.append((n, fn, be))
+        fl_of[n] = BWD_FLOPS * fl
+    if not a.bwd_no_fwd:
+        for name in [n for n in backends if n in case.fwd]:
+            fn, be = case.fwd[name]
+            try:
+                with turn_context(be):
+                    fn()
+                if device == "cuda":
+                    torch.cuda.synchronize()
+            except Exception as e:  # noqa: BLE001
+                res[key(name)], res[key(name) + "_error"] = None, short_error(e)
+                continue
+            if name != "fattn" and hasattr(case, "o"):  # against the O of fattn's set-up forward
+                try:
+                    res[key(name) + "_maxdiff"] = float((case.out[name].detach().float() -
+                                                         case.o.float()).abs().max().item())
+                except Exception:  # noqa: BLE001 - an output this script cannot read: timed all the same
+                    res[key(name) + "_maxdiff"] = None
+            fns.append((name, fn, be))
+            fl_of[name] = fl
+    ref = gs = r = None  # the set-up's gradients: not held while timing
+    if fns:
+        take_turns(res, fns, fl_of, a.iters, a.rounds, a.order == "rotate", a.settle_ms, a.cooldown_ms)
+    for _, den in BWD_RATIOS:
+        res["bwd_fattn_over_" + den] = bwd_ratio(res, den)
+    if res.get("fattn_det_bwd") and res.get("fattn_bwd"):
+        res["det_over_default"] = res["fattn_det_bwd"] / res["fattn_bwd"]  # throughput; < 1: determinism costs
+    del case
+    res["row_s"] = round(time.perf_counter() - t_row, 2)
+    return res
+
+
+def bwd_ratio(r, den, num="fattn"):
+    """num's backward TFLOPs/s over den's, None unless both ran."""
+    x, y = r.get(key(num) + "_bwd"), r.get(key(den) + "_bwd")
+    return x / y if x and y else None
+
+
+def bwd_cell(r, n, width):
+    """TFLOPs/s of entry n in a column `width` wide: the figure, 'unsupported' (fattn_bwd said so) or n/a."""
+    v = r.get(key(n))
+    if v:
+        return "%*.1f" % (width, v)
+    return ("unsupported" if r.get(key(n) + "_unsupported") else "n/a").rjust(width)
+
+
+def geomean_line(what, xs):
+    if not xs:
+        return "%s: no row has both" % what.rstrip()
+    return "%s over %2d rows: %.3f-%.3f, geometric mean %.3f" % (
+        what, len(xs), min(xs), max(xs), math.exp(sum(math.log(x) for x in xs) / len(xs)))
+
+
+def main_bwd(a, ap):
+    """--bwd: each backend's backward alone and its forward alone, taking turns per row; fattn's backward
+    ratios per row and over the rows; with --bwd-deterministic also fattn_bwd with deterministic = 1."""
+    for opt, given in (("--fp8", a.fp8), ("--ablation", a.ablation), ("--fattn-lib-b", a.fattn_lib_b),
+                       ("--ab-option", a.ab_option), ("--png", a.png)):
+        if given:
+            ap.error("%s is not available with --bwd" % opt)
+    backends = a.backends.split(",") if a.backends else list(BWD_BACKENDS)
+    bad = [n for n in backends if n not in BWD_BACKENDS]
+    if bad or not backends or len(set(backends)) != len(backends):
+        ap.error("--backends with --bwd: %s (from %s, once each)" % (",".join(bad) or "a name twice",
+                                                                     ",".join(BWD_BACKENDS)))
+    if a.bwd_deterministic and "fattn" not in backends:
+        ap.error("--bwd-deterministic times fattn: put fattn in --backends")
+    causals = [False, True] if a.causal == "both" else [a.causal == "1"]
+    rows = [(dn, d, causal, s, max(1, a.tokens // s), a.hidden // d) for dn in a.dtypes.split(",")
+            for d in [int(x) for x in a.head_dims.split(",")] for causal in causals
+            for s in [int(x) for x in a.seqlens.split(",")]]
+    bad = sorted({r[0] for r in rows} - {"bf16", "fp16"})
+    if bad:
+        ap.error("--dtypes: %s (bf16, fp16)" % ",".join(bad))
+    fa4, fa4_info = (None, "not in --backends") if "fa4" not in backends or a.dry_run else (
+        load_fa4() if torch is not None else (None, "torch is not importable"))
+    est = estimate_bwd_s(rows, backends, a, fa4_ok=fa4 is not None or a.dry_run)  # a dry run counts FA4 in
+    print("%d backward rows (%s; d %s; seqlen %s; causal %s; batch = %d / seqlen, heads = %d / d) x backends %s%s, "
+          "backward%s, x %d rounds x (settle %.0f ms + %d x 10 calls): expected ~%.0f s (%.1f min)" % (
+              len(rows), a.dtypes, a.head_dims, a.seqlens, a.causal, a.tokens, a.hidden, ",".join(backends),
+              " + fattn deterministic" if a.bwd_deterministic else "", "" if a.bwd_no_fwd else " and forward",
+              a.rounds, a.settle_ms, a.iters, est, est / 60))
+    if "fa4" in backends and (fa4 is not None or a.dry_run):
+        print("  FA4 compiles its kernels on first use (CuTe DSL): counted as %.0f s per dtype, head dim and mask, "
+              "a guess" % EST_FA4_COMPILE_S)
+    if est > 540:
+        print("  over 9 minutes: one device command may run 10; split it with --causal, --head-dims or --seqlens")
+    if a.dry_run:
+        return
+    if IMPORT_ERROR is not None:
+        sys.exit("compare.py: %s (torch and the fattn library are needed; --dry-run runs without)" % IMPORT_ERROR)
+    dts = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    ctx = fattn.Context(fattn.BACKEND_CUDA, 0)
+    init_clocks(a)
+    if a.no_pdl:
+        ctx.set_option(fattn.OPTION_DISABLE_PDL, 1)
+    print("device: %s, torch %s, cuDNN %s, fattn %s (%s); backend order %s, settle %.0f ms, cool-down %.0f ms "
+          "per turn" % (torch.cuda.get_device_name(), torch.__version__, torch.backends.cudnn.version(),
+                        fattn.__version__, fattn.library_path, a.order, a.settle_ms, a.cooldown_ms))
+    if "fa4" in backends:
+        print("FA4: %s" % (fa4_info if fa4 is not None else "n/a (%s); its columns read n/a" % fa4_info))
+    print("backward: fattn_bwd alone on the O and LSE of one fattn forward (%s); cuDNN, FA2 (torch SDPA) and FA4: "
+          "torch.autograd.grad(O, (q, k, v), dO,\nretain_graph=True) on one forward's graph. forward: fattn_fwd; "
+          "the others with grad on (saving LSE). FLOPs: forward 4 b h s^2 d (halved causal), backward %.1f x "
+          "that" % ("deterministic 0" + (" and 1" if a.bwd_deterministic else ""), BWD_FLOPS))
+    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "cudnn": torch.backends.cudnn.version(), "fattn_version": fattn.__version__,
+           "fattn_library": fattn.library_path, "bwd": True, "bwd_flops_factor": BWD_FLOPS,
+           "bwd_deterministic": a.bwd_deterministic, "fwd_timed": not a.bwd_no_fwd, "pdl": not a.no_pdl,
+           "backends": backends, "fa4_version": fa4_info if fa4 else None,
+           "fa4_unavailable": None if fa4 or "fa4" not in backends else fa4_info, "order": a.order,
+           "rounds": a.rounds, "iters": a.iters, "settle_ms": a.settle_ms, "cooldown_ms": a.cooldown_ms,
+           "estimate_s": round(est), "results": []}
+    ratios = [(hdr_, den) for hdr_, den in BWD_RATIOS if den in backends and "fattn" in backends]
+    fw = {n: 11 if n == "fattn" else 7 for n in backends}  # fattn's cell may read 'unsupported'
+    segs = [("backward TFLOPs/s", " ".join("%*s" % (fw[n], BWD_LABEL[n]) for n in backends))]
+    if ratios:
+        segs.append(("fattn bwd /", " ".join("%8s" % h for h, _ in ratios)))
+    if not a.bwd_no_fwd:
+        segs.append(("forward TFLOPs/s", " ".join("%7s" % BWD_LABEL[n] for n in backends)))
+    lead = "%-5s %4s %-6s %6s" % ("dtype", "d", "mask", "seqlen")
+    hdr = lead + "".join(" | " + s for _, s in segs)
+    print("\n" + " " * len(lead) + "".join(" | " + t.center(len(s)) for t, s in segs) + "\n" + hdr + "\n" +
+          "-" * len(hdr))
+    errors_seen = set()
+    for dn, d, causal, s, b, h in rows:
+        r = bench_bwd_case(ctx, dts[dn], b, s, h, d, causal, a, backends, fa4)
+        out["results"].append(r)
+        out["elapsed_s"] = round(time.perf_counter() - T0)
+        if a.json:  # after every row, so a command stopped at its time limit keeps the rows it measured
+            with open(a.json, "w") as f:
+                json.dump(out, f, indent=1)
+        cells = [" ".join(bwd_cell(r, n + "-bwd", fw[n]) for n in backends)]
+        if ratios:
+            cells.append(" ".join(fmt(bwd_ratio(r, den), "%8.3f") for _, den in ratios))
+        if not a.bwd_no_fwd:
+            cells.append(" ".join(fmt(r.get(key(n))) for n in backends))
+        print("%-5s %4d %-6s %6d" % (dn, d, "causal" if causal else "none", s) + "".join(" | " + c for c in cells),
+              flush=True)
+        if a.bwd_deterministic:
+            v, v0 = r.get("fattn_det_bwd"), r.get("fattn_bwd")
+            if v:
+                print("      deterministic: %.1f TFLOPs/s, %s; bitwise repeat %s; max relative "
+                      "difference from the default's dQ, dK, dV %s" % (
+                    v, "%.3f x the default's throughput (%+.1f%% time)" % (v / v0, 100 * (v0 / v - 1)) if v0 else
+                    "the default n/a", "yes" if r.get("fattn_det_bitwise") else "NO",
+                    "%.3g" % r["fattn_det_bwd_grad_maxdiff"] if r.get("fattn_det_bwd_grad_maxdiff") is not None
+                    else "n/a"), flush=True)
+            else:
+                print("      deterministic: %s" % ("unsupported" if r.get("fattn_det_bwd_unsupported") else "n/a"),
+                      flush=True)
+        for n in [n + "-bwd" for n in backends] + (["fattn-det-bwd"] if a.bwd_deterministic else []) + list(backends):
+            for what in ("_unsupported", "_error"):
+                e = r.get(key(n) + what)
+                if e and (n.replace("-bwd", ""), e) not in errors_seen:  # each backend's distinct message once
+                    errors_seen.add((n.replace("-bwd", ""), e))
+                    print("      %s%s: %s" % (n, " (unsupported)" if what == "_unsupported" else "", e), flush=True)
+        off = ["%s %.3g" % (n, r[key(n) + "_grad_maxdiff"]) for n in
+               [n + "-bwd" for n in backends] + ["fattn-det-bwd"] if (r.get(key(n) + "_grad_maxdiff") or 0) >
+               BWD_MAXDIFF_WARN]
+        off += ["%s O %.3g" % (n, r[key(n) + "_maxdiff"]) for n in backends
+                if (r.get(key(n) + "_maxdiff") or 0) > MAXDIFF_WARN]
+        if off:
+            print("      above the warning level (dQ, dK, dV against %s's, relative %.2f; O against fattn's %.2f): %s"
+                  % (r.get("grad_reference"), BWD_MAXDIFF_WARN, MAXDIFF_WARN, ", ".join(off)), flush=True)
+        if a.clocks:
+            names = [n + "-bwd" for n in backends] + (["fattn-det-bwd"] if a.bwd_deterministic else []) + (
+                [] if a.bwd_no_fwd else list(backends))
+            print("      SM MHz / W (median while running): " + ", ".join(
+                "%s %s / %s" % (n, "%.0f" % r[key(n) + "_mhz"] if key(n) + "_mhz" in r else "-",
+                                "%.0f" % r[key(n) + "_w"] if key(n) + "_w" in r else "-") for n in names), flush=True)
+    out["elapsed_s"] = round(time.perf_counter() - T0)
+    res = out["results"]
+    print()
+    for n in [n + "-bwd" for n in backends] + (["fattn-det-bwd"] if a.bwd_deterministic else []):
+        ms = [(r[key(n) + "_grad_maxdiff"], r["grad_reference"]) for r in res if r.get(key(n) + "_grad_maxdiff")
+              is not None]
+        if ms:
+            m = max(ms)
+            print("largest relative |dX - the reference's| of %s: %.3g (against %s)" % (n, m[0], m[1]))
+    unsup = [r for r in res if r.get("fattn_bwd_unsupported")]
+    if unsup:
+        print("fattn_bwd unsupported on %d of %d rows (head dims %s)" % (
+            len(unsup), len(res), ",".join(str(d) for d in sorted({r["head_dim"] for r in unsup}))))
+    for hdr_, den in ratios:
+        print(geomean_line("fattn bwd %-8s" % hdr_, [v for v in (bwd_ratio(r, den) for r in res) if v]))
+    if a.bwd_deterministic:
+        print(geomean_line("fattn bwd det / default", [r["det_over_default"] for r in res
+                                                        if r.get("det_over_default")]))
+        nb = [r for r in res if r.get("fattn_det_bwd") and not r.get("fattn_det_bitwise")]
+        if nb:
+            print("  deterministic but not bitwise repeatable on %d rows" % len(nb))
+    print("done in %.0f s (estimate %.0f s)" % (out["elapsed_s"], est))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
 # the estimate's assumptions: TFLOPs/s under the power limit (README table; causal 0.8x of it; FP8:
 # REFERENCE.md's FA3 FP8 figures, fattn's FP8 not yet measured), start-up (torch, CUDA, cuDNN, the FA3
 # extension) and per row (inputs, first calls, maxdiff; FP8 rows also quantise their inputs in torch)
 EST_TFLOPS, EST_START_S, EST_ROW_S = {"fa2": 300.0, "fattn-fp8": 750.0, "fa3-fp8": 750.0,
                                       "fattn-fp8-e2e": 750.0}, 30.0, 0.5
 EST_ROW_S_FP8 = 1.0
+# --bwd: backward TFLOPs/s (guesses, none measured here: FA3's paper has its H100 backward at 1.5-1.75x FA2's),
+# set-up per row (inputs, each backend's forward and backward once, the gradients compared) and FA4's
+# compilation of its forward and backward kernels per dtype, head dim and mask (a guess)
+EST_TFLOPS.update({"fattn-bwd": 450.0, "fattn-det-bwd": 400.0, "cudnn-bwd": 450.0, "fa2-bwd": 270.0,
+                   "fa4-bwd": 450.0})
+EST_ROW_S_BWD, EST_FA4_COMPILE_S = 2.0, 30.0
 EST_QUANT_BPS = 2.5e12  # fattn_fwd_fp8's quantisation: 3 bytes (2 read, 1 written) per input element
 
 
@@ -677,6 +1087,22 @@ def estimate_s(rows, backends, a, fa3_ok=True):
         fl = flops(4, 16, 8448, 8448, 128, False)
         tot += 4 * a.ablation_rounds * (EST_ROW_S + turn_s("fattn", fl, False, a.iters, a.settle_ms, 0)) + sum(
             turn_s(n, fl, False, a.iters, a.settle_ms, 0) for n in names if n not in ("fattn", "fattn-b", "fattn_ab"))
+    return tot
+
+
+def estimate_bwd_s(rows, backends, a, fa4_ok=True):
+    """Expected seconds of a --bwd run: rows x (backward and forward entries) x rounds x (settle + samples),
+    plus start-up and FA4's compilations."""
+    names = [n for n in backends if n != "fa4" or fa4_ok]
+    entries = [(n + "-bwd", BWD_FLOPS) for n in names] + ([("fattn-det-bwd", BWD_FLOPS)] if a.bwd_deterministic
+                                                          else []) + ([] if a.bwd_no_fwd else [(n, 1.0) for n in names])
+    tot = EST_START_S
+    for dn, d, causal, s, b, h in rows:
+        fl = flops(b, h, s, s, d, causal)
+        tot += EST_ROW_S_BWD + sum(a.rounds * turn_s(n, f * fl, causal, a.iters, a.settle_ms, a.cooldown_ms)
+                                   for n, f in entries)
+    if "fa4" in names:
+        tot += EST_FA4_COMPILE_S * len({(dn, d, causal) for dn, d, causal, _, _, _ in rows})
     return tot
 
 
@@ -714,12 +1140,21 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", choices=sorted(ROWS),
                     help="preset of dtypes, head dims, seqlens and masks (all, the default; table: the README's 60 "
-                         "rows; smoke: seqlen 1024 only; fp8, the default with --fp8: seqlen 1024, 4096, 16384); "
+                         "rows; smoke: seqlen 1024 only; fp8, the default with --fp8: seqlen 1024, 4096, 16384; "
+                         "bwd, the default with --bwd: the table's bf16 rows); "
                          "--dtypes, --head-dims, --seqlens, --causal override it")
     ap.add_argument("--fp8", action="store_true",
                     help="the FP8 table: fattn's FP8 kernel alone (e4m3 inputs, block scales of 128 rows), FA3's "
                          "FP8 kernel alone (per-(batch, kv head) descales), fattn_fwd_fp8 end to end from bf16, "
                          "fattn bf16 and FA3 bf16 (--backends from %s)" % ",".join(FP8_BACKENDS))
+    ap.add_argument("--bwd", action="store_true",
+                    help="the backward table: each backend's backward alone (fattn_bwd on a forward's O and LSE; "
+                         "torch.autograd.grad on a forward's graph for the others) and its forward alone, "
+                         "TFLOPs/s with 2.5 x the forward's FLOPs (--backends from %s)" % ",".join(BWD_BACKENDS))
+    ap.add_argument("--bwd-deterministic", action="store_true",
+                    help="with --bwd (implies it): also fattn_bwd with deterministic = 1, its throughput against "
+                         "the default's and whether two calls give the same bits")
+    ap.add_argument("--bwd-no-fwd", action="store_true", help="with --bwd: time the backwards only")
     ap.add_argument("--dtypes")
     ap.add_argument("--head-dims")
     ap.add_argument("--seqlens")
@@ -759,11 +1194,16 @@ def main():
     ap.add_argument("--dry-run", action="store_true",
                     help="print the rows, the backends and the expected duration, and stop (needs no torch or GPU)")
     a = ap.parse_args()
-    a.rows = a.rows or ("fp8" if a.fp8 else "all")
+    a.bwd = a.bwd or a.bwd_deterministic
+    if a.bwd_no_fwd and not a.bwd:
+        ap.error("--bwd-no-fwd goes with --bwd")
+    a.rows = a.rows or ("fp8" if a.fp8 else "bwd" if a.bwd else "all")
     preset = dict(zip(("dtypes", "head_dims", "seqlens", "causal"), ROWS[a.rows]))
     for k, v in preset.items():
         if getattr(a, k) is None:
             setattr(a, k, v)
+    if a.bwd:
+        return main_bwd(a, ap)
     if a.fp8:
         return main_fp8(a, ap)
     backends = (a.backends.split(",") if a.backends else
