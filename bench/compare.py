@@ -389,7 +389,14 @@ FP8_LABEL = {"fattn": "fattn bf16", "fattn-fp8": "fattn FP8", "fattn-fp8-e2e": "
 # ratio columns of the FP8 table: (header, numerator, denominator)
 FP8_RATIOS = (("FP8/FA3-8", "fattn-fp8", "fa3-fp8"), ("e2e/bf16", "fattn-fp8-e2e", "fattn"),
               ("e2e/FA3-16", "fattn-fp8-e2e", "fa3"))
-FP8_BLOCK = 128  # rows per scale of Q, K and V: fattn's kernel alone and fattn_fwd_fp8
+FP8_BLOCK = 128  # rows per scale of Q (and of K and V except at d128): fattn's kernel alone and fattn_fwd_fp8
+FP8_BLOCK_D128_KV = 192  # K and V at head dim 128: the key block of its fastest FP8 kernels (fattn.h)
+
+
+def fp8_blocks(d):
+    """rows per scale of Q, K, V at head dim d (fattn_fwd_fp8's defaults)"""
+    kv = FP8_BLOCK_D128_KV if d == 128 else FP8_BLOCK
+    return (FP8_BLOCK, kv, kv)
 FP8_SEED = 0     # fattn_fwd_fp8's rotation signs
 E4M3_MAX = 448.0
 FP8_MAXDIFF_WARN = 0.25  # |O_fp8 - fattn's bf16 O| on N(0,1) inputs: a few 1e-2; a wrong scale: >= 0.5
@@ -442,15 +449,15 @@ def e4m3_head(x):
 
 def fp8_fwd_args(codes, scales, o, lse, causal):
     """fattn_fwd's arguments (python/fattn/_capi.py's structs) for packed e4m3 q, k, v [b, s, h, d] with
-    float32 scales [b, h, ceil(s / FP8_BLOCK)] (scale_block FP8_BLOCK), bf16 o and float32 lse [b, h, s].
+    float32 scales [b, h, ceil(s / block)] (blocks: fp8_blocks(d)), bf16 o and float32 lse [b, h, s].
     The struct holds pointers: it keeps the tensors alive."""
     from fattn import _capi
     b, s, h, d = codes[0].shape
     st = (s * h * d, h * d, d)  # packed BSHD strides, in elements
     a = _capi.FwdArgs()
     a.p = _capi.Problem(b, s, s, h, h, d, d, 0.0, int(bool(causal)), None, None)
-    a.q, a.k, a.v = (_capi.Tensor(c.data_ptr(), fattn.E4M3, st[0], st[1], st[2], sc.data_ptr(), FP8_BLOCK)
-                     for c, sc in zip(codes, scales))
+    a.q, a.k, a.v = (_capi.Tensor(c.data_ptr(), fattn.E4M3, st[0], st[1], st[2], sc.data_ptr(), blk)
+                     for c, sc, blk in zip(codes, scales, fp8_blocks(d)))
     a.o = _capi.Tensor(o.data_ptr(), fattn.BF16, st[0], st[1], st[2], None, 0)
     a.lse = lse.data_ptr()
     a._keep = (codes, scales, o, lse)
@@ -494,15 +501,15 @@ class Fp8Case:
             if name == "fattn":
                 return lambda: ctx.fwd_raw(args)
             fn, opt_t = fwd_fp8_binding()
-            # FATTN_QUANT_BLOCK, 128 rows per scale of Q, K and V, Q and K rotated (fields in the header's order)
-            opt = opt_t(0, FP8_BLOCK, FP8_BLOCK, FP8_BLOCK, 1, FP8_SEED)
+            # FATTN_QUANT_BLOCK, fp8_blocks rows per scale, Q and K rotated (fields in the header's order)
+            opt = opt_t(0, *fp8_blocks(q.shape[-1]), 1, FP8_SEED)
 
             def e2e():
                 with ctx._lock:
                     ctx._check(fn(ctx._handle(), ctypes.byref(args), ctypes.byref(opt)), "fattn_fwd_fp8")
             return e2e
         if name == "fattn-fp8":
-            coded = [e4m3_block(x, FP8_BLOCK) for x in (q, k, v)]
+            coded = [e4m3_block(x, blk) for x, blk in zip((q, k, v), fp8_blocks(q.shape[-1]))]
             args = fp8_fwd_args([c for c, _ in coded], [sc for _, sc in coded],
                                 self.out.setdefault(name, torch.empty_like(q)), lse(), causal)
             return lambda: ctx.fwd_raw(args)
@@ -602,12 +609,12 @@ def main_fp8(a, ap):
         torch.cuda.get_device_name(), torch.__version__, fattn.__version__, fattn.library_path, a.order,
         a.settle_ms, a.cooldown_ms))
     print("FA3: %s" % (fa3_info if fa3 is not None else "n/a (%s); its columns read n/a" % fa3_info))
-    print("fattn FP8: fattn_fwd on e4m3 Q, K, V with one scale per %d rows (quantised by torch beforehand); "
+    print("fattn FP8: fattn_fwd on e4m3 Q, K, V with one scale per %d rows (K, V: %d at d128; quantised by torch beforehand); "
           "FA3 FP8: e4m3 with per-(batch, kv head) descales;\nfattn e2e: fattn_fwd_fp8 from the bf16 inputs "
           "(quantise with blocks of %d rows, Hadamard on Q and K, attend). TFLOPs/s, one FLOP count for all"
-          % (FP8_BLOCK, FP8_BLOCK))
+          % (FP8_BLOCK, FP8_BLOCK_D128_KV, FP8_BLOCK))
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "fattn_version": fattn.__version__,
-           "fattn_library": fattn.library_path, "fp8": True, "fp8_block": FP8_BLOCK, "pdl": not a.no_pdl,
+           "fattn_library": fattn.library_path, "fp8": True, "fp8_block": FP8_BLOCK, "fp8_block_d128_kv": FP8_BLOCK_D128_KV, "pdl": not a.no_pdl,
            "backends": backends, "fa3_version": fa3_info if fa3 else None,
            "fa3_unavailable": None if fa3 else fa3_info, "order": a.order, "rounds": a.rounds, "iters": a.iters,
            "settle_ms": a.settle_ms, "cooldown_ms": a.cooldown_ms, "estimate_s": round(est), "results": []}

@@ -82,6 +82,8 @@ extern "C" fattn_status fattn_cuda_ctx_init(fattn_ctx *ctx) {
     return FATTN_OK;
 }
 
+static void owned_workspace_free(cuda_owned_ws *w);
+
 extern "C" void fattn_cuda_ctx_free(fattn_ctx *ctx) {
     if (!ctx || !ctx->cuda) return;
     fattn_cuda_state *st = (fattn_cuda_state *)ctx->cuda;
@@ -91,10 +93,8 @@ extern "C" void fattn_cuda_ctx_free(fattn_ctx *ctx) {
     (void)cudaFree(st->tile_counter); /* synchronises with the device first */
     if (st->split_ws) (void)cudaFree(st->split_ws);
     for (int i = 0; i < st->split_nretired; ++i) (void)cudaFree(st->split_retired[i]);
-    if (st->fp8_ws) (void)cudaFree(st->fp8_ws);
-    for (int i = 0; i < st->fp8_nretired; ++i) (void)cudaFree(st->fp8_retired[i]);
-    free(st->fp8_retired);
-    if (st->fp8_event) (void)cudaEventDestroy((cudaEvent_t)st->fp8_event);
+    owned_workspace_free(&st->fp8);
+    owned_workspace_free(&st->bwd);
     (void)cudaEventDestroy((cudaEvent_t)st->switch_event);
     cuda_device_leave(prev);
     (void)cudaGetLastError();
@@ -192,71 +192,93 @@ fattn_status cuda_split_workspace(fattn_ctx *ctx, size_t bytes, void **ws, unsig
     return FATTN_OK;
 }
 
-/* ---- fattn_fwd_fp8's workspace ------------------------------------------------ */
+/* ---- workspaces owned by the context (fattn_fwd_fp8's, the backward's) -------- */
 
-extern "C" fattn_status fattn_cuda_fp8_workspace(fattn_ctx *ctx, size_t bytes, void **ws) {
-    fattn_cuda_state *st = (fattn_cuda_state *)ctx->cuda;
+/* At least `bytes` of w (grown in 4 MB steps, at least doubled), ordered after
+ * the previous call that used it (its event); `who` names the caller in the
+ * messages.  Nothing is allocated during graph capture (UNSUPPORTED). */
+static fattn_status owned_workspace(fattn_ctx *ctx, cuda_owned_ws *w, size_t bytes, void **ws, const char *who) {
     *ws = NULL;
     const int cap = stream_capturing(ctx);
     if (cap < 0) return FATTN_ERROR_CUDA;
-    if (st->fp8_bytes < bytes) {
+    if (w->bytes < bytes) {
         if (cap)
             return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                              "fattn_fwd_fp8 needs a %zu-byte workspace and the context has %zu bytes: nothing is "
+                              "%s needs a %zu-byte workspace and the context has %zu bytes: nothing is "
                               "allocated while the stream is being captured into a CUDA graph (make one such call "
                               "before the capture)",
-                              bytes, st->fp8_bytes);
+                              who, bytes, w->bytes);
         size_t grow = (bytes + (4u << 20) - 1) / (4u << 20) * (4u << 20); /* 4 MB steps */
-        if (grow < 2 * st->fp8_bytes) grow = 2 * st->fp8_bytes;
+        if (grow < 2 * w->bytes) grow = 2 * w->bytes;
         int prev;
         cudaError_t e = cuda_device_enter(ctx->device, &prev);
         void *buf = NULL, **retired = NULL;
-        if (e == cudaSuccess && !st->fp8_event) {
+        if (e == cudaSuccess && !w->event) {
             cudaEvent_t ev;
             e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
-            if (e == cudaSuccess) st->fp8_event = ev;
+            if (e == cudaSuccess) w->event = ev;
         }
         if (e == cudaSuccess) e = cudaMalloc(&buf, grow);
         cuda_device_leave(prev);
-        if (e == cudaSuccess && st->fp8_ws) {
-            retired = (void **)realloc(st->fp8_retired, sizeof(void *) * (size_t)(st->fp8_nretired + 1));
+        if (e == cudaSuccess && w->buf) {
+            retired = (void **)realloc(w->retired, sizeof(void *) * (size_t)(w->nretired + 1));
             if (!retired) {
                 (void)cudaFree(buf);
-                return fattn_fail(ctx, FATTN_ERROR_OUT_OF_MEMORY, "fattn_fwd_fp8: out of host memory");
+                return fattn_fail(ctx, FATTN_ERROR_OUT_OF_MEMORY, "%s: out of host memory", who);
             }
-            st->fp8_retired = retired;
-            st->fp8_retired[st->fp8_nretired++] = st->fp8_ws; /* kept: a captured graph may use it */
+            w->retired = retired;
+            w->retired[w->nretired++] = w->buf; /* kept: a captured graph may use it */
         }
         if (e != cudaSuccess) {
             (void)cudaGetLastError();
             return fattn_fail(ctx, e == cudaErrorMemoryAllocation ? FATTN_ERROR_OUT_OF_MEMORY : FATTN_ERROR_CUDA,
-                              "fattn_fwd_fp8: cannot allocate its %zu-byte workspace: %s", grow, cudaGetErrorString(e));
+                              "%s: cannot allocate its %zu-byte workspace: %s", who, grow, cudaGetErrorString(e));
         }
-        st->fp8_ws = buf;
-        st->fp8_bytes = grow;
+        w->buf = buf;
+        w->bytes = grow;
     }
-    /* the previous call may still read the workspace on another stream (never
+    /* the previous call may still use the workspace on another stream (never
      * recorded: no wait; inside a capture the graph's order is the caller's) */
-    if (!cap && st->fp8_event) {
-        cudaError_t e = cudaStreamWaitEvent((cudaStream_t)ctx->stream, (cudaEvent_t)st->fp8_event, 0);
+    if (!cap && w->event) {
+        cudaError_t e = cudaStreamWaitEvent((cudaStream_t)ctx->stream, (cudaEvent_t)w->event, 0);
         if (e != cudaSuccess) {
             (void)cudaGetLastError();
-            return fattn_fail(ctx, FATTN_ERROR_CUDA, "fattn_fwd_fp8: ordering after the previous call: %s",
+            return fattn_fail(ctx, FATTN_ERROR_CUDA, "%s: ordering after the previous call: %s", who,
                               cudaGetErrorString(e));
         }
     }
-    *ws = st->fp8_ws;
+    *ws = w->buf;
     return FATTN_OK;
 }
 
-extern "C" fattn_status fattn_cuda_fp8_workspace_done(fattn_ctx *ctx) {
-    fattn_cuda_state *st = (fattn_cuda_state *)ctx->cuda;
+/* The caller's last use of w is enqueued: record it for the next call. */
+static fattn_status owned_workspace_done(fattn_ctx *ctx, cuda_owned_ws *w, const char *who) {
     const int cap = stream_capturing(ctx);
-    if (cap || !st->fp8_event) return cap < 0 ? FATTN_ERROR_CUDA : FATTN_OK; /* never record inside a capture */
-    cudaError_t e = cudaEventRecord((cudaEvent_t)st->fp8_event, (cudaStream_t)ctx->stream);
+    if (cap || !w->event) return cap < 0 ? FATTN_ERROR_CUDA : FATTN_OK; /* never record inside a capture */
+    cudaError_t e = cudaEventRecord((cudaEvent_t)w->event, (cudaStream_t)ctx->stream);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
-        return fattn_fail(ctx, FATTN_ERROR_CUDA, "fattn_fwd_fp8: cudaEventRecord: %s", cudaGetErrorString(e));
+        return fattn_fail(ctx, FATTN_ERROR_CUDA, "%s: cudaEventRecord: %s", who, cudaGetErrorString(e));
     }
     return FATTN_OK;
+}
+
+static void owned_workspace_free(cuda_owned_ws *w) {
+    if (w->buf) (void)cudaFree(w->buf);
+    for (int i = 0; i < w->nretired; ++i) (void)cudaFree(w->retired[i]);
+    free(w->retired);
+    if (w->event) (void)cudaEventDestroy((cudaEvent_t)w->event);
+}
+
+extern "C" fattn_status fattn_cuda_fp8_workspace(fattn_ctx *ctx, size_t bytes, void **ws) {
+    return owned_workspace(ctx, &((fattn_cuda_state *)ctx->cuda)->fp8, bytes, ws, "fattn_fwd_fp8");
+}
+extern "C" fattn_status fattn_cuda_fp8_workspace_done(fattn_ctx *ctx) {
+    return owned_workspace_done(ctx, &((fattn_cuda_state *)ctx->cuda)->fp8, "fattn_fwd_fp8");
+}
+fattn_status cuda_bwd_workspace(fattn_ctx *ctx, size_t bytes, void **ws) {
+    return owned_workspace(ctx, &((fattn_cuda_state *)ctx->cuda)->bwd, bytes, ws, "fattn_bwd");
+}
+fattn_status cuda_bwd_workspace_done(fattn_ctx *ctx) {
+    return owned_workspace_done(ctx, &((fattn_cuda_state *)ctx->cuda)->bwd, "fattn_bwd");
 }

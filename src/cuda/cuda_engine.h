@@ -10,6 +10,17 @@
 
 #include "../internal.h"
 
+/* A workspace a context owns: NULL until first needed, grown (the outgrown
+ * ones kept until the context is freed: a captured graph may use them),
+ * each call ordered after the previous one's last use (event). */
+struct cuda_owned_ws {
+    void *buf;
+    size_t bytes;
+    void **retired;
+    int nretired;
+    void *event; /* cudaEvent_t */
+};
+
 struct fattn_cuda_state {
     int num_sms;
     void *encode_tiled; /* PFN_cuTensorMapEncodeTiled, from the driver */
@@ -20,12 +31,9 @@ struct fattn_cuda_state {
     size_t split_bytes;     /* its slot bytes; CUDA_SPLIT_COUNTERS zeroed counters follow them */
     void *split_retired[8]; /* outgrown workspaces: a captured graph may still use them, freed with the context */
     int split_nretired;
-    /* fattn_fwd_fp8's quantised Q, K, V (fattn_cuda_fp8_workspace), NULL until first needed */
-    void *fp8_ws;
-    size_t fp8_bytes;
-    void **fp8_retired;     /* outgrown ones, freed with the context (a captured graph may use them) */
-    int fp8_nretired;
-    void *fp8_event;        /* cudaEvent_t recorded after each fattn_fwd_fp8's last use of fp8_ws */
+    /* fattn_fwd_fp8's quantised Q, K, V (fattn_cuda_fp8_workspace), the
+     * backward's dQ accumulator and row statistics (cuda_bwd_workspace) */
+    cuda_owned_ws fp8, bwd;
 };
 
 /* The split forward's workspace (perf-notes v30): at least `bytes` of slots
@@ -46,6 +54,13 @@ fattn_status cuda_split_workspace(fattn_ctx *ctx, size_t bytes, void **ws, unsig
  * nothing while ctx->stream is being captured into a CUDA graph.  context.cu. */
 fattn_status cuda_order_before(fattn_ctx *ctx);
 fattn_status cuda_order_after(fattn_ctx *ctx);
+/* The backward's workspace (cuda_owned_ws: grown on first need, nothing
+ * allocated during graph capture) and the record of its last use; context.cu. */
+fattn_status cuda_bwd_workspace(fattn_ctx *ctx, size_t bytes, void **ws);
+fattn_status cuda_bwd_workspace_done(fattn_ctx *ctx);
+/* Hopper 16-bit backward (hopper/bwd_sm90.cu). */
+fattn_status bwd_sm90_launch(fattn_ctx *ctx, const fattn_bwd_args *a);
+
 /* Make `device` the current device; *prev receives the device to give back to
  * cuda_device_leave (-1 when nothing was switched, also on failure). */
 cudaError_t cuda_device_enter(int device, int *prev);

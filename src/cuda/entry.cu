@@ -83,9 +83,30 @@ extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_arg
     return FATTN_OK;
 }
 
+/* What the Hopper backward serves (src/cuda/hopper/bwd_sm90.cu). */
+static const int bwd_head_dims[] = {64, 128};
+
 extern "C" fattn_status fattn_cuda_bwd_check(fattn_ctx *ctx, const fattn_bwd_args *a) {
-    (void)a;
-    return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED, "the backward pass is not implemented on the CUDA engine yet");
+    const fattn_problem *p = &a->p;
+    char list[64];
+    if (a->q.dtype != FATTN_DTYPE_BF16 && a->q.dtype != FATTN_DTYPE_F16)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "q.dtype %s is not supported by the CUDA engine's backward; supported: bf16, f16",
+                          fattn_dtype_name(a->q.dtype));
+    if (p->head_dim != p->head_dim_v)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "head_dim %d != head_dim_v %d is not supported by the Hopper backward", p->head_dim,
+                          p->head_dim_v);
+    bool ok = false;
+    for (int i = 0; i < COUNT(bwd_head_dims); ++i) ok = ok || p->head_dim == bwd_head_dims[i];
+    if (!ok)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "head_dim %d is not supported by the Hopper backward yet; supported: %s", p->head_dim,
+                          list_ints(list, sizeof list, bwd_head_dims, COUNT(bwd_head_dims)));
+    if (p->cu_seqlens_q || p->cu_seqlens_k)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "variable-length batches (cu_seqlens_q/k) are not supported by the CUDA backward yet");
+    return FATTN_OK;
 }
 
 extern "C" fattn_status fattn_cuda_merge_check(fattn_ctx *ctx, const fattn_merge_args *a) {
@@ -157,8 +178,29 @@ extern "C" fattn_status fattn_cuda_fwd(fattn_ctx *ctx, const fattn_fwd_args *a) 
     return fwd_sm90_launch(ctx, a, &opt);
 }
 
-/* Refuses every call until the kernel exists (api.c has already refused). */
-extern "C" fattn_status fattn_cuda_bwd(fattn_ctx *ctx, const fattn_bwd_args *a) { return fattn_cuda_bwd_check(ctx, a); }
+/* api.c has run fattn_cuda_bwd_check and its own checks on these arguments. */
+extern "C" fattn_status fattn_cuda_bwd(fattn_ctx *ctx, const fattn_bwd_args *a) {
+    fattn_status s;
+    if ((s = check_tma_input(ctx, &a->q, "q")) != FATTN_OK) return s;
+    if ((s = check_tma_input(ctx, &a->k, "k")) != FATTN_OK) return s;
+    if ((s = check_tma_input(ctx, &a->v, "v")) != FATTN_OK) return s;
+    if ((s = check_tma_input(ctx, &a->dout, "dout")) != FATTN_OK) return s;
+    if ((s = cuda_check_device_ptr(ctx, a->o.data, "o")) != FATTN_OK) return s;
+    if ((s = cuda_check_device_ptr(ctx, a->lse, "lse")) != FATTN_OK) return s;
+    const struct {
+        const fattn_tensor *t;
+        const char *name;
+    } outs[] = {{&a->dq, "dq"}, {&a->dk, "dk"}, {&a->dv, "dv"}};
+    for (const auto &x : outs) {
+        if ((s = cuda_check_device_ptr(ctx, x.t->data, x.name)) != FATTN_OK) return s;
+        /* written with 4-byte stores (two 16-bit values) */
+        if ((uintptr_t)x.t->data % 4 || x.t->stride_seq % 2 || x.t->stride_head % 2 || x.t->stride_batch % 2)
+            return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                              "%s.data must be 4-byte aligned and %s's strides even for the CUDA engine", x.name,
+                              x.name);
+    }
+    return bwd_sm90_launch(ctx, a);
+}
 
 /* Refuses every call until the kernel exists (api.c has already refused). */
 extern "C" fattn_status fattn_cuda_merge(fattn_ctx *ctx, const fattn_merge_args *a) { return fattn_cuda_merge_check(ctx, a); }

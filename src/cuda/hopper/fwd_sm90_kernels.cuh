@@ -102,13 +102,14 @@ fattn_status fwd_sm90_run_fp8(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd
     if constexpr (O.kvblk) { /* never per-key K (the dispatch sends that to BN 128) */
         if (v.bf16) return fwd_sm90_run<FwdCfg<fwd_opts_fp8(O, true, false)>>(ctx, a, v);
         return fwd_sm90_run<FwdCfg<fwd_opts_fp8(O, false, false)>>(ctx, a, v);
+    } else {
+        if (v.bf16) {
+            if (v.kcol) return fwd_sm90_run<FwdCfg<fwd_opts_fp8(O, true, true)>>(ctx, a, v);
+            return fwd_sm90_run<FwdCfg<fwd_opts_fp8(O, true, false)>>(ctx, a, v);
+        }
+        if (v.kcol) return fwd_sm90_run<FwdCfg<fwd_opts_fp8(O, false, true)>>(ctx, a, v);
+        return fwd_sm90_run<FwdCfg<fwd_opts_fp8(O, false, false)>>(ctx, a, v);
     }
-    if (v.bf16) {
-        if (v.kcol) return fwd_sm90_run<FwdCfg<fwd_opts_fp8(O, true, true)>>(ctx, a, v);
-        return fwd_sm90_run<FwdCfg<fwd_opts_fp8(O, true, false)>>(ctx, a, v);
-    }
-    if (v.kcol) return fwd_sm90_run<FwdCfg<fwd_opts_fp8(O, false, true)>>(ctx, a, v);
-    return fwd_sm90_run<FwdCfg<fwd_opts_fp8(O, false, false)>>(ctx, a, v);
 }
 
 /* Run kernel K in the call's dtype. */

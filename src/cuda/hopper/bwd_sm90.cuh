@@ -1,0 +1,372 @@
+/* bwd_sm90.cuh - the Hopper 16-bit backward (issue 24): dQ, dK, dV from Q, K,
+ * V, dO and the forward's LSE, one CTA per (key block of BN = 128, kv head,
+ * batch), looping over the query heads of its GQA group and their query
+ * blocks of BM = 64 (FlashAttention-2/3's key-stationary order: dK and dV
+ * stay in registers, dQ is accumulated in fp32 in global memory).
+ *
+ * Warp specialisation (paper §3.1, as in the forward):
+ *   warpgroup 0, warp 0, one thread: K and V of the block once, then per
+ *     iteration Q and dO (TMA) and the 64 LSE and D values (bulk copies)
+ *     into a 2-stage ring (full_qdo / empty_qdo);
+ *   warpgroup 0, warp 1: the dQ writer: per iteration it adds the
+ *     consumers' fp32 dQ tile to the accumulator in global memory with bulk
+ *     reduce-adds (cp.reduce.async.bulk .add.f32), so that no consumer waits
+ *     on global memory; in deterministic mode it first waits for the key
+ *     blocks before its own to have added theirs (a counter per query block);
+ *   warpgroups 1 and 2: the consumers, 64 keys each (keys 64 w .. 64 w + 63
+ *     of the block), per iteration (all 16-bit GEMMs fp32-accumulated):
+ *       S^T  = K_w Q^T          wgmma SS, m64 (keys) n64 (queries)
+ *       dP^T = V_w dO^T         wgmma SS
+ *       P^T  = exp2(S^T scale log2 e - LSE log2 e)      (masked: 0)
+ *       dS^T = P^T (dP^T - D),  D = rowsum(dO O) (the preprocess)
+ *       dV  += P^T dO           wgmma RS: P^T is its own A fragment (the
+ *       dK  += dS^T Q           accumulator and A layouts coincide)
+ *       dS^T -> shared memory (16-bit), then
+ *       dQ   = dS K             wgmma SS with both operands MN-major:
+ *                               head dim >= 128: each consumer one half of
+ *                               dQ's columns over all 128 keys (both halves
+ *                               of dS, a named barrier between them); d64:
+ *                               each consumer all 64 columns over its own
+ *                               64 keys (two partial tiles, both added)
+ *       dQ (fp32) -> shared memory -> the writer.
+ * dK is scaled by softmax_scale at the end, dQ by the postprocess. */
+#pragma once
+#include "../common/ptx.cuh"
+#include "../common/wgmma_gen.cuh"
+#include "../common/wgmma_tnsp.cuh"
+
+struct BwdParams {
+    void *dk, *dv;                                    /* 16-bit, element strides below */
+    int64_t dk_sb, dk_ss, dk_sh, dv_sb, dv_ss, dv_sh;
+    float *dq_acc;                                    /* fp32 [batch][heads_q][sq_pad][D] */
+    const float *lse2;                                /* [batch][heads_q][sq_pad]: LSE log2 e; +inf: no key */
+    const float *dsum;                                /* [batch][heads_q][sq_pad]: rowsum(dO O) */
+    int *dq_sem;                                      /* deterministic: [batch][heads_q][m_blocks], zeroed */
+    int heads_q, heads_kv, group, seqlen_q, seqlen_k, causal_offset, sq_pad, m_blocks;
+    float scale, scale_log2;
+    int deterministic;
+};
+
+template <int D_, bool CAUSAL_, bool BF16_>
+struct BwdCfg {
+    static constexpr int D = D_, BN = 128, BM = 64, STAGES = 2;
+    static constexpr bool CAUSAL = CAUSAL_, BF16 = BF16_;
+    static constexpr int SLABS = D / 64;              /* 128-byte swizzled slabs of 64 columns */
+    static constexpr bool DQ_NSPLIT = D >= 128;
+    static constexpr int DQ_N = DQ_NSPLIT ? D / 2 : D; /* columns of each consumer's dQ tile */
+    static constexpr int DQ_BUFS = DQ_NSPLIT ? 1 : 2;  /* d64: one partial tile per consumer */
+    static constexpr int DQ_ROW = D * 4 + 16;          /* padded fp32 row: rows 4 banks apart */
+    static constexpr int KV_BYTES = BN * D * 2, QT_BYTES = BM * D * 2, DS_BYTES = BN * BM * 2;
+    static constexpr int OFF_K = 0, OFF_V = OFF_K + KV_BYTES, OFF_Q = OFF_V + KV_BYTES;
+    static constexpr int OFF_DO = OFF_Q + STAGES * QT_BYTES, OFF_DS = OFF_DO + STAGES * QT_BYTES;
+    static constexpr int OFF_DQ = OFF_DS + 2 * DS_BYTES;
+    static constexpr int OFF_LSE = OFF_DQ + DQ_BUFS * BM * DQ_ROW, OFF_DSUM = OFF_LSE + STAGES * BM * 4;
+    static constexpr int OFF_BAR = OFF_DSUM + STAGES * BM * 4;
+    static constexpr int NUM_BARS = 1 + 2 * STAGES;
+    static constexpr int SMEM_BYTES = OFF_BAR + NUM_BARS * 8 + 1024; /* + alignment slack */
+    static constexpr int THREADS = 384;
+    static constexpr int REGS_PRODUCER = 24, REGS_CONSUMER = 240;
+    /* named barriers (0 is __syncthreads; the forward's pingpong uses 8..) */
+    static constexpr int BAR_DS = 1, BAR_DQ_FULL = 2, BAR_DQ_EMPTY = 3;
+    static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
+    static_assert(D == 64 || D == 128, "head dims of this tiling");
+};
+
+__device__ __forceinline__ void bulk_load_1d(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_reduce_add_f32(float *dst, const void *src, uint32_t bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+                 "r"(smem_u32(src)), "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ int ld_acquire_gpu(const int *p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void st_shared_u32(void *p, uint32_t v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem_u32(p)), "r"(v) : "memory");
+}
+
+template <class C>
+struct BwdSmem {
+    uint8_t *base;
+    uint64_t *full_kv, *full_qdo, *empty_qdo;
+    __device__ __forceinline__ explicit BwdSmem(uint8_t *raw) {
+        base = (uint8_t *)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023);
+        uint64_t *bars = (uint64_t *)(base + C::OFF_BAR);
+        full_kv = bars;
+        full_qdo = bars + 1;
+        empty_qdo = bars + 1 + C::STAGES;
+    }
+    __device__ __forceinline__ uint8_t *k() const { return base + C::OFF_K; }
+    __device__ __forceinline__ uint8_t *v() const { return base + C::OFF_V; }
+    __device__ __forceinline__ uint8_t *q(int s) const { return base + C::OFF_Q + s * C::QT_BYTES; }
+    __device__ __forceinline__ uint8_t *dout(int s) const { return base + C::OFF_DO + s * C::QT_BYTES; }
+    __device__ __forceinline__ uint8_t *ds(int i) const { return base + C::OFF_DS + i * C::DS_BYTES; }
+    __device__ __forceinline__ uint8_t *dq(int buf) const { return base + C::OFF_DQ + buf * C::BM * C::DQ_ROW; }
+    __device__ __forceinline__ float *lse(int s) const { return (float *)(base + C::OFF_LSE) + s * C::BM; }
+    __device__ __forceinline__ float *dsum(int s) const { return (float *)(base + C::OFF_DSUM) + s * C::BM; }
+};
+
+/* The iterations of key block n: the query heads of the group (outer) and
+ * the query blocks from the first that sees a key of the block (inner). */
+template <class C>
+struct BwdIter {
+    int m_start, m_count, total;
+    __device__ __forceinline__ BwdIter(const BwdParams &p, int n) {
+        m_start = 0;
+        if (C::CAUSAL) {
+            /* query row i sees key j iff j <= i + causal_offset */
+            const int first_q = n * C::BN - p.causal_offset;
+            m_start = first_q <= 0 ? 0 : first_q / C::BM;
+        }
+        m_count = p.m_blocks > m_start ? p.m_blocks - m_start : 0;
+        total = p.group * m_count;
+    }
+    __device__ __forceinline__ void decode(int it, int hk, const BwdParams &p, int &h, int &m) const {
+        const int g = it / m_count;
+        m = m_start + (it - g * m_count);
+        h = hk * p.group + g;
+    }
+};
+
+template <class C>
+__global__ void __launch_bounds__(C::THREADS, 1)
+    bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                    const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
+                    const __grid_constant__ BwdParams p) {
+    constexpr int D = C::D, BN = C::BN, BM = C::BM, STAGES = C::STAGES;
+    extern __shared__ uint8_t smem_raw[];
+    const BwdSmem<C> sm(smem_raw);
+    const int n = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = threadIdx.x / 128;
+    const BwdIter<C> iter(p, n);
+    const int T = iter.total;
+    if (threadIdx.x == 0) {
+        mbar_init(sm.full_kv, 1);
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(&sm.full_qdo[s], 1);
+            mbar_init(&sm.empty_qdo[s], 8); /* one arrival per consumer warp */
+        }
+        ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        regs_dealloc<C::REGS_PRODUCER>();
+        if (warp == 0 && lane == 0 && T > 0) {
+            /* the producer */
+            mbar_expect_tx_arrive(sm.full_kv, 2 * C::KV_BYTES);
+            for (int c = 0; c < C::SLABS; ++c) {
+                tma_load_4d(sm.k() + c * BN * 128, &tm_k, c * 64, n * BN, hk, b, sm.full_kv);
+                tma_load_4d(sm.v() + c * BN * 128, &tm_v, c * 64, n * BN, hk, b, sm.full_kv);
+            }
+            for (int it = 0; it < T; ++it) {
+                int h, m;
+                iter.decode(it, hk, p, h, m);
+                const int s = it % STAGES;
+                if (it >= STAGES) mbar_wait<true>(&sm.empty_qdo[s], ((it / STAGES) - 1) & 1);
+                mbar_expect_tx_arrive(&sm.full_qdo[s], 2 * C::QT_BYTES + 2 * BM * 4);
+                for (int c = 0; c < C::SLABS; ++c) {
+                    tma_load_4d(sm.q(s) + c * BM * 128, &tm_q, c * 64, m * BM, h, b, &sm.full_qdo[s]);
+                    tma_load_4d(sm.dout(s) + c * BM * 128, &tm_do, c * 64, m * BM, h, b, &sm.full_qdo[s]);
+                }
+                const size_t row0 = ((size_t)b * p.heads_q + h) * p.sq_pad + (size_t)m * BM;
+                bulk_load_1d(sm.lse(s), p.lse2 + row0, BM * 4, &sm.full_qdo[s]);
+                bulk_load_1d(sm.dsum(s), p.dsum + row0, BM * 4, &sm.full_qdo[s]);
+            }
+        } else if (warp == 1 && T > 0) {
+            /* the dQ writer: the first hand-over of the dQ buffer is free */
+            named_bar_arrive(C::BAR_DQ_EMPTY, 288);
+            for (int it = 0; it < T; ++it) {
+                int h, m;
+                iter.decode(it, hk, p, h, m);
+                named_bar_sync(C::BAR_DQ_FULL, 288);
+                const size_t bh = (size_t)b * p.heads_q + h;
+                float *dst = p.dq_acc + (bh * p.sq_pad + (size_t)m * BM) * D;
+                int *sem = p.dq_sem + bh * p.m_blocks + m;
+                if (p.deterministic) {
+                    /* key blocks add in order: 0 .. n - 1 (every block before
+                     * n sees query block m if n does) */
+                    if (lane == 0)
+                        while (ld_acquire_gpu(sem) != n) {
+                        }
+                    __syncwarp();
+                }
+                for (int buf = 0; buf < C::DQ_BUFS; ++buf) {
+                    for (int r = lane; r < BM; r += 32)
+                        bulk_reduce_add_f32(dst + (size_t)r * D, sm.dq(buf) + r * C::DQ_ROW, D * 4);
+                    bulk_commit_group();
+                    /* deterministic: the two partial tiles (d64) one after the other */
+                    if (p.deterministic) bulk_wait_all();
+                }
+                if (p.deterministic) {
+                    __syncwarp();
+                    if (lane == 0) {
+                        asm volatile("fence.proxy.async.global;\n" ::: "memory");
+                        __threadfence();
+                        atomicAdd(sem, 1);
+                    }
+                } else {
+                    bulk_wait_read_all(); /* the buffer may be rewritten */
+                }
+                __syncwarp();
+                if (it + 1 < T) named_bar_arrive(C::BAR_DQ_EMPTY, 288);
+            }
+            bulk_wait_all();
+        }
+        return;
+    }
+    regs_alloc<C::REGS_CONSUMER>();
+
+    /* a consumer warpgroup: keys 64 cw .. 64 cw + 63 of the block */
+    const int cw = wg - 1, wq = warp % 4;
+    const int r0 = 16 * wq + lane / 4, q4 = lane % 4;
+    using WS = wgmma_op<64, C::BF16>;    /* S^T, dP^T: m64 n64 */
+    using WD = wgmma_op<D, C::BF16>;     /* dV, dK: m64 nD, B MN-major */
+    using WQ = wgmma_tnsp<C::DQ_N, C::BF16>; /* dQ: A and B MN-major */
+    float dv[D / 2], dk[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) dv[i] = dk[i] = 0.f;
+    if (T > 0) mbar_wait(sm.full_kv, 0);
+    const uint64_t desc_k = smem_desc_sw128(sm.k() + cw * 64 * 128, 16, 1024);
+    const uint64_t desc_v = smem_desc_sw128(sm.v() + cw * 64 * 128, 16, 1024);
+    const int key0 = n * BN + cw * 64; /* this warpgroup's first key */
+    for (int it = 0; it < T; ++it) {
+        int h, m;
+        iter.decode(it, hk, p, h, m);
+        (void)h;
+        const int s = it % STAGES;
+        mbar_wait(&sm.full_qdo[s], (it / STAGES) & 1);
+        float st[32], dpt[32];
+        const uint64_t desc_q = smem_desc_sw128(sm.q(s), 16, 1024), desc_do = smem_desc_sw128(sm.dout(s), 16, 1024);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+            WS::ss(st, desc_add(desc_k, (kk / 4) * BN * 128 + (kk % 4) * 32),
+                   desc_add(desc_q, (kk / 4) * BM * 128 + (kk % 4) * 32), kk > 0);
+        wgmma_commit();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+            WS::ss(dpt, desc_add(desc_v, (kk / 4) * BN * 128 + (kk % 4) * 32),
+                   desc_add(desc_do, (kk / 4) * BM * 128 + (kk % 4) * 32), kk > 0);
+        wgmma_commit();
+        wgmma_wait<1>();
+        reg_fence(st);
+        /* P^T: element 4 i + e is key r0 + 8 (e / 2), query 8 i + 2 q4 + e % 2 */
+        const float *lse = sm.lse(s), *dsum = sm.dsum(s);
+        const bool need_mask = C::CAUSAL && key0 + 63 > m * BM + p.causal_offset;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const float2 l = *(const float2 *)(lse + 8 * i + 2 * q4);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float x = exp2f(fmaf(st[4 * i + e], p.scale_log2, -((e & 1) ? l.y : l.x)));
+                if (need_mask) {
+                    const int key = key0 + r0 + 8 * (e >> 1), q = m * BM + 8 * i + 2 * q4 + (e & 1);
+                    if (key > q + p.causal_offset) x = 0.f;
+                }
+                st[4 * i + e] = x;
+            }
+        }
+        uint32_t pf[4][4], df[4][4];
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                pf[ks][j] = C::BF16 ? pack_bf16x2(st[8 * ks + 2 * j], st[8 * ks + 2 * j + 1])
+                                    : pack_f16x2(st[8 * ks + 2 * j], st[8 * ks + 2 * j + 1]);
+        wgmma_wait<0>();
+        reg_fence(dpt);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const float2 dd = *(const float2 *)(dsum + 8 * i + 2 * q4);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dpt[4 * i + e] = st[4 * i + e] * (dpt[4 * i + e] - ((e & 1) ? dd.y : dd.x));
+        }
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                df[ks][j] = C::BF16 ? pack_bf16x2(dpt[8 * ks + 2 * j], dpt[8 * ks + 2 * j + 1])
+                                    : pack_f16x2(dpt[8 * ks + 2 * j], dpt[8 * ks + 2 * j + 1]);
+        /* dV += P^T dO, dK += dS^T Q (B MN-major: rows of queries, k16 step 16 rows) */
+        const uint64_t desc_dot = smem_desc_sw128(sm.dout(s), BM * 128, 1024);
+        const uint64_t desc_qt = smem_desc_sw128(sm.q(s), BM * 128, 1024);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) WD::rs(dv, pf[ks], desc_add(desc_dot, ks * 2048), 1);
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) WD::rs(dk, df[ks], desc_add(desc_qt, ks * 2048), 1);
+        wgmma_commit();
+        /* dS^T into shared memory: row = key (64 cw + ...), 128 bytes of 64
+         * queries, 128-byte swizzle; df[ks][j] holds queries 8 (2 ks + j / 2)
+         * + 2 q4, + 1 of key r0 + 8 (j % 2) */
+        uint8_t *dsb = sm.ds(it & 1);
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int row = cw * 64 + r0 + 8 * (j & 1), chunk = 2 * ks + (j >> 1);
+                st_shared_u32(dsb + row * 128 + ((chunk ^ (row & 7)) << 4) + 4 * q4, df[ks][j]);
+            }
+        fence_async_shared(); /* read by wgmma (the async proxy) */
+        if (C::DQ_NSPLIT) named_bar_sync(C::BAR_DS, 256);
+        float dq[C::DQ_N / 2];
+        wgmma_fence();
+        if constexpr (C::DQ_NSPLIT) {
+            /* columns 64 cw .. of dQ = dS K: A = dS (K rows = keys, 128 bytes of queries), B = K's slab cw */
+            const uint64_t da = smem_desc_sw128(dsb, 16, 1024), db = smem_desc_sw128(sm.k() + cw * BN * 128, 16, 1024);
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk) WQ::ss_tab(dq, desc_add(da, kk * 2048), desc_add(db, kk * 2048), kk > 0);
+        } else {
+            /* all of dQ over this warpgroup's own 64 keys */
+            const uint64_t da = smem_desc_sw128(dsb + cw * 64 * 128, 16, 1024);
+            const uint64_t db = smem_desc_sw128(sm.k() + cw * 64 * 128, 16, 1024);
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) WQ::ss_tab(dq, desc_add(da, kk * 2048), desc_add(db, kk * 2048), kk > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        reg_fence(dq);
+        reg_fence(dv);
+        reg_fence(dk);
+        /* Q and dO of this stage are read by nobody now */
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&sm.empty_qdo[s]);
+        /* dQ to the writer's buffer */
+        named_bar_sync(C::BAR_DQ_EMPTY, 288);
+        uint8_t *dqb = sm.dq(C::DQ_NSPLIT ? 0 : cw);
+        const int col0 = C::DQ_NSPLIT ? cw * C::DQ_N : 0;
+#pragma unroll
+        for (int i = 0; i < C::DQ_N / 8; ++i)
+#pragma unroll
+            for (int e2 = 0; e2 < 2; ++e2)
+                *(float2 *)(dqb + (r0 + 8 * e2) * C::DQ_ROW + (col0 + 8 * i + 2 * q4) * 4) =
+                    make_float2(dq[4 * i + 2 * e2], dq[4 * i + 2 * e2 + 1]);
+        fence_async_shared(); /* read by the bulk reduce (the async proxy) */
+        named_bar_arrive(C::BAR_DQ_FULL, 288);
+    }
+    /* dK (times softmax_scale) and dV: rows key0 + r0 (+ 8), 4-byte stores */
+    uint16_t *gk = (uint16_t *)p.dk + (int64_t)b * p.dk_sb + (int64_t)hk * p.dk_sh;
+    uint16_t *gv = (uint16_t *)p.dv + (int64_t)b * p.dv_sb + (int64_t)hk * p.dv_sh;
+#pragma unroll
+    for (int e2 = 0; e2 < 2; ++e2) {
+        const int key = key0 + r0 + 8 * e2;
+        if (key >= p.seqlen_k) continue;
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+            const int col = 8 * i + 2 * q4;
+            const float k0 = dk[4 * i + 2 * e2] * p.scale, k1 = dk[4 * i + 2 * e2 + 1] * p.scale;
+            const float v0 = dv[4 * i + 2 * e2], v1 = dv[4 * i + 2 * e2 + 1];
+            *(uint32_t *)(gk + key * p.dk_ss + col) = C::BF16 ? pack_bf16x2(k0, k1) : pack_f16x2(k0, k1);
+            *(uint32_t *)(gv + key * p.dv_ss + col) = C::BF16 ? pack_bf16x2(v0, v1) : pack_f16x2(v0, v1);
+        }
+    }
+}
