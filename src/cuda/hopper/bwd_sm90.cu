@@ -47,10 +47,10 @@ __global__ void __launch_bounds__(256) bwd_pre_kernel(const uint16_t *o, int64_t
     }
 }
 
-/* dq = softmax_scale dq_acc, two elements per thread. */
+/* dq = softmax_scale dq_acc (tiles in bwd_dq_index's order), two elements per thread. */
 template <bool BF16>
 __global__ void __launch_bounds__(256) bwd_post_kernel(const float *acc, uint16_t *dq, int64_t q_sb, int64_t q_ss,
-                                                       int64_t q_sh, int heads, int seqlen_q, int sq_pad, int d,
+                                                       int64_t q_sh, int heads, int seqlen_q, int width, int d,
                                                        float scale, int64_t pairs) {
     const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= pairs) return;
@@ -60,7 +60,8 @@ __global__ void __launch_bounds__(256) bwd_post_kernel(const float *acc, uint16_
     const int i = (int)(row % seqlen_q);
     const int64_t bh = row / seqlen_q;
     const int h = (int)(bh % heads), b = (int)(bh / heads);
-    const float2 x = *(const float2 *)(acc + (bh * sq_pad + i) * d + c);
+    const float *tile = acc + (bh * ((seqlen_q + 63) / 64) + i / 64) * 64 * d;
+    const float2 x = *(const float2 *)(tile + bwd_dq_index(i % 64, c, width)); /* c even: c, c + 1 adjacent */
     uint16_t *dst = dq + b * q_sb + i * q_ss + h * q_sh + c;
     const float x0 = x.x * scale, x1 = x.y * scale;
     if (BF16) {
@@ -85,6 +86,7 @@ static fattn_status bwd_run(fattn_ctx *ctx, const fattn_bwd_args *a) {
     constexpr int D = C::D;
     BwdParams p;
     memset(&p, 0, sizeof p);
+    p.batch = pr->batch;
     p.heads_q = pr->heads_q;
     p.heads_kv = pr->heads_kv;
     p.group = pr->heads_q / pr->heads_kv;
@@ -111,7 +113,7 @@ static fattn_status bwd_run(fattn_ctx *ctx, const fattn_bwd_args *a) {
     p.dsum = (const float *)((char *)ws + acc_bytes + row_bytes);
     p.dq_sem = (int *)((char *)ws + acc_bytes + 2 * row_bytes);
 
-    CUtensorMap tq, tk, tv, tdo;
+    CUtensorMap tq, tk, tv, tdo, tstats;
     if ((s = cuda_make_tensor_map(ctx, &tq, &a->q, D, pr->seqlen_q, pr->heads_q, pr->batch, C::BM, "q")) != FATTN_OK)
         return s;
     if ((s = cuda_make_tensor_map(ctx, &tk, &a->k, D, pr->seqlen_k, pr->heads_kv, pr->batch, C::BN, "k")) != FATTN_OK)
@@ -121,6 +123,19 @@ static fattn_status bwd_run(fattn_ctx *ctx, const fattn_bwd_args *a) {
     if ((s = cuda_make_tensor_map(ctx, &tdo, &a->dout, D, pr->seqlen_q, pr->heads_q, pr->batch, C::BM, "dout")) !=
         FATTN_OK)
         return s;
+
+    /* LSE and D side by side as one f32 tensor [2 batch][heads][m_blocks][64]: 64 rows per box */
+    fattn_tensor stats;
+    memset(&stats, 0, sizeof stats);
+    stats.data = (void *)p.lse2;
+    stats.dtype = FATTN_DTYPE_F32;
+    stats.stride_seq = C::BM;
+    stats.stride_head = (int64_t)p.m_blocks * C::BM;
+    stats.stride_batch = (int64_t)pr->heads_q * p.m_blocks * C::BM;
+    if ((s = cuda_tensor_map_4d(ctx, &tstats, &stats, FATTN_DTYPE_F32, C::BM, p.m_blocks, pr->heads_q, 2 * pr->batch,
+                                C::BM, 1, CU_TENSOR_MAP_SWIZZLE_NONE, "lse/D workspace")) != FATTN_OK)
+        return s;
+    static_assert(C::BM * 4 % 256 == 0, "D follows the LSE with no gap");
 
     cudaError_t e = cudaMemsetAsync(p.dq_acc, 0, acc_bytes, stream);
     if (e == cudaSuccess && p.deterministic) e = cudaMemsetAsync(p.dq_sem, 0, sem_bytes, stream);
@@ -141,13 +156,13 @@ static fattn_status bwd_run(fattn_ctx *ctx, const fattn_bwd_args *a) {
         return fattn_fail(ctx, FATTN_ERROR_CUDA, "backward: cudaFuncSetAttribute: %s", cudaGetErrorString(e));
     }
     const dim3 grid((unsigned)((pr->seqlen_k + C::BN - 1) / C::BN), (unsigned)pr->heads_kv, (unsigned)pr->batch);
-    kern<<<grid, C::THREADS, C::SMEM_BYTES, stream>>>(tq, tk, tv, tdo, p);
+    kern<<<grid, C::THREADS, C::SMEM_BYTES, stream>>>(tq, tk, tv, tdo, tstats, p);
     if ((s = launch_error(ctx, "main kernel")) != FATTN_OK) return s;
 
     const int64_t pairs = (int64_t)pr->batch * pr->heads_q * pr->seqlen_q * D / 2;
     bwd_post_kernel<C::BF16><<<(unsigned)((pairs + 255) / 256), 256, 0, stream>>>(
         p.dq_acc, (uint16_t *)a->dq.data, a->dq.stride_batch, a->dq.stride_seq, a->dq.stride_head, pr->heads_q,
-        pr->seqlen_q, p.sq_pad, D, pr->softmax_scale, pairs);
+        pr->seqlen_q, C::DQ_N, D, pr->softmax_scale, pairs);
     if ((s = launch_error(ctx, "postprocess")) != FATTN_OK) return s;
     return cuda_bwd_workspace_done(ctx);
 }

@@ -6,7 +6,7 @@
  *
  * Warp specialisation (paper §3.1, as in the forward):
  *   warpgroup 0, warp 0, one thread: K and V of the block once, then per
- *     iteration Q and dO (TMA) and the 64 LSE and D values (bulk copies)
+ *     iteration Q, dO and the 64 rows' LSE and D values (TMA)
  *     into a 2-stage ring (full_qdo / empty_qdo);
  *   warpgroup 0, warp 1: the dQ writer: per iteration it adds the
  *     consumers' fp32 dQ tile to the accumulator in global memory with bulk
@@ -38,11 +38,11 @@
 struct BwdParams {
     void *dk, *dv;                                    /* 16-bit, element strides below */
     int64_t dk_sb, dk_ss, dk_sh, dv_sb, dv_ss, dv_sh;
-    float *dq_acc;                                    /* fp32 [batch][heads_q][sq_pad][D] */
+    float *dq_acc;                                    /* fp32 [batch][heads_q][m_blocks][64 D] (bwd_dq_index) */
     const float *lse2;                                /* [batch][heads_q][sq_pad]: LSE log2 e; +inf: no key */
-    const float *dsum;                                /* [batch][heads_q][sq_pad]: rowsum(dO O) */
+    const float *dsum;                                /* [batch][heads_q][sq_pad]: rowsum(dO O), right after lse2 */
     int *dq_sem;                                      /* deterministic: [batch][heads_q][m_blocks], zeroed */
-    int heads_q, heads_kv, group, seqlen_q, seqlen_k, causal_offset, sq_pad, m_blocks;
+    int batch, heads_q, heads_kv, group, seqlen_q, seqlen_k, causal_offset, sq_pad, m_blocks;
     float scale, scale_log2;
     int deterministic;
 };
@@ -55,12 +55,12 @@ struct BwdCfg {
     static constexpr bool DQ_NSPLIT = D >= 128;
     static constexpr int DQ_N = DQ_NSPLIT ? D / 2 : D; /* columns of each consumer's dQ tile */
     static constexpr int DQ_BUFS = DQ_NSPLIT ? 1 : 2;  /* d64: one partial tile per consumer */
-    static constexpr int DQ_ROW = D * 4 + 16;          /* padded fp32 row: rows 4 banks apart */
+    static constexpr int DQ_TILE_BYTES = BM * D * 4;   /* fp32, in bwd_dq_index's order */
     static constexpr int KV_BYTES = BN * D * 2, QT_BYTES = BM * D * 2, DS_BYTES = BN * BM * 2;
     static constexpr int OFF_K = 0, OFF_V = OFF_K + KV_BYTES, OFF_Q = OFF_V + KV_BYTES;
     static constexpr int OFF_DO = OFF_Q + STAGES * QT_BYTES, OFF_DS = OFF_DO + STAGES * QT_BYTES;
     static constexpr int OFF_DQ = OFF_DS + 2 * DS_BYTES;
-    static constexpr int OFF_LSE = OFF_DQ + DQ_BUFS * BM * DQ_ROW, OFF_DSUM = OFF_LSE + STAGES * BM * 4;
+    static constexpr int OFF_LSE = OFF_DQ + DQ_BUFS * DQ_TILE_BYTES, OFF_DSUM = OFF_LSE + STAGES * BM * 4;
     static constexpr int OFF_BAR = OFF_DSUM + STAGES * BM * 4;
     static constexpr int NUM_BARS = 1 + 2 * STAGES;
     static constexpr int SMEM_BYTES = OFF_BAR + NUM_BARS * 8 + 1024; /* + alignment slack */
@@ -72,12 +72,20 @@ struct BwdCfg {
     static_assert(D == 64 || D == 128, "head dims of this tiling");
 };
 
-__device__ __forceinline__ void bulk_load_1d(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                     smem_u32(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
-                 : "memory");
+/* Where element (row, col) of a 64-row dQ tile lives in the fp32 accumulator
+ * (shared and global memory alike): in the order the consumers hold it, so
+ * that a warp's stores are 512 contiguous bytes and the writer adds a whole
+ * tile with one bulk reduce-add (FA3's permuted dQ accumulator):
+ * [column part of `width` columns][warp][8-column group][lane][4], lane =
+ * 4 (row % 8) + (col % 8) / 2, element 2 ((row % 16) / 8) + col % 2; width
+ * is the columns of one consumer's dQ tile (BwdCfg::DQ_N). */
+__host__ __device__ __forceinline__ int bwd_dq_index(int row, int col, int width) {
+    const int part = col / width, c = col % width;
+    const int wq = row / 16, r = row % 16;
+    const int lane = 4 * (r % 8) + (c % 8) / 2, e = 2 * (r / 8) + c % 2;
+    return (((part * 4 + wq) * (width / 8) + c / 8) * 32 + lane) * 4 + e;
 }
+
 __device__ __forceinline__ void bulk_reduce_add_f32(float *dst, const void *src, uint32_t bytes) {
     asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
                  "r"(smem_u32(src)), "r"(bytes)
@@ -109,7 +117,7 @@ struct BwdSmem {
     __device__ __forceinline__ uint8_t *q(int s) const { return base + C::OFF_Q + s * C::QT_BYTES; }
     __device__ __forceinline__ uint8_t *dout(int s) const { return base + C::OFF_DO + s * C::QT_BYTES; }
     __device__ __forceinline__ uint8_t *ds(int i) const { return base + C::OFF_DS + i * C::DS_BYTES; }
-    __device__ __forceinline__ uint8_t *dq(int buf) const { return base + C::OFF_DQ + buf * C::BM * C::DQ_ROW; }
+    __device__ __forceinline__ uint8_t *dq(int buf) const { return base + C::OFF_DQ + buf * C::DQ_TILE_BYTES; }
     __device__ __forceinline__ float *lse(int s) const { return (float *)(base + C::OFF_LSE) + s * C::BM; }
     __device__ __forceinline__ float *dsum(int s) const { return (float *)(base + C::OFF_DSUM) + s * C::BM; }
 };
@@ -140,7 +148,7 @@ template <class C>
 __global__ void __launch_bounds__(C::THREADS, 1)
     bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                     const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
-                    const __grid_constant__ BwdParams p) {
+                    const __grid_constant__ CUtensorMap tm_stats, const __grid_constant__ BwdParams p) {
     constexpr int D = C::D, BN = C::BN, BM = C::BM, STAGES = C::STAGES;
     extern __shared__ uint8_t smem_raw[];
     const BwdSmem<C> sm(smem_raw);
@@ -177,9 +185,9 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                     tma_load_4d(sm.q(s) + c * BM * 128, &tm_q, c * 64, m * BM, h, b, &sm.full_qdo[s]);
                     tma_load_4d(sm.dout(s) + c * BM * 128, &tm_do, c * 64, m * BM, h, b, &sm.full_qdo[s]);
                 }
-                const size_t row0 = ((size_t)b * p.heads_q + h) * p.sq_pad + (size_t)m * BM;
-                bulk_load_1d(sm.lse(s), p.lse2 + row0, BM * 4, &sm.full_qdo[s]);
-                bulk_load_1d(sm.dsum(s), p.dsum + row0, BM * 4, &sm.full_qdo[s]);
+                /* the 64 rows' LSE and D: [2 batch][heads][m_blocks][64] f32 (lse2, then dsum) */
+                tma_load_4d(sm.lse(s), &tm_stats, 0, m, h, b, &sm.full_qdo[s]);
+                tma_load_4d(sm.dsum(s), &tm_stats, 0, m, h, p.batch + b, &sm.full_qdo[s]);
             }
         } else if (warp == 1 && T > 0) {
             /* the dQ writer: the first hand-over of the dQ buffer is free */
@@ -189,7 +197,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                 iter.decode(it, hk, p, h, m);
                 named_bar_sync(C::BAR_DQ_FULL, 288);
                 const size_t bh = (size_t)b * p.heads_q + h;
-                float *dst = p.dq_acc + (bh * p.sq_pad + (size_t)m * BM) * D;
+                float *dst = p.dq_acc + (bh * p.m_blocks + m) * (size_t)(BM * D); /* the tile, bwd_dq_index's order */
                 int *sem = p.dq_sem + bh * p.m_blocks + m;
                 if (p.deterministic) {
                     /* key blocks add in order: 0 .. n - 1 (every block before
@@ -199,13 +207,13 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                         }
                     __syncwarp();
                 }
-                for (int buf = 0; buf < C::DQ_BUFS; ++buf) {
-                    for (int r = lane; r < BM; r += 32)
-                        bulk_reduce_add_f32(dst + (size_t)r * D, sm.dq(buf) + r * C::DQ_ROW, D * 4);
-                    bulk_commit_group();
-                    /* deterministic: the two partial tiles (d64) one after the other */
-                    if (p.deterministic) bulk_wait_all();
-                }
+                if (lane == 0)
+                    for (int buf = 0; buf < C::DQ_BUFS; ++buf) {
+                        bulk_reduce_add_f32(dst, sm.dq(buf), C::DQ_TILE_BYTES);
+                        bulk_commit_group();
+                        /* deterministic: the two partial tiles (d64) one after the other */
+                        if (p.deterministic) bulk_wait_all();
+                    }
                 if (p.deterministic) {
                     __syncwarp();
                     if (lane == 0) {
@@ -213,13 +221,13 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                         __threadfence();
                         atomicAdd(sem, 1);
                     }
-                } else {
+                } else if (lane == 0) {
                     bulk_wait_read_all(); /* the buffer may be rewritten */
                 }
                 __syncwarp();
                 if (it + 1 < T) named_bar_arrive(C::BAR_DQ_EMPTY, 288);
             }
-            bulk_wait_all();
+            if (lane == 0) bulk_wait_all();
         }
         return;
     }
@@ -337,19 +345,21 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         reg_fence(dq);
         reg_fence(dv);
         reg_fence(dk);
-        /* Q and dO of this stage are read by nobody now */
+        /* Q and dO of this stage are read by nobody now; the LSE and D
+         * reads (generic proxy) are ordered before the producer's next bulk
+         * copies into the stage (async proxy) */
+        fence_async_shared();
         __syncwarp();
         if (lane == 0) mbar_arrive(&sm.empty_qdo[s]);
         /* dQ to the writer's buffer */
         named_bar_sync(C::BAR_DQ_EMPTY, 288);
-        uint8_t *dqb = sm.dq(C::DQ_NSPLIT ? 0 : cw);
-        const int col0 = C::DQ_NSPLIT ? cw * C::DQ_N : 0;
+        /* float4 (rows r0, r0 + 8, columns 2 q4, + 1 of each 8-column group)
+         * at bwd_dq_index's place: part cw (nsplit) or this consumer's own
+         * tile (d64) */
+        float4 *dqb = (float4 *)sm.dq(C::DQ_NSPLIT ? 0 : cw) + ((C::DQ_NSPLIT ? cw * 4 : 0) + wq) * (C::DQ_N / 8) * 32;
 #pragma unroll
         for (int i = 0; i < C::DQ_N / 8; ++i)
-#pragma unroll
-            for (int e2 = 0; e2 < 2; ++e2)
-                *(float2 *)(dqb + (r0 + 8 * e2) * C::DQ_ROW + (col0 + 8 * i + 2 * q4) * 4) =
-                    make_float2(dq[4 * i + 2 * e2], dq[4 * i + 2 * e2 + 1]);
+            dqb[i * 32 + lane] = make_float4(dq[4 * i], dq[4 * i + 1], dq[4 * i + 2], dq[4 * i + 3]);
         fence_async_shared(); /* read by the bulk reduce (the async proxy) */
         named_bar_arrive(C::BAR_DQ_FULL, 288);
     }
