@@ -55,6 +55,10 @@ struct BwdCfg {
     static constexpr bool DQ_NSPLIT = D >= 128;
     static constexpr int DQ_N = DQ_NSPLIT ? D / 2 : D; /* columns of each consumer's dQ tile */
     static constexpr int DQ_BUFS = DQ_NSPLIT ? 1 : 2;  /* d64: one partial tile per consumer */
+    /* the next iteration's S^T issued right after the dQ GEMM: d64 +4%, d128
+     * -6..-12% (it waits for the next Q before the dQ hand-over; run 145,
+     * perf-notes b3) */
+    static constexpr bool PREFETCH_S = D < 128;
     static constexpr int DQ_TILE_BYTES = BM * D * 4;   /* fp32, in bwd_dq_index's order */
     static constexpr int KV_BYTES = BN * D * 2, QT_BYTES = BM * D * 2, DS_BYTES = BN * BM * 2;
     static constexpr int OFF_K = 0, OFF_V = OFF_K + KV_BYTES, OFF_Q = OFF_V + KV_BYTES;
@@ -143,6 +147,21 @@ struct BwdIter {
         h = hk * p.group + g;
     }
 };
+
+/* A consumer's S^T = K_w Q^T (or, dp, dP^T = V_w dO^T) for the iteration in
+ * stage s (issue only: one commit group). */
+template <class C>
+__device__ __forceinline__ void bwd_issue_sdp(const BwdSmem<C> &sm, uint64_t desc_kv, int s, bool dp, float (&acc)[32]) {
+    using WS = wgmma_op<64, C::BF16>; /* m64 (keys) n64 (queries) */
+    constexpr int D = C::D, BN = C::BN, BM = C::BM;
+    const uint64_t desc_b = smem_desc_sw128(dp ? sm.dout(s) : sm.q(s), 16, 1024);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+        WS::ss(acc, desc_add(desc_kv, (kk / 4) * BN * 128 + (kk % 4) * 32),
+               desc_add(desc_b, (kk / 4) * BM * 128 + (kk % 4) * 32), kk > 0);
+    wgmma_commit();
+}
 
 template <class C>
 __global__ void __launch_bounds__(C::THREADS, 1)
@@ -236,7 +255,6 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     /* a consumer warpgroup: keys 64 cw .. 64 cw + 63 of the block */
     const int cw = wg - 1, wq = warp % 4;
     const int r0 = 16 * wq + lane / 4, q4 = lane % 4;
-    using WS = wgmma_op<64, C::BF16>;    /* S^T, dP^T: m64 n64 */
     using WD = wgmma_op<D, C::BF16>;     /* dV, dK: m64 nD, B MN-major */
     using WQ = wgmma_tnsp<C::DQ_N, C::BF16>; /* dQ: A and B MN-major */
     float dv[D / 2], dk[D / 2];
@@ -246,25 +264,20 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     const uint64_t desc_k = smem_desc_sw128(sm.k() + cw * 64 * 128, 16, 1024);
     const uint64_t desc_v = smem_desc_sw128(sm.v() + cw * 64 * 128, 16, 1024);
     const int key0 = n * BN + cw * 64; /* this warpgroup's first key */
+    float st[32], dpt[32];
     for (int it = 0; it < T; ++it) {
         int h, m;
         iter.decode(it, hk, p, h, m);
         (void)h;
         const int s = it % STAGES;
-        mbar_wait(&sm.full_qdo[s], (it / STAGES) & 1);
-        float st[32], dpt[32];
-        const uint64_t desc_q = smem_desc_sw128(sm.q(s), 16, 1024), desc_do = smem_desc_sw128(sm.dout(s), 16, 1024);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk)
-            WS::ss(st, desc_add(desc_k, (kk / 4) * BN * 128 + (kk % 4) * 32),
-                   desc_add(desc_q, (kk / 4) * BM * 128 + (kk % 4) * 32), kk > 0);
-        wgmma_commit();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk)
-            WS::ss(dpt, desc_add(desc_v, (kk / 4) * BN * 128 + (kk % 4) * 32),
-                   desc_add(desc_do, (kk / 4) * BM * 128 + (kk % 4) * 32), kk > 0);
-        wgmma_commit();
+        /* S^T, then dP^T, which runs under the exponentials of P^T; with
+         * PREFETCH_S only the first iteration issues its own S^T, every later
+         * one finds it issued by the iteration before, under its dQ GEMM */
+        if (it == 0 || !C::PREFETCH_S) {
+            mbar_wait(&sm.full_qdo[s], (it / STAGES) & 1);
+            bwd_issue_sdp<C>(sm, desc_k, s, false, st);
+        }
+        bwd_issue_sdp<C>(sm, desc_v, s, true, dpt);
         wgmma_wait<1>();
         reg_fence(st);
         /* P^T: element 4 i + e is key r0 + 8 (e / 2), query 8 i + 2 q4 + e % 2 */
@@ -341,7 +354,15 @@ __global__ void __launch_bounds__(C::THREADS, 1)
             for (int kk = 0; kk < 4; ++kk) WQ::ss_tab(dq, desc_add(da, kk * 2048), desc_add(db, kk * 2048), kk > 0);
         }
         wgmma_commit();
-        wgmma_wait<0>();
+        /* the next iteration's S^T and dP^T under this dQ GEMM and the dQ
+         * hand-over below; then wait for all but those two groups */
+        if (C::PREFETCH_S && it + 1 < T) {
+            mbar_wait(&sm.full_qdo[(it + 1) % STAGES], ((it + 1) / STAGES) & 1);
+            bwd_issue_sdp<C>(sm, desc_k, (it + 1) % STAGES, false, st);
+            wgmma_wait<1>();
+        } else {
+            wgmma_wait<0>();
+        }
         reg_fence(dq);
         reg_fence(dv);
         reg_fence(dk);
