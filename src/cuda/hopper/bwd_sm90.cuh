@@ -55,6 +55,7 @@ struct BwdCfg {
     static constexpr bool DQ_NSPLIT = D >= 128;
     static constexpr int DQ_N = DQ_NSPLIT ? D / 2 : D; /* columns of each consumer's dQ tile */
     static constexpr int DQ_BUFS = DQ_NSPLIT ? 1 : 2;  /* d64: one partial tile per consumer */
+    static constexpr int DQ_STAGES = 2;                /* the writer may lag an iteration */
     /* the next iteration's S^T issued right after the dQ GEMM: d64 +4%, d128
      * -6..-12% (it waits for the next Q before the dQ hand-over; run 145,
      * perf-notes b3) */
@@ -64,14 +65,15 @@ struct BwdCfg {
     static constexpr int OFF_K = 0, OFF_V = OFF_K + KV_BYTES, OFF_Q = OFF_V + KV_BYTES;
     static constexpr int OFF_DO = OFF_Q + STAGES * QT_BYTES, OFF_DS = OFF_DO + STAGES * QT_BYTES;
     static constexpr int OFF_DQ = OFF_DS + 2 * DS_BYTES;
-    static constexpr int OFF_LSE = OFF_DQ + DQ_BUFS * DQ_TILE_BYTES, OFF_DSUM = OFF_LSE + STAGES * BM * 4;
+    static constexpr int OFF_LSE = OFF_DQ + DQ_STAGES * DQ_BUFS * DQ_TILE_BYTES, OFF_DSUM = OFF_LSE + STAGES * BM * 4;
     static constexpr int OFF_BAR = OFF_DSUM + STAGES * BM * 4;
     static constexpr int NUM_BARS = 1 + 2 * STAGES;
     static constexpr int SMEM_BYTES = OFF_BAR + NUM_BARS * 8 + 1024; /* + alignment slack */
     static constexpr int THREADS = 384;
     static constexpr int REGS_PRODUCER = 24, REGS_CONSUMER = 240;
     /* named barriers (0 is __syncthreads; the forward's pingpong uses 8..) */
-    static constexpr int BAR_DS = 1, BAR_DQ_FULL = 2, BAR_DQ_EMPTY = 3;
+    /* dQ stage q: BAR_DQ_FULL + q, BAR_DQ_EMPTY + q */
+    static constexpr int BAR_DS = 1, BAR_DQ_FULL = 2, BAR_DQ_EMPTY = 2 + DQ_STAGES;
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
     static_assert(D == 64 || D == 128, "head dims of this tiling");
 };
@@ -121,7 +123,9 @@ struct BwdSmem {
     __device__ __forceinline__ uint8_t *q(int s) const { return base + C::OFF_Q + s * C::QT_BYTES; }
     __device__ __forceinline__ uint8_t *dout(int s) const { return base + C::OFF_DO + s * C::QT_BYTES; }
     __device__ __forceinline__ uint8_t *ds(int i) const { return base + C::OFF_DS + i * C::DS_BYTES; }
-    __device__ __forceinline__ uint8_t *dq(int buf) const { return base + C::OFF_DQ + buf * C::DQ_TILE_BYTES; }
+    __device__ __forceinline__ uint8_t *dq(int q, int buf) const {
+        return base + C::OFF_DQ + (q * C::DQ_BUFS + buf) * C::DQ_TILE_BYTES;
+    }
     __device__ __forceinline__ float *lse(int s) const { return (float *)(base + C::OFF_LSE) + s * C::BM; }
     __device__ __forceinline__ float *dsum(int s) const { return (float *)(base + C::OFF_DSUM) + s * C::BM; }
 };
@@ -209,12 +213,13 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                 tma_load_4d(sm.dsum(s), &tm_stats, 0, m, h, p.batch + b, &sm.full_qdo[s]);
             }
         } else if (warp == 1 && T > 0) {
-            /* the dQ writer: the first hand-over of the dQ buffer is free */
-            named_bar_arrive(C::BAR_DQ_EMPTY, 288);
+            /* the dQ writer: the first hand-over of each dQ stage is free */
+            for (int q = 0; q < C::DQ_STAGES; ++q) named_bar_arrive(C::BAR_DQ_EMPTY + q, 288);
             for (int it = 0; it < T; ++it) {
                 int h, m;
                 iter.decode(it, hk, p, h, m);
-                named_bar_sync(C::BAR_DQ_FULL, 288);
+                const int dqs = it % C::DQ_STAGES;
+                named_bar_sync(C::BAR_DQ_FULL + dqs, 288);
                 const size_t bh = (size_t)b * p.heads_q + h;
                 float *dst = p.dq_acc + (bh * p.m_blocks + m) * (size_t)(BM * D); /* the tile, bwd_dq_index's order */
                 int *sem = p.dq_sem + bh * p.m_blocks + m;
@@ -228,7 +233,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                 }
                 if (lane == 0)
                     for (int buf = 0; buf < C::DQ_BUFS; ++buf) {
-                        bulk_reduce_add_f32(dst, sm.dq(buf), C::DQ_TILE_BYTES);
+                        bulk_reduce_add_f32(dst, sm.dq(dqs, buf), C::DQ_TILE_BYTES);
                         bulk_commit_group();
                         /* deterministic: the two partial tiles (d64) one after the other */
                         if (p.deterministic) bulk_wait_all();
@@ -244,7 +249,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                     bulk_wait_read_all(); /* the buffer may be rewritten */
                 }
                 __syncwarp();
-                if (it + 1 < T) named_bar_arrive(C::BAR_DQ_EMPTY, 288);
+                if (it + C::DQ_STAGES < T) named_bar_arrive(C::BAR_DQ_EMPTY + dqs, 288);
             }
             if (lane == 0) bulk_wait_all();
         }
@@ -373,16 +378,17 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         __syncwarp();
         if (lane == 0) mbar_arrive(&sm.empty_qdo[s]);
         /* dQ to the writer's buffer */
-        named_bar_sync(C::BAR_DQ_EMPTY, 288);
+        const int dqs = it % C::DQ_STAGES;
+        named_bar_sync(C::BAR_DQ_EMPTY + dqs, 288);
         /* float4 (rows r0, r0 + 8, columns 2 q4, + 1 of each 8-column group)
          * at bwd_dq_index's place: part cw (nsplit) or this consumer's own
          * tile (d64) */
-        float4 *dqb = (float4 *)sm.dq(C::DQ_NSPLIT ? 0 : cw) + ((C::DQ_NSPLIT ? cw * 4 : 0) + wq) * (C::DQ_N / 8) * 32;
+        float4 *dqb = (float4 *)sm.dq(dqs, C::DQ_NSPLIT ? 0 : cw) + ((C::DQ_NSPLIT ? cw * 4 : 0) + wq) * (C::DQ_N / 8) * 32;
 #pragma unroll
         for (int i = 0; i < C::DQ_N / 8; ++i)
             dqb[i * 32 + lane] = make_float4(dq[4 * i], dq[4 * i + 1], dq[4 * i + 2], dq[4 * i + 3]);
         fence_async_shared(); /* read by the bulk reduce (the async proxy) */
-        named_bar_arrive(C::BAR_DQ_FULL, 288);
+        named_bar_arrive(C::BAR_DQ_FULL + dqs, 288);
     }
     /* dK (times softmax_scale) and dV: rows key0 + r0 (+ 8), 4-byte stores */
     uint16_t *gk = (uint16_t *)p.dk + (int64_t)b * p.dk_sb + (int64_t)hk * p.dk_sh;
