@@ -144,8 +144,8 @@ def bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o
             _core.run_bwd(ctx, dims, *[d for _, d in ts], *gd, lse.data_ptr(), causal, softmax_scale, deterministic)
     except _core.FattnUnsupportedError as e:
         if q.is_cuda:
-            raise type(e)(e.status, "fattn backward on CUDA tensors (the CUDA engine has no backward yet; "
-                          "CPU tensors are differentiable): %s" % e.detail) from None
+            raise type(e)(e.status, "fattn backward on CUDA tensors: %s (CPU tensors are differentiable "
+                          "in every configuration)" % e.detail) from None
         raise
     return dq, dk, dv
 
