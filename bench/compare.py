@@ -575,6 +575,8 @@ def main_fp8(a, ap):
     for opt, given in (("--ablation", a.ablation), ("--fattn-lib-b", a.fattn_lib_b), ("--ab-option", a.ab_option)):
         if given:
             ap.error("%s is not available with --fp8" % opt)
+    global FP8_BLOCK_D128_KV
+    FP8_BLOCK_D128_KV = a.fp8_d128_kv_block
     backends = a.backends.split(",") if a.backends else list(FP8_BACKENDS)
     bad = [n for n in backends if n not in FP8_BACKENDS]
     if bad or not backends or len(set(backends)) != len(backends):
@@ -1154,6 +1156,9 @@ def main():
                     help="the FP8 table: fattn's FP8 kernel alone (e4m3 inputs, block scales of 128 rows), FA3's "
                          "FP8 kernel alone (per-(batch, kv head) descales), fattn_fwd_fp8 end to end from bf16, "
                          "fattn bf16 and FA3 bf16 (--backends from %s)" % ",".join(FP8_BACKENDS))
+    ap.add_argument("--fp8-d128-kv-block", type=int, default=FP8_BLOCK_D128_KV,
+                    help="with --fp8: rows per K and V scale of the fattn FP8 rows at head dim 128 (default %d: "
+                         "its 192-key kernels; 128: its 128-key ones)" % FP8_BLOCK_D128_KV)
     ap.add_argument("--bwd", action="store_true",
                     help="the backward table: each backend's backward alone (fattn_bwd on a forward's O and LSE; "
                          "torch.autograd.grad on a forward's graph for the others) and its forward alone, "

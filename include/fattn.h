@@ -353,8 +353,26 @@ FATTN_API fattn_status fattn_merge(fattn_ctx *ctx, const fattn_merge_args *args)
  * Backward: dq, dk, dv from q, k, v, o, dout and the forward's lse.
  *   q, k, v, o, lse as in fattn_fwd (lse required); dout like o;
  *   dq like q, dk like k, dv like v (same dtype as q; f32/f16/bf16 only).
+ *   With GQA, dk and dv are sums over the query heads of each kv head.
+ *   D = rowsum(dout * o) is computed from the o passed here, so pass the
+ *   forward's own output.  A row whose lse is -inf (it saw no key) gets
+ *   dq = 0 and adds nothing to dk, dv.
  *   deterministic: nonzero asks for bitwise-reproducible results (the CPU
- *   engine always is).
+ *   engine always is).  On CUDA without it, dq is accumulated across key
+ *   blocks in fp32 in an order that varies from run to run (last-bit
+ *   differences); with it, in a fixed order (slower: docs/benchmarks.md).
+ * Engines: CPU: as for fattn_fwd.
+ *          CUDA (Hopper): bf16 / f16, head_dim == head_dim_v in {64, 128}
+ *          (256: UNSUPPORTED for now), fixed-length batches; q, k, v, dout
+ *          16-byte aligned with strides multiples of 16 bytes (TMA);
+ *          dq, dk, dv 4-byte aligned with even strides.  Asynchronous on the
+ *          context's stream.  It uses a workspace the context owns (fp32 dq
+ *          and two floats per query row, rows padded to 64): made or grown on
+ *          first need and kept; nothing is allocated while the stream is being
+ *          captured into a CUDA graph, so a captured call that needs a larger
+ *          workspace than earlier calls made answers UNSUPPORTED (make one such
+ *          call before the capture).  Calls on one context share it and run
+ *          one after another, whatever stream each was issued on.
  */
 typedef struct fattn_bwd_args {
     fattn_problem p;

@@ -54,7 +54,7 @@ grep -E "^WARNING" "$LOG/tests.log" | tee -a "$LOG/summary.txt"
 step "compute-sanitizer (small shapes)"
 {
   for tool in memcheck racecheck synccheck; do
-    for t in gpu_test_fwd gpu_test_fwd_fp8; do
+    for t in gpu_test_fwd gpu_test_fwd_fp8 gpu_test_bwd; do
       echo "--- $tool $t"
       FATTN_TEST_SMALL=1 timeout 600 compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/tests/$t" 2>&1 | tail -6
       echo "$tool $t rc=${PIPESTATUS[0]}"
