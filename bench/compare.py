@@ -389,12 +389,12 @@ FP8_LABEL = {"fattn": "fattn bf16", "fattn-fp8": "fattn FP8", "fattn-fp8-e2e": "
 # ratio columns of the FP8 table: (header, numerator, denominator)
 FP8_RATIOS = (("FP8/FA3-8", "fattn-fp8", "fa3-fp8"), ("e2e/bf16", "fattn-fp8-e2e", "fattn"),
               ("e2e/FA3-16", "fattn-fp8-e2e", "fa3"))
-FP8_BLOCK = 128  # rows per scale of Q (and of K and V except at d128): fattn's kernel alone and fattn_fwd_fp8
-FP8_BLOCK_D128_KV = 192  # K and V at head dim 128: the key block of its fastest FP8 kernels (fattn.h)
+FP8_BLOCK = 128  # rows per scale of Q, K and V: fattn's kernel alone and fattn_fwd_fp8
+FP8_BLOCK_D128_KV = 128  # K and V at head dim 128 (--fp8-d128-kv-block; 192 selects its 192-key kernels)
 
 
 def fp8_blocks(d):
-    """rows per scale of Q, K, V at head dim d (fattn_fwd_fp8's defaults)"""
+    """rows per scale of Q, K, V at head dim d (the e2e rows use them too)"""
     kv = FP8_BLOCK_D128_KV if d == 128 else FP8_BLOCK
     return (FP8_BLOCK, kv, kv)
 FP8_SEED = 0     # fattn_fwd_fp8's rotation signs
@@ -1157,8 +1157,8 @@ def main():
                          "FP8 kernel alone (per-(batch, kv head) descales), fattn_fwd_fp8 end to end from bf16, "
                          "fattn bf16 and FA3 bf16 (--backends from %s)" % ",".join(FP8_BACKENDS))
     ap.add_argument("--fp8-d128-kv-block", type=int, default=FP8_BLOCK_D128_KV,
-                    help="with --fp8: rows per K and V scale of the fattn FP8 rows at head dim 128 (default %d: "
-                         "its 192-key kernels; 128: its 128-key ones)" % FP8_BLOCK_D128_KV)
+                    help="with --fp8: rows per K and V scale of the fattn FP8 rows at head dim 128 (default %d, "
+                         "its 128-key kernels; 192: its 192-key ones, run 150)" % FP8_BLOCK_D128_KV)
     ap.add_argument("--bwd", action="store_true",
                     help="the backward table: each backend's backward alone (fattn_bwd on a forward's O and LSE; "
                          "torch.autograd.grad on a forward's graph for the others) and its forward alone, "

@@ -286,8 +286,8 @@ typedef struct fattn_problem {
  * Engines: CPU: all dtypes, head_dim and head_dim_v 1..512.
  *          CUDA (Hopper): f16/bf16, and e4m3 with f16/bf16 output (q's scale
  *          blocks any size, k's 1 or a multiple of 128, v's a multiple of 128,
- *          or at head_dim 128 both multiples of 192: the faster 192-key
- *          kernels; the scales in device memory; P is rounded to e4m3 before the PV
+ *          or at head_dim 128 both multiples of 192 (then 192-key kernels
+ *          run); the scales in device memory; P is rounded to e4m3 before the PV
  *          product, as in FlashAttention-3); head_dim == head_dim_v in
  *          {64, 128, 256}, data pointers 16-byte aligned, strides multiples of
  *          16 bytes, fixed-length batches (no cu_seqlens yet).
@@ -362,8 +362,8 @@ FATTN_API fattn_status fattn_merge(fattn_ctx *ctx, const fattn_merge_args *args)
  *   blocks in fp32 in an order that varies from run to run (last-bit
  *   differences); with it, in a fixed order (slower: docs/benchmarks.md).
  * Engines: CPU: as for fattn_fwd.
- *          CUDA (Hopper): bf16 / f16, head_dim == head_dim_v in {64, 128}
- *          (256: UNSUPPORTED for now), fixed-length batches; q, k, v, dout
+ *          CUDA (Hopper): bf16 / f16, head_dim == head_dim_v in {64, 128,
+ *          256}, fixed-length batches; q, k, v, dout
  *          16-byte aligned with strides multiples of 16 bytes (TMA);
  *          dq, dk, dv 4-byte aligned with even strides.  Asynchronous on the
  *          context's stream.  It uses a workspace the context owns (fp32 dq
@@ -438,9 +438,7 @@ FATTN_API fattn_status fattn_quantize(fattn_ctx *ctx, const fattn_quantize_args 
  * workspace the context owns, then fattn_fwd runs on the e4m3 tensors.
  *   args: as for fattn_fwd with q, k, v f16 | bf16 | f32 (one dtype) and
  *         o f16 | bf16 | f32; their .scale fields are ignored.
- *   opt:  NULL = block scales of 128 rows (K and V at head dim 128: 192
- *         rows, the key block of the CUDA engine's fastest kernels there),
- *         no rotation.
+ *   opt:  NULL = block scales of 128 rows, no rotation.
  * Block sizes the CUDA engine serves (others: UNSUPPORTED; the CPU engine
  * serves any): Q any; K 1 (one scale per token) or a multiple of 128; V a
  * multiple of 128; at head dim 128 also K and V both multiples of 192.  Per-tensor granularity writes one scale into every block
@@ -455,13 +453,13 @@ FATTN_API fattn_status fattn_quantize(fattn_ctx *ctx, const fattn_quantize_args 
  * before the capture); a captured call is ordered by the graph's streams
  * only, as for the split workspace (fattn_ctx_set_stream).  The result is
  * the bits of fattn_quantize on Q, K, V into packed BSHD e4m3 tensors (per
- * tensor: blocks of the default sizes) followed by fattn_fwd on them.
+ * tensor: blocks of 128 rows) followed by fattn_fwd on them.
  */
 typedef struct fattn_fp8_options {
     fattn_quant_granularity granularity; /* FATTN_QUANT_BLOCK (0) or FATTN_QUANT_TENSOR */
     int32_t block_rows_q;  /* rows per scale of Q; 0 = 128 */
-    int32_t block_rows_k;  /* of K; 0 = 128 (192 at head dim 128); 1 = one scale per token */
-    int32_t block_rows_v;  /* of V; 0 = 128 (192 at head dim 128) */
+    int32_t block_rows_k;  /* of K; 0 = 128; 1 = one scale per token */
+    int32_t block_rows_v;  /* of V; 0 = 128 */
     int32_t rotate;        /* nonzero: the random-sign Hadamard on Q and K */
     uint64_t seed;         /* the rotation's signs (fattn_rotation_signs) */
 } fattn_fp8_options;

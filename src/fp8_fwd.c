@@ -17,7 +17,6 @@
 #include "internal.h"
 
 #define FP8_DEFAULT_BLOCK 128
-#define FP8_DEFAULT_BLOCK_D128_KV 192
 #define FP8_WS_ALIGN 256 /* TMA wants 16 bytes; cudaMalloc gives 256 */
 
 static size_t ws_align(size_t x) { return (x + FP8_WS_ALIGN - 1) / FP8_WS_ALIGN * FP8_WS_ALIGN; }
@@ -47,11 +46,7 @@ fattn_status fattn_fwd_fp8(fattn_ctx *ctx, const fattn_fwd_args *args, const fat
 
     /* rows per scale of Q, K, V; one scale everywhere makes the layout ours
      * to choose: the key block of the CUDA FP8 kernel */
-    /* K and V at head dim 128: 192-row blocks, the key block of the CUDA
-     * engine's fastest FP8 kernels there (+13%; as accurate as 128 on the
-     * paper's protocol: perf-notes f4) */
-    const int32_t kv_block = args->p.head_dim == 128 ? FP8_DEFAULT_BLOCK_D128_KV : FP8_DEFAULT_BLOCK;
-    int32_t blocks[3] = {FP8_DEFAULT_BLOCK, kv_block, kv_block};
+    int32_t blocks[3] = {FP8_DEFAULT_BLOCK, FP8_DEFAULT_BLOCK, FP8_DEFAULT_BLOCK};
     if (o.granularity == FATTN_QUANT_BLOCK) {
         if (o.block_rows_q) blocks[0] = o.block_rows_q;
         if (o.block_rows_k) blocks[1] = o.block_rows_k;

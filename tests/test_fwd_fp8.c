@@ -111,8 +111,7 @@ static void run_case(fattn_ctx *ctx, const fcase *c) {
     memset(&o, 0, sizeof o);
     if (c->use_opt) o = c->opt;
     const int tensor = o.granularity == FATTN_QUANT_TENSOR;
-    /* the defaults (fattn.h): 128 rows, K and V 192 at head dim 128 */
-    const int dkv = c->d == 128 ? 192 : 128;
+    const int dkv = 128; /* the default (fattn.h) */
     const int br[3] = {tensor || !o.block_rows_q ? 128 : o.block_rows_q, tensor || !o.block_rows_k ? dkv : o.block_rows_k,
                        tensor || !o.block_rows_v ? dkv : o.block_rows_v};
     const int seqs[3] = {tq, tk, tk}, heads[3] = {c->hq, c->hkv, c->hkv}, dims[3] = {c->d, c->d, dv};

@@ -9,7 +9,7 @@ Inputs are torch tensors (CUDA, or CPU through the CPU engine) or NumPy arrays
 (CPU engine) in [batch, seqlen, heads, head_dim] layout, GQA by fewer K/V
 heads.  fp8=True or fp8=fattn.FP8(...) runs FP8 attention (forward only).
 On torch tensors the call is the custom op torch.ops.fattn.fwd (fwd_fp8):
-differentiable (CPU engine; the CUDA engine at head dims 64 and 128) and
+differentiable (CPU engine; the CUDA engine at head dims 64, 128, 256) and
 traceable by torch.compile.  Library errors raise FattnError (with the
 library's message) or a subclass: FattnInvalidArgumentError (a ValueError)
 and FattnUnsupportedError (a NotImplementedError).

@@ -84,7 +84,7 @@ extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_arg
 }
 
 /* What the Hopper backward serves (src/cuda/hopper/bwd_sm90.cu). */
-static const int bwd_head_dims[] = {64, 128};
+static const int bwd_head_dims[] = {64, 128, 256};
 
 extern "C" fattn_status fattn_cuda_bwd_check(fattn_ctx *ctx, const fattn_bwd_args *a) {
     const fattn_problem *p = &a->p;

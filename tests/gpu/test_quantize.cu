@@ -337,9 +337,7 @@ static void refusals(fattn_ctx *gpu) {
  * codes).  Q and K rotated with one seed, V not; GQA heads. */
 static void fwd_fp8(fattn_ctx *gpu, tu_rng *rng, fattn_quant_granularity g, int rotate, int causal) {
     const int B = 2, S = 1000, HQ = 8, HKV = 2, D = 128;
-    /* fattn_fwd_fp8's default blocks (fattn.h), for the tensor too: 128 rows,
-     * K and V 192 at head dim 128 */
-    const int bq = 128, bk = D == 128 ? 192 : 128, bv = bk;
+    const int bq = 128, bk = 128, bv = 128; /* what fattn_fwd_fp8 uses for the tensor too */
     const size_t nq = (size_t)B * S * HQ * D, nk = (size_t)B * S * HKV * D, nlse = (size_t)B * HQ * S;
     char what[160];
     snprintf(what, sizeof what, "fattn_fwd_fp8 bf16 b%d s%d h%d/%d d%d %s%s%s", B, S, HQ, HKV, D,

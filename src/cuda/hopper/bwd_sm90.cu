@@ -186,6 +186,7 @@ fattn_status bwd_sm90_launch(fattn_ctx *ctx, const fattn_bwd_args *a) {
     switch (a->p.head_dim) {
     case 64: s = bwd_run_d<64>(ctx, a, causal, bf16); break;
     case 128: s = bwd_run_d<128>(ctx, a, causal, bf16); break;
+    case 256: s = bwd_run_d<256>(ctx, a, causal, bf16); break;
     default:
         s = fattn_fail(ctx, FATTN_ERROR_INTERNAL, "backward: head_dim %d has no kernel", a->p.head_dim);
         break;

@@ -29,7 +29,30 @@
  *                               each consumer all 64 columns over its own
  *                               64 keys (two partial tiles, both added)
  *       dQ (fp32) -> shared memory -> the writer.
- * dK is scaled by softmax_scale at the end, dQ by the postprocess. */
+ * dK is scaled by softmax_scale at the end, dQ by the postprocess.
+ *
+ * Head dim 256 (BwdCfg::SPLIT_D): dK and dV of 64 keys x 256 columns in fp32
+ * are 256 registers a thread, over the 240 a consumer has, so the head dim is
+ * split instead of the keys (as FA3 does at d256): BN = 64 keys a CTA, and
+ * both consumers work on the same 64 keys, consumer w on columns 128 w ..
+ * 128 w + 127 of dK, dV and dQ (64 registers each).  Per iteration:
+ *   consumer 0: S^T = K Q^T (SS, k = 256), P^T as above, P^T in fp32 to
+ *     shared memory in its own fragment order (16 KB, float4 per thread and
+ *     register group: conflict-free), named barrier BAR_P (arrive);
+ *   consumer 1: dP^T = V dO^T, BAR_P (sync), P^T read back in fp32 (so dS^T
+ *     = P^T (dP^T - D) is computed exactly as at d64/d128 and both consumers
+ *     round P^T to 16 bits identically), dS^T (16-bit) -> shared memory;
+ *   both: dV_w += P^T dO_w (RS, P^T packed from fp32 as at d128; B MN-major,
+ *     the stage's slabs 2 w, 2 w + 1, LBO = BM * 128), BAR_DS (both sync),
+ *     dK_w += dS^T Q_w (SS, A = dS^T K-major [key][query]) and dQ_w = dS K_w
+ *     (SS, both MN-major, K's slabs 2 w, 2 w + 1, LBO = BN * 128).
+ * Shared memory has no room for a separate 64 KB dQ tile next to two Q/dO
+ * stages (K, V 64 KB + stages 128 KB), so the dQ tile goes into the Q/dO
+ * stage it was computed from (Q(s) and dO(s) are adjacent: 64 KB, the tile's
+ * size): both consumers meet at BAR_FREE once their GEMMs have read the stage,
+ * store their halves of the tile, and hand it to the writer (BAR_DQ_FULL + s);
+ * the writer, not the consumers, gives the stage back to the producer
+ * (empty_qdo[s], one arrival) once its reduce-add has read it. */
 #pragma once
 #include "../common/ptx.cuh"
 #include "../common/wgmma_gen.cuh"
@@ -49,33 +72,58 @@ struct BwdParams {
 
 template <int D_, bool CAUSAL_, bool BF16_>
 struct BwdCfg {
-    static constexpr int D = D_, BN = 128, BM = 64, STAGES = 2;
+    static constexpr int D = D_;
+    /* d256: the consumers split the head dim of 64 keys, not 128 keys (top of file) */
+    static constexpr bool SPLIT_D = D == 256;
+    static constexpr int BN = SPLIT_D ? 64 : 128, BM = 64, STAGES = 2;
     static constexpr bool CAUSAL = CAUSAL_, BF16 = BF16_;
     static constexpr int SLABS = D / 64;              /* 128-byte swizzled slabs of 64 columns */
     static constexpr bool DQ_NSPLIT = D >= 128;
     static constexpr int DQ_N = DQ_NSPLIT ? D / 2 : D; /* columns of each consumer's dQ tile */
+    static constexpr int DKV_N = SPLIT_D ? D / 2 : D;  /* columns of each consumer's dK, dV */
     static constexpr int DQ_BUFS = DQ_NSPLIT ? 1 : 2;  /* d64: one partial tile per consumer */
-    static constexpr int DQ_STAGES = 2;                /* the writer may lag an iteration */
+    /* the writer may lag an iteration; SPLIT_D: the dQ tile of stage s is the
+     * Q/dO stage s itself (STAGES of them) */
+    static constexpr int DQ_STAGES = 2;
     /* the next iteration's S^T issued right after the dQ GEMM: d64 +4%, d128
      * -6..-12% (it waits for the next Q before the dQ hand-over; run 145,
      * perf-notes b3) */
     static constexpr bool PREFETCH_S = D < 128;
     static constexpr int DQ_TILE_BYTES = BM * D * 4;   /* fp32, in bwd_dq_index's order */
     static constexpr int KV_BYTES = BN * D * 2, QT_BYTES = BM * D * 2, DS_BYTES = BN * BM * 2;
+    /* SPLIT_D: stage s = Q(s), dO(s) adjacent (64 KB, then the dQ tile);
+     * otherwise the Q stages, then the dO stages */
+    static constexpr int STAGE_STRIDE = SPLIT_D ? 2 * QT_BYTES : QT_BYTES;
     static constexpr int OFF_K = 0, OFF_V = OFF_K + KV_BYTES, OFF_Q = OFF_V + KV_BYTES;
-    static constexpr int OFF_DO = OFF_Q + STAGES * QT_BYTES, OFF_DS = OFF_DO + STAGES * QT_BYTES;
-    static constexpr int OFF_DQ = OFF_DS + 2 * DS_BYTES;
-    static constexpr int OFF_LSE = OFF_DQ + DQ_STAGES * DQ_BUFS * DQ_TILE_BYTES, OFF_DSUM = OFF_LSE + STAGES * BM * 4;
+    static constexpr int OFF_DO = SPLIT_D ? OFF_Q + QT_BYTES : OFF_Q + STAGES * QT_BYTES;
+    static constexpr int OFF_DS = OFF_Q + 2 * STAGES * QT_BYTES;
+    static constexpr int PT_BYTES = SPLIT_D ? BN * BM * 4 : 0; /* SPLIT_D: P^T in fp32, consumer 0 -> 1 */
+    static constexpr int OFF_PT = OFF_DS + 2 * DS_BYTES;
+    static constexpr int OFF_DQ = OFF_PT + PT_BYTES;
+    static constexpr int DQ_SMEM = SPLIT_D ? 0 : DQ_STAGES * DQ_BUFS * DQ_TILE_BYTES;
+    static constexpr int OFF_LSE = OFF_DQ + DQ_SMEM, OFF_DSUM = OFF_LSE + STAGES * BM * 4;
     static constexpr int OFF_BAR = OFF_DSUM + STAGES * BM * 4;
     static constexpr int NUM_BARS = 1 + 2 * STAGES;
     static constexpr int SMEM_BYTES = OFF_BAR + NUM_BARS * 8 + 1024; /* + alignment slack */
     static constexpr int THREADS = 384;
     static constexpr int REGS_PRODUCER = 24, REGS_CONSUMER = 240;
+    /* arrivals that free a Q/dO stage: one per consumer warp; SPLIT_D: the writer */
+    static constexpr int EMPTY_ARRIVALS = SPLIT_D ? 1 : 8;
     /* named barriers (0 is __syncthreads; the forward's pingpong uses 8..) */
-    /* dQ stage q: BAR_DQ_FULL + q, BAR_DQ_EMPTY + q */
+    /* dQ stage q: BAR_DQ_FULL + q, BAR_DQ_EMPTY + q (SPLIT_D: FULL only) */
     static constexpr int BAR_DS = 1, BAR_DQ_FULL = 2, BAR_DQ_EMPTY = 2 + DQ_STAGES;
+    /* SPLIT_D: P^T written (consumer 0 arrives, 1 syncs); the stage read by both */
+    static constexpr int BAR_P = BAR_DQ_EMPTY + DQ_STAGES, BAR_FREE = BAR_P + 1;
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
-    static_assert(D == 64 || D == 128, "head dims of this tiling");
+    static_assert(BAR_FREE < 16, "named barriers");
+    static_assert(D == 64 || D == 128 || D == 256, "head dims of this tiling");
+    /* d256: K 32 + V 32 + 2 stages x (Q 32 + dO 32, then the dQ tile) + dS^T
+     * 2 x 8 + P^T (fp32) 16 KB + LSE, D 1 KB + 5 mbarriers + 1 KB alignment
+     * slack = 231,464 of 232,448 bytes */
+    static_assert(!SPLIT_D || SMEM_BYTES == 231464, "d256 shared-memory budget");
+    static_assert(!SPLIT_D || (DQ_TILE_BYTES == STAGE_STRIDE && DQ_STAGES == STAGES && DQ_BUFS == 1 &&
+                               DQ_N == DKV_N && BN == BM),
+                  "d256: the dQ tile of 64 queries x 256 fills a Q/dO stage; 64 x 64 P^T and dS^T");
 };
 
 /* Where element (row, col) of a 64-row dQ tile lives in the fp32 accumulator
@@ -120,10 +168,15 @@ struct BwdSmem {
     }
     __device__ __forceinline__ uint8_t *k() const { return base + C::OFF_K; }
     __device__ __forceinline__ uint8_t *v() const { return base + C::OFF_V; }
-    __device__ __forceinline__ uint8_t *q(int s) const { return base + C::OFF_Q + s * C::QT_BYTES; }
-    __device__ __forceinline__ uint8_t *dout(int s) const { return base + C::OFF_DO + s * C::QT_BYTES; }
+    __device__ __forceinline__ uint8_t *q(int s) const { return base + C::OFF_Q + s * C::STAGE_STRIDE; }
+    __device__ __forceinline__ uint8_t *dout(int s) const { return base + C::OFF_DO + s * C::STAGE_STRIDE; }
     __device__ __forceinline__ uint8_t *ds(int i) const { return base + C::OFF_DS + i * C::DS_BYTES; }
+    __device__ __forceinline__ uint8_t *pt() const { return base + C::OFF_PT; }
     __device__ __forceinline__ uint8_t *dq(int q, int buf) const {
+        if constexpr (C::SPLIT_D) {
+            (void)buf;
+            return base + C::OFF_Q + q * C::STAGE_STRIDE; /* the Q/dO stage q */
+        }
         return base + C::OFF_DQ + (q * C::DQ_BUFS + buf) * C::DQ_TILE_BYTES;
     }
     __device__ __forceinline__ float *lse(int s) const { return (float *)(base + C::OFF_LSE) + s * C::BM; }
@@ -167,6 +220,174 @@ __device__ __forceinline__ void bwd_issue_sdp(const BwdSmem<C> &sm, uint64_t des
     wgmma_commit();
 }
 
+__device__ __forceinline__ void st_shared_f32x4(void *p, float4 v) {
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_u32(p)), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
+                 : "memory");
+}
+__device__ __forceinline__ float4 ld_shared_f32x4(const void *p) {
+    float4 v;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(smem_u32(p))
+                 : "memory");
+    return v;
+}
+
+/* The consumers at head dim 256 (BwdCfg::SPLIT_D; the tiling at the top of
+ * the file): consumer cw = 0, 1 owns columns 128 cw .. 128 cw + 127 of dK, dV
+ * and dQ for all BN = 64 keys of the block. */
+template <class C>
+__device__ __forceinline__ void bwd_consumer_split_d(const BwdSmem<C> &sm, const BwdParams &p, const BwdIter<C> &iter,
+                                                     int n, int hk, int b) {
+    constexpr int BN = C::BN, BM = C::BM, STAGES = C::STAGES, DN = C::DKV_N;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int cw = threadIdx.x / 128 - 1, wq = warp % 4, t = threadIdx.x % 128;
+    const int r0 = 16 * wq + lane / 4, q4 = lane % 4;
+    const int T = iter.total;
+    using WD = wgmma_op<DN, C::BF16>;   /* dV: m64 n128, A = P^T from registers, B MN-major */
+    using WT = wgmma_tnsp<DN, C::BF16>; /* dK: A K-major, B MN-major (ss_tb); dQ: both MN-major (ss_tab) */
+    float dv[DN / 2], dk[DN / 2];
+#pragma unroll
+    for (int i = 0; i < DN / 2; ++i) dv[i] = dk[i] = 0.f;
+    if (T > 0) mbar_wait(sm.full_kv, 0);
+    /* S^T = K Q^T (consumer 0) or dP^T = V dO^T (consumer 1), all 64 keys */
+    const uint64_t desc_kv = smem_desc_sw128(cw == 0 ? sm.k() : sm.v(), 16, 1024);
+    const int key0 = n * BN;
+    uint8_t *pt = sm.pt(); /* P^T fp32: float4 i of thread t at (i * 128 + t) * 16 */
+    float acc[32];         /* S^T, then P^T (consumer 0); dP^T, then dS^T (consumer 1) */
+    for (int it = 0; it < T; ++it) {
+        int h, m;
+        iter.decode(it, hk, p, h, m);
+        (void)h;
+        const int s = it % STAGES;
+        mbar_wait(&sm.full_qdo[s], (it / STAGES) & 1);
+        bwd_issue_sdp<C>(sm, desc_kv, s, cw == 1, acc);
+        wgmma_wait<0>();
+        reg_fence(acc);
+        /* element 4 i + e of acc: key r0 + 8 (e / 2), query 8 i + 2 q4 + e % 2;
+         * pf[ks][j]: the P^T pair (acc[8 ks + 2 j], + 1), as at d64/d128 */
+        uint32_t pf[4][4];
+        uint8_t *dsb = sm.ds(it & 1);
+        if (cw == 0) {
+            const float *lse = sm.lse(s);
+            const bool need_mask = C::CAUSAL && key0 + BN - 1 > m * BM + p.causal_offset;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const float2 l = *(const float2 *)(lse + 8 * i + 2 * q4);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    float x = exp2f(fmaf(acc[4 * i + e], p.scale_log2, -((e & 1) ? l.y : l.x)));
+                    if (need_mask) {
+                        const int key = key0 + r0 + 8 * (e >> 1), q = m * BM + 8 * i + 2 * q4 + (e & 1);
+                        if (key > q + p.causal_offset) x = 0.f;
+                    }
+                    acc[4 * i + e] = x;
+                }
+                st_shared_f32x4(pt + (i * 128 + t) * 16,
+                                make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
+            }
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    pf[ks][j] = C::BF16 ? pack_bf16x2(acc[8 * ks + 2 * j], acc[8 * ks + 2 * j + 1])
+                                        : pack_f16x2(acc[8 * ks + 2 * j], acc[8 * ks + 2 * j + 1]);
+            named_bar_arrive(C::BAR_P, 256); /* P^T written (generic stores, generic loads) */
+        } else {
+            named_bar_sync(C::BAR_P, 256);
+            /* dS^T = P^T (dP^T - D) with consumer 0's fp32 P^T (the same
+             * thread's fragment: same warp of the warpgroup, same lane) */
+            const float *dsum = sm.dsum(s);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const float4 x = ld_shared_f32x4(pt + (i * 128 + t) * 16);
+                const float2 dd = *(const float2 *)(dsum + 8 * i + 2 * q4);
+                acc[4 * i] = x.x * (acc[4 * i] - dd.x);
+                acc[4 * i + 1] = x.y * (acc[4 * i + 1] - dd.y);
+                acc[4 * i + 2] = x.z * (acc[4 * i + 2] - dd.x);
+                acc[4 * i + 3] = x.w * (acc[4 * i + 3] - dd.y);
+                /* elements 4 i .. 4 i + 3 = pairs j = 2 (i % 2), + 1 of ks = i / 2 */
+                pf[i / 2][2 * (i % 2)] = C::BF16 ? pack_bf16x2(x.x, x.y) : pack_f16x2(x.x, x.y);
+                pf[i / 2][2 * (i % 2) + 1] = C::BF16 ? pack_bf16x2(x.z, x.w) : pack_f16x2(x.z, x.w);
+            }
+        }
+        /* dV_w += P^T dO_w: B = dO's slabs 2 cw, 2 cw + 1 (MN-major: rows of
+         * queries, 64-column slabs BM * 128 bytes apart), k16 step 16 rows */
+        const uint64_t desc_dot = smem_desc_sw128(sm.dout(s) + 2 * cw * BM * 128, BM * 128, 1024);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) WD::rs(dv, pf[ks], desc_add(desc_dot, ks * 2048), 1);
+        wgmma_commit();
+        if (cw == 1) {
+            /* dS^T into shared memory: row = key, 128 bytes of 64 queries,
+             * 128-byte swizzle (as at d64/d128, one consumer's 64 keys) */
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const uint32_t d = C::BF16 ? pack_bf16x2(acc[8 * ks + 2 * j], acc[8 * ks + 2 * j + 1])
+                                               : pack_f16x2(acc[8 * ks + 2 * j], acc[8 * ks + 2 * j + 1]);
+                    const int row = r0 + 8 * (j & 1), chunk = 2 * ks + (j >> 1);
+                    st_shared_u32(dsb + row * 128 + ((chunk ^ (row & 7)) << 4) + 4 * q4, d);
+                }
+            fence_async_shared(); /* read by wgmma (the async proxy) */
+        }
+        /* all 128 threads of consumer 1 have stored (and fenced) dS^T: its own
+         * wgmmas below read every row too */
+        named_bar_sync(C::BAR_DS, 256);
+        /* dK_w += dS^T Q_w: A = dS^T K-major (rows of keys, the query index
+         * along the 128-byte row: k16 step +32 bytes), B = Q's slabs 2 cw, + 1 */
+        const uint64_t desc_ds = smem_desc_sw128(dsb, 16, 1024);
+        const uint64_t desc_qt = smem_desc_sw128(sm.q(s) + 2 * cw * BM * 128, BM * 128, 1024);
+        float dq[DN / 2];
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) WT::ss_tb(dk, desc_add(desc_ds, ks * 32), desc_add(desc_qt, ks * 2048), 1);
+        /* dQ_w = dS K_w: A = dS^T stored [key][query] (MN-major A: K rows =
+         * keys), B = K's slabs 2 cw, 2 cw + 1 (MN-major, BN * 128 bytes apart) */
+        const uint64_t db = smem_desc_sw128(sm.k() + 2 * cw * BN * 128, BN * 128, 1024);
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk)
+            WT::ss_tab(dq, desc_add(desc_ds, kk * 2048), desc_add(db, kk * 2048), kk > 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        reg_fence(dq);
+        reg_fence(dv);
+        reg_fence(dk);
+        /* the LSE and D reads (generic proxy) before the producer's next bulk
+         * copies into the stage (async proxy), after the writer frees it */
+        fence_async_shared();
+        /* both consumers' GEMMs have read Q(s) and dO(s): the dQ tile may
+         * overwrite them */
+        named_bar_sync(C::BAR_FREE, 256);
+        /* float4 (rows r0, r0 + 8, columns 2 q4, + 1 of each 8-column group)
+         * at bwd_dq_index's place (width DQ_N = 128): part cw of the tile */
+        float4 *dqb = (float4 *)sm.dq(s, 0) + (cw * 4 + wq) * (DN / 8) * 32;
+#pragma unroll
+        for (int i = 0; i < DN / 8; ++i)
+            dqb[i * 32 + lane] = make_float4(dq[4 * i], dq[4 * i + 1], dq[4 * i + 2], dq[4 * i + 3]);
+        fence_async_shared(); /* read by the bulk reduce (the async proxy) */
+        named_bar_arrive(C::BAR_DQ_FULL + s, 288);
+    }
+    /* dK (times softmax_scale) and dV: rows key0 + r0 (+ 8), columns
+     * 128 cw + ..., 4-byte stores */
+    uint16_t *gk = (uint16_t *)p.dk + (int64_t)b * p.dk_sb + (int64_t)hk * p.dk_sh;
+    uint16_t *gv = (uint16_t *)p.dv + (int64_t)b * p.dv_sb + (int64_t)hk * p.dv_sh;
+#pragma unroll
+    for (int e2 = 0; e2 < 2; ++e2) {
+        const int key = key0 + r0 + 8 * e2;
+        if (key >= p.seqlen_k) continue;
+#pragma unroll
+        for (int i = 0; i < DN / 8; ++i) {
+            const int col = cw * DN + 8 * i + 2 * q4;
+            const float k0 = dk[4 * i + 2 * e2] * p.scale, k1 = dk[4 * i + 2 * e2 + 1] * p.scale;
+            const float v0 = dv[4 * i + 2 * e2], v1 = dv[4 * i + 2 * e2 + 1];
+            *(uint32_t *)(gk + key * p.dk_ss + col) = C::BF16 ? pack_bf16x2(k0, k1) : pack_f16x2(k0, k1);
+            *(uint32_t *)(gv + key * p.dv_ss + col) = C::BF16 ? pack_bf16x2(v0, v1) : pack_f16x2(v0, v1);
+        }
+    }
+}
+
 template <class C>
 __global__ void __launch_bounds__(C::THREADS, 1)
     bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
@@ -183,7 +404,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         mbar_init(sm.full_kv, 1);
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(&sm.full_qdo[s], 1);
-            mbar_init(&sm.empty_qdo[s], 8); /* one arrival per consumer warp */
+            mbar_init(&sm.empty_qdo[s], C::EMPTY_ARRIVALS); /* each consumer warp; SPLIT_D: the writer */
         }
         ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
     }
@@ -213,8 +434,10 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                 tma_load_4d(sm.dsum(s), &tm_stats, 0, m, h, p.batch + b, &sm.full_qdo[s]);
             }
         } else if (warp == 1 && T > 0) {
-            /* the dQ writer: the first hand-over of each dQ stage is free */
-            for (int q = 0; q < C::DQ_STAGES; ++q) named_bar_arrive(C::BAR_DQ_EMPTY + q, 288);
+            /* the dQ writer: the first hand-over of each dQ stage is free
+             * (SPLIT_D: the tile is in the Q/dO stage, freed by full_qdo) */
+            if constexpr (!C::SPLIT_D)
+                for (int q = 0; q < C::DQ_STAGES; ++q) named_bar_arrive(C::BAR_DQ_EMPTY + q, 288);
             for (int it = 0; it < T; ++it) {
                 int h, m;
                 iter.decode(it, hk, p, h, m);
@@ -249,161 +472,169 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                     bulk_wait_read_all(); /* the buffer may be rewritten */
                 }
                 __syncwarp();
-                if (it + C::DQ_STAGES < T) named_bar_arrive(C::BAR_DQ_EMPTY + dqs, 288);
+                if constexpr (C::SPLIT_D) {
+                    /* the stage's tile is read: the stage back to the producer */
+                    if (lane == 0) mbar_arrive(&sm.empty_qdo[dqs]);
+                } else if (it + C::DQ_STAGES < T) {
+                    named_bar_arrive(C::BAR_DQ_EMPTY + dqs, 288);
+                }
             }
             if (lane == 0) bulk_wait_all();
         }
         return;
     }
     regs_alloc<C::REGS_CONSUMER>();
-
-    /* a consumer warpgroup: keys 64 cw .. 64 cw + 63 of the block */
-    const int cw = wg - 1, wq = warp % 4;
-    const int r0 = 16 * wq + lane / 4, q4 = lane % 4;
-    using WD = wgmma_op<D, C::BF16>;     /* dV, dK: m64 nD, B MN-major */
-    using WQ = wgmma_tnsp<C::DQ_N, C::BF16>; /* dQ: A and B MN-major */
-    float dv[D / 2], dk[D / 2];
+    if constexpr (C::SPLIT_D) {
+        bwd_consumer_split_d<C>(sm, p, iter, n, hk, b);
+    } else {
+        /* a consumer warpgroup: keys 64 cw .. 64 cw + 63 of the block */
+        const int cw = wg - 1, wq = warp % 4;
+        const int r0 = 16 * wq + lane / 4, q4 = lane % 4;
+        using WD = wgmma_op<D, C::BF16>;     /* dV, dK: m64 nD, B MN-major */
+        using WQ = wgmma_tnsp<C::DQ_N, C::BF16>; /* dQ: A and B MN-major */
+        float dv[D / 2], dk[D / 2];
 #pragma unroll
-    for (int i = 0; i < D / 2; ++i) dv[i] = dk[i] = 0.f;
-    if (T > 0) mbar_wait(sm.full_kv, 0);
-    const uint64_t desc_k = smem_desc_sw128(sm.k() + cw * 64 * 128, 16, 1024);
-    const uint64_t desc_v = smem_desc_sw128(sm.v() + cw * 64 * 128, 16, 1024);
-    const int key0 = n * BN + cw * 64; /* this warpgroup's first key */
-    float st[32], dpt[32];
-    for (int it = 0; it < T; ++it) {
-        int h, m;
-        iter.decode(it, hk, p, h, m);
-        (void)h;
-        const int s = it % STAGES;
-        /* S^T, then dP^T, which runs under the exponentials of P^T; with
-         * PREFETCH_S only the first iteration issues its own S^T, every later
-         * one finds it issued by the iteration before, under its dQ GEMM */
-        if (it == 0 || !C::PREFETCH_S) {
-            mbar_wait(&sm.full_qdo[s], (it / STAGES) & 1);
-            bwd_issue_sdp<C>(sm, desc_k, s, false, st);
-        }
-        bwd_issue_sdp<C>(sm, desc_v, s, true, dpt);
-        wgmma_wait<1>();
-        reg_fence(st);
-        /* P^T: element 4 i + e is key r0 + 8 (e / 2), query 8 i + 2 q4 + e % 2 */
-        const float *lse = sm.lse(s), *dsum = sm.dsum(s);
-        const bool need_mask = C::CAUSAL && key0 + 63 > m * BM + p.causal_offset;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const float2 l = *(const float2 *)(lse + 8 * i + 2 * q4);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float x = exp2f(fmaf(st[4 * i + e], p.scale_log2, -((e & 1) ? l.y : l.x)));
-                if (need_mask) {
-                    const int key = key0 + r0 + 8 * (e >> 1), q = m * BM + 8 * i + 2 * q4 + (e & 1);
-                    if (key > q + p.causal_offset) x = 0.f;
-                }
-                st[4 * i + e] = x;
+        for (int i = 0; i < D / 2; ++i) dv[i] = dk[i] = 0.f;
+        if (T > 0) mbar_wait(sm.full_kv, 0);
+        const uint64_t desc_k = smem_desc_sw128(sm.k() + cw * 64 * 128, 16, 1024);
+        const uint64_t desc_v = smem_desc_sw128(sm.v() + cw * 64 * 128, 16, 1024);
+        const int key0 = n * BN + cw * 64; /* this warpgroup's first key */
+        float st[32], dpt[32];
+        for (int it = 0; it < T; ++it) {
+            int h, m;
+            iter.decode(it, hk, p, h, m);
+            (void)h;
+            const int s = it % STAGES;
+            /* S^T, then dP^T, which runs under the exponentials of P^T; with
+             * PREFETCH_S only the first iteration issues its own S^T, every later
+             * one finds it issued by the iteration before, under its dQ GEMM */
+            if (it == 0 || !C::PREFETCH_S) {
+                mbar_wait(&sm.full_qdo[s], (it / STAGES) & 1);
+                bwd_issue_sdp<C>(sm, desc_k, s, false, st);
             }
-        }
-        uint32_t pf[4][4], df[4][4];
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-                pf[ks][j] = C::BF16 ? pack_bf16x2(st[8 * ks + 2 * j], st[8 * ks + 2 * j + 1])
-                                    : pack_f16x2(st[8 * ks + 2 * j], st[8 * ks + 2 * j + 1]);
-        wgmma_wait<0>();
-        reg_fence(dpt);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const float2 dd = *(const float2 *)(dsum + 8 * i + 2 * q4);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) dpt[4 * i + e] = st[4 * i + e] * (dpt[4 * i + e] - ((e & 1) ? dd.y : dd.x));
-        }
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-                df[ks][j] = C::BF16 ? pack_bf16x2(dpt[8 * ks + 2 * j], dpt[8 * ks + 2 * j + 1])
-                                    : pack_f16x2(dpt[8 * ks + 2 * j], dpt[8 * ks + 2 * j + 1]);
-        /* dV += P^T dO, dK += dS^T Q (B MN-major: rows of queries, k16 step 16 rows) */
-        const uint64_t desc_dot = smem_desc_sw128(sm.dout(s), BM * 128, 1024);
-        const uint64_t desc_qt = smem_desc_sw128(sm.q(s), BM * 128, 1024);
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks) WD::rs(dv, pf[ks], desc_add(desc_dot, ks * 2048), 1);
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks) WD::rs(dk, df[ks], desc_add(desc_qt, ks * 2048), 1);
-        wgmma_commit();
-        /* dS^T into shared memory: row = key (64 cw + ...), 128 bytes of 64
-         * queries, 128-byte swizzle; df[ks][j] holds queries 8 (2 ks + j / 2)
-         * + 2 q4, + 1 of key r0 + 8 (j % 2) */
-        uint8_t *dsb = sm.ds(it & 1);
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int row = cw * 64 + r0 + 8 * (j & 1), chunk = 2 * ks + (j >> 1);
-                st_shared_u32(dsb + row * 128 + ((chunk ^ (row & 7)) << 4) + 4 * q4, df[ks][j]);
-            }
-        fence_async_shared(); /* read by wgmma (the async proxy) */
-        if (C::DQ_NSPLIT) named_bar_sync(C::BAR_DS, 256);
-        float dq[C::DQ_N / 2];
-        wgmma_fence();
-        if constexpr (C::DQ_NSPLIT) {
-            /* columns 64 cw .. of dQ = dS K: A = dS (K rows = keys, 128 bytes of queries), B = K's slab cw */
-            const uint64_t da = smem_desc_sw128(dsb, 16, 1024), db = smem_desc_sw128(sm.k() + cw * BN * 128, 16, 1024);
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk) WQ::ss_tab(dq, desc_add(da, kk * 2048), desc_add(db, kk * 2048), kk > 0);
-        } else {
-            /* all of dQ over this warpgroup's own 64 keys */
-            const uint64_t da = smem_desc_sw128(dsb + cw * 64 * 128, 16, 1024);
-            const uint64_t db = smem_desc_sw128(sm.k() + cw * 64 * 128, 16, 1024);
-#pragma unroll
-            for (int kk = 0; kk < 4; ++kk) WQ::ss_tab(dq, desc_add(da, kk * 2048), desc_add(db, kk * 2048), kk > 0);
-        }
-        wgmma_commit();
-        /* the next iteration's S^T and dP^T under this dQ GEMM and the dQ
-         * hand-over below; then wait for all but those two groups */
-        if (C::PREFETCH_S && it + 1 < T) {
-            mbar_wait(&sm.full_qdo[(it + 1) % STAGES], ((it + 1) / STAGES) & 1);
-            bwd_issue_sdp<C>(sm, desc_k, (it + 1) % STAGES, false, st);
+            bwd_issue_sdp<C>(sm, desc_v, s, true, dpt);
             wgmma_wait<1>();
-        } else {
+            reg_fence(st);
+            /* P^T: element 4 i + e is key r0 + 8 (e / 2), query 8 i + 2 q4 + e % 2 */
+            const float *lse = sm.lse(s), *dsum = sm.dsum(s);
+            const bool need_mask = C::CAUSAL && key0 + 63 > m * BM + p.causal_offset;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const float2 l = *(const float2 *)(lse + 8 * i + 2 * q4);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    float x = exp2f(fmaf(st[4 * i + e], p.scale_log2, -((e & 1) ? l.y : l.x)));
+                    if (need_mask) {
+                        const int key = key0 + r0 + 8 * (e >> 1), q = m * BM + 8 * i + 2 * q4 + (e & 1);
+                        if (key > q + p.causal_offset) x = 0.f;
+                    }
+                    st[4 * i + e] = x;
+                }
+            }
+            uint32_t pf[4][4], df[4][4];
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    pf[ks][j] = C::BF16 ? pack_bf16x2(st[8 * ks + 2 * j], st[8 * ks + 2 * j + 1])
+                                        : pack_f16x2(st[8 * ks + 2 * j], st[8 * ks + 2 * j + 1]);
             wgmma_wait<0>();
+            reg_fence(dpt);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const float2 dd = *(const float2 *)(dsum + 8 * i + 2 * q4);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) dpt[4 * i + e] = st[4 * i + e] * (dpt[4 * i + e] - ((e & 1) ? dd.y : dd.x));
+            }
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    df[ks][j] = C::BF16 ? pack_bf16x2(dpt[8 * ks + 2 * j], dpt[8 * ks + 2 * j + 1])
+                                        : pack_f16x2(dpt[8 * ks + 2 * j], dpt[8 * ks + 2 * j + 1]);
+            /* dV += P^T dO, dK += dS^T Q (B MN-major: rows of queries, k16 step 16 rows) */
+            const uint64_t desc_dot = smem_desc_sw128(sm.dout(s), BM * 128, 1024);
+            const uint64_t desc_qt = smem_desc_sw128(sm.q(s), BM * 128, 1024);
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) WD::rs(dv, pf[ks], desc_add(desc_dot, ks * 2048), 1);
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) WD::rs(dk, df[ks], desc_add(desc_qt, ks * 2048), 1);
+            wgmma_commit();
+            /* dS^T into shared memory: row = key (64 cw + ...), 128 bytes of 64
+             * queries, 128-byte swizzle; df[ks][j] holds queries 8 (2 ks + j / 2)
+             * + 2 q4, + 1 of key r0 + 8 (j % 2) */
+            uint8_t *dsb = sm.ds(it & 1);
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const int row = cw * 64 + r0 + 8 * (j & 1), chunk = 2 * ks + (j >> 1);
+                    st_shared_u32(dsb + row * 128 + ((chunk ^ (row & 7)) << 4) + 4 * q4, df[ks][j]);
+                }
+            fence_async_shared(); /* read by wgmma (the async proxy) */
+            if (C::DQ_NSPLIT) named_bar_sync(C::BAR_DS, 256);
+            float dq[C::DQ_N / 2];
+            wgmma_fence();
+            if constexpr (C::DQ_NSPLIT) {
+                /* columns 64 cw .. of dQ = dS K: A = dS (K rows = keys, 128 bytes of queries), B = K's slab cw */
+                const uint64_t da = smem_desc_sw128(dsb, 16, 1024), db = smem_desc_sw128(sm.k() + cw * BN * 128, 16, 1024);
+#pragma unroll
+                for (int kk = 0; kk < BN / 16; ++kk) WQ::ss_tab(dq, desc_add(da, kk * 2048), desc_add(db, kk * 2048), kk > 0);
+            } else {
+                /* all of dQ over this warpgroup's own 64 keys */
+                const uint64_t da = smem_desc_sw128(dsb + cw * 64 * 128, 16, 1024);
+                const uint64_t db = smem_desc_sw128(sm.k() + cw * 64 * 128, 16, 1024);
+#pragma unroll
+                for (int kk = 0; kk < 4; ++kk) WQ::ss_tab(dq, desc_add(da, kk * 2048), desc_add(db, kk * 2048), kk > 0);
+            }
+            wgmma_commit();
+            /* the next iteration's S^T and dP^T under this dQ GEMM and the dQ
+             * hand-over below; then wait for all but those two groups */
+            if (C::PREFETCH_S && it + 1 < T) {
+                mbar_wait(&sm.full_qdo[(it + 1) % STAGES], ((it + 1) / STAGES) & 1);
+                bwd_issue_sdp<C>(sm, desc_k, (it + 1) % STAGES, false, st);
+                wgmma_wait<1>();
+            } else {
+                wgmma_wait<0>();
+            }
+            reg_fence(dq);
+            reg_fence(dv);
+            reg_fence(dk);
+            /* Q and dO of this stage are read by nobody now; the LSE and D
+             * reads (generic proxy) are ordered before the producer's next bulk
+             * copies into the stage (async proxy) */
+            fence_async_shared();
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&sm.empty_qdo[s]);
+            /* dQ to the writer's buffer */
+            const int dqs = it % C::DQ_STAGES;
+            named_bar_sync(C::BAR_DQ_EMPTY + dqs, 288);
+            /* float4 (rows r0, r0 + 8, columns 2 q4, + 1 of each 8-column group)
+             * at bwd_dq_index's place: part cw (nsplit) or this consumer's own
+             * tile (d64) */
+            float4 *dqb = (float4 *)sm.dq(dqs, C::DQ_NSPLIT ? 0 : cw) + ((C::DQ_NSPLIT ? cw * 4 : 0) + wq) * (C::DQ_N / 8) * 32;
+#pragma unroll
+            for (int i = 0; i < C::DQ_N / 8; ++i)
+                dqb[i * 32 + lane] = make_float4(dq[4 * i], dq[4 * i + 1], dq[4 * i + 2], dq[4 * i + 3]);
+            fence_async_shared(); /* read by the bulk reduce (the async proxy) */
+            named_bar_arrive(C::BAR_DQ_FULL + dqs, 288);
         }
-        reg_fence(dq);
-        reg_fence(dv);
-        reg_fence(dk);
-        /* Q and dO of this stage are read by nobody now; the LSE and D
-         * reads (generic proxy) are ordered before the producer's next bulk
-         * copies into the stage (async proxy) */
-        fence_async_shared();
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&sm.empty_qdo[s]);
-        /* dQ to the writer's buffer */
-        const int dqs = it % C::DQ_STAGES;
-        named_bar_sync(C::BAR_DQ_EMPTY + dqs, 288);
-        /* float4 (rows r0, r0 + 8, columns 2 q4, + 1 of each 8-column group)
-         * at bwd_dq_index's place: part cw (nsplit) or this consumer's own
-         * tile (d64) */
-        float4 *dqb = (float4 *)sm.dq(dqs, C::DQ_NSPLIT ? 0 : cw) + ((C::DQ_NSPLIT ? cw * 4 : 0) + wq) * (C::DQ_N / 8) * 32;
+        /* dK (times softmax_scale) and dV: rows key0 + r0 (+ 8), 4-byte stores */
+        uint16_t *gk = (uint16_t *)p.dk + (int64_t)b * p.dk_sb + (int64_t)hk * p.dk_sh;
+        uint16_t *gv = (uint16_t *)p.dv + (int64_t)b * p.dv_sb + (int64_t)hk * p.dv_sh;
 #pragma unroll
-        for (int i = 0; i < C::DQ_N / 8; ++i)
-            dqb[i * 32 + lane] = make_float4(dq[4 * i], dq[4 * i + 1], dq[4 * i + 2], dq[4 * i + 3]);
-        fence_async_shared(); /* read by the bulk reduce (the async proxy) */
-        named_bar_arrive(C::BAR_DQ_FULL + dqs, 288);
-    }
-    /* dK (times softmax_scale) and dV: rows key0 + r0 (+ 8), 4-byte stores */
-    uint16_t *gk = (uint16_t *)p.dk + (int64_t)b * p.dk_sb + (int64_t)hk * p.dk_sh;
-    uint16_t *gv = (uint16_t *)p.dv + (int64_t)b * p.dv_sb + (int64_t)hk * p.dv_sh;
+        for (int e2 = 0; e2 < 2; ++e2) {
+            const int key = key0 + r0 + 8 * e2;
+            if (key >= p.seqlen_k) continue;
 #pragma unroll
-    for (int e2 = 0; e2 < 2; ++e2) {
-        const int key = key0 + r0 + 8 * e2;
-        if (key >= p.seqlen_k) continue;
-#pragma unroll
-        for (int i = 0; i < D / 8; ++i) {
-            const int col = 8 * i + 2 * q4;
-            const float k0 = dk[4 * i + 2 * e2] * p.scale, k1 = dk[4 * i + 2 * e2 + 1] * p.scale;
-            const float v0 = dv[4 * i + 2 * e2], v1 = dv[4 * i + 2 * e2 + 1];
-            *(uint32_t *)(gk + key * p.dk_ss + col) = C::BF16 ? pack_bf16x2(k0, k1) : pack_f16x2(k0, k1);
-            *(uint32_t *)(gv + key * p.dv_ss + col) = C::BF16 ? pack_bf16x2(v0, v1) : pack_f16x2(v0, v1);
+            for (int i = 0; i < D / 8; ++i) {
+                const int col = 8 * i + 2 * q4;
+                const float k0 = dk[4 * i + 2 * e2] * p.scale, k1 = dk[4 * i + 2 * e2 + 1] * p.scale;
+                const float v0 = dv[4 * i + 2 * e2], v1 = dv[4 * i + 2 * e2 + 1];
+                *(uint32_t *)(gk + key * p.dk_ss + col) = C::BF16 ? pack_bf16x2(k0, k1) : pack_f16x2(k0, k1);
+                *(uint32_t *)(gv + key * p.dv_ss + col) = C::BF16 ? pack_bf16x2(v0, v1) : pack_f16x2(v0, v1);
+            }
         }
     }
 }
