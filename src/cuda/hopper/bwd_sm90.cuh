@@ -70,13 +70,33 @@ struct BwdParams {
     int deterministic;
 };
 
-template <int D_, bool CAUSAL_, bool BF16_>
+/* The named options of a backward kernel, as FwdOpts names the forward's: an
+ * instance is BwdCfg<BwdOpts{.d = 128, .causal = true}>, options left out
+ * take the defaults, which are the shipped kernels (bwd_sm90.cu); the others
+ * are experiments for bench/bwd_variants.cu (perf-notes b6). */
+struct BwdOpts {
+    int d = 128;
+    bool causal = false, bf16 = true;
+    /* the next iteration's S^T under the dQ GEMM (b3): -1 where it measured
+     * faster (d64), 0 off, 1 on (d64/d128) */
+    int prefetch_s = -1;
+    bool sleep = false;  /* the consumers' full_qdo waits with the suspend-time hint */
+    bool psleep = true;  /* the producer's empty_qdo waits with the hint (today's: on) */
+    /* d64/d128: the consumers take turns issuing their GEMMs, a token passed
+     * round named barriers BAR_PP, BAR_PP + 1 (the forward's PINGPONG):
+     * 1 turns around the S^T/dP^T issue and the dV/dK issue, 2 also the dQ
+     * issue (a prefetched S^T stays outside the token) */
+    int pingpong = 0;
+};
+
+template <BwdOpts O>
 struct BwdCfg {
-    static constexpr int D = D_;
+    static constexpr BwdOpts OPTS = O;
+    static constexpr int D = O.d;
     /* d256: the consumers split the head dim of 64 keys, not 128 keys (top of file) */
     static constexpr bool SPLIT_D = D == 256;
     static constexpr int BN = SPLIT_D ? 64 : 128, BM = 64, STAGES = 2;
-    static constexpr bool CAUSAL = CAUSAL_, BF16 = BF16_;
+    static constexpr bool CAUSAL = O.causal, BF16 = O.bf16;
     static constexpr int SLABS = D / 64;              /* 128-byte swizzled slabs of 64 columns */
     static constexpr bool DQ_NSPLIT = D >= 128;
     static constexpr int DQ_N = DQ_NSPLIT ? D / 2 : D; /* columns of each consumer's dQ tile */
@@ -88,7 +108,10 @@ struct BwdCfg {
     /* the next iteration's S^T issued right after the dQ GEMM: d64 +4%, d128
      * -6..-12% (it waits for the next Q before the dQ hand-over; run 145,
      * perf-notes b3) */
-    static constexpr bool PREFETCH_S = D < 128;
+    static constexpr bool PREFETCH_S = !SPLIT_D && (O.prefetch_s < 0 ? D < 128 : O.prefetch_s != 0);
+    static constexpr bool SLEEP = O.sleep, PSLEEP = O.psleep;
+    static constexpr int PINGPONG = SPLIT_D ? 0 : O.pingpong;
+    static constexpr int PP_TURNS = PINGPONG ? PINGPONG + 1 : 0; /* token turns per iteration */
     static constexpr int DQ_TILE_BYTES = BM * D * 4;   /* fp32, in bwd_dq_index's order */
     static constexpr int KV_BYTES = BN * D * 2, QT_BYTES = BM * D * 2, DS_BYTES = BN * BM * 2;
     /* SPLIT_D: stage s = Q(s), dO(s) adjacent (64 KB, then the dQ tile);
@@ -114,8 +137,12 @@ struct BwdCfg {
     static constexpr int BAR_DS = 1, BAR_DQ_FULL = 2, BAR_DQ_EMPTY = 2 + DQ_STAGES;
     /* SPLIT_D: P^T written (consumer 0 arrives, 1 syncs); the stage read by both */
     static constexpr int BAR_P = BAR_DQ_EMPTY + DQ_STAGES, BAR_FREE = BAR_P + 1;
+    /* PINGPONG: consumer w waits for its turn on BAR_PP + w */
+    static constexpr int BAR_PP = 8;
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
-    static_assert(BAR_FREE < 16, "named barriers");
+    static_assert(BAR_FREE < BAR_PP && BAR_PP + 1 < 16, "named barriers");
+    static_assert(O.pingpong >= 0 && O.pingpong <= 2 && (!SPLIT_D || O.pingpong == 0), "pingpong: 0-2, d64/d128");
+    static_assert(!SPLIT_D || O.prefetch_s <= 0, "prefetch_s: d64/d128");
     static_assert(D == 64 || D == 128 || D == 256, "head dims of this tiling");
     /* d256: K 32 + V 32 + 2 stages x (Q 32 + dO 32, then the dQ tile) + dS^T
      * 2 x 8 + P^T (fp32) 16 KB + LSE, D 1 KB + 5 mbarriers + 1 KB alignment
@@ -260,7 +287,7 @@ __device__ __forceinline__ void bwd_consumer_split_d(const BwdSmem<C> &sm, const
         iter.decode(it, hk, p, h, m);
         (void)h;
         const int s = it % STAGES;
-        mbar_wait(&sm.full_qdo[s], (it / STAGES) & 1);
+        mbar_wait<C::SLEEP>(&sm.full_qdo[s], (it / STAGES) & 1);
         bwd_issue_sdp<C>(sm, desc_kv, s, cw == 1, acc);
         wgmma_wait<0>();
         reg_fence(acc);
@@ -423,7 +450,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                 int h, m;
                 iter.decode(it, hk, p, h, m);
                 const int s = it % STAGES;
-                if (it >= STAGES) mbar_wait<true>(&sm.empty_qdo[s], ((it / STAGES) - 1) & 1);
+                if (it >= STAGES) mbar_wait<C::PSLEEP>(&sm.empty_qdo[s], ((it / STAGES) - 1) & 1);
                 mbar_expect_tx_arrive(&sm.full_qdo[s], 2 * C::QT_BYTES + 2 * BM * 4);
                 for (int c = 0; c < C::SLABS; ++c) {
                     tma_load_4d(sm.q(s) + c * BM * 128, &tm_q, c * 64, m * BM, h, b, &sm.full_qdo[s]);
@@ -500,6 +527,28 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         const uint64_t desc_v = smem_desc_sw128(sm.v() + cw * 64 * 128, 16, 1024);
         const int key0 = n * BN + cw * 64; /* this warpgroup's first key */
         float st[32], dpt[32];
+        /* PINGPONG: the GEMM issues of turns 1 (S^T, dP^T), 2 (dV, dK) and,
+         * with pingpong 2, 3 (dQ) alternate between the consumers (0, 1, 0,
+         * ...), so that one's exponentials run under the other's GEMMs.  No
+         * deadlock with BAR_DS (d128) or the hand-overs: a consumer waiting
+         * for turn k of iteration i waits for the other's previous turn, and
+         * the other reaches it without waiting on the first: BAR_DS of i
+         * comes after both consumers' turns 1 and 2 of i (each has handed the
+         * token on before it syncs there), turn 3 after BAR_DS, which both
+         * have passed, and the producer's and the writer's hand-overs wait
+         * for arrivals of earlier iterations only, which both consumers made
+         * before their turns of i.  A consumer waits for its Q/dO before its
+         * turn, not holding the token.  The token starts at consumer 0
+         * (consumer 1 hands it over once); consumer 0 takes the last
+         * hand-over after the loop, so no arrival is left pending at exit. */
+        const int bar_self = C::BAR_PP + cw, bar_next = C::BAR_PP + (cw ^ 1);
+        auto pp_sync = [&](int turn) {
+            if (turn <= C::PP_TURNS) named_bar_sync(bar_self, 256);
+        };
+        auto pp_arrive = [&](int turn) {
+            if (turn <= C::PP_TURNS) named_bar_arrive(bar_next, 256);
+        };
+        if (C::PINGPONG && cw == 1) named_bar_arrive(bar_next, 256);
         for (int it = 0; it < T; ++it) {
             int h, m;
             iter.decode(it, hk, p, h, m);
@@ -508,11 +557,12 @@ __global__ void __launch_bounds__(C::THREADS, 1)
             /* S^T, then dP^T, which runs under the exponentials of P^T; with
              * PREFETCH_S only the first iteration issues its own S^T, every later
              * one finds it issued by the iteration before, under its dQ GEMM */
-            if (it == 0 || !C::PREFETCH_S) {
-                mbar_wait(&sm.full_qdo[s], (it / STAGES) & 1);
-                bwd_issue_sdp<C>(sm, desc_k, s, false, st);
-            }
+            const bool own_s = it == 0 || !C::PREFETCH_S;
+            if (own_s) mbar_wait<C::SLEEP>(&sm.full_qdo[s], (it / STAGES) & 1);
+            pp_sync(1);
+            if (own_s) bwd_issue_sdp<C>(sm, desc_k, s, false, st);
             bwd_issue_sdp<C>(sm, desc_v, s, true, dpt);
+            pp_arrive(1);
             wgmma_wait<1>();
             reg_fence(st);
             /* P^T: element 4 i + e is key r0 + 8 (e / 2), query 8 i + 2 q4 + e % 2 */
@@ -555,12 +605,14 @@ __global__ void __launch_bounds__(C::THREADS, 1)
             /* dV += P^T dO, dK += dS^T Q (B MN-major: rows of queries, k16 step 16 rows) */
             const uint64_t desc_dot = smem_desc_sw128(sm.dout(s), BM * 128, 1024);
             const uint64_t desc_qt = smem_desc_sw128(sm.q(s), BM * 128, 1024);
+            pp_sync(2);
             wgmma_fence();
 #pragma unroll
             for (int ks = 0; ks < 4; ++ks) WD::rs(dv, pf[ks], desc_add(desc_dot, ks * 2048), 1);
 #pragma unroll
             for (int ks = 0; ks < 4; ++ks) WD::rs(dk, df[ks], desc_add(desc_qt, ks * 2048), 1);
             wgmma_commit();
+            pp_arrive(2);
             /* dS^T into shared memory: row = key (64 cw + ...), 128 bytes of 64
              * queries, 128-byte swizzle; df[ks][j] holds queries 8 (2 ks + j / 2)
              * + 2 q4, + 1 of key r0 + 8 (j % 2) */
@@ -575,6 +627,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
             fence_async_shared(); /* read by wgmma (the async proxy) */
             if (C::DQ_NSPLIT) named_bar_sync(C::BAR_DS, 256);
             float dq[C::DQ_N / 2];
+            pp_sync(3);
             wgmma_fence();
             if constexpr (C::DQ_NSPLIT) {
                 /* columns 64 cw .. of dQ = dS K: A = dS (K rows = keys, 128 bytes of queries), B = K's slab cw */
@@ -589,10 +642,11 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                 for (int kk = 0; kk < 4; ++kk) WQ::ss_tab(dq, desc_add(da, kk * 2048), desc_add(db, kk * 2048), kk > 0);
             }
             wgmma_commit();
+            pp_arrive(3);
             /* the next iteration's S^T and dP^T under this dQ GEMM and the dQ
              * hand-over below; then wait for all but those two groups */
             if (C::PREFETCH_S && it + 1 < T) {
-                mbar_wait(&sm.full_qdo[(it + 1) % STAGES], ((it + 1) / STAGES) & 1);
+                mbar_wait<C::SLEEP>(&sm.full_qdo[(it + 1) % STAGES], ((it + 1) / STAGES) & 1);
                 bwd_issue_sdp<C>(sm, desc_k, (it + 1) % STAGES, false, st);
                 wgmma_wait<1>();
             } else {
@@ -620,6 +674,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
             fence_async_shared(); /* read by the bulk reduce (the async proxy) */
             named_bar_arrive(C::BAR_DQ_FULL + dqs, 288);
         }
+        if (C::PINGPONG && cw == 0) named_bar_sync(bar_self, 256); /* the last hand-over */
         /* dK (times softmax_scale) and dV: rows key0 + r0 (+ 8), 4-byte stores */
         uint16_t *gk = (uint16_t *)p.dk + (int64_t)b * p.dk_sb + (int64_t)hk * p.dk_sh;
         uint16_t *gv = (uint16_t *)p.dv + (int64_t)b * p.dv_sb + (int64_t)hk * p.dv_sh;
