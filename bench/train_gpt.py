@@ -11,7 +11,7 @@ measured bf16-noise reference, and the step time and the attention's share of it
     python3 bench/train_gpt.py --out bench/train-gpt-run --plot docs/img/train-gpt.png
 
     # CPU smoke test (fattn's CPU engine, fp32; measured: the two runs' losses equal to the
-    # last bit at every step of 5, ~5 s)
+    # last bit at every step of 5, ~10 s)
     FATTN_LIBRARY=build-cpu/libfattn.so python3 bench/train_gpt.py --device cpu --tiny --steps 5 \\
         --impl both --out /tmp/tg
 
