@@ -31,9 +31,8 @@ Model (defaults): GPT-2 (transformers' GPT2LMHeadModel from a GPT2Config built h
 by their RNG use).  --arch llama: LlamaConfig (RoPE, SwiGLU, RMSNorm, untied), e.g.
 --arch llama --heads 6 for head dim 128 (~85M).  torch.manual_seed(seed) before from_config:
 the same initial weights for every run (their checksum goes into the JSON).  Under autocast,
-Llama's RoPE gives fp32 q and k beside a bf16 v; SDPA is cast by autocast, fattn's op is
-not, so this script casts q, k, v for fattn the same way (autocast_cast below; a no-op for
-GPT-2, whose q, k, v come out of one bf16 matmul).
+Llama's RoPE gives fp32 q and k beside a bf16 v; SDPA is cast by autocast, fattn by
+fattn.hf itself (to the autocast dtype, as autocast does for SDPA).
 Training: fp32 master weights, torch.autocast(bf16) on CUDA (fp32 without autocast on the CPU;
 --dtype picks), AdamW (betas 0.9/0.95, eps 1e-8, weight decay 0.1 on matrices only; fused on
 CUDA), LR 6e-4 with linear warmup over the first 10% of the steps and cosine decay to 10%,
@@ -146,7 +145,7 @@ class Probe:
 
     def __init__(self, torch, device):
         self.torch, self.cuda = torch, device.type == "cuda"
-        self.on, self.calls, self.cast, self.info, self.recs = False, 0, 0, {}, []
+        self.on, self.calls, self.info, self.recs = False, 0, {}, []
         probe = self
 
         class In(torch.autograd.Function):  # gradients of q, k, v leave: the backward ends
@@ -221,23 +220,6 @@ class Probe:
         return f, b, n
 
 
-def autocast_cast(torch, fn, probe):
-    """fn with q, k and v cast to autocast's dtype first, as autocast casts SDPA's inputs.
-    fattn's custom op has no autocast rule, and under autocast Llama's RoPE hands over fp32
-    q and k (bf16 q times the fp32 model's fp32 cos/sin) with a bf16 v: fattn.hf alone
-    raises TypeError (one dtype for q, k, v) there.  GPT-2's q, k, v are all bf16 (one
-    autocast matmul), so the cast is a no-op there.  Counted in the JSON (probe.autocast_casts)."""
-    def attention(module, query, key, value, *a, **kw):
-        dev = query.device.type
-        if torch.is_autocast_enabled(dev):
-            dt = torch.get_autocast_dtype(dev)
-            if any(t.dtype != dt for t in (query, key, value)):
-                probe.cast += 1
-                query, key, value = (t.to(dt) for t in (query, key, value))
-        return fn(module, query, key, value, *a, **kw)
-    return attention
-
-
 def register(torch, device, impl):
     """Wrap the AttentionInterface entry the run uses (class-wide: every model's lookup sees it)."""
     from transformers import AttentionInterface
@@ -247,7 +229,7 @@ def register(torch, device, impl):
     if impl == "fattn":
         import fattn.hf
         fattn.hf.register()
-        base = autocast_cast(torch, fattn.hf.attention_forward, probe)
+        base = fattn.hf.attention_forward
     else:
         if not hasattr(register, "sdpa"):
             register.sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]  # transformers' own, before any wrapping
@@ -390,7 +372,7 @@ def train(args, run, corpus):
     res["median_step_ms"] = statistics.median(steady) * 1e3
     res["tokens_per_s"] = args.batch * args.seq / statistics.median(steady)
     res["wall_s"] = wall
-    res["probe"] = dict(probe.info, calls_total=probe.calls, autocast_casts=probe.cast,
+    res["probe"] = dict(probe.info, calls_total=probe.calls,
                         calls_per_step=probe.calls / max(1, len(res["loss"]) + len(res["val"]) * args.val_batches))
     if res["attn"]:
         a = res["attn"]

@@ -35,6 +35,13 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         no("output_attentions=True")
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
+    # Under autocast, SDPA gets its inputs cast to the autocast dtype, and some models rely on
+    # it (Llama's rotary embedding leaves q and k in fp32 with v in bf16): do the same.
+    dev = query.device.type
+    import torch
+    if torch.is_autocast_enabled(dev):
+        dt = torch.get_autocast_dtype(dev)
+        query, key, value = (x.to(dt) for x in (query, key, value))
     # [b, h, s, d] -> [b, s, h, d] views: the head dim stays contiguous, nothing is copied.
     # fattn's causal mask is bottom-right aligned, as transformers' with a KV cache: the
     # queries are the last sq positions of the sk keys.

@@ -70,6 +70,17 @@ class Transformers(unittest.TestCase):
         for n, g in grads[0].items():
             torch.testing.assert_close(grads[1][n], g, rtol=1e-4, atol=1e-6, msg=n)
 
+    def test_autocast_mixed_dtypes(self):
+        # Llama's rotary embedding hands fp32 q, k and a bf16 v to the attention under autocast;
+        # SDPA's inputs are cast by autocast, fattn's by hf.py: the losses then agree in bf16
+        ids = torch.randint(3, 128, (2, 32), generator=torch.Generator().manual_seed(4))
+        losses = []
+        for impl in ("sdpa", "fattn"):
+            m = self.model(llama(), impl)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                losses.append(m(ids, labels=ids).loss.float().item())
+        self.assertLess(abs(losses[1] - losses[0]), 2e-2 * abs(losses[0]), losses)
+
     def test_generate_with_cache(self):
         ids = torch.randint(3, 128, (1, 12), generator=torch.Generator().manual_seed(3))
         outs = [self.model(llama(), impl).generate(ids, max_new_tokens=10, do_sample=False)
