@@ -263,6 +263,24 @@ __device__ __forceinline__ float4 ld_shared_f32x4(const void *p) {
 /* The consumers at head dim 256 (BwdCfg::SPLIT_D; the tiling at the top of
  * the file): consumer cw = 0, 1 owns columns 128 cw .. 128 cw + 127 of dK, dV
  * and dQ for all BN = 64 keys of the block. */
+/* P^T in place for 8-column group i of a consumer's S^T accumulator: element
+ * 4 i + e is key key_r + 8 (e / 2), query query_c + 8 i + e % 2; P^T =
+ * exp2(S^T scale log2 e - LSE log2 e), 0 where the causal mask hides the key. */
+template <class C>
+__device__ __forceinline__ void bwd_p_group(float (&acc)[32], int i, const float *lse, const BwdParams &p,
+                                            bool need_mask, int key_r, int query_c, int q4) {
+    const float2 l = *(const float2 *)(lse + 8 * i + 2 * q4);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        float x = exp2f(fmaf(acc[4 * i + e], p.scale_log2, -((e & 1) ? l.y : l.x)));
+        if (need_mask) {
+            const int key = key_r + 8 * (e >> 1), q = query_c + 8 * i + (e & 1);
+            if (key > q + p.causal_offset) x = 0.f;
+        }
+        acc[4 * i + e] = x;
+    }
+}
+
 template <class C>
 __device__ __forceinline__ void bwd_consumer_split_d(const BwdSmem<C> &sm, const BwdParams &p, const BwdIter<C> &iter,
                                                      int n, int hk, int b) {
@@ -300,16 +318,7 @@ __device__ __forceinline__ void bwd_consumer_split_d(const BwdSmem<C> &sm, const
             const bool need_mask = C::CAUSAL && key0 + BN - 1 > m * BM + p.causal_offset;
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
-                const float2 l = *(const float2 *)(lse + 8 * i + 2 * q4);
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    float x = exp2f(fmaf(acc[4 * i + e], p.scale_log2, -((e & 1) ? l.y : l.x)));
-                    if (need_mask) {
-                        const int key = key0 + r0 + 8 * (e >> 1), q = m * BM + 8 * i + 2 * q4 + (e & 1);
-                        if (key > q + p.causal_offset) x = 0.f;
-                    }
-                    acc[4 * i + e] = x;
-                }
+                bwd_p_group<C>(acc, i, lse, p, need_mask, key0 + r0, m * BM + 2 * q4, q4);
                 st_shared_f32x4(pt + (i * 128 + t) * 16,
                                 make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
             }
@@ -569,18 +578,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
             const float *lse = sm.lse(s), *dsum = sm.dsum(s);
             const bool need_mask = C::CAUSAL && key0 + 63 > m * BM + p.causal_offset;
 #pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                const float2 l = *(const float2 *)(lse + 8 * i + 2 * q4);
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    float x = exp2f(fmaf(st[4 * i + e], p.scale_log2, -((e & 1) ? l.y : l.x)));
-                    if (need_mask) {
-                        const int key = key0 + r0 + 8 * (e >> 1), q = m * BM + 8 * i + 2 * q4 + (e & 1);
-                        if (key > q + p.causal_offset) x = 0.f;
-                    }
-                    st[4 * i + e] = x;
-                }
-            }
+            for (int i = 0; i < 8; ++i) bwd_p_group<C>(st, i, lse, p, need_mask, key0 + r0, m * BM + 2 * q4, q4);
             uint32_t pf[4][4], df[4][4];
 #pragma unroll
             for (int ks = 0; ks < 4; ++ks)
