@@ -118,6 +118,13 @@ void cuda_device_leave(int prev) {
     if (prev >= 0) (void)cudaSetDevice(prev);
 }
 
+fattn_status cuda_ctx_enter(fattn_ctx *ctx, int *prev) {
+    const cudaError_t e = cuda_device_enter(ctx->device, prev);
+    if (e == cudaSuccess) return FATTN_OK;
+    (void)cudaGetLastError();
+    return fattn_fail(ctx, FATTN_ERROR_CUDA, "making CUDA device %d current: %s", ctx->device, cudaGetErrorString(e));
+}
+
 /* Whether ctx->stream is being captured into a CUDA graph (1), not (0), or the
  * query failed (-1, error recorded on ctx). */
 static int stream_capturing(fattn_ctx *ctx) {

@@ -65,6 +65,9 @@ fattn_status bwd_sm90_launch(fattn_ctx *ctx, const fattn_bwd_args *a);
  * cuda_device_leave (-1 when nothing was switched, also on failure). */
 cudaError_t cuda_device_enter(int device, int *prev);
 void cuda_device_leave(int prev);
+/* cuda_device_enter(ctx->device, prev), the failure reported on ctx
+ * (FATTN_ERROR_CUDA, the CUDA error cleared). */
+fattn_status cuda_ctx_enter(fattn_ctx *ctx, int *prev);
 /* The pointer must be device memory of ctx->device (or managed); entry.cu. */
 fattn_status cuda_check_device_ptr(fattn_ctx *ctx, const void *ptr, const char *name);
 

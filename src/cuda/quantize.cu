@@ -705,12 +705,7 @@ extern "C" fattn_status fattn_cuda_quantize(fattn_ctx *ctx, const fattn_quantize
     const quant_kernel_fn fn = quant_kernels[dt][ki];
 
     int prev;
-    cudaError_t e = cuda_device_enter(ctx->device, &prev);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        return fattn_fail(ctx, FATTN_ERROR_CUDA, "fattn_quantize: cudaSetDevice(%d): %s", ctx->device,
-                          cudaGetErrorString(e));
-    }
+    if ((st = cuda_ctx_enter(ctx, &prev)) != FATTN_OK) return st;
     cudaStream_t stream = (cudaStream_t)ctx->stream;
     if (!p.tensor && p.br <= QUANT_MAX_CLUSTER * p.R) {
         /* on chip: whole blocks per CTA, or one block per cluster */
@@ -725,7 +720,7 @@ extern "C" fattn_status fattn_cuda_quantize(fattn_ctx *ctx, const fattn_quantize
          * entry 0 for the tensor: the second pass writes the others) */
         p.tiles = (p.seqlen + p.R - 1) / p.R;
         const int blocks = (int)(pairs * p.tiles);
-        e = cudaMemsetAsync(p.scale, 0, (p.tensor ? 1 : (size_t)p.nscale) * sizeof(float), stream);
+        const cudaError_t e = cudaMemsetAsync(p.scale, 0, (p.tensor ? 1 : (size_t)p.nscale) * sizeof(float), stream);
         if (e != cudaSuccess) {
             (void)cudaGetLastError();
             st = fattn_fail(ctx, FATTN_ERROR_CUDA, "fattn_quantize: cudaMemsetAsync: %s", cudaGetErrorString(e));

@@ -16,14 +16,9 @@ static fattn_status bwd_run_d(fattn_ctx *ctx, const fattn_bwd_args *a, bool caus
 
 fattn_status bwd_sm90_launch(fattn_ctx *ctx, const fattn_bwd_args *a) {
     int prev;
-    const cudaError_t e = cuda_device_enter(ctx->device, &prev);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        return fattn_fail(ctx, FATTN_ERROR_CUDA, "making CUDA device %d current: %s", ctx->device,
-                          cudaGetErrorString(e));
-    }
+    fattn_status s = cuda_ctx_enter(ctx, &prev);
+    if (s != FATTN_OK) return s;
     const bool causal = a->p.causal != 0, bf16 = a->q.dtype == FATTN_DTYPE_BF16;
-    fattn_status s;
     switch (a->p.head_dim) {
     case 64: s = bwd_run_d<64>(ctx, a, causal, bf16); break;
     case 128: s = bwd_run_d<128>(ctx, a, causal, bf16); break;

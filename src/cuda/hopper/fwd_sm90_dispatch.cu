@@ -54,14 +54,9 @@ fattn_status fwd_sm90_launch(fattn_ctx *ctx, const fattn_fwd_args *a, const cuda
     v.kcol = v.fp8 && a->k.scale_block == 1;
     v.fp8_kv192 = v.fp8 && !v.kcol && a->k.scale_block % 192 == 0 && a->v.scale_block % 192 == 0;
     int prev;
-    const cudaError_t e = cuda_device_enter(ctx->device, &prev);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        return fattn_fail(ctx, FATTN_ERROR_CUDA, "making CUDA device %d current: %s", ctx->device,
-                          cudaGetErrorString(e));
-    }
+    fattn_status s = cuda_ctx_enter(ctx, &prev);
+    if (s != FATTN_OK) return s;
     const fwd_kernel k = fwd_sm90_pick(&a->p, v);
-    fattn_status s;
     switch (a->p.head_dim) {
     case 64: s = v.fp8 ? fwd_sm90_fp8_hdim64(ctx, a, v, k) : fwd_sm90_hdim64(ctx, a, v, k); break;
     case 128: s = v.fp8 ? fwd_sm90_fp8_hdim128(ctx, a, v, k) : fwd_sm90_hdim128(ctx, a, v, k); break;
