@@ -11,7 +11,9 @@
  *   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++20 -O3 --use_fast_math -DFATTN_WITH_CUDA=1 \
  *        -Iinclude -Isrc -Xptxas=--warn-on-spills -DBV_D=128 bench/bwd_variants.cu build-fp8/libfattn.a \
  *        -cudart static -o bwdv128
- * Run: ./bwdv128 [seqlen ...]  (default 4096 16384).
+ * Run: ./bwdv128 [seqlen ...]  (default 4096 16384).  BV_MATCH=pp1,sleep keeps, besides each
+ * mask's shipped kernel, only the variants whose names contain one of the words (a variant that
+ * hangs can then be run apart from the others under a timeout).
  * Results: docs/perf-notes.md (b-numbers; the options: b6). */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -117,6 +119,7 @@ int main(int argc, char **argv) {
     std::vector<int> seqs;
     for (int i = 1; i < argc; ++i) seqs.push_back(atoi(argv[i]));
     if (seqs.empty()) seqs = {4096, 16384};
+    setvbuf(stdout, NULL, _IOLBF, 0); /* a hang under `timeout` keeps what was printed */
     fattn_ctx *ctx = NULL;
     if (fattn_ctx_create(&ctx, FATTN_BACKEND_CUDA, 0) != FATTN_OK) {
         fprintf(stderr, "ctx: %s\n", fattn_last_error(NULL));
@@ -159,8 +162,18 @@ int main(int argc, char **argv) {
                 return 1;
             }
             std::vector<int> idx;
-            for (int i = 0; i < NV; ++i)
-                if (variants[i].o.causal == (causal != 0)) idx.push_back(i);
+            const char *match = getenv("BV_MATCH");
+            for (int i = 0; i < NV; ++i) {
+                if (variants[i].o.causal != (causal != 0)) continue;
+                bool keep = idx.empty() || !match || !*match; /* the mask's first (shipped) always */
+                for (const char *w = match; !keep && w && *w;) {
+                    const char *e = strchr(w, ',');
+                    const size_t len = e ? (size_t)(e - w) : strlen(w);
+                    for (const char *p = variants[i].name; !keep && *p; ++p) keep = len && !strncmp(p, w, len);
+                    w = e ? e + 1 : NULL;
+                }
+                if (keep) idx.push_back(i);
+            }
             std::vector<std::vector<float>> ms(NV);
             std::vector<double> diff[3];
             for (auto &dd : diff) dd.assign(NV, 0.0);
@@ -188,6 +201,7 @@ int main(int argc, char **argv) {
                     }
                 }
                 first = false;
+                printf("s%-6d %-24s checked\n", s, va.name);
             }
             a.dq.data = g[1][0], a.dk.data = g[1][1], a.dv.data = g[1][2];
             cudaEvent_t e0, e1;
