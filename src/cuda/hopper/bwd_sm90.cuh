@@ -80,13 +80,16 @@ struct BwdOpts {
     /* the next iteration's S^T under the dQ GEMM (b3): -1 where it measured
      * faster (d64), 0 off, 1 on (d64/d128) */
     int prefetch_s = -1;
-    bool sleep = false;  /* the consumers' full_qdo waits with the suspend-time hint */
+    /* the consumers' full_qdo waits with the suspend-time hint: -1 where it
+     * measured faster (d128 non-causal, with pingpong 1: run s20-1, b7), 0 off, 1 on */
+    int sleep = -1;
     bool psleep = true;  /* the producer's empty_qdo waits with the hint (today's: on) */
     /* d64/d128: the consumers take turns issuing their GEMMs, a token passed
      * round named barriers BAR_PP, BAR_PP + 1 (the forward's PINGPONG):
      * 1 turns around the S^T/dP^T issue and the dV/dK issue, 2 also the dQ
-     * issue (a prefetched S^T stays outside the token) */
-    int pingpong = 0;
+     * issue (a prefetched S^T stays outside the token); -1 where each
+     * measured fastest (b7: 1 at d128 non-causal, 2 otherwise), 0 off */
+    int pingpong = -1;
 };
 
 template <BwdOpts O>
@@ -109,8 +112,8 @@ struct BwdCfg {
      * -6..-12% (it waits for the next Q before the dQ hand-over; run 145,
      * perf-notes b3) */
     static constexpr bool PREFETCH_S = !SPLIT_D && (O.prefetch_s < 0 ? D < 128 : O.prefetch_s != 0);
-    static constexpr bool SLEEP = O.sleep, PSLEEP = O.psleep;
-    static constexpr int PINGPONG = SPLIT_D ? 0 : O.pingpong;
+    static constexpr bool SLEEP = O.sleep < 0 ? D == 128 && !O.causal : O.sleep != 0, PSLEEP = O.psleep;
+    static constexpr int PINGPONG = SPLIT_D ? 0 : O.pingpong >= 0 ? O.pingpong : D == 128 && !O.causal ? 1 : 2;
     static constexpr int PP_TURNS = PINGPONG ? PINGPONG + 1 : 0; /* token turns per iteration */
     static constexpr int DQ_TILE_BYTES = BM * D * 4;   /* fp32, in bwd_dq_index's order */
     static constexpr int KV_BYTES = BN * D * 2, QT_BYTES = BM * D * 2, DS_BYTES = BN * BM * 2;
@@ -141,7 +144,7 @@ struct BwdCfg {
     static constexpr int BAR_PP = 8;
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
     static_assert(BAR_FREE < BAR_PP && BAR_PP + 1 < 16, "named barriers");
-    static_assert(O.pingpong >= 0 && O.pingpong <= 2 && (!SPLIT_D || O.pingpong == 0), "pingpong: 0-2, d64/d128");
+    static_assert(O.pingpong >= -1 && O.pingpong <= 2 && (!SPLIT_D || O.pingpong <= 0), "pingpong: 0-2, d64/d128");
     static_assert(!SPLIT_D || O.prefetch_s <= 0, "prefetch_s: d64/d128");
     static_assert(D == 64 || D == 128 || D == 256, "head dims of this tiling");
     /* d256: K 32 + V 32 + 2 stages x (Q 32 + dO 32, then the dQ tile) + dS^T
