@@ -21,14 +21,42 @@ static const char *RUN_HELP =
     "  --backend auto|cpu|cuda   where to compute (default auto)\n"
     "  --batch N                 batch size\n"
     "  --seqlen N                query and key length (--seqlen-q / --seqlen-k apart)\n"
-    "  --heads N                 query heads (--heads-kv N for GQA/MQA; default = heads)\n"
+    "  --heads N|Q/KV            query heads, or query/kv heads (GQA/MQA, e.g. 32/8); also\n"
+    "                            --heads-kv N (default = heads)\n"
     "  --head-dim N              head dimension\n"
     "  --dtype f32|f16|bf16      input and output type\n"
     "  --causal 0|1              causal mask (bottom-right aligned)\n"
     "  --iters N                 timed runs (median reported)\n"
     "  --threads N               CPU worker threads (0 = all cores)\n"
     "  --samples N               rows checked against the reference (default 32)\n"
-    "  --seed N                  input seed (default 1)\n";
+    "  --seed N                  input seed (default 1)\n"
+    "\n"
+    "serving (fattn_fwd_args' seqused_k and block table; a decoding call: --seqlen-q 1):\n"
+    "  --page N                  the keys in a paged cache: pages of N tokens in a shuffled\n"
+    "                            order, one block table (0 = contiguous, the default)\n"
+    "  --seqused-k N             every sequence uses its first N keys only (seqused_k)\n"
+    "  --varlen LENS             a variable-length batch: comma-separated sequence lengths\n"
+    "                            (cu_seqlens for q and k; the batch is their count)\n"
+    "  --varlen-k LENS           with --varlen: other key lengths (default those of --varlen)\n"
+    "A call the library refuses prints the library's message and exits 1 (so does a wrong\n"
+    "result).  The serving options add lines to the report; the error is checked against\n"
+    "the FP64 reference over the keys each sequence uses.\n";
+
+/* Longest --varlen list. */
+#define RUN_MAX_SEQS 4096
+
+/* "3,5,7" for the report (cut short after ~60 characters). */
+static void lens_text(char *buf, size_t size, const int32_t *lens, int n) {
+    size_t k = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n && k + 16 < size; i++) {
+        if (k > 60) {
+            snprintf(buf + k, size - k, ",... (%d)", n);
+            return;
+        }
+        k += (size_t)snprintf(buf + k, size - k, "%s%d", i ? "," : "", (int)lens[i]);
+    }
+}
 
 int fattn_cmd_run(int argc, char **argv) {
     const char *cmd = "fattn run";
@@ -39,6 +67,9 @@ int fattn_cmd_run(int argc, char **argv) {
     fattn_dtype dtype = FATTN_DTYPE_F32;
     uint64_t seed = 1;
     const int32_t BIG = INT32_MAX;
+    int32_t page = 0, seqused = -1; /* -1: no seqused_k */
+    static int32_t lens_q[RUN_MAX_SEQS], lens_k[RUN_MAX_SEQS];
+    int nvar = 0, nvar_k = 0, seq_set = 0;
 
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -51,14 +82,20 @@ int fattn_cmd_run(int argc, char **argv) {
             batch = tool_parse_int(cmd, "--batch", v, 1, BIG);
         } else if ((v = tool_opt(cmd, argc, argv, &i, "--seqlen-q"))) {
             sq = tool_parse_int(cmd, "--seqlen-q", v, 1, BIG);
+            seq_set = 1;
         } else if ((v = tool_opt(cmd, argc, argv, &i, "--seqlen-k"))) {
             sk = tool_parse_int(cmd, "--seqlen-k", v, 1, BIG);
+            seq_set = 1;
         } else if ((v = tool_opt(cmd, argc, argv, &i, "--seqlen"))) {
             sq = sk = tool_parse_int(cmd, "--seqlen", v, 1, BIG);
+            seq_set = 1;
         } else if ((v = tool_opt(cmd, argc, argv, &i, "--heads-kv"))) {
             heads_kv = tool_parse_int(cmd, "--heads-kv", v, 1, BIG);
         } else if ((v = tool_opt(cmd, argc, argv, &i, "--heads"))) {
-            heads = tool_parse_int(cmd, "--heads", v, 1, BIG);
+            if (strchr(v, '/'))
+                tool_parse_heads(cmd, "--heads", v, &heads, &heads_kv);
+            else
+                heads = tool_parse_int(cmd, "--heads", v, 1, BIG);
         } else if ((v = tool_opt(cmd, argc, argv, &i, "--head-dim"))) {
             hd = tool_parse_int(cmd, "--head-dim", v, 1, BIG);
         } else if ((v = tool_opt(cmd, argc, argv, &i, "--dtype"))) {
@@ -74,10 +111,39 @@ int fattn_cmd_run(int argc, char **argv) {
             samples = tool_parse_int(cmd, "--samples", v, 1, 1000000);
         } else if ((v = tool_opt(cmd, argc, argv, &i, "--seed"))) {
             seed = tool_parse_u64(cmd, "--seed", v);
+        } else if ((v = tool_opt(cmd, argc, argv, &i, "--page"))) {
+            page = tool_parse_int(cmd, "--page", v, 0, BIG);
+        } else if ((v = tool_opt(cmd, argc, argv, &i, "--seqused-k"))) {
+            seqused = tool_parse_int(cmd, "--seqused-k", v, 0, BIG);
+        } else if ((v = tool_opt(cmd, argc, argv, &i, "--varlen-k"))) {
+            nvar_k = tool_parse_list(cmd, "--varlen-k", v, lens_k, RUN_MAX_SEQS);
+        } else if ((v = tool_opt(cmd, argc, argv, &i, "--varlen"))) {
+            nvar = tool_parse_list(cmd, "--varlen", v, lens_q, RUN_MAX_SEQS);
         } else {
             tool_usage_error(cmd, "unknown option '%s'", argv[i]);
         }
     }
+
+    if (nvar_k && !nvar) tool_usage_error(cmd, "--varlen-k needs --varlen");
+    if (nvar) {
+        if (nvar_k && nvar_k != nvar)
+            tool_usage_error(cmd, "--varlen-k has %d lengths, --varlen %d", nvar_k, nvar);
+        if (!nvar_k) memcpy(lens_k, lens_q, sizeof(int32_t) * (size_t)nvar);
+        if (batch && batch != nvar)
+            tool_usage_error(cmd, "--batch %d but --varlen has %d lengths", batch, nvar);
+        if (seq_set)
+            tool_usage_error(cmd, "--seqlen, --seqlen-q and --seqlen-k do not apply with --varlen "
+                                  "(the lengths are given there)");
+        if (page)
+            tool_usage_error(cmd, "--page with --varlen: the library takes no block table with "
+                                  "cu_seqlens (use --seqused-k on a fixed-length batch)");
+        batch = nvar;
+        for (int b = 0; b < nvar; b++) {
+            if (lens_q[b] > sq) sq = lens_q[b];
+            if (lens_k[b] > sk) sk = lens_k[b];
+        }
+    }
+    const int serving = page > 0 || seqused >= 0 || nvar > 0;
 
     fattn_ctx *ctx = tool_ctx(cmd, backend, threads);
     int gpu = fattn_ctx_backend(ctx) == FATTN_BACKEND_CUDA;
@@ -103,7 +169,12 @@ int fattn_cmd_run(int argc, char **argv) {
     p.causal = causal;
 
     tool_problem tp;
-    tool_problem_init(cmd, ctx, &tp, &p, dtype, seed);
+    if (nvar)
+        tool_problem_init_varlen(cmd, ctx, &tp, &p, lens_q, lens_k, dtype, seed);
+    else
+        tool_problem_init(cmd, ctx, &tp, &p, dtype, seed);
+    if (seqused >= 0) tool_problem_seqused(cmd, ctx, &tp, seqused);
+    if (page > 0) tool_problem_page(cmd, ctx, &tp, page, seed);
 
     /* Checked run first, on the poisoned output; then the timed runs. */
     double t_first = tool_time_fwd(cmd, ctx, &tp.a, 0, 1);
@@ -111,11 +182,16 @@ int fattn_cmd_run(int argc, char **argv) {
     double rel = 0, maxabs = 0;
     tool_check_rows(cmd, ctx, &tp, samples, seed, &rel, &maxabs);
     double ms = tool_time_fwd(cmd, ctx, &tp.a, gpu ? 3 : 0, iters);
-    double flops = tool_fwd_flops(&p);
+    double flops = serving ? tool_problem_flops(&tp) : tool_fwd_flops(&p);
     double rate = flops / (ms * 1e-3);
 
     char shape[128];
-    if (sq == sk)
+    if (nvar)
+        snprintf(shape, sizeof shape,
+                 "batch %d (varlen), longest q %d k %d, heads %d%s%.0d, head dim %d%s", batch, sq,
+                 sk, heads, heads_kv == heads ? "" : "/",
+                 heads_kv == heads ? 0 : heads_kv, hd, causal ? ", causal" : "");
+    else if (sq == sk)
         snprintf(shape, sizeof shape, "batch %d, seqlen %d, heads %d%s%.0d, head dim %d%s", batch,
                  sq, heads, heads_kv == heads ? "" : "/", heads_kv == heads ? 0 : heads_kv, hd,
                  causal ? ", causal" : "");
@@ -127,6 +203,19 @@ int fattn_cmd_run(int argc, char **argv) {
     printf("fattn %s - attention forward\n\n", fattn_version_string());
     printf("  %-18s %s\n", "backend", gpu ? "cuda (GPU)" : "cpu");
     printf("  %-18s %s\n", "shape", shape);
+    if (nvar) {
+        char text[96];
+        lens_text(text, sizeof text, lens_q, nvar);
+        printf("  %-18s %d sequences, q lengths %s\n", "varlen", nvar, text);
+        lens_text(text, sizeof text, lens_k, nvar);
+        printf("  %-18s k lengths %s\n", "", text);
+    }
+    if (page > 0)
+        printf("  %-18s paged: %d pages of %d tokens (shuffled), %d per sequence\n", "kv cache",
+               (int)tp.a.num_pages, page, (int)tp.a.max_pages_per_seq);
+    if (seqused >= 0)
+        printf("  %-18s %d (each sequence reads at most its first %d keys)\n", "seqused_k", seqused,
+               seqused);
     printf("  %-18s %s\n", "dtype", fattn_dtype_name(dtype));
     printf("  %-18s %.3f ms (median of %d)\n", "time", ms, iters);
     if (rate >= 1e12)

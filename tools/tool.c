@@ -101,6 +101,25 @@ int tool_parse_list(const char *cmd, const char *opt, const char *s, int32_t *ou
     return n;
 }
 
+void tool_parse_heads(const char *cmd, const char *opt, const char *s, int32_t *heads_q,
+                      int32_t *heads_kv) {
+    const char *slash = strchr(s, '/');
+    char item[32];
+    if (!slash) {
+        *heads_q = *heads_kv = tool_parse_int(cmd, opt, s, 1, INT32_MAX);
+        return;
+    }
+    size_t len = (size_t)(slash - s);
+    if (len == 0 || len >= sizeof item) tool_usage_error(cmd, "%s: '%s' is not Q or Q/KV", opt, s);
+    memcpy(item, s, len);
+    item[len] = '\0';
+    *heads_q = tool_parse_int(cmd, opt, item, 1, INT32_MAX);
+    *heads_kv = tool_parse_int(cmd, opt, slash + 1, 1, INT32_MAX);
+    if (*heads_q % *heads_kv)
+        tool_usage_error(cmd, "%s: query heads %d are not a multiple of kv heads %d", opt,
+                         (int)*heads_q, (int)*heads_kv);
+}
+
 const char *tool_backend_name(fattn_backend b) {
     return b == FATTN_BACKEND_CUDA ? "cuda" : b == FATTN_BACKEND_CPU ? "cpu" : "auto";
 }
@@ -300,14 +319,15 @@ double tool_peak_rss_mib(void) {
     return ru.ru_maxrss / 1024.0; /* Linux: KiB */
 }
 
-void tool_problem_init(const char *cmd, fattn_ctx *ctx, tool_problem *tp, const fattn_problem *p,
-                       fattn_dtype dtype, uint64_t seed) {
+/* rows_q / rows_k: batch * seqlen, or the packed totals of a varlen batch */
+static void problem_fill(const char *cmd, fattn_ctx *ctx, tool_problem *tp, const fattn_problem *p,
+                         fattn_dtype dtype, uint64_t seed, size_t rows_q, size_t rows_k) {
     memset(tp, 0, sizeof *tp);
     int32_t dv = p->head_dim_v ? p->head_dim_v : p->head_dim;
-    tp->nq = (size_t)p->batch * p->seqlen_q * p->heads_q * p->head_dim;
-    tp->nk = (size_t)p->batch * p->seqlen_k * p->heads_kv * p->head_dim;
-    tp->nv = (size_t)p->batch * p->seqlen_k * p->heads_kv * dv;
-    tp->no = (size_t)p->batch * p->seqlen_q * p->heads_q * dv;
+    tp->nq = rows_q * p->heads_q * p->head_dim;
+    tp->nk = rows_k * p->heads_kv * p->head_dim;
+    tp->nv = rows_k * p->heads_kv * dv;
+    tp->no = rows_q * p->heads_q * dv;
     size_t es = fattn_dtype_size(dtype);
     tp->hq = malloc(tp->nq * es);
     tp->hk = malloc(tp->nk * es);
@@ -330,15 +350,154 @@ void tool_problem_init(const char *cmd, fattn_ctx *ctx, tool_problem *tp, const 
     tool_poison(cmd, ctx, a->o.data, tp->no * es);
 }
 
+void tool_problem_init(const char *cmd, fattn_ctx *ctx, tool_problem *tp, const fattn_problem *p,
+                       fattn_dtype dtype, uint64_t seed) {
+    problem_fill(cmd, ctx, tp, p, dtype, seed, (size_t)p->batch * p->seqlen_q,
+                 (size_t)p->batch * p->seqlen_k);
+}
+
+/* n int32 where ctx computes, a copy of host */
+static int32_t *upload_ints(const char *cmd, const fattn_ctx *ctx, const int32_t *host, size_t n) {
+    int32_t *d = (int32_t *)tool_alloc(cmd, ctx, n * sizeof(int32_t));
+    tool_upload(cmd, ctx, d, host, n * sizeof(int32_t));
+    return d;
+}
+
+static int32_t *host_ints(const char *cmd, size_t n) {
+    int32_t *h = (int32_t *)malloc((n ? n : 1) * sizeof(int32_t));
+    if (!h) tool_die(cmd, "out of memory");
+    return h;
+}
+
+void tool_problem_init_varlen(const char *cmd, fattn_ctx *ctx, tool_problem *tp,
+                              const fattn_problem *p, const int32_t *lens_q,
+                              const int32_t *lens_k, fattn_dtype dtype, uint64_t seed) {
+    const size_t nb = (size_t)p->batch;
+    int32_t *cq = host_ints(cmd, nb + 1), *ck = host_ints(cmd, nb + 1);
+    fattn_problem v = *p;
+    v.seqlen_q = v.seqlen_k = 0;
+    cq[0] = ck[0] = 0;
+    for (size_t b = 0; b < nb; b++) {
+        if ((int64_t)cq[b] + lens_q[b] > INT32_MAX || (int64_t)ck[b] + lens_k[b] > INT32_MAX)
+            tool_die(cmd, "the varlen totals exceed int32");
+        cq[b + 1] = cq[b] + lens_q[b];
+        ck[b + 1] = ck[b] + lens_k[b];
+        if (lens_q[b] > v.seqlen_q) v.seqlen_q = lens_q[b];
+        if (lens_k[b] > v.seqlen_k) v.seqlen_k = lens_k[b];
+    }
+    v.cu_seqlens_q = v.cu_seqlens_k = NULL;
+    problem_fill(cmd, ctx, tp, &v, dtype, seed, (size_t)cq[nb], (size_t)ck[nb]);
+    tp->hcu_q = cq;
+    tp->hcu_k = ck;
+    tp->a.p.cu_seqlens_q = upload_ints(cmd, ctx, cq, nb + 1);
+    tp->a.p.cu_seqlens_k = upload_ints(cmd, ctx, ck, nb + 1);
+}
+
+void tool_problem_seqused(const char *cmd, fattn_ctx *ctx, tool_problem *tp, int32_t used) {
+    const size_t nb = (size_t)tp->a.p.batch;
+    int32_t *h = host_ints(cmd, nb);
+    for (size_t b = 0; b < nb; b++) h[b] = used;
+    free(tp->hused);
+    tool_free(ctx, (void *)tp->a.seqused_k);
+    tp->hused = h;
+    tp->a.seqused_k = upload_ints(cmd, ctx, h, nb);
+}
+
+void tool_problem_page(const char *cmd, fattn_ctx *ctx, tool_problem *tp, int32_t page_size,
+                       uint64_t seed) {
+    const fattn_problem *p = &tp->a.p;
+    if (tp->hcu_q || tp->htable) tool_die(cmd, "a paged cache of a varlen or paged batch");
+    const int64_t sk = p->seqlen_k, npg = (sk + page_size - 1) / page_size;
+    const int64_t np = (int64_t)p->batch * npg;
+    if (np > INT32_MAX) tool_die(cmd, "%lld pages exceed int32", (long long)np);
+    const fattn_dtype dt = tp->a.k.dtype;
+    const size_t es = fattn_dtype_size(dt);
+    const int32_t dv = p->head_dim_v ? p->head_dim_v : p->head_dim;
+    const size_t rk = (size_t)p->heads_kv * p->head_dim * es, rv = (size_t)p->heads_kv * dv * es;
+
+    /* the block table: a permutation of the pages (Fisher-Yates) */
+    int32_t *table = host_ints(cmd, (size_t)np);
+    for (int64_t i = 0; i < np; i++) table[i] = (int32_t)i;
+    uint64_t rs = seed * 0x9e3779b97f4a7c15ull + 0x9a9e;
+    for (int64_t i = np - 1; i > 0; i--) {
+        int64_t j = (int64_t)(mix64(&rs) % (uint64_t)(i + 1));
+        int32_t t = table[i];
+        table[i] = table[j];
+        table[j] = t;
+    }
+    const size_t pool_rows = (size_t)np * (size_t)page_size;
+    char *pk = (char *)calloc(pool_rows ? pool_rows : 1, rk);
+    char *pv = (char *)calloc(pool_rows ? pool_rows : 1, rv);
+    if (!pk || !pv) tool_die(cmd, "cannot allocate the host page pools");
+    for (int64_t b = 0; b < p->batch; b++)
+        for (int64_t i = 0; i < npg; i++) {
+            const int64_t k0 = i * page_size;
+            const int64_t n = sk - k0 < page_size ? sk - k0 : page_size;
+            const size_t dst = (size_t)table[b * npg + i] * (size_t)page_size;
+            const size_t src = (size_t)(b * sk + k0);
+            memcpy(pk + dst * rk, (const char *)tp->hk + src * rk, (size_t)n * rk);
+            memcpy(pv + dst * rv, (const char *)tp->hv + src * rv, (size_t)n * rv);
+        }
+    tool_free(ctx, tp->a.k.data);
+    tool_free(ctx, tp->a.v.data);
+    tp->a.k = fattn_tensor_bshd(tool_alloc(cmd, ctx, pool_rows * rk), dt);
+    tp->a.v = fattn_tensor_bshd(tool_alloc(cmd, ctx, pool_rows * rv), dt);
+    tool_upload(cmd, ctx, tp->a.k.data, pk, pool_rows * rk);
+    tool_upload(cmd, ctx, tp->a.v.data, pv, pool_rows * rv);
+    free(pk);
+    free(pv);
+    tp->htable = table;
+    tp->a.block_table = upload_ints(cmd, ctx, table, (size_t)np);
+    tp->a.page_size = page_size;
+    tp->a.num_pages = (int32_t)np;
+    tp->a.max_pages_per_seq = (int32_t)npg;
+}
+
 void tool_problem_free(fattn_ctx *ctx, tool_problem *tp) {
     tool_free(ctx, tp->a.q.data);
     tool_free(ctx, tp->a.k.data);
     tool_free(ctx, tp->a.v.data);
     tool_free(ctx, tp->a.o.data);
+    tool_free(ctx, (void *)tp->a.p.cu_seqlens_q);
+    tool_free(ctx, (void *)tp->a.p.cu_seqlens_k);
+    tool_free(ctx, (void *)tp->a.seqused_k);
+    tool_free(ctx, (void *)tp->a.block_table);
     free(tp->hq);
     free(tp->hk);
     free(tp->hv);
+    free(tp->hcu_q);
+    free(tp->hcu_k);
+    free(tp->hused);
+    free(tp->htable);
     memset(tp, 0, sizeof *tp);
+}
+
+void tool_problem_seq(const tool_problem *tp, int64_t b, int64_t *qlen, int64_t *klen,
+                      int64_t *used) {
+    const fattn_problem *p = &tp->a.p;
+    *qlen = tp->hcu_q ? (int64_t)tp->hcu_q[b + 1] - tp->hcu_q[b] : p->seqlen_q;
+    *klen = tp->hcu_k ? (int64_t)tp->hcu_k[b + 1] - tp->hcu_k[b] : p->seqlen_k;
+    *used = tp->hused && tp->hused[b] < *klen ? tp->hused[b] : *klen;
+    if (*used < 0) *used = 0;
+}
+
+double tool_problem_flops(const tool_problem *tp) {
+    const fattn_problem *p = &tp->a.p;
+    double pairs = 0;
+    for (int64_t b = 0; b < p->batch; b++) {
+        int64_t ql, kl, u;
+        tool_problem_seq(tp, b, &ql, &kl, &u);
+        if (!p->causal) {
+            pairs += (double)ql * (double)u;
+            continue;
+        }
+        /* query i sees keys 0 .. i + u - ql (bottom-right aligned) */
+        for (int64_t i = 0; i < ql; i++) {
+            int64_t vis = i + u - ql + 1;
+            if (vis > 0) pairs += (double)vis;
+        }
+    }
+    return 4.0 * p->heads_q * p->head_dim * pairs;
 }
 
 void tool_check_rows(const char *cmd, fattn_ctx *ctx, const tool_problem *tp, int nsamples,
@@ -350,33 +509,46 @@ void tool_check_rows(const char *cmd, fattn_ctx *ctx, const tool_problem *tp, in
     const double scale = p->softmax_scale != 0.0f ? (double)p->softmax_scale : 1.0 / sqrt((double)D);
     size_t es = fattn_dtype_size(dt);
     void *ho = malloc(tp->no * es);
-    double *s = (double *)malloc(sizeof(double) * (size_t)SK);
+    double *s = (double *)malloc(sizeof(double) * (size_t)(SK + 1));
     double *ref = (double *)malloc(sizeof(double) * (size_t)DV);
     if (!ho || !s || !ref) tool_die(cmd, "cannot allocate the reference buffers");
     tool_download(cmd, ctx, ho, tp->a.o.data, tp->no * es);
 
     uint64_t rs = seed ^ 0x5eed;
     double err2 = 0, ref2 = 0, maxe = 0;
-    for (int n = 0; n < nsamples; n++) {
-        /* The first and last rows of the problem always, random rows between. */
-        int64_t b, h, i;
+    int64_t total_q = 0;
+    for (int64_t b = 0; b < p->batch; b++) {
+        int64_t ql, kl, u;
+        tool_problem_seq(tp, b, &ql, &kl, &u);
+        total_q += ql;
+    }
+    for (int n = 0; n < nsamples && total_q > 0; n++) {
+        /* The first and last rows of the problem always, random rows between
+         * (sequences of no queries skipped, varlen). */
+        int64_t b, h, i, ql, kl, used;
         if (n == 0) {
-            b = 0, h = 0, i = 0;
+            b = 0, h = 0;
         } else if (n == 1) {
-            b = p->batch - 1, h = HQ - 1, i = SQ - 1;
+            b = p->batch - 1, h = HQ - 1;
         } else {
             b = (int64_t)(mix64(&rs) % (uint64_t)p->batch);
             h = (int64_t)(mix64(&rs) % (uint64_t)HQ);
-            i = (int64_t)(mix64(&rs) % (uint64_t)SQ);
         }
+        for (tool_problem_seq(tp, b, &ql, &kl, &used); ql == 0;
+             tool_problem_seq(tp, b, &ql, &kl, &used))
+            b = n == 1 ? (b + p->batch - 1) % p->batch : (b + 1) % p->batch;
+        i = n == 0 ? 0 : n == 1 ? ql - 1 : (int64_t)(mix64(&rs) % (uint64_t)ql);
+        /* packed row indices of query i and key 0 of sequence b */
+        const int64_t qrow = tp->hcu_q ? tp->hcu_q[b] + i : b * SQ + i;
+        const int64_t krow = tp->hcu_k ? tp->hcu_k[b] : b * SK;
         int64_t hk = h / (HQ / HK);
-        int64_t last = p->causal ? i + SK - SQ : SK - 1; /* last visible key */
-        if (last > SK - 1) last = SK - 1;
+        int64_t last = p->causal ? i + used - ql : used - 1; /* last visible key */
+        if (last > used - 1) last = used - 1;
         double m = -INFINITY;
         for (int64_t j = 0; j <= last; j++) {
             double acc = 0;
-            size_t qo = (size_t)(((b * SQ + i) * HQ + h) * D);
-            size_t ko = (size_t)(((b * SK + j) * HK + hk) * D);
+            size_t qo = (size_t)((qrow * HQ + h) * D);
+            size_t ko = (size_t)(((krow + j) * HK + hk) * D);
             for (int64_t d = 0; d < D; d++)
                 acc += tool_load(tp->hq, dt, qo + (size_t)d) * tool_load(tp->hk, dt, ko + (size_t)d);
             s[j] = acc * scale;
@@ -386,10 +558,10 @@ void tool_check_rows(const char *cmd, fattn_ctx *ctx, const tool_problem *tp, in
         for (int64_t j = 0; j <= last; j++) l += (s[j] = exp(s[j] - m));
         for (int64_t d = 0; d < DV; d++) ref[d] = 0;
         for (int64_t j = 0; j <= last; j++) {
-            size_t vo = (size_t)(((b * SK + j) * HK + hk) * DV);
+            size_t vo = (size_t)(((krow + j) * HK + hk) * DV);
             for (int64_t d = 0; d < DV; d++) ref[d] += s[j] / l * tool_load(tp->hv, dt, vo + (size_t)d);
         }
-        size_t oo = (size_t)(((b * SQ + i) * HQ + h) * DV);
+        size_t oo = (size_t)((qrow * HQ + h) * DV);
         for (int64_t d = 0; d < DV; d++) {
             double got = tool_load(ho, dt, oo + (size_t)d);
             double e = got - ref[d];

@@ -33,6 +33,9 @@ fattn_dtype tool_parse_dtype(const char *cmd, const char *s);
 fattn_backend tool_parse_backend(const char *cmd, const char *s);
 /* Comma-separated list of ints; returns the count (at most max). */
 int tool_parse_list(const char *cmd, const char *opt, const char *s, int32_t *out, int max);
+/* "Q" (heads_kv = Q) or "Q/KV" (GQA / MQA); Q a multiple of KV. */
+void tool_parse_heads(const char *cmd, const char *opt, const char *s, int32_t *heads_q,
+                      int32_t *heads_kv);
 
 /* Context for the requested backend (AUTO: GPU when present). */
 fattn_ctx *tool_ctx(const char *cmd, fattn_backend backend, int threads);
@@ -66,16 +69,41 @@ double tool_median(double *x, int n);
 double tool_peak_rss_mib(void);
 
 /* Problem on packed BSHD buffers, inputs random, with host copies of q, k, v
- * for the reference. */
+ * for the reference.  The serving fields (tool_problem_varlen, _seqused,
+ * _page) keep the host copies as they are: packed, contiguous keys. */
 typedef struct tool_problem {
     fattn_fwd_args a;
     void *hq, *hk, *hv; /* host copies (dtype) */
     size_t nq, nk, nv, no;
+    /* host copies of what a.p.cu_seqlens_q/_k, a.seqused_k and a.block_table
+     * point to (where ctx computes); NULL when not used */
+    int32_t *hcu_q, *hcu_k, *hused, *htable;
 } tool_problem;
 
 void tool_problem_init(const char *cmd, fattn_ctx *ctx, tool_problem *tp, const fattn_problem *p,
                        fattn_dtype dtype, uint64_t seed);
+/* A variable-length batch: p->batch sequences of lens_q[b] queries and
+ * lens_k[b] keys, packed [total, heads, dim]; p's seqlen_q / seqlen_k are
+ * set to the longest (p's cu_seqlens are ignored: made here). */
+void tool_problem_init_varlen(const char *cmd, fattn_ctx *ctx, tool_problem *tp,
+                              const fattn_problem *p, const int32_t *lens_q,
+                              const int32_t *lens_k, fattn_dtype dtype, uint64_t seed);
+/* seqused_k: every sequence uses its first `used` keys. */
+void tool_problem_seqused(const char *cmd, fattn_ctx *ctx, tool_problem *tp, int32_t used);
+/* A paged cache of the same keys: k and v become pools of
+ * batch * ceil(seqlen_k / page_size) pages of page_size rows, the block
+ * table a permutation of them drawn from `seed`; the rows past seqlen_k of
+ * each sequence's last page are zeros.  Fixed-length batches only. */
+void tool_problem_page(const char *cmd, fattn_ctx *ctx, tool_problem *tp, int32_t page_size,
+                       uint64_t seed);
 void tool_problem_free(fattn_ctx *ctx, tool_problem *tp);
+/* Sequence b's query count, key count (before seqused_k) and keys read. */
+void tool_problem_seq(const tool_problem *tp, int64_t b, int64_t *qlen, int64_t *klen,
+                      int64_t *used);
+/* FLOPs of tp's call: 4 * heads_q * head_dim per visible (query, key) pair,
+ * summed over the sequences (keys cut to seqused_k, the causal mask's pairs
+ * counted exactly). */
+double tool_problem_flops(const tool_problem *tp);
 
 /* Error of the output on `nsamples` sampled rows against an FP64 reference:
  * relative Frobenius error of those rows and the max absolute error. */
