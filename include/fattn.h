@@ -20,7 +20,8 @@
  *   nothing to its outputs.
  * - Pointers live where the context computes: host memory for a CPU context,
  *   device memory of the context's device for a CUDA context (this includes
- *   cu_seqlens arrays, LSE and quantisation scales).
+ *   cu_seqlens, seqused_k and block_table arrays, LSE and quantisation
+ *   scales).
  * - Sizes are int32_t, strides are int64_t and counted in ELEMENTS (not bytes).
  *   Index arithmetic inside the library is 64-bit; sizes whose products do not
  *   fit the engine's limits are rejected with FATTN_ERROR_INVALID_ARGUMENT.
@@ -28,8 +29,8 @@
  *   dimension contiguous.  Any other layout whose head dim is contiguous
  *   (e.g. BHSD) is described through strides.
  * - Every pointer is aligned for its elements, on every engine: f32 data,
- *   lse and e4m3 scales 4 bytes, f16/bf16 data 2 bytes, cu_seqlens 4 bytes
- *   (INVALID_ARGUMENT otherwise; the CUDA engine asks for more, see
+ *   lse and e4m3 scales 4 bytes, f16/bf16 data 2 bytes, cu_seqlens,
+ *   seqused_k and block_table 4 bytes (INVALID_ARGUMENT otherwise; the CUDA engine asks for more, see
  *   fattn_fwd).
  * - Outputs never overlap (INVALID_ARGUMENT otherwise), checked with
  *   interval tests that read no memory:
@@ -42,7 +43,8 @@
  *     elements coincide;
  *   . the bytes an output spans, from its first element to its last (the
  *     strides are non-negative), share none with the bytes any input spans
- *     (tensors, lse of the backward, e4m3 scales, cu_seqlens) or another
+ *     (tensors, lse of the backward, e4m3 scales, cu_seqlens, seqused_k,
+ *     block_table; a page pool spans all num_pages pages) or another
  *     output spans (o and lse; dq, dk and dv; quantize's out and out.scale).
  *     An output interleaved with an input inside one buffer is refused even
  *     where their elements are disjoint.  Inputs may overlap one another
@@ -296,6 +298,46 @@ typedef struct fattn_fwd_args {
     fattn_problem p;
     fattn_tensor q, k, v, o;
     float *lse;
+    /* Serving (all optional; zero-initialised args keep the behaviour above).
+     *
+     * seqused_k: int32[batch] or NULL.  Sequence b attends to its first
+     *   min(seqused_k[b], its key count) keys only (its key count: seqlen_k,
+     *   or its cu_seqlens_k length); the rest of its keys do not take part
+     *   (a padded KV cache: whatever they hold, NaN included, cannot reach
+     *   O; an engine may still load the block they share with used keys).
+     *   Causal alignment then uses the used count as the sequence's
+     *   seqlen_k.  A negative entry is INVALID_ARGUMENT on the CPU
+     *   engine (checked on the host); the CUDA engine reads it on the device
+     *   and takes a negative entry as 0 (the rows see no key: O = 0, LSE
+     *   -inf).
+     *
+     * block_table: int32[batch][max_pages_per_seq] or NULL: a paged KV cache.
+     *   k and v are then page pools: k [num_pages, page_size, heads_kv,
+     *   head_dim] and v likewise, described by fattn_tensor as batch =
+     *   page (stride_batch = the page stride; all three strides 0 = packed).
+     *   Key j of sequence b is row j % page_size of page
+     *   block_table[b * max_pages_per_seq + j / page_size].  Requires
+     *   page_size, num_pages and max_pages_per_seq >= 1 and seqlen_k <=
+     *   max_pages_per_seq * page_size (INVALID_ARGUMENT otherwise; without
+     *   a table all three must be 0); not with cu_seqlens (UNSUPPORTED;
+     *   varlen with pages: use seqused_k); the pages of a sequence may be
+     *   in any order and shared between sequences.  e4m3 pools: the scales
+     *   are [num_pages, heads_kv, ceil(page_size / scale_block)], row r of
+     *   page p read as row r of batch entry p.  Entries
+     *   outside [0, num_pages) for the keys a sequence uses: the CPU engine
+     *   checks them on the host (INVALID_ARGUMENT); the CUDA engine does not
+     *   read the table on the host, and such a page reads as zeros there
+     *   (TMA bounds), never out of bounds.
+     * CUDA: seqused_k and block_table are served by the decoding kernel only:
+     *   16-bit inputs, fixed-length batches, seqlen_q <= 16 and seqlen_q *
+     *   heads_q / heads_kv <= 64 (32 at head_dim 256), which is also what
+     *   every such call runs on without them; page_size a power of two >= 16
+     *   (16 .. 256 tested).  Others: UNSUPPORTED. */
+    const int32_t *seqused_k;
+    const int32_t *block_table;
+    int32_t page_size;
+    int32_t num_pages;
+    int32_t max_pages_per_seq;
 } fattn_fwd_args;
 
 FATTN_API fattn_status fattn_fwd(fattn_ctx *ctx, const fattn_fwd_args *args);
@@ -437,7 +479,9 @@ FATTN_API fattn_status fattn_quantize(fattn_ctx *ctx, const fattn_quantize_args 
  * quantised to e4m3 (fattn_quantize, Q and K optionally rotated) into a
  * workspace the context owns, then fattn_fwd runs on the e4m3 tensors.
  *   args: as for fattn_fwd with q, k, v f16 | bf16 | f32 (one dtype) and
- *         o f16 | bf16 | f32; their .scale fields are ignored.
+ *         o f16 | bf16 | f32; their .scale fields are ignored; the serving
+ *         fields (seqused_k ... max_pages_per_seq) must be 0 for now
+ *         (UNSUPPORTED).
  *   opt:  NULL = block scales of 128 rows, no rotation.
  * Block sizes the CUDA engine serves (others: UNSUPPORTED; the CPU engine
  * serves any): Q any; K 1 (one scale per token) or a multiple of 128; V a

@@ -132,7 +132,10 @@ typedef struct shape4 {
     int64_t batch, seqlen, heads, dim;
     const char *seqlen_name, *heads_name, *dim_name;
     int varlen;
+    const char *batch_name; /* NULL: "batch" (a page pool: "num_pages") */
 } shape4;
+
+static const char *batch_name(const shape4 *s) { return s->batch_name ? s->batch_name : "batch"; }
 
 /* Checks the pointer, strides and extent of `t` against `s` and replaces the
  * "all strides 0" default by packed strides (in the private copy). */
@@ -153,9 +156,9 @@ static fattn_status check_tensor(fattn_ctx *ctx, fattn_tensor *t, const shape4 *
     int64_t b = s->varlen ? 1 : s->batch;
     if (!mul_ok(b, s->seqlen, &rows) || !mul_ok(rows, s->heads, &rows) || rows >= FATTN_MAX_ROWS)
         return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
-                          "%s: batch * %s * %s = %lld * %lld * %lld rows exceeds the engine "
+                          "%s: %s * %s * %s = %lld * %lld * %lld rows exceeds the engine "
                           "limit of 2^31 - 1",
-                          s->name, s->seqlen_name, s->heads_name, (long long)b,
+                          s->name, batch_name(s), s->seqlen_name, s->heads_name, (long long)b,
                           (long long)s->seqlen, (long long)s->heads);
 
     int defaulted = t->stride_batch == 0 && t->stride_seq == 0 && t->stride_head == 0;
@@ -182,8 +185,9 @@ static fattn_status check_tensor(fattn_ctx *ctx, fattn_tensor *t, const shape4 *
                               s->name, (long long)t->stride_seq, s->dim_name, (long long)s->dim);
         if (!s->varlen && s->batch > 1 && t->stride_batch < s->dim)
             return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
-                              "%s.stride_batch %lld is smaller than %s %lld (batches would overlap)",
-                              s->name, (long long)t->stride_batch, s->dim_name, (long long)s->dim);
+                              "%s.stride_batch %lld is smaller than %s %lld (%s would overlap)",
+                              s->name, (long long)t->stride_batch, s->dim_name, (long long)s->dim,
+                              s->batch_name ? "pages" : "batches");
     }
     if (s->varlen) t->stride_batch = 0; /* ignored in varlen mode */
 
@@ -196,9 +200,10 @@ static fattn_status check_tensor(fattn_ctx *ctx, fattn_tensor *t, const shape4 *
         ok = ok && mul_ok(s->heads - 1, t->stride_head, &x) && add_ok(off, x, &off);
         if (!ok || off >= FATTN_MAX_ELEMENT_OFFSET)
             return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
-                              "%s: the largest element offset (batch %lld, %s %lld, %s %lld, %s "
+                              "%s: the largest element offset (%s %lld, %s %lld, %s %lld, %s "
                               "%lld with strides %lld, %lld, %lld) overflows the 64-bit index range",
-                              s->name, (long long)s->batch, s->seqlen_name, (long long)s->seqlen,
+                              s->name, batch_name(s), (long long)s->batch, s->seqlen_name,
+                              (long long)s->seqlen,
                               s->heads_name, (long long)s->heads, s->dim_name, (long long)s->dim,
                               (long long)t->stride_batch, (long long)t->stride_seq,
                               (long long)t->stride_head);
@@ -285,7 +290,7 @@ static fattn_status check_no_self_overlap(fattn_ctx *ctx, const fattn_tensor *t,
     struct {
         int64_t n, stride;
         const char *stride_name, *dim_name;
-    } d[3] = {{s->varlen ? 1 : s->batch, t->stride_batch, "stride_batch", "batch"},
+    } d[3] = {{s->varlen ? 1 : s->batch, t->stride_batch, "stride_batch", batch_name(s)},
               {s->seqlen, t->stride_seq, "stride_seq", s->seqlen_name},
               {s->heads, t->stride_head, "stride_head", s->heads_name}},
       x;
@@ -418,12 +423,14 @@ static fattn_status problem_shapes(fattn_ctx *ctx, const fattn_problem *p, tenso
     int64_t sk = ts->varlen ? ts->total_k : p->seqlen_k;
     const char *sqn = ts->varlen ? "total_q" : "seqlen_q";
     const char *skn = ts->varlen ? "total_k" : "seqlen_k";
-    shape4 q = {"q", p->batch, sq, p->heads_q, p->head_dim, sqn, "heads_q", "head_dim", ts->varlen};
-    shape4 k = {"k", p->batch, sk, p->heads_kv, p->head_dim, skn, "heads_kv", "head_dim", ts->varlen};
+    shape4 q = {"q", p->batch, sq, p->heads_q, p->head_dim, sqn, "heads_q", "head_dim", ts->varlen,
+                NULL};
+    shape4 k = {"k", p->batch, sk, p->heads_kv, p->head_dim, skn, "heads_kv", "head_dim", ts->varlen,
+                NULL};
     shape4 v = {"v", p->batch, sk, p->heads_kv, p->head_dim_v, skn, "heads_kv", "head_dim_v",
-                ts->varlen};
+                ts->varlen, NULL};
     shape4 o = {"o", p->batch, sq, p->heads_q, p->head_dim_v, sqn, "heads_q", "head_dim_v",
-                ts->varlen};
+                ts->varlen, NULL};
     ts->q = q;
     ts->k = k;
     ts->v = v;
@@ -450,11 +457,52 @@ static fattn_status check_same_dtype(fattn_ctx *ctx, const fattn_tensor *t, cons
 /* Forward                                                                  */
 /* ------------------------------------------------------------------------ */
 
+/* The serving fields' scalars (fattn_fwd_args): they read nothing behind a
+ * pointer, so they hold on every engine.  The entries of seqused_k and
+ * block_table are the engine's business (the CPU engine's host-side check,
+ * fattn_cpu_serving_check; the CUDA engine never reads them on the host). */
+static fattn_status check_serving(fattn_ctx *ctx, const fattn_fwd_args *a) {
+    CHECK(check_aligned(ctx, a->seqused_k, sizeof(int32_t), "seqused_k", "int32"));
+    CHECK(check_aligned(ctx, a->block_table, sizeof(int32_t), "block_table", "int32"));
+    const struct {
+        int32_t value;
+        const char *name;
+    } ints[] = {{a->page_size, "page_size"},
+                {a->num_pages, "num_pages"},
+                {a->max_pages_per_seq, "max_pages_per_seq"}};
+    for (int i = 0; i < 3; i++) {
+        if (!a->block_table && ints[i].value != 0)
+            return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                              "%s %d is given but block_table is NULL (without a block table "
+                              "page_size, num_pages and max_pages_per_seq must be 0)",
+                              ints[i].name, (int)ints[i].value);
+        if (a->block_table && ints[i].value < 1)
+            return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                              "%s %d must be >= 1 (block_table is given: a paged KV cache)",
+                              ints[i].name, (int)ints[i].value);
+    }
+    if (!a->block_table) return FATTN_OK;
+    const int64_t addressable = (int64_t)a->max_pages_per_seq * a->page_size;
+    if (a->p.seqlen_k > addressable)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                          "seqlen_k %d exceeds max_pages_per_seq * page_size = %d * %d = %lld "
+                          "(the block table cannot address every key)",
+                          (int)a->p.seqlen_k, (int)a->max_pages_per_seq, (int)a->page_size,
+                          (long long)addressable);
+    if (a->p.cu_seqlens_q || a->p.cu_seqlens_k)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "block_table with cu_seqlens (a paged variable-length batch) is not "
+                          "supported: pass fixed-length q and each sequence's key count in "
+                          "seqused_k");
+    return FATTN_OK;
+}
+
 fattn_status fattn_fwd_prepare(fattn_ctx *ctx, fattn_fwd_args *args, const int32_t *fp8_blocks,
                                int64_t *total_q, int64_t *total_k) {
     fattn_fwd_args a = *args;
 
     CHECK(check_problem(ctx, &a.p));
+    CHECK(check_serving(ctx, &a));
 
     CHECK(check_dtype(ctx, a.q.dtype, "q"));
     CHECK(check_dtype(ctx, a.k.dtype, "k"));
@@ -520,6 +568,19 @@ fattn_status fattn_fwd_prepare(fattn_ctx *ctx, fattn_fwd_args *args, const int32
     }
     tensor_shapes ts;
     CHECK(problem_shapes(ctx, &a.p, &ts));
+    /* seqused_k and block_table entries: host memory on a CPU context only
+     * (after problem_shapes, which has checked cu_seqlens on the host) */
+    if (ctx->backend == FATTN_BACKEND_CPU) CHECK(fattn_cpu_serving_check(ctx, &a));
+    if (a.block_table) {
+        /* k and v are page pools: [num_pages, page_size, heads_kv, dim] */
+        shape4 *kv[2] = {&ts.k, &ts.v};
+        for (int i = 0; i < 2; i++) {
+            kv[i]->batch = a.num_pages;
+            kv[i]->seqlen = a.page_size;
+            kv[i]->seqlen_name = "page_size";
+            kv[i]->batch_name = "num_pages";
+        }
+    }
     CHECK(check_tensor(ctx, &a.q, &ts.q));
     CHECK(check_tensor(ctx, &a.k, &ts.k));
     CHECK(check_tensor(ctx, &a.v, &ts.v));
@@ -527,6 +588,7 @@ fattn_status fattn_fwd_prepare(fattn_ctx *ctx, fattn_fwd_args *args, const int32
     CHECK(check_no_self_overlap(ctx, &a.o, &ts.o));
     {
         const int64_t nb = ts.varlen ? 1 : a.p.batch, ncu = ts.varlen ? (int64_t)a.p.batch + 1 : 0;
+        const int64_t ntable = a.block_table ? (int64_t)a.p.batch * a.max_pages_per_seq : 0;
         const span in[] = {tensor_span(&a.q, &ts.q),
                            tensor_span(&a.k, &ts.k),
                            tensor_span(&a.v, &ts.v),
@@ -534,7 +596,9 @@ fattn_status fattn_fwd_prepare(fattn_ctx *ctx, fattn_fwd_args *args, const int32
                            scale_span("k.scale", &a.k, &ts.k),
                            scale_span("v.scale", &a.v, &ts.v),
                            array_span("cu_seqlens_q", a.p.cu_seqlens_q, ncu, sizeof(int32_t)),
-                           array_span("cu_seqlens_k", a.p.cu_seqlens_k, ncu, sizeof(int32_t))};
+                           array_span("cu_seqlens_k", a.p.cu_seqlens_k, ncu, sizeof(int32_t)),
+                           array_span("seqused_k", a.seqused_k, a.p.batch, sizeof(int32_t)),
+                           array_span("block_table", a.block_table, ntable, sizeof(int32_t))};
         const span out[] = {tensor_span(&a.o, &ts.o),
                             array_span("lse", a.lse, nb * a.p.heads_q * ts.total_q, sizeof(float))};
         CHECK(check_disjoint(ctx, out, 2, in, (int)(sizeof in / sizeof in[0])));
@@ -678,7 +742,7 @@ fattn_status fattn_quantize(fattn_ctx *ctx, const fattn_quantize_args *args) {
     CHECK(check_data_aligned(ctx, &a.in, "in"));
     CHECK(check_aligned(ctx, a.out.scale, sizeof(float), "out.scale", "f32"));
 
-    shape4 sin = {"in", a.batch, a.seqlen, a.heads, a.head_dim, "seqlen", "heads", "head_dim", 0};
+    shape4 sin = {"in", a.batch, a.seqlen, a.heads, a.head_dim, "seqlen", "heads", "head_dim", 0, NULL};
     shape4 sout = sin;
     sout.name = "out";
     CHECK(check_tensor(ctx, &a.in, &sin));
@@ -717,7 +781,8 @@ static fattn_status check_merge_dtype(fattn_ctx *ctx, fattn_dtype d, const char 
  * caller) receives the parts with their strides resolved. */
 static fattn_status merge_prepare(fattn_ctx *ctx, fattn_merge_args *a, fattn_merge_part *parts) {
     char name[24], lname[24];
-    shape4 so = {"o", a->batch, a->seqlen, a->heads, a->head_dim, "seqlen", "heads", "head_dim", 0};
+    shape4 so = {"o", a->batch, a->seqlen, a->heads, a->head_dim, "seqlen", "heads", "head_dim", 0,
+                 NULL};
     CHECK(check_merge_dtype(ctx, a->o.dtype, "o"));
     for (int32_t i = 0; i < a->num_parts; i++) {
         snprintf(name, sizeof name, "parts[%d].o", (int)i);

@@ -53,6 +53,15 @@ fattn_status fattn_fwd_fp8(fattn_ctx *ctx, const fattn_fwd_args *args, const fat
         if (o.block_rows_v) blocks[2] = o.block_rows_v;
     }
 
+    /* the quantiser works on dense [batch, seqlen] tensors: no page pools,
+     * and no seqused_k yet (it would quantise keys never read) */
+    if (args->seqused_k || args->block_table || args->page_size || args->num_pages ||
+        args->max_pages_per_seq)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "fattn_fwd_fp8 does not take the serving fields yet (seqused_k, "
+                          "block_table, page_size, num_pages, max_pages_per_seq must be 0): "
+                          "quantise with fattn_quantize and call fattn_fwd");
+
     fattn_fwd_args a = *args;
     int64_t total_q = 0, total_k = 0;
     if ((st = fattn_fwd_prepare(ctx, &a, blocks, &total_q, &total_k)) != FATTN_OK) return st;

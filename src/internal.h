@@ -51,6 +51,10 @@ fattn_status fattn_cpu_bwd_check(fattn_ctx *ctx, const fattn_bwd_args *a);
  * seqlen_q/seqlen_k; *total_q = cu_seqlens_q[batch], *total_k likewise. */
 fattn_status fattn_cpu_varlen_totals(fattn_ctx *ctx, const fattn_problem *p, int64_t *total_q,
                                      int64_t *total_k);
+/* fattn_fwd's serving fields (CPU contexts only: host memory there), after
+ * the varlen check: no negative seqused_k entry, and the block-table entries
+ * of the pages each sequence reads inside [0, num_pages). */
+fattn_status fattn_cpu_serving_check(fattn_ctx *ctx, const fattn_fwd_args *a);
 fattn_status fattn_cpu_fwd(fattn_ctx *ctx, const fattn_fwd_args *a);
 fattn_status fattn_cpu_bwd(fattn_ctx *ctx, const fattn_bwd_args *a);
 fattn_status fattn_cpu_quantize(fattn_ctx *ctx, const fattn_quantize_args *a);

@@ -70,7 +70,9 @@ class Problem(ctypes.Structure):
 class FwdArgs(ctypes.Structure):
     _c_name_ = "fattn_fwd_args"
     _fields_ = [("p", Problem), ("q", Tensor), ("k", Tensor), ("v", Tensor), ("o", Tensor),
-                ("lse", ctypes.c_void_p)]
+                ("lse", ctypes.c_void_p), ("seqused_k", ctypes.c_void_p), ("block_table", ctypes.c_void_p),
+                ("page_size", ctypes.c_int32), ("num_pages", ctypes.c_int32),
+                ("max_pages_per_seq", ctypes.c_int32)]
 
 
 class BwdArgs(ctypes.Structure):

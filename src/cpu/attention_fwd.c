@@ -9,7 +9,12 @@
  * converted (copied, for f32) block by block.  Results depend
  * only on each panel's own queries, never on the task height or the thread
  * count.  Scratch per worker is O(BM * d + BN * d), never seqlen_q x
- * seqlen_k. */
+ * seqlen_k.
+ *
+ * Serving fields: seqused_k shortens a sequence's keys (fwd_seq_get), and
+ * with a block table the rows of a key block are gathered from the pages
+ * of a page pool, run by run (fwd_key_run); the block the inner loop sees
+ * is the same f32 block as for a contiguous cache, so are the results. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +36,7 @@ typedef struct fwd_job {
     fattn_tasks tasks;
     fattn_fwd_kernel kern;
     const float *lut;
-    fattn_cpu_dims m; /* sizes derived from the problem */
+    fattn_cpu_dims m; /* sizes derived from the problem (paged: rows_k = page_size) */
     int64_t bm;       /* query rows per task (64..FATTN_CPU_FWD_BM_MAX, a multiple of NR) */
     size_t scratch_floats;
     float *scratch;   /* per worker */
@@ -72,6 +77,31 @@ static size_t fwd_scratch_layout(const fwd_job *j, float *base, fwd_scratch *s) 
     return off;
 }
 
+/* Sequence b's rows, its keys cut to seqused_k[b] when given (api.c has
+ * checked the entries: >= 0). */
+static fattn_seq fwd_seq_get(const fattn_fwd_args *a, int64_t b) {
+    fattn_seq s = fattn_seq_get(&a->p, b);
+    if (a->seqused_k && a->seqused_k[b] < s.klen) s.klen = a->seqused_k[b];
+    return s;
+}
+
+/* Keys key .. key + *n - 1 of sequence b, at most `want` of them, are rows
+ * *row .. of batch entry *tb of k and v: the whole range for a contiguous
+ * cache, else the part of it inside one page (a run). */
+static inline void fwd_key_run(const fattn_fwd_args *a, const fattn_seq *sq, int64_t b,
+                               int64_t key, int64_t want, int64_t *tb, int64_t *row, int64_t *n) {
+    if (!a->block_table) {
+        *tb = sq->tb;
+        *row = sq->k0 + key;
+        *n = want;
+        return;
+    }
+    const int64_t ps = a->page_size, r = key % ps;
+    *tb = a->block_table[b * a->max_pages_per_seq + key / ps];
+    *row = r;
+    *n = ps - r < want ? ps - r : want;
+}
+
 /* Rows of Q and O prefetched ahead of the one being converted. */
 #define FWD_AHEAD 8
 
@@ -83,6 +113,20 @@ static void fwd_prefetch_row(const fattn_tensor *t, int64_t off, int64_t n, int 
     for (size_t b = 0; b < (size_t)n * es; b += 64) {
         if (write) __builtin_prefetch(p + b, 1, 2);
         else __builtin_prefetch(p + b, 0, 2);
+    }
+}
+
+/* The K and V rows of keys from .. to - 1 of sequence b, kv head hk. */
+static void fwd_prefetch_keys(const fattn_fwd_args *a, const fattn_seq *sq, int64_t b, int64_t hk,
+                              int64_t d, int64_t dv, int64_t from, int64_t to) {
+    for (int64_t c = from; c < to;) {
+        int64_t tb, r0, n;
+        fwd_key_run(a, sq, b, c, to - c, &tb, &r0, &n);
+        for (int64_t t = 0; t < n; t++) {
+            fwd_prefetch_row(&a->k, fattn_row_offset(&a->k, tb, r0 + t, hk), d, 0);
+            fwd_prefetch_row(&a->v, fattn_row_offset(&a->v, tb, r0 + t, hk), dv, 0);
+        }
+        c += n;
     }
 }
 
@@ -98,7 +142,7 @@ static void fwd_task(void *arg, int64_t task, int worker) {
     int64_t b, h, qb;
     fattn_tasks_decode(&j->tasks, task, &b, &h, &qb);
     if (p->causal) qb = j->tasks.nblk[b] - 1 - qb; /* longest blocks first */
-    const fattn_seq sq = fattn_seq_get(p, b);
+    const fattn_seq sq = fwd_seq_get(a, b);
     const int64_t hk = h / j->m.group;
     const int64_t i0 = qb * BM;
     const int64_t rows = sq.qlen - i0 < BM ? sq.qlen - i0 : BM;
@@ -113,10 +157,7 @@ static void fwd_task(void *arg, int64_t task, int worker) {
      * prefetchers do not follow them, so the first key block and the query
      * rows a few ahead are asked for here (loads of cold rows were 10-25% of
      * short sequences). */
-    for (int64_t c = 0; c < BN && c < kend; c++) {
-        fwd_prefetch_row(&a->k, fattn_row_offset(&a->k, sq.tb, sq.k0 + c, hk), d, 0);
-        fwd_prefetch_row(&a->v, fattn_row_offset(&a->v, sq.tb, sq.k0 + c, hk), dv, 0);
-    }
+    fwd_prefetch_keys(a, &sq, b, hk, d, dv, 0, BN < kend ? BN : kend);
     for (int64_t r = 0; r < FWD_AHEAD && r < rows; r++)
         fwd_prefetch_row(&a->q, fattn_row_offset(&a->q, sq.tb, sq.q0 + i0 + r, h), d, 0);
 
@@ -165,20 +206,23 @@ static void fwd_task(void *arg, int64_t task, int worker) {
         const int64_t jn = kend - j0 < BN ? kend - j0 : BN;
         /* The next block's rows, strided by heads * d in memory, are fetched
          * while this block computes (copying them cold was 13% of d64). */
-        for (int64_t c = j0 + BN; c < j0 + 2 * BN && c < kend; c++) {
-            fwd_prefetch_row(&a->k, fattn_row_offset(&a->k, sq.tb, sq.k0 + c, hk), d, 0);
-            fwd_prefetch_row(&a->v, fattn_row_offset(&a->v, sq.tb, sq.k0 + c, hk), dv, 0);
-        }
+        if (j0 + BN < kend)
+            fwd_prefetch_keys(a, &sq, b, hk, d, dv, j0 + BN, j0 + 2 * BN < kend ? j0 + 2 * BN : kend);
         /* Packed, even for f32: rows heads * d apart in the tensor share L1
-         * sets (reading them in place measured 6-8% slower). */
-        for (int64_t c = 0; c < jn; c++) {
-            int64_t tr = sq.k0 + j0 + c;
-            float ks = fattn_row_scale(&a->k, sq.tb, p->heads_kv, hk, j->m.rows_k, tr);
-            fattn_load_row(&a->k, fattn_row_offset(&a->k, sq.tb, tr, hk), (int)d, ks, j->lut,
-                           w.k + c * j->m.dp);
-            float vs = fattn_row_scale(&a->v, sq.tb, p->heads_kv, hk, j->m.rows_k, tr);
-            fattn_load_row(&a->v, fattn_row_offset(&a->v, sq.tb, tr, hk), (int)dv, vs, j->lut,
-                           w.v + c * j->m.dvp);
+         * sets (reading them in place measured 6-8% slower).  One run for a
+         * contiguous cache, one per page touched for a paged one. */
+        for (int64_t c = 0; c < jn;) {
+            int64_t tb, r0, n;
+            fwd_key_run(a, &sq, b, j0 + c, jn - c, &tb, &r0, &n);
+            for (int64_t t = 0; t < n; t++, c++) {
+                const int64_t tr = r0 + t;
+                float ks = fattn_row_scale(&a->k, tb, p->heads_kv, hk, j->m.rows_k, tr);
+                fattn_load_row(&a->k, fattn_row_offset(&a->k, tb, tr, hk), (int)d, ks, j->lut,
+                               w.k + c * j->m.dp);
+                float vs = fattn_row_scale(&a->v, tb, p->heads_kv, hk, j->m.rows_k, tr);
+                fattn_load_row(&a->v, fattn_row_offset(&a->v, tb, tr, hk), (int)dv, vs, j->lut,
+                               w.v + c * j->m.dvp);
+            }
         }
         blk.j0 = j0;
         blk.jn = (int)jn;
@@ -219,6 +263,8 @@ fattn_status fattn_cpu_fwd(fattn_ctx *ctx, const fattn_fwd_args *a) {
     j.a = a;
     j.kern = fattn_cpu_kernels_get().fwd;
     j.m = fattn_cpu_dims_of(p);
+    /* a page pool's e4m3 scales: [num_pages, heads_kv, ceil(page_size / block)] */
+    if (a->block_table) j.m.rows_k = a->page_size;
 
     float lut[256];
     if (a->q.dtype == FATTN_DTYPE_E4M3) {

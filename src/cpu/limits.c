@@ -1,6 +1,7 @@
 /* limits.c - what the CPU engine can serve, checked before api.c looks at
- * strides (internal.h: fattn_cpu_*_check), and its host-side check of
- * variable-length batches. */
+ * strides (internal.h: fattn_cpu_*_check), and its host-side checks of
+ * variable-length batches and of fattn_fwd's serving fields (seqused_k,
+ * block_table). */
 #include "internal.h"
 
 /* The CPU engine keeps a few rows of head_dim floats on the stack. */
@@ -55,4 +56,35 @@ fattn_status fattn_cpu_varlen_totals(fattn_ctx *ctx, const fattn_problem *p, int
     if (st != FATTN_OK) return st;
     return check_cu_seqlens(ctx, p->cu_seqlens_k, p->batch, p->seqlen_k, "cu_seqlens_k",
                             "seqlen_k", total_k);
+}
+
+/* The serving fields' entries (CPU contexts only: host memory there), after
+ * api.c has checked their scalars and fattn_cpu_varlen_totals the
+ * cu_seqlens: seqused_k[b] >= 0, and the block-table entries of the pages
+ * sequence b reads, ceil(min(seqused_k[b], its key count) / page_size) of
+ * them, inside [0, num_pages).  The entries past those are never read. */
+fattn_status fattn_cpu_serving_check(fattn_ctx *ctx, const fattn_fwd_args *a) {
+    const fattn_problem *p = &a->p;
+    if (!a->seqused_k && !a->block_table) return FATTN_OK;
+    for (int32_t b = 0; b < p->batch; b++) {
+        int64_t used = p->cu_seqlens_k ? (int64_t)p->cu_seqlens_k[b + 1] - p->cu_seqlens_k[b]
+                                       : p->seqlen_k;
+        if (a->seqused_k) {
+            if (a->seqused_k[b] < 0)
+                return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                                  "seqused_k[%d] is %d, must be >= 0", (int)b, (int)a->seqused_k[b]);
+            if (a->seqused_k[b] < used) used = a->seqused_k[b];
+        }
+        if (!a->block_table) continue;
+        const int64_t npages = (used + a->page_size - 1) / a->page_size;
+        const int32_t *row = a->block_table + (int64_t)b * a->max_pages_per_seq;
+        for (int64_t i = 0; i < npages; i++)
+            if (row[i] < 0 || row[i] >= a->num_pages)
+                return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                                  "block_table[%d][%lld] is %d, outside [0, num_pages %d) (sequence "
+                                  "%d reads %lld keys: pages 0..%lld of its row)",
+                                  (int)b, (long long)i, (int)row[i], (int)a->num_pages, (int)b,
+                                  (long long)used, (long long)(npages - 1));
+    }
+    return FATTN_OK;
 }
