@@ -34,6 +34,7 @@ struct fattn_cuda_state {
     /* fattn_fwd_fp8's quantised Q, K, V (fattn_cuda_fp8_workspace), the
      * backward's dQ accumulator and row statistics (cuda_bwd_workspace) */
     cuda_owned_ws fp8, bwd;
+    cuda_owned_ws dec; /* the decoding forward's split partials (cuda_decode_workspace) */
 };
 
 /* The split forward's workspace (perf-notes v30): at least `bytes` of slots
@@ -58,6 +59,11 @@ fattn_status cuda_order_after(fattn_ctx *ctx);
  * allocated during graph capture) and the record of its last use; context.cu. */
 fattn_status cuda_bwd_workspace(fattn_ctx *ctx, size_t bytes, void **ws);
 fattn_status cuda_bwd_workspace_done(fattn_ctx *ctx);
+/* The decoding forward's split partials: as the backward's, except that
+ * during graph capture a workspace too small gives *ws NULL and FATTN_OK
+ * (the caller then runs one split); context.cu. */
+fattn_status cuda_decode_workspace(fattn_ctx *ctx, size_t bytes, void **ws);
+fattn_status cuda_decode_workspace_done(fattn_ctx *ctx);
 /* Hopper 16-bit backward (hopper/bwd_sm90.cu). */
 fattn_status bwd_sm90_launch(fattn_ctx *ctx, const fattn_bwd_args *a);
 

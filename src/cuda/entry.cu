@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "cuda_engine.h"
+#include "hopper/fwd_sm90_dispatch.h"
 
 /* ---- limits ------------------------------------------------------------------ */
 
@@ -80,6 +81,18 @@ extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_arg
     if (p->cu_seqlens_q || p->cu_seqlens_k)
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                           "variable-length batches (cu_seqlens_q/k) are not supported by the CUDA engine yet");
+    /* seqused_k and paged K/V: the decoding kernel only (fwd_decode.cu) */
+    if (a->seqused_k || a->block_table) {
+        if (!fwd_decode_eligible(a))
+            return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                              "seqused_k and block_table need the CUDA decoding kernel: 16-bit inputs, seqlen_q <= %d "
+                              "and seqlen_q * heads_q / heads_kv <= %d (here %d and %d)",
+                              FWD_DECODE_MAX_SEQLEN_Q, p->head_dim == 256 ? FWD_DECODE_MAX_ROWS / 2 : FWD_DECODE_MAX_ROWS, p->seqlen_q,
+                              p->seqlen_q * (p->heads_q / p->heads_kv));
+        if (a->block_table && (a->page_size < 16 || (a->page_size & (a->page_size - 1))))
+            return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                              "page_size %d is not supported by the CUDA engine: a power of two >= 16", a->page_size);
+    }
     return FATTN_OK;
 }
 
@@ -173,6 +186,15 @@ extern "C" fattn_status fattn_cuda_fwd(fattn_ctx *ctx, const fattn_fwd_args *a) 
     if (a->lse) {
         if ((s = cuda_check_device_ptr(ctx, a->lse, "lse")) != FATTN_OK) return s;
         if ((uintptr_t)a->lse % 4) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "lse must be 4-byte aligned");
+    }
+    const struct {
+        const int32_t *ptr;
+        const char *name;
+    } ints[] = {{a->seqused_k, "seqused_k"}, {a->block_table, "block_table"}};
+    for (const auto &x : ints) {
+        if (!x.ptr) continue;
+        if ((s = cuda_check_device_ptr(ctx, x.ptr, x.name)) != FATTN_OK) return s;
+        if ((uintptr_t)x.ptr % 4) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "%s must be 4-byte aligned", x.name);
     }
     const cuda_fwd_options opt = fwd_options(ctx);
     return fwd_sm90_launch(ctx, a, &opt);

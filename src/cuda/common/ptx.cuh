@@ -67,6 +67,25 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
                  : "memory");
 }
 
+/* ---- mma.sync (warp-level tensor cores, for tiles below wgmma's 64 rows) -- */
+/* d += a b: m16n8k16, a row-major 16x16 (4 regs of b16 pairs: (row g, k 2t),
+ * (g + 8, 2t), (g, 2t + 8), (g + 8, 2t + 8) with g = lane / 4, t = lane % 4),
+ * b 16x8 "col" (b0: k 2t, 2t + 1 of column g; b1: k + 8), d fp32 (rows g and
+ * g + 8, columns 2t, 2t + 1). */
+template <bool BF16>
+__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    if (BF16)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                     "{%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                     "{%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 /* ---- wgmma bookkeeping --------------------------------------------------- */
 /* wgmma.fence: order register accesses to accumulators / A fragments before a
  * following wgmma that uses them. */

@@ -56,6 +56,11 @@ fattn_status fwd_sm90_launch(fattn_ctx *ctx, const fattn_fwd_args *a, const cuda
     int prev;
     fattn_status s = cuda_ctx_enter(ctx, &prev);
     if (s != FATTN_OK) return s;
+    if (fwd_decode_eligible(a)) {
+        s = fwd_decode_launch(ctx, a, v);
+        cuda_device_leave(prev);
+        return s;
+    }
     const fwd_kernel k = fwd_sm90_pick(&a->p, v);
     switch (a->p.head_dim) {
     case 64: s = v.fp8 ? fwd_sm90_fp8_hdim64(ctx, a, v, k) : fwd_sm90_hdim64(ctx, a, v, k); break;

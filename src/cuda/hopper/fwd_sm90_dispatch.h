@@ -49,3 +49,12 @@ fattn_status fwd_sm90_hdim256(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd
 fattn_status fwd_sm90_fp8_hdim64(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v, fwd_kernel k);
 fattn_status fwd_sm90_fp8_hdim128(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v, fwd_kernel k);
 fattn_status fwd_sm90_fp8_hdim256(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v, fwd_kernel k);
+
+/* Decoding (fwd_decode.cu): seqlen_q <= FWD_DECODE_MAX_SEQLEN_Q queries whose
+ * GQA group packs into one tile of <= FWD_DECODE_MAX_ROWS rows (group x
+ * seqlen_q; half that at head dim 256), 16-bit, fixed-length batches; the only path for seqused_k and
+ * paged K/V on the CUDA engine. */
+#define FWD_DECODE_MAX_SEQLEN_Q 16
+#define FWD_DECODE_MAX_ROWS 64
+bool fwd_decode_eligible(const fattn_fwd_args *a);
+fattn_status fwd_decode_launch(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v);

@@ -1,0 +1,234 @@
+/* test_decode.cu - the CUDA decoding path (src/cuda/hopper/fwd_decode.cu:
+ * seqlen_q <= 16 with the GQA group packed into one tile, split keys,
+ * seqused_k, paged K/V) against the FP64 oracle.
+ *
+ * Random N(0,1) inputs from a fixed seed (FATTN_TEST_SEED overrides), O and
+ * LSE poisoned with NaN bytes before each call; the oracle runs per sequence
+ * on the exact 16-bit values and on the keys the sequence uses.  Keys a
+ * sequence does not use (past seqused_k, and the rows of a partly used page)
+ * hold NaN in the cache, and the block table's entries for pages a sequence
+ * does not use hold out-of-range indices: neither may reach O.  Tolerances:
+ * gpu_check_fwd (gpu_testutil.h), the same as the dense forward's, which
+ * this kernel meets with fp32 accumulation, P rounded to 16 bits and the
+ * splits merged in fp32.  Exit 77 without a Hopper GPU (FATTN_REQUIRE_GPU=1:
+ * a failure).  FATTN_TEST_SMALL=1: the small cases only (compute-sanitizer). */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <vector>
+
+#include "common/oracle.h"
+#include "gpu/gpu_testutil.h"
+#include "fattn.h"
+
+struct dcase {
+    int batch, sq, sk, hq, hkv, d, causal;
+    fattn_dtype dt;
+    int page;     /* 0: contiguous K/V; else the page size of a shuffled pool */
+    int used;     /* 1: seqused_k, random per sequence (0 and 1 among them) */
+    int no_split; /* FATTN_OPTION_DISABLE_SPLIT */
+};
+
+static uint16_t nan16(fattn_dtype dt) { return dt == FATTN_DTYPE_BF16 ? 0x7FC0 : 0x7E00; }
+
+static void run_case(fattn_ctx *ctx, tu_rng *rng, const dcase &c) {
+    const int B = c.batch, SQ = c.sq, SK = c.sk, HQ = c.hq, HK = c.hkv, D = c.d;
+    const size_t nq = (size_t)B * SQ * HQ * D, nkv = (size_t)B * SK * HK * D;
+    std::vector<double> q(nq), k(nkv), v(nkv);
+    tu_fill_normal(rng, q.data(), nq);
+    tu_fill_normal(rng, k.data(), nkv);
+    tu_fill_normal(rng, v.data(), nkv);
+    tu_round_to(q.data(), nq, c.dt);
+    tu_round_to(k.data(), nkv, c.dt);
+    tu_round_to(v.data(), nkv, c.dt);
+    std::vector<int32_t> used(B, SK);
+    if (c.used)
+        for (int b = 0; b < B; ++b)
+            used[b] = b == 0 ? 0 : b == 1 ? 1 : b == B - 1 ? SK : (int)(tu_rng_u64(rng) % (uint64_t)(SK + 1));
+    /* K/V in the cache's layout, NaN wherever a sequence does not look */
+    std::vector<uint16_t> hq16(nq);
+    tu_to_dtype(q.data(), nq, c.dt, hq16.data());
+    const size_t row = (size_t)HK * D; /* elements per key */
+    int npages = 0, maxp = 0;
+    std::vector<int32_t> table;
+    std::vector<uint16_t> hk16, hv16;
+    std::vector<uint16_t> krow(row), vrow(row);
+    if (c.page) {
+        maxp = (SK + c.page - 1) / c.page + 1; /* one spare column, never read */
+        const int need = B * (maxp - 1);
+        npages = need + 3; /* and pages nobody uses */
+        std::vector<int> perm(npages);
+        for (int i = 0; i < npages; ++i) perm[i] = i;
+        for (int i = npages - 1; i > 0; --i) std::swap(perm[i], perm[tu_rng_u64(rng) % (uint64_t)(i + 1)]);
+        table.assign((size_t)B * maxp, 0);
+        hk16.assign((size_t)npages * c.page * row, nan16(c.dt));
+        hv16.assign(hk16.size(), nan16(c.dt));
+        int next = 0;
+        for (int b = 0; b < B; ++b)
+            for (int i = 0; i < maxp; ++i) {
+                const bool in_use = i * c.page < used[b];
+                /* pages a sequence does not use: out of range, both ways */
+                table[(size_t)b * maxp + i] = i < maxp - 1 ? perm[next++] : 0;
+                if (!in_use) table[(size_t)b * maxp + i] = (i % 2) ? -5 : npages + 1000;
+            }
+        for (int b = 0; b < B; ++b)
+            for (int j = 0; j < used[b]; ++j) {
+                const int pg = table[(size_t)b * maxp + j / c.page];
+                tu_to_dtype(&k[((size_t)b * SK + j) * row], row, c.dt, krow.data());
+                tu_to_dtype(&v[((size_t)b * SK + j) * row], row, c.dt, vrow.data());
+                memcpy(&hk16[((size_t)pg * c.page + j % c.page) * row], krow.data(), row * 2);
+                memcpy(&hv16[((size_t)pg * c.page + j % c.page) * row], vrow.data(), row * 2);
+            }
+    } else {
+        hk16.assign(nkv, nan16(c.dt));
+        hv16.assign(nkv, nan16(c.dt));
+        for (int b = 0; b < B; ++b)
+            for (int j = 0; j < used[b]; ++j) {
+                tu_to_dtype(&k[((size_t)b * SK + j) * row], row, c.dt, &hk16[((size_t)b * SK + j) * row]);
+                tu_to_dtype(&v[((size_t)b * SK + j) * row], row, c.dt, &hv16[((size_t)b * SK + j) * row]);
+            }
+    }
+    void *dq, *dk, *dv, *dout;
+    float *dlse;
+    int32_t *dused = NULL, *dtable = NULL;
+    const size_t nlse = (size_t)B * HQ * SQ;
+    CK(cudaMalloc(&dq, nq * 2));
+    CK(cudaMalloc(&dk, hk16.size() * 2));
+    CK(cudaMalloc(&dv, hv16.size() * 2));
+    CK(cudaMalloc(&dout, nq * 2));
+    CK(cudaMalloc(&dlse, nlse * 4));
+    CK(cudaMemcpy(dq, hq16.data(), nq * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dk, hk16.data(), hk16.size() * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dv, hv16.data(), hv16.size() * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemset(dout, 0xFF, nq * 2));
+    CK(cudaMemset(dlse, 0xFF, nlse * 4));
+    if (c.used) {
+        CK(cudaMalloc(&dused, B * 4));
+        CK(cudaMemcpy(dused, used.data(), B * 4, cudaMemcpyHostToDevice));
+    }
+    if (c.page) {
+        CK(cudaMalloc(&dtable, table.size() * 4));
+        CK(cudaMemcpy(dtable, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+    }
+    fattn_fwd_args a;
+    memset(&a, 0, sizeof a);
+    a.p = tu_problem(B, SQ, SK, HQ, HK, D, 0, c.causal, NULL, NULL);
+    a.q = fattn_tensor_bshd(dq, c.dt);
+    a.k = fattn_tensor_bshd(dk, c.dt);
+    a.v = fattn_tensor_bshd(dv, c.dt);
+    a.o = fattn_tensor_bshd(dout, c.dt);
+    a.lse = dlse;
+    a.seqused_k = dused;
+    if (c.page) {
+        a.block_table = dtable;
+        a.page_size = c.page;
+        a.num_pages = npages;
+        a.max_pages_per_seq = maxp;
+        /* the pool: [num_pages, page, heads_kv, d] */
+        for (fattn_tensor *t : {&a.k, &a.v}) {
+            t->stride_head = D;
+            t->stride_seq = (int64_t)HK * D;
+            t->stride_batch = (int64_t)c.page * HK * D;
+        }
+    }
+    if (c.no_split) TU_EXPECT_OK(fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_SPLIT, 1));
+    const fattn_status st = fattn_fwd(ctx, &a);
+    if (c.no_split) TU_EXPECT_OK(fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_SPLIT, 0));
+    char what[256];
+    snprintf(what, sizeof what, "%s b%d sq%d sk%d h%d/%d d%d%s%s%s%s", fattn_dtype_name(c.dt), B, SQ, SK, HQ, HK, D,
+             c.causal ? " causal" : "", c.page ? " paged" : "", c.used ? " seqused_k" : "", c.no_split ? " no-split" : "");
+    TU_CHECK(st == FATTN_OK, "%s: fattn_fwd: %s: %s", what, fattn_status_string(st), fattn_last_error(ctx));
+    const cudaError_t e = cudaDeviceSynchronize();
+    TU_CHECK(e == cudaSuccess, "%s: kernel failed: %s", what, cudaGetErrorString(e));
+    if (e != cudaSuccess) exit(1);
+    std::vector<uint16_t> go(nq);
+    std::vector<float> glse(nlse);
+    CK(cudaMemcpy(go.data(), dout, nq * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(glse.data(), dlse, nlse * 4, cudaMemcpyDeviceToHost));
+    std::vector<double> got(nq), ref(nq, 0.0), ref_lse(nlse, -INFINITY);
+    tu_from_dtype(go.data(), nq, c.dt, got.data());
+    /* the oracle per sequence, on its used keys */
+    for (int b = 0; b < B; ++b) {
+        if (used[b] == 0) continue; /* no key: O 0, LSE -inf */
+        oracle_problem op;
+        memset(&op, 0, sizeof op);
+        op.batch = 1, op.seqlen_q = SQ, op.seqlen_k = used[b], op.heads_q = HQ, op.heads_kv = HK;
+        op.head_dim = D, op.head_dim_v = D, op.causal = c.causal;
+        std::vector<double> kb(k.begin() + (size_t)b * SK * row, k.begin() + ((size_t)b * SK + used[b]) * row);
+        std::vector<double> vb(v.begin() + (size_t)b * SK * row, v.begin() + ((size_t)b * SK + used[b]) * row);
+        oracle_fwd(&op, &q[(size_t)b * SQ * HQ * D], kb.data(), vb.data(), &ref[(size_t)b * SQ * HQ * D],
+                   &ref_lse[(size_t)b * HQ * SQ]);
+    }
+    gpu_check_fwd(what, c.dt, got.data(), ref.data(), nq, D, glse.data(), ref_lse.data(), nlse);
+    cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dout), cudaFree(dlse), cudaFree(dused), cudaFree(dtable);
+}
+
+/* what the CUDA engine refuses, with O left as it was */
+static void refusals(fattn_ctx *ctx) {
+    const int B = 1, S = 64, H = 4, D = 64;
+    void *buf;
+    int32_t *dt;
+    CK(cudaMalloc(&buf, (size_t)4 * B * S * H * D * 2));
+    CK(cudaMalloc(&dt, 64));
+    CK(cudaMemset(dt, 0, 64));
+    uint16_t *q = (uint16_t *)buf, *k = q + B * S * H * D, *v = k + B * S * H * D, *o = v + B * S * H * D;
+    CK(cudaMemset(o, 0x5A, (size_t)B * S * H * D * 2));
+    fattn_fwd_args a;
+    memset(&a, 0, sizeof a);
+    a.p = tu_problem(B, S, S, H, H, D, 0, 0, NULL, NULL);
+    a.q = fattn_tensor_bshd(q, FATTN_DTYPE_BF16), a.k = fattn_tensor_bshd(k, FATTN_DTYPE_BF16);
+    a.v = fattn_tensor_bshd(v, FATTN_DTYPE_BF16), a.o = fattn_tensor_bshd(o, FATTN_DTYPE_BF16);
+    a.seqused_k = dt; /* seqlen_q 64: not a decoding shape */
+    fattn_status st = fattn_fwd(ctx, &a);
+    TU_CHECK(st == FATTN_ERROR_UNSUPPORTED, "seqused_k at seqlen_q 64: %s", fattn_status_string(st));
+    a.p.seqlen_q = 1, a.seqused_k = NULL;
+    a.block_table = dt, a.page_size = 24, a.num_pages = 2, a.max_pages_per_seq = 4; /* not a power of two */
+    st = fattn_fwd(ctx, &a);
+    TU_CHECK(st == FATTN_ERROR_UNSUPPORTED, "page_size 24: %s", fattn_status_string(st));
+    std::vector<uint16_t> h((size_t)B * S * H * D);
+    CK(cudaMemcpy(h.data(), o, h.size() * 2, cudaMemcpyDeviceToHost));
+    size_t changed = 0;
+    for (uint16_t x : h) changed += x != 0x5A5A;
+    TU_CHECK(changed == 0, "a refused call wrote %zu elements of O", changed);
+    cudaFree(buf), cudaFree(dt);
+}
+
+int main(void) {
+    fattn_ctx *ctx = gpu_ctx_or_skip();
+    tu_rng rng;
+    tu_rng_init(&rng, (uint64_t)tu_seed());
+    const fattn_dtype BF = FATTN_DTYPE_BF16, F16 = FATTN_DTYPE_F16;
+    const dcase cases[] = {
+        /* batch sq sk hq hkv d causal dtype page used no_split */
+        {2, 1, 1, 8, 2, 128, 0, BF, 0, 0, 0},
+        {3, 1, 17, 4, 4, 64, 0, F16, 0, 0, 0},
+        {4, 1, 1000, 32, 8, 128, 0, BF, 0, 0, 0},
+        {1, 1, 4097, 8, 1, 128, 0, BF, 0, 0, 0},  /* one (batch, kv head): split keys */
+        {1, 1, 4097, 8, 1, 128, 0, BF, 0, 0, 1},  /* the same unsplit */
+        {1, 1, 20000, 32, 8, 128, 0, BF, 0, 0, 0},
+        {2, 4, 1000, 32, 8, 128, 1, BF, 0, 0, 0}, /* 16 rows */
+        {2, 16, 777, 8, 2, 128, 1, F16, 0, 0, 0}, /* 64 rows: 4 row blocks */
+        {2, 8, 500, 8, 2, 256, 1, BF, 0, 0, 0},   /* 32 rows at d256 */
+        {2, 3, 300, 6, 2, 64, 1, BF, 0, 0, 0},    /* 9 rows */
+        {1, 1, 131, 16, 16, 256, 0, F16, 0, 0, 0},
+        {1, 16, 5, 4, 4, 64, 1, BF, 0, 0, 0},     /* causal, sq > sk: rows that see no key */
+        {2, 16, 100, 8, 1, 64, 1, F16, 0, 0, 0},  /* MQA, 128 rows would be too many: dense kernel (8 x 16) */
+        {5, 1, 600, 32, 8, 128, 0, BF, 0, 1, 0},  /* seqused_k */
+        {3, 4, 300, 8, 2, 64, 1, F16, 0, 1, 0},
+        {1, 1, 3000, 4, 4, 256, 0, BF, 0, 1, 0},
+        {3, 1, 1000, 32, 8, 128, 0, BF, 16, 1, 0}, /* paged */
+        {2, 2, 777, 16, 4, 128, 1, F16, 64, 0, 0},
+        {2, 1, 2000, 8, 8, 256, 0, BF, 256, 1, 0},
+        {4, 1, 100, 4, 1, 64, 0, BF, 32, 1, 0},
+        {3, 4, 5000, 32, 8, 128, 1, BF, 128, 1, 0},
+    };
+    const int small = getenv("FATTN_TEST_SMALL") != NULL; /* sanitizer runs: small shapes only */
+    for (const auto &c : cases)
+        if (!small || (long)c.batch * c.sk * c.hkv <= 20000) run_case(ctx, &rng, c);
+    refusals(ctx);
+    fattn_ctx_free(ctx);
+    return tu_finish("gpu decode");
+}
