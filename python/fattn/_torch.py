@@ -27,6 +27,16 @@ def _context(device):
         return _core.context(_core.BACKEND_CPU)
     if device.type == "cuda":
         idx = device.index if device.index is not None else torch.cuda.current_device()
+        if (_core.BACKEND_CUDA, idx) not in _core._contexts and torch.cuda.is_current_stream_capturing():
+            # fattn_ctx_create allocates device memory (cudaMalloc) and waits for a
+            # memset: CUDA forbids both during a capture in torch's default error
+            # mode ("global"), the call would fail and invalidate the whole capture
+            # (a CUDA error, then another at capture_end).  Refuse before touching
+            # the capture instead (test_torch.CudaGraph).
+            raise RuntimeError("fattn: the first fattn call on cuda:%d is being captured into a CUDA graph; creating "
+                               "fattn's context for the device allocates memory, which a capture forbids. Make one "
+                               "call of the same shape before the capture (a warm-up, as torch's CUDA graphs docs "
+                               "advise: it also makes the workspaces that captured calls use)" % idx)
         return _core.context(_core.BACKEND_CUDA, idx)
     raise NotImplementedError("fattn: tensors on %s: fattn computes on CUDA devices and the CPU" % device)
 

@@ -567,5 +567,269 @@ class Cuda(unittest.TestCase):
             self.assertEqual(fattn.attention(q, k, v).device, torch.device(dev))
 
 
+# ---------------------------------------------------------------------------
+# CUDA: torch.compile and CUDA graphs (issue 25 item 3)
+# ---------------------------------------------------------------------------
+
+@unittest.skipUnless(HOPPER, "needs a Hopper GPU")
+class CudaCompile(unittest.TestCase):
+    """torch.compile(fullgraph=True) of Block on CUDA in bf16 (head dim 128, GQA 4/2, causal, 2 x 256 tokens):
+    the output and the gradients of the input and of every parameter against the eager module's.
+
+    Tolerance: relative Frobenius error < 1e-2 for each.  Eager and compiled call the same fattn kernels; what
+    may differ is bf16 rounding: inductor fuses the bias adds and views around the GEMMs and rounds to bf16 at
+    other points (unit roundoff 2^-9 ~ 2e-3 per rounded element), and fattn's dq is accumulated in fp32 in an
+    order that varies from run to run (fattn.h, fattn_bwd: last-bit differences even between two eager runs).
+    Those give ~1e-3 at most; a mistake in the graph (a lost gradient term, a wrong layout, scale or mask) is
+    O(1e-1..1).  Measured (H200, torch 2.11, run of 2026-12-01): 0 for all with both backends (bitwise equal)
+    but one parameter gradient under inductor, 5e-8."""
+
+    def check(self, backend):
+        torch.manual_seed(0)
+        m = Block(dim=512, heads=4, kv_heads=2).to(device="cuda", dtype=torch.bfloat16)
+        g = torch.Generator(device="cuda").manual_seed(1)
+        x = torch.randn(2, 256, 512, device="cuda", dtype=torch.bfloat16, generator=g)
+        dy = torch.randn(2, 256, 512, device="cuda", dtype=torch.bfloat16, generator=g)
+
+        def run(f):
+            m.zero_grad(set_to_none=True)
+            xi = x.clone().requires_grad_(True)
+            y = f(xi)
+            y.backward(dy)
+            return [y.detach(), xi.grad] + [p.grad for p in m.parameters()]
+
+        want = run(m)
+        torch._dynamo.reset()
+        got = run(torch.compile(m, fullgraph=True, backend=backend))  # fullgraph: a graph break is an error
+        names = ["y", "dx"] + ["d_" + n for n, _ in m.named_parameters()]
+        for n, a, w in zip(names, got, want):
+            self.assertEqual((a.device.type, a.dtype), ("cuda", torch.bfloat16), n)
+            self.assertLess(rel(a, w), 1e-2, "%s: %s" % (backend, n))
+
+    def test_aot_eager(self):
+        self.check("aot_eager")
+
+    def test_inductor(self):
+        try:
+            import triton  # noqa: F401
+        except ImportError as e:
+            self.skipTest("inductor's CUDA code needs triton (%s)" % e)
+        self.check("inductor")
+
+
+def cuda_inputs(seed=0, **shape):
+    return inputs(dtype=torch.bfloat16, device="cuda", seed=seed, **shape)
+
+
+def refill(ts, seed, **shape):
+    """New values, in place, into the static tensors ts (q, k, v[, dout] of `shape`)."""
+    new = cuda_inputs(seed=seed, **shape)
+    if len(ts) == 4:
+        new.append(cuda_inputs(seed=seed + 100, **shape)[0])  # dout, shaped like q (head_dim == head_dim_v)
+    with torch.no_grad():
+        for t, n in zip(ts, new):
+            t.copy_(n)
+
+
+def same_bits(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(
+        a.view(torch.int16 if a.element_size() == 2 else torch.int32),
+        b.view(torch.int16 if b.element_size() == 2 else torch.int32))
+
+
+def capture(fn, warmups=2):
+    """(graph, what fn returned inside the capture).  fn is first run on a side stream, as torch's CUDA graphs
+    docs do: that also creates fattn's context and the workspaces the captured calls use (fattn.h allocates
+    nothing while a stream is being captured: a split forward would run unsplit, a backward answer
+    UNSUPPORTED).  The capture runs on torch.cuda.graph's own side stream: fattn must follow torch's current
+    stream there (_torch._on_current_stream)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(warmups):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        res = fn()
+    return g, res
+
+
+# (shape, causal): non-causal calls that split their tiles along the keys (2 x 8 heads x 4 or 2 query tiles:
+# fewer tiles than SMs, fattn.h FATTN_OPTION_DISABLE_SPLIT), causal ones (the per-context tile counter),
+# bottom-right causal with seqlen_q < seqlen_k, GQA 8/2, head dims 64 and 128
+GRAPH_FWD = [(dict(b=2, sq=sq, sk=sk, hq=8, hkv=2, d=d), causal)
+             for d in (64, 128) for causal in (False, True) for sq, sk in ((512, 512), (200, 1000))]
+# decoding: one query row, GQA 32/8, 4096 keys: the decoding kernel, which splits the keys over CTAs and
+# merges the pieces through a workspace the context owns
+GRAPH_DECODE = [(dict(b=2, sq=1, sk=4096, hq=32, hkv=8, d=d), causal) for d in (64, 128) for causal in (False, True)]
+GRAPH_BWD = [(dict(b=2, sq=sq, sk=sk, hq=8, hkv=2, d=d), causal, det)
+             for d in (64, 128) for causal, (sq, sk) in ((False, (300, 300)), (True, (200, 333)))
+             for det in (True, False)]
+
+
+@unittest.skipUnless(HOPPER, "needs a Hopper GPU")
+class CudaGraph(unittest.TestCase):
+    """fattn.attention captured by torch.cuda.graph on static tensors, replayed after new values are copied into
+    them, against an eager call on the same values.
+
+    Forward: bitwise.  fattn.h (fattn_ctx_set_stream): a forward call repeated on the same GPU gives the same
+    bits, and the one way a captured call can differ, running unsplit because its split workspace does not
+    exist yet, is ruled out by the warm-up (capture()).  The decoding kernel likewise (its workspace).
+    Backward: o, dk and dv bitwise (dk and dv stay in registers, one CTA per key block: a fixed order); dq
+    bitwise with deterministic=True; without it dq is summed in fp32 in an order that varies from run to run
+    (fattn.h, fattn_bwd), so the fp32 sums differ in their last bits and their bf16 roundings by one ulp at most
+    (<= 2^-7 |b|), but near 0, where the sum cancels and its rounding error is one of the summands' size: allowed
+    |a - b| <= 2^-6 |b| (two ulps: one, plus a margin) + 2^-16 max|dq|.  Measured (H200, runs of 2026-12-01):
+    the bitwise claims hold; without deterministic 0-13 of 2e5-6e5 dq elements differ, by up to 0.9 of
+    2^-7 |b| + 2^-16 max|dq| (one-ulp flips)."""
+
+    def check_forward(self, shape, causal):
+        msg = "%s causal %s" % (shape, causal)
+        q, k, v = cuda_inputs(**shape)
+        g, (o, lse) = capture(lambda: fattn.attention(q, k, v, causal=causal, return_lse=True))
+        outs = []
+        for seed in (1, 2):
+            refill((q, k, v), seed, **shape)
+            g.replay()
+            want, want_lse = fattn.attention(q, k, v, causal=causal, return_lse=True)
+            self.assertTrue(same_bits(o, want), msg)
+            self.assertTrue(same_bits(lse, want_lse), msg)
+            # and eager is right (the Cuda class tests it; here against garbage in both)
+            self.assertLess(rel(want, reference(q.float(), k.float(), v.float(), causal)), 2e-2, msg)
+            outs.append(o.clone())
+        self.assertFalse(torch.equal(outs[0], outs[1]), "the replays did not read the new inputs: " + msg)
+
+    def test_forward(self):
+        for shape, causal in GRAPH_FWD:
+            self.check_forward(shape, causal)
+
+    def test_decode(self):
+        for shape, causal in GRAPH_DECODE:
+            self.check_forward(shape, causal)
+
+    def test_backward(self):
+        # forward + loss.backward() captured with static gradients (torch's "whole network capture": the grads
+        # are None before the capture, so that the backward allocates them from the graph's pool)
+        for shape, causal, det in GRAPH_BWD:
+            msg = "%s causal %s deterministic %s" % (shape, causal, det)
+            q, k, v = (t.requires_grad_(True) for t in cuda_inputs(**shape))
+            dout = torch.empty_like(q, requires_grad=False)
+            refill((q, k, v, dout), 0, **shape)
+
+            def step():
+                for t in (q, k, v):
+                    t.grad = None
+                o = fattn.flash_attn_func(q, k, v, causal=causal, deterministic=det)
+                o.backward(dout)
+                return o.detach(), q.grad, k.grad, v.grad
+
+            g, static = capture(step)
+            dqs = []
+            for seed in (1, 2):
+                refill((q, k, v, dout), seed, **shape)
+                g.replay()
+                xs = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+                o = fattn.flash_attn_func(*xs, causal=causal, deterministic=det)
+                o.backward(dout)
+                want = [o.detach()] + [x.grad for x in xs]
+                for name, a, w in zip(("o", "dq", "dk", "dv"), static, want):
+                    if name != "dq" or det:
+                        self.assertTrue(same_bits(a, w), "%s: %s" % (name, msg))
+                    else:
+                        torch.testing.assert_close(a, w, rtol=2 ** -6, atol=2 ** -16 * w.abs().max().item(),
+                                                   msg=lambda m: "dq: %s: %s" % (msg, m))
+                dqs.append(static[1].clone())
+            self.assertFalse(torch.equal(dqs[0], dqs[1]), "the replays did not read the new inputs: " + msg)
+            del g, static
+
+    def test_capture_before_the_workspaces_exist(self):
+        # A context that has made no call yet, so no split or decoding workspace: fattn.h says the captured call
+        # then runs unsplit (nothing is allocated during a capture), with the same values up to rounding.  Its
+        # out= is static, the call bypasses autograd (out=, ctx=).  Against the split eager call of the shared
+        # context: P is rounded to bf16 for the PV product against each split's own running maximum, so the
+        # rounding differs at the scale of the output, not of each element: |a - b| <= 2^-7 |b| + 2^-6 max|b|
+        # (two bf16 ulps of the largest |o|), and a relative Frobenius error < 1e-2.  Measured (run of
+        # 2026-12-01): the split forward bitwise equal; the decoding shape 3511 of 8192 elements apart, by at
+        # most 4.9e-4 = one ulp of its largest |o| (0.108; 0.22 of the tolerance), relative error 2.6e-3.
+        ctx = fattn.Context(fattn.BACKEND_CUDA, torch.cuda.current_device())
+        try:
+            for shape, causal in (GRAPH_FWD[0], GRAPH_DECODE[-1]):
+                q, k, v = cuda_inputs(**shape)
+                out = torch.empty_like(q)
+                torch.cuda.synchronize()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    fattn.attention(q, k, v, causal=causal, out=out, ctx=ctx)
+                for seed in (1, 2):
+                    refill((q, k, v), seed, **shape)
+                    g.replay()
+                    want = fattn.attention(q, k, v, causal=causal)
+                    torch.testing.assert_close(out, want, rtol=2 ** -7, atol=2 ** -6 * want.abs().max().item(),
+                                               msg=lambda m: "%s: %s" % (shape, m))
+                    self.assertLess(rel(out, want), 1e-2, shape)
+                del g
+        finally:
+            torch.cuda.synchronize()
+            ctx.close()
+
+    def test_first_call_inside_a_capture_raises(self):
+        # No context for the device yet: creating one allocates, which would break the capture; the package
+        # refuses with a message saying to warm up first (_torch._context), and the capture itself stays valid.
+        from fattn import _core
+        key = (_core.BACKEND_CUDA, torch.cuda.current_device())
+        saved = _core._contexts.pop(key, None)
+        try:
+            q, k, v = cuda_inputs(d=64)
+            g = torch.cuda.CUDAGraph()
+            with self.assertRaises(RuntimeError) as cm:
+                with torch.cuda.graph(g):
+                    q2 = q * 2  # the graph is not empty
+                    fattn.attention(q2, k, v)
+            self.assertIn("CUDA graph", str(cm.exception))
+            self.assertIn("before the capture", str(cm.exception))
+            self.assertNotIn(key, _core._contexts)
+            g.replay()  # the capture ended cleanly
+            torch.cuda.synchronize()
+        finally:
+            if saved is not None:
+                _core._contexts[key] = saved
+
+    def test_no_host_synchronisation(self):
+        # Two checks on eager calls (after a warm-up: the first call on a device creates the context, which waits
+        # once for a memset of its own).  torch.cuda.set_sync_debug_mode("error") makes the synchronising torch
+        # calls in the package raise (.item(), .cpu(), .tolist(), a pageable copy, nonzero, ...), but it sees
+        # only torch's own, not what libfattn does through ctypes.  For those, a kernel that sleeps ~0.25-1.5 s
+        # (by the clock) is queued before the call: had the call (or anything in it: cudaStreamSynchronize,
+        # cudaDeviceSynchronize, a synchronous cudaMemcpy, cudaFree, ...) waited for the GPU, the sleep would be
+        # over when it returns; it must still be running.  (The captures above show the same for the captured
+        # path: a synchronisation or an allocation during a capture is an error that invalidates it.)
+        for shape, causal, backward in ((GRAPH_FWD[0][0], False, False), (GRAPH_FWD[3][0], True, False),
+                                        (GRAPH_DECODE[-1][0], True, False), (GRAPH_BWD[2][0], True, True)):
+            q, k, v = (t.requires_grad_(backward) for t in cuda_inputs(**shape))
+            dout = torch.randn_like(q)
+
+            def call():
+                o = fattn.attention(q, k, v, causal=causal)
+                if backward:
+                    o.backward(dout)
+                return o
+
+            call()
+            torch.cuda.synchronize()
+            before = torch.cuda.Event()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                torch.cuda._sleep(500_000_000)  # cycles
+                before.record()
+                call()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            pending = not before.query()
+            torch.cuda.synchronize()
+            self.assertTrue(pending, "the call waited for the GPU: %s causal %s backward %s"
+                            % (shape, causal, backward))
+
+
 if __name__ == "__main__":
     unittest.main()
