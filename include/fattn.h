@@ -372,7 +372,20 @@ FATTN_API fattn_status fattn_fwd(fattn_ctx *ctx, const fattn_fwd_args *args);
  * count.  Fixed-length batches only (for varlen outputs describe the packed
  * [total, heads, dim] tensors as batch 1, seqlen total: the LSE layout
  * [heads, total] is then the same).
- * Engines: CPU; CUDA not yet (UNSUPPORTED).
+ * Engines: CPU; CUDA (Hopper): any head_dim, dtypes and strides as above.
+ *   Accumulates in f32: weights and their sum in double, each weight
+ *   rounded to f32, o summed by f32 fma in part order and rounded once to
+ *   o's dtype (within ~(num_parts + 4) * 2^-24 * max_i |O_i| of the CPU's
+ *   row, typically ~2^-24 sqrt(num_parts) relative, plus an ulp of a
+ *   16-bit o; lse within a few f32 ulps), the same bits on every run.  No
+ *   alignment beyond the elements': 16-byte accesses where a tensor's
+ *   address and strides are multiples of 16 bytes, narrower ones otherwise.
+ *   Asynchronous on the context's stream, with no allocation and no host
+ *   synchronisation, so it can be captured in a CUDA graph; except that
+ *   parts using more than 256 distinct layouts (dtype, strides, alignment)
+ *   take several launches and a workspace the context owns (made on first
+ *   need, kept until fattn_ctx_free; during a capture before it exists:
+ *   UNSUPPORTED).
  */
 #define FATTN_MERGE_MAX_PARTS 1024
 

@@ -76,8 +76,9 @@ fattn_status fattn_cuda_bwd(fattn_ctx *ctx, const fattn_bwd_args *a);
  * fattn_cuda_quantize runs it again itself. */
 fattn_status fattn_cuda_quantize_check(fattn_ctx *ctx, const fattn_quantize_args *a);
 fattn_status fattn_cuda_quantize(fattn_ctx *ctx, const fattn_quantize_args *a);
-/* fattn_merge: no kernel yet, both answer UNSUPPORTED (the run function
- * repeats the check, as fattn_cuda_bwd does). */
+/* fattn_merge (merge.cu): the check refuses nothing (the kernel serves
+ * every merge api.c accepts); the run function repeats it, checks where the
+ * pointers live and enqueues the kernel. */
 fattn_status fattn_cuda_merge_check(fattn_ctx *ctx, const fattn_merge_args *a);
 fattn_status fattn_cuda_merge(fattn_ctx *ctx, const fattn_merge_args *a);
 /* fattn_fwd_fp8's device workspace (context.cu): at least `bytes`, made or

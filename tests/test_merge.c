@@ -341,7 +341,9 @@ static void test_bad_args(fattn_ctx *ctx) {
     memset(&fake, 0, sizeof fake);
     fake.backend = FATTN_BACKEND_CUDA;
 #ifdef FATTN_WITH_CUDA
-    BAD(&fake, (void)0, FATTN_ERROR_UNSUPPORTED, "not implemented on the CUDA engine");
+    /* the CUDA engine serves the call, and refuses these host pointers
+     * ("not a CUDA pointer" without a GPU, "not device memory" with one) */
+    BAD(&fake, (void)0, FATTN_ERROR_INVALID_ARGUMENT, "o.data (");
 #else
     BAD(&fake, (void)0, FATTN_ERROR_NO_DEVICE, "without the CUDA engine");
 #endif

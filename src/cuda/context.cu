@@ -95,6 +95,7 @@ extern "C" void fattn_cuda_ctx_free(fattn_ctx *ctx) {
     for (int i = 0; i < st->split_nretired; ++i) (void)cudaFree(st->split_retired[i]);
     owned_workspace_free(&st->fp8);
     owned_workspace_free(&st->bwd);
+    owned_workspace_free(&st->merge);
     owned_workspace_free(&st->dec);
     (void)cudaEventDestroy((cudaEvent_t)st->switch_event);
     cuda_device_leave(prev);
@@ -289,6 +290,12 @@ fattn_status cuda_bwd_workspace(fattn_ctx *ctx, size_t bytes, void **ws) {
 }
 fattn_status cuda_bwd_workspace_done(fattn_ctx *ctx) {
     return owned_workspace_done(ctx, &((fattn_cuda_state *)ctx->cuda)->bwd, "fattn_bwd");
+}
+fattn_status cuda_merge_workspace(fattn_ctx *ctx, size_t bytes, void **ws) {
+    return owned_workspace(ctx, &((fattn_cuda_state *)ctx->cuda)->merge, bytes, ws, "fattn_merge");
+}
+fattn_status cuda_merge_workspace_done(fattn_ctx *ctx) {
+    return owned_workspace_done(ctx, &((fattn_cuda_state *)ctx->cuda)->merge, "fattn_merge");
 }
 fattn_status cuda_decode_workspace(fattn_ctx *ctx, size_t bytes, void **ws) {
     cuda_owned_ws *w = &((fattn_cuda_state *)ctx->cuda)->dec;

@@ -34,6 +34,7 @@ struct fattn_cuda_state {
     /* fattn_fwd_fp8's quantised Q, K, V (fattn_cuda_fp8_workspace), the
      * backward's dQ accumulator and row statistics (cuda_bwd_workspace) */
     cuda_owned_ws fp8, bwd;
+    cuda_owned_ws merge; /* fattn_merge's running sums across launches (cuda_merge_workspace) */
     cuda_owned_ws dec; /* the decoding forward's split partials (cuda_decode_workspace) */
 };
 
@@ -59,6 +60,10 @@ fattn_status cuda_order_after(fattn_ctx *ctx);
  * allocated during graph capture) and the record of its last use; context.cu. */
 fattn_status cuda_bwd_workspace(fattn_ctx *ctx, size_t bytes, void **ws);
 fattn_status cuda_bwd_workspace_done(fattn_ctx *ctx);
+/* fattn_merge's running sums when a call takes several launches (merge.cu):
+ * as the backward's (UNSUPPORTED during graph capture when too small). */
+fattn_status cuda_merge_workspace(fattn_ctx *ctx, size_t bytes, void **ws);
+fattn_status cuda_merge_workspace_done(fattn_ctx *ctx);
 /* The decoding forward's split partials: as the backward's, except that
  * during graph capture a workspace too small gives *ws NULL and FATTN_OK
  * (the caller then runs one split); context.cu. */

@@ -122,11 +122,6 @@ extern "C" fattn_status fattn_cuda_bwd_check(fattn_ctx *ctx, const fattn_bwd_arg
     return FATTN_OK;
 }
 
-extern "C" fattn_status fattn_cuda_merge_check(fattn_ctx *ctx, const fattn_merge_args *a) {
-    (void)a;
-    return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED, "fattn_merge is not implemented on the CUDA engine yet");
-}
-
 /* ---- checks that need the device ---------------------------------------------- */
 
 /* The pointer must be device memory of ctx->device (or managed). */
@@ -223,6 +218,3 @@ extern "C" fattn_status fattn_cuda_bwd(fattn_ctx *ctx, const fattn_bwd_args *a) 
     }
     return bwd_sm90_launch(ctx, a);
 }
-
-/* Refuses every call until the kernel exists (api.c has already refused). */
-extern "C" fattn_status fattn_cuda_merge(fattn_ctx *ctx, const fattn_merge_args *a) { return fattn_cuda_merge_check(ctx, a); }
