@@ -20,8 +20,8 @@
  *   nothing to its outputs.
  * - Pointers live where the context computes: host memory for a CPU context,
  *   device memory of the context's device for a CUDA context (this includes
- *   cu_seqlens, seqused_k and block_table arrays, LSE and quantisation
- *   scales).
+ *   cu_seqlens, seqused_k, block_table and cache_seqlens arrays, LSE and
+ *   quantisation scales).
  * - Sizes are int32_t, strides are int64_t and counted in ELEMENTS (not bytes).
  *   Index arithmetic inside the library is 64-bit; sizes whose products do not
  *   fit the engine's limits are rejected with FATTN_ERROR_INVALID_ARGUMENT.
@@ -30,7 +30,7 @@
  *   (e.g. BHSD) is described through strides.
  * - Every pointer is aligned for its elements, on every engine: f32 data,
  *   lse and e4m3 scales 4 bytes, f16/bf16 data 2 bytes, cu_seqlens,
- *   seqused_k and block_table 4 bytes (INVALID_ARGUMENT otherwise; the CUDA engine asks for more, see
+ *   seqused_k, block_table and cache_seqlens 4 bytes (INVALID_ARGUMENT otherwise; the CUDA engine asks for more, see
  *   fattn_fwd).
  * - Outputs never overlap (INVALID_ARGUMENT otherwise), checked with
  *   interval tests that read no memory:
@@ -44,8 +44,9 @@
  *   . the bytes an output spans, from its first element to its last (the
  *     strides are non-negative), share none with the bytes any input spans
  *     (tensors, lse of the backward, e4m3 scales, cu_seqlens, seqused_k,
- *     block_table; a page pool spans all num_pages pages) or another
- *     output spans (o and lse; dq, dk and dv; quantize's out and out.scale).
+ *     block_table, cache_seqlens; a page pool spans all num_pages pages) or
+ *     another output spans (o and lse; dq, dk and dv; quantize's out and
+ *     out.scale; kv_append's k_cache and v_cache).
  *     An output interleaved with an input inside one buffer is refused even
  *     where their elements are disjoint.  Inputs may overlap one another
  *     (k and v may be the same memory, q, k and v slices of one packed
@@ -403,6 +404,75 @@ typedef struct fattn_merge_args {
 } fattn_merge_args;
 
 FATTN_API fattn_status fattn_merge(fattn_ctx *ctx, const fattn_merge_args *args);
+
+/*
+ * Append to a KV cache: the new step's K and V rows, seqlen_new of them per
+ * sequence, are copied into a cache that fattn_fwd reads, contiguous or
+ * paged.  A decoding step is fattn_kv_append, then fattn_fwd on the cache
+ * with seqused_k[b] = cache_seqlens[b] + seqlen_new.  fattn_kv_append reads
+ * cache_seqlens and never writes it: the caller owns the lengths, keeps the
+ * seqused_k array the forward takes, and advances both itself.
+ *   k_new, v_new: [batch, seqlen_new, heads_kv, head_dim]  f32 | f16 | bf16,
+ *       any strides (head_dim contiguous)
+ *   k_cache, v_cache: the caches, the dtype of k_new (all four tensors one
+ *       dtype; e4m3 caches not yet: INVALID_ARGUMENT); v's rows are
+ *       head_dim long too.
+ *     block_table NULL: contiguous [batch, capacity, heads_kv, head_dim],
+ *       any strides; row j of sequence b is (b, j).  capacity >= 1, and
+ *       page_size, num_pages, max_pages_per_seq must be 0.
+ *     block_table int32[batch][max_pages_per_seq]: page pools [num_pages,
+ *       page_size, heads_kv, head_dim] as in fattn_fwd_args (batch = page,
+ *       all three strides 0 = packed); row j of sequence b is row
+ *       j % page_size of page block_table[b * max_pages_per_seq +
+ *       j / page_size].  page_size, num_pages, max_pages_per_seq >= 1;
+ *       capacity is ignored.
+ *   cache_seqlens: int32[batch], required: new row t of sequence b (t <
+ *       seqlen_new) becomes cache row cache_seqlens[b] + t, every head.
+ * batch, seqlen_new, heads_kv >= 1 (seqlen_new 0 is INVALID_ARGUMENT, not
+ * a no-op), head_dim 1..512 on every engine (UNSUPPORTED above: the CPU
+ * forward's limit).  The bytes of each row are copied as they are (NaN
+ * payloads included).  Only the appended rows are written: every other
+ * byte of the caches (rows, padding between strided rows, other pages) is
+ * left as it was.  k_cache and v_cache are the call's outputs: each spans
+ * its whole cache (a pool all num_pages pages), which must not overlap the
+ * other cache, k_new, v_new, cache_seqlens or block_table (Conventions),
+ * so K and V interleaved in one buffer are refused; k_new and v_new may
+ * overlap.  Sharing pages between sequences is allowed as in fattn_fwd,
+ * but one call must not write a cache row twice.
+ * The entries of cache_seqlens and block_table are read where they live:
+ *   CPU: checked on the host before anything is written (INVALID_ARGUMENT
+ *     naming the sequence and the value): cache_seqlens[b] >= 0,
+ *     cache_seqlens[b] + seqlen_new <= capacity (paged: <=
+ *     max_pages_per_seq * page_size), the table entries of the pages the
+ *     new rows land in inside [0, num_pages) (the other entries are not
+ *     read), and no cache row written by two new rows (two sequences
+ *     appending into the same rows of a shared page, or a page twice in
+ *     one row of the table).
+ *   CUDA: read on the device only.  A new row whose destination is out of
+ *     range (cache_seqlens[b] + t negative or >= capacity, paged >=
+ *     max_pages_per_seq * page_size, or its table entry outside
+ *     [0, num_pages)) is skipped, every head: nothing is written for it,
+ *     the other rows are.  A cache row that two new rows write ends up
+ *     holding bytes of either, possibly mixed within the row.
+ * Engines: CPU (the context's threads for large appends); CUDA (Hopper):
+ *   any head_dim and strides as above, no alignment beyond the elements':
+ *   16-byte loads and stores where the four tensors' addresses and strides
+ *   and the row's bytes are multiples of 16 bytes, 8-, 4- or 2-byte
+ *   accesses otherwise.  Asynchronous on the
+ *   context's stream, with no allocation and no host synchronisation, so
+ *   it can be captured in a CUDA graph (with the forward it feeds).
+ */
+typedef struct fattn_kv_append_args {
+    int32_t batch, seqlen_new, heads_kv, head_dim;
+    fattn_tensor k_new, v_new;     /* [batch, seqlen_new, heads_kv, head_dim] */
+    fattn_tensor k_cache, v_cache; /* contiguous caches or page pools */
+    int32_t capacity;              /* contiguous: rows per sequence (ignored with a table) */
+    const int32_t *cache_seqlens;  /* int32[batch], required; read, never written */
+    const int32_t *block_table;    /* NULL: contiguous; else [batch][max_pages_per_seq] */
+    int32_t page_size, num_pages, max_pages_per_seq;
+} fattn_kv_append_args;
+
+FATTN_API fattn_status fattn_kv_append(fattn_ctx *ctx, const fattn_kv_append_args *args);
 
 /*
  * Backward: dq, dk, dv from q, k, v, o, dout and the forward's lse.

@@ -852,3 +852,115 @@ fattn_status fattn_merge(fattn_ctx *ctx, const fattn_merge_args *args) {
     free(parts);
     return st;
 }
+
+/* ------------------------------------------------------------------------ */
+/* Append to a KV cache                                                     */
+/* ------------------------------------------------------------------------ */
+
+/* The widest row fattn_kv_append takes on every engine: the CPU forward's
+ * head_dim limit (src/cpu/limits.c), so that what it writes the CPU engine
+ * can attend over, and a call valid on one engine is valid on all. */
+#define FATTN_KV_APPEND_MAX_HEAD_DIM 512
+
+static fattn_status check_kv_append_dtype(fattn_ctx *ctx, const fattn_kv_append_args *a) {
+    const struct {
+        const fattn_tensor *t;
+        const char *name;
+    } all[] = {{&a->k_new, "k_new"}, {&a->v_new, "v_new"}, {&a->k_cache, "k_cache"}, {&a->v_cache, "v_cache"}};
+    for (int i = 0; i < 4; i++) CHECK(check_dtype(ctx, all[i].t->dtype, all[i].name));
+    for (int i = 1; i < 4; i++) CHECK(check_same_dtype(ctx, all[i].t, all[i].name, a->k_new.dtype, "k_new"));
+    if (a->k_new.dtype == FATTN_DTYPE_E4M3)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                          "k_new.dtype e4m3 is not supported by fattn_kv_append (f32, f16, bf16 "
+                          "only: an e4m3 cache would need its scales appended too)");
+    for (int i = 0; i < 4; i++)
+        if (!all[i].t->data)
+            return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "%s.data is NULL", all[i].name);
+    for (int i = 0; i < 4; i++) CHECK(check_data_aligned(ctx, all[i].t, all[i].name));
+    return FATTN_OK;
+}
+
+fattn_status fattn_kv_append(fattn_ctx *ctx, const fattn_kv_append_args *args) {
+    if (!ctx) return fattn_fail(NULL, FATTN_ERROR_INVALID_ARGUMENT, "ctx is NULL");
+    fattn_clear_error(ctx);
+    if (!args) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "args is NULL");
+    fattn_kv_append_args a = *args;
+
+    if (a.batch < 1)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "batch %d must be >= 1", (int)a.batch);
+    if (a.seqlen_new < 1)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                          "seqlen_new %d must be >= 1 (the new rows per sequence)", (int)a.seqlen_new);
+    if (a.heads_kv < 1)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "heads_kv %d must be >= 1", (int)a.heads_kv);
+    if (a.head_dim < 1)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "head_dim %d must be >= 1", (int)a.head_dim);
+    if (a.head_dim > FATTN_KV_APPEND_MAX_HEAD_DIM)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "head_dim %d is not supported by fattn_kv_append (1..%d, the CPU forward's "
+                          "limit)",
+                          (int)a.head_dim, FATTN_KV_APPEND_MAX_HEAD_DIM);
+    CHECK(check_aligned(ctx, a.cache_seqlens, sizeof(int32_t), "cache_seqlens", "int32"));
+    CHECK(check_aligned(ctx, a.block_table, sizeof(int32_t), "block_table", "int32"));
+    {
+        const struct {
+            int32_t value;
+            const char *name;
+        } ints[] = {{a.page_size, "page_size"},
+                    {a.num_pages, "num_pages"},
+                    {a.max_pages_per_seq, "max_pages_per_seq"}};
+        for (int i = 0; i < 3; i++) {
+            if (!a.block_table && ints[i].value != 0)
+                return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                                  "%s %d is given but block_table is NULL (a contiguous cache: "
+                                  "page_size, num_pages and max_pages_per_seq must be 0)",
+                                  ints[i].name, (int)ints[i].value);
+            if (a.block_table && ints[i].value < 1)
+                return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                                  "%s %d must be >= 1 (block_table is given: a paged KV cache)",
+                                  ints[i].name, (int)ints[i].value);
+        }
+    }
+    if (!a.block_table && a.capacity < 1)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                          "capacity %d must be >= 1 (the rows per sequence of a contiguous cache)",
+                          (int)a.capacity);
+    CHECK(check_kv_append_dtype(ctx, &a));
+    if (!a.cache_seqlens)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                          "cache_seqlens is NULL (required: the cache row where each sequence's new "
+                          "rows start)");
+
+    shape4 skn = {"k_new", a.batch, a.seqlen_new, a.heads_kv, a.head_dim, "seqlen_new", "heads_kv",
+                  "head_dim", 0, NULL};
+    shape4 svn = skn;
+    svn.name = "v_new";
+    shape4 skc = {"k_cache", a.batch, a.capacity, a.heads_kv, a.head_dim, "capacity", "heads_kv",
+                  "head_dim", 0, NULL};
+    if (a.block_table) {
+        skc.batch = a.num_pages;
+        skc.seqlen = a.page_size;
+        skc.seqlen_name = "page_size";
+        skc.batch_name = "num_pages";
+    }
+    shape4 svc = skc;
+    svc.name = "v_cache";
+    CHECK(check_tensor(ctx, &a.k_new, &skn));
+    CHECK(check_tensor(ctx, &a.v_new, &svn));
+    CHECK(check_tensor(ctx, &a.k_cache, &skc));
+    CHECK(check_tensor(ctx, &a.v_cache, &svc));
+    CHECK(check_no_self_overlap(ctx, &a.k_cache, &skc));
+    CHECK(check_no_self_overlap(ctx, &a.v_cache, &svc));
+    {
+        const int64_t ntable = a.block_table ? (int64_t)a.batch * a.max_pages_per_seq : 0;
+        const span in[] = {tensor_span(&a.k_new, &skn), tensor_span(&a.v_new, &svn),
+                           array_span("cache_seqlens", a.cache_seqlens, a.batch, sizeof(int32_t)),
+                           array_span("block_table", a.block_table, ntable, sizeof(int32_t))};
+        const span out[] = {tensor_span(&a.k_cache, &skc), tensor_span(&a.v_cache, &svc)};
+        CHECK(check_disjoint(ctx, out, 2, in, 4));
+    }
+    if (a.block_table) a.capacity = 0; /* ignored: the engines never see a stale value */
+
+    if (ctx->backend == FATTN_BACKEND_CUDA) return fattn_cuda_kv_append(ctx, &a);
+    return fattn_cpu_kv_append(ctx, &a);
+}

@@ -64,3 +64,8 @@ fattn_status fattn_cuda_fp8_workspace(fattn_ctx *ctx, size_t bytes, void **ws) {
 fattn_status fattn_cuda_fp8_workspace_done(fattn_ctx *ctx) {
     return fattn_fail(ctx, FATTN_ERROR_NO_DEVICE, FATTN_NO_CUDA_MSG);
 }
+
+fattn_status fattn_cuda_kv_append(fattn_ctx *ctx, const fattn_kv_append_args *a) {
+    (void)a;
+    return fattn_fail(ctx, FATTN_ERROR_NO_DEVICE, FATTN_NO_CUDA_MSG);
+}

@@ -61,6 +61,11 @@ fattn_status fattn_cpu_quantize(fattn_ctx *ctx, const fattn_quantize_args *a);
 /* api.c has checked every part and resolved its default strides in a
  * private copy of the parts array, which a->parts points to. */
 fattn_status fattn_cpu_merge(fattn_ctx *ctx, const fattn_merge_args *a);
+/* fattn_kv_append (kv_append.c): api.c has checked the sizes, dtypes,
+ * tensors and overlaps and resolved default strides (a->capacity is 0 with
+ * a block table); this checks the entries of cache_seqlens and block_table
+ * on the host (INVALID_ARGUMENT, nothing written) and copies the rows. */
+fattn_status fattn_cpu_kv_append(fattn_ctx *ctx, const fattn_kv_append_args *a);
 
 /* CUDA engine (src/cuda; src/cuda_stub.c answers NO_DEVICE when built
  * without CUDA).  Its checks refuse varlen batches: nothing reads cu_seqlens
@@ -81,6 +86,11 @@ fattn_status fattn_cuda_quantize(fattn_ctx *ctx, const fattn_quantize_args *a);
  * pointers live and enqueues the kernel. */
 fattn_status fattn_cuda_merge_check(fattn_ctx *ctx, const fattn_merge_args *a);
 fattn_status fattn_cuda_merge(fattn_ctx *ctx, const fattn_merge_args *a);
+/* fattn_kv_append (kv_append.cu), after api.c's checks as for the CPU:
+ * checks where the pointers live and enqueues the copy kernel; the entries
+ * are read on the device only (rows with an out-of-range destination are
+ * skipped).  No engine limit beyond api.c's, so no separate check. */
+fattn_status fattn_cuda_kv_append(fattn_ctx *ctx, const fattn_kv_append_args *a);
 /* fattn_fwd_fp8's device workspace (context.cu): at least `bytes`, made or
  * grown (at least doubled) on first need, an outgrown one kept until the
  * context is freed (a graph captured earlier may use it); ctx->stream is

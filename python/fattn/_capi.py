@@ -107,7 +107,16 @@ class MergeArgs(ctypes.Structure):
                 ("o", Tensor), ("lse", ctypes.c_void_p)]
 
 
-STRUCTS = [Tensor, Problem, FwdArgs, BwdArgs, QuantizeArgs, Fp8Options, MergePart, MergeArgs]
+class KvAppendArgs(ctypes.Structure):
+    _c_name_ = "fattn_kv_append_args"
+    _fields_ = [("batch", ctypes.c_int32), ("seqlen_new", ctypes.c_int32), ("heads_kv", ctypes.c_int32),
+                ("head_dim", ctypes.c_int32), ("k_new", Tensor), ("v_new", Tensor), ("k_cache", Tensor),
+                ("v_cache", Tensor), ("capacity", ctypes.c_int32), ("cache_seqlens", ctypes.c_void_p),
+                ("block_table", ctypes.c_void_p), ("page_size", ctypes.c_int32), ("num_pages", ctypes.c_int32),
+                ("max_pages_per_seq", ctypes.c_int32)]
+
+
+STRUCTS = [Tensor, Problem, FwdArgs, BwdArgs, QuantizeArgs, Fp8Options, MergePart, MergeArgs, KvAppendArgs]
 
 _ctx = ctypes.c_void_p  # fattn_ctx * (opaque)
 _P = ctypes.POINTER
@@ -130,6 +139,7 @@ PROTOTYPES = {
     "fattn_fwd": (c_enum, [_ctx, _P(FwdArgs)]),
     "fattn_bwd": (c_enum, [_ctx, _P(BwdArgs)]),
     "fattn_merge": (c_enum, [_ctx, _P(MergeArgs)]),
+    "fattn_kv_append": (c_enum, [_ctx, _P(KvAppendArgs)]),
     "fattn_quantize": (c_enum, [_ctx, _P(QuantizeArgs)]),
     "fattn_fwd_fp8": (c_enum, [_ctx, _P(FwdArgs), _P(Fp8Options)]),
     "fattn_f32_to_e4m3": (ctypes.c_uint8, [ctypes.c_float]),
