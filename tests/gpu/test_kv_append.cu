@@ -257,6 +257,10 @@ static void run_case(const kcase &c, kbufs &k, const char *what, bool valid, boo
         }
         for (int r = 0; ok && r < 2; ++r) {
             k.kc.upload(), k.vc.upload(); /* the caches as before the call */
+            /* a pageable cudaMemcpy may return before its DMA lands, and s does
+             * not wait for the legacy stream: without this the replay raced the
+             * upload (run s20-5: this case failed, every eager case passed) */
+            CK(cudaDeviceSynchronize());
             e = cudaGraphLaunch(ex, s);
             if (e == cudaSuccess) e = cudaStreamSynchronize(s);
             TU_CHECK(e == cudaSuccess, "%s: replay %d: %s", what, r, cudaGetErrorString(e));
@@ -308,6 +312,16 @@ static void copy_cases(tu_rng *rng) {
                              c.ps ? c.ps : c.rows, layout_name[c.new_layout], layout_name[c.cache_layout], c.shift, fill);
                     run_case(c, k, what, true, i == 20);
                 }
+    for (int pi = 0; pi < 2; pi++) {
+        /* every pointer 8 bytes past a 16-byte boundary, packed rows of 128 bytes:
+         * 8-byte accesses, whatever the loop above drew (on the H200 none of
+         * its cases did) */
+        kcase c = {FATTN_DTYPE_BF16, 2, 3, 2, 64, pi ? 16 : 0, pi ? 48 : 37, L_PACKED, L_PACKED, 8};
+        kbufs k;
+        kbufs_make(k, c, rng);
+        k.seqlens[0] = 0, k.seqlens[1] = c.rows - c.sn;
+        run_case(c, k, pi ? "bf16 8-byte accesses, paged" : "bf16 8-byte accesses, contiguous", true, false);
+    }
     {
         /* a prefill-sized append: more rows than the grid's CTAs cover at once */
         kcase c = {FATTN_DTYPE_BF16, 2, 3000, 8, 128, 16, 3200, L_PACKED, L_BHSD, 0};
