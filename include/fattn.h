@@ -75,8 +75,11 @@ extern "C" {
 /* ------------------------------------------------------------------------ */
 
 #define FATTN_VERSION_MAJOR 0
-#define FATTN_VERSION_MINOR 1
+#define FATTN_VERSION_MINOR 2
 #define FATTN_VERSION_PATCH 0
+/* 0.2: fattn_fwd_args gained the serving fields (seqused_k, block_table,
+ * page_size, num_pages, max_pages_per_seq); fattn_kv_append.  Code built
+ * against 0.1's header must be rebuilt (fattn_fwd_args grew). */
 #define FATTN_VERSION_NUMBER \
     (FATTN_VERSION_MAJOR * 10000 + FATTN_VERSION_MINOR * 100 + FATTN_VERSION_PATCH)
 
