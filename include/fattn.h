@@ -277,6 +277,13 @@ typedef struct fattn_problem {
      * yet and answers UNSUPPORTED without reading them. */
     const int32_t *cu_seqlens_q;
     const int32_t *cu_seqlens_k;
+    /* Variable-length batches: the rows of the packed q and o (total_q =
+     * cu_seqlens_q[batch]) and of k and v (total_k = cu_seqlens_k[batch]),
+     * for an engine that cannot read cu_seqlens on the host; 0 = not given.
+     * A CPU context reads the totals from cu_seqlens, and a nonzero total
+     * must equal them (INVALID_ARGUMENT).  Both 0 without cu_seqlens. */
+    int32_t total_q;
+    int32_t total_k;
 } fattn_problem;
 
 /*

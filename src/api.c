@@ -352,6 +352,11 @@ static fattn_status check_problem(fattn_ctx *ctx, fattn_problem *p) {
                           "%s is NULL but %s is not (give both or neither)",
                           p->cu_seqlens_q ? "cu_seqlens_k" : "cu_seqlens_q",
                           p->cu_seqlens_q ? "cu_seqlens_q" : "cu_seqlens_k");
+    if (p->total_q < 0 || p->total_k < 0 || (!varlen && (p->total_q || p->total_k)))
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                          "total_q %d, total_k %d: the packed rows of a variable-length batch (>= 0; both 0 "
+                          "without cu_seqlens)",
+                          (int)p->total_q, (int)p->total_k);
     CHECK(check_aligned(ctx, p->cu_seqlens_q, sizeof(int32_t), "cu_seqlens_q", "int32"));
     CHECK(check_aligned(ctx, p->cu_seqlens_k, sizeof(int32_t), "cu_seqlens_k", "int32"));
     if (p->batch < 1)
@@ -418,6 +423,12 @@ static fattn_status problem_shapes(fattn_ctx *ctx, const fattn_problem *p, tenso
                               "non-CPU context");
         fattn_status st = fattn_cpu_varlen_totals(ctx, p, &ts->total_q, &ts->total_k);
         if (st != FATTN_OK) return st;
+        if ((p->total_q && p->total_q != ts->total_q) || (p->total_k && p->total_k != ts->total_k))
+            return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                              "total_q %d, total_k %d differ from cu_seqlens_q[batch] %lld, "
+                              "cu_seqlens_k[batch] %lld",
+                              (int)p->total_q, (int)p->total_k, (long long)ts->total_q,
+                              (long long)ts->total_k);
     }
     int64_t sq = ts->varlen ? ts->total_q : p->seqlen_q;
     int64_t sk = ts->varlen ? ts->total_k : p->seqlen_k;

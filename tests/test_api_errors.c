@@ -367,6 +367,15 @@ static void test_fwd(fattn_ctx *ctx) {
              "seqlen_q");
     FWD_FAIL(ctx, (a_.p.cu_seqlens_q = cu_ok, a_.p.cu_seqlens_k = cu_ok, a_.p.seqlen_q = -1), INV,
              "seqlen_q");
+    /* the packed rows: nonzero only with cu_seqlens, and then cu_seqlens[batch] */
+    FWD_FAIL(ctx, a_.p.total_q = 16, INV, "total_q 16");
+    FWD_FAIL(ctx, a_.p.total_k = 16, INV, "without cu_seqlens");
+    FWD_FAIL(ctx, (a_.p.cu_seqlens_q = cu_ok, a_.p.cu_seqlens_k = cu_ok, a_.p.total_q = -16), INV,
+             "total_q -16");
+    FWD_FAIL(ctx, (a_.p.cu_seqlens_q = cu_ok, a_.p.cu_seqlens_k = cu_ok, a_.p.total_q = 15), INV,
+             "differ from cu_seqlens");
+    FWD_FAIL(ctx, (a_.p.cu_seqlens_q = cu_ok, a_.p.cu_seqlens_k = cu_ok, a_.p.total_k = 17), INV,
+             "differ from cu_seqlens");
 
     /* A good call succeeds and clears the previous error. */
     a = good_fwd();
@@ -382,6 +391,9 @@ static void test_fwd(fattn_ctx *ctx) {
     a.p.cu_seqlens_k = cu_k;
     st = fattn_fwd(ctx, &a);
     EXPECT(st == FATTN_OK, "good varlen fwd failed: %s", fattn_last_error(ctx));
+    a.p.total_q = 16, a.p.total_k = 32; /* the right totals are accepted */
+    st = fattn_fwd(ctx, &a);
+    EXPECT(st == FATTN_OK, "varlen fwd with its totals failed: %s", fattn_last_error(ctx));
 }
 
 static void test_bwd(fattn_ctx *ctx) {
