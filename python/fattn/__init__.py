@@ -5,6 +5,9 @@
 
     o = fattn.flash_attn_func(q, k, v, causal=True)  # FlashAttention-3's signature
 
+    # decoding: append k, v into the cache in place, then attend (FA3's signature)
+    o = fattn.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lens, causal=True)
+
 Inputs are torch tensors (CUDA, or CPU through the CPU engine) or NumPy arrays
 (CPU engine) in [batch, seqlen, heads, head_dim] layout, GQA by fewer K/V
 heads.  fp8=True or fp8=fattn.FP8(...) runs FP8 attention (forward only).
@@ -30,10 +33,11 @@ from . import _core
 
 _lib = _core.lib
 
-__all__ = ["attention", "flash_attn_func", "FP8", "Context", "FattnError", "FattnInvalidArgumentError",
-           "FattnUnsupportedError", "FattnOutOfMemoryError", "library_path", "built_with_cuda", "__version__",
-           "F32", "F16", "BF16", "E4M3", "BACKEND_AUTO", "BACKEND_CPU", "BACKEND_CUDA", "OPTION_DISABLE_OVERLAP",
-           "OPTION_DISABLE_PINGPONG", "OPTION_DISABLE_PDL", "OPTION_SOFTMAX_UNDER_PV", "OPTION_DISABLE_SPLIT"]
+__all__ = ["attention", "flash_attn_func", "flash_attn_with_kvcache", "FP8", "Context", "FattnError",
+           "FattnInvalidArgumentError", "FattnUnsupportedError", "FattnOutOfMemoryError", "library_path",
+           "built_with_cuda", "__version__", "F32", "F16", "BF16", "E4M3", "BACKEND_AUTO", "BACKEND_CPU",
+           "BACKEND_CUDA", "OPTION_DISABLE_OVERLAP", "OPTION_DISABLE_PINGPONG", "OPTION_DISABLE_PDL",
+           "OPTION_SOFTMAX_UNDER_PV", "OPTION_DISABLE_SPLIT"]
 
 _E = _capi.ENUMS
 F32 = _E["fattn_dtype"]["FATTN_DTYPE_F32"]
@@ -177,3 +181,77 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     t = _torch_module()
     o_lse = t.attention(q, k, v, causal, softmax_scale, None, True, None, None, deterministic=deterministic)
     return o_lse if return_attn_probs else o_lse[0]
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, page_table=None,
+                            cu_seqlens_q=None, cu_seqlens_k_new=None, max_seqlen_q=None, rotary_seqlens=None,
+                            q_descale=None, k_descale=None, v_descale=None, softmax_scale=None, causal=False,
+                            window_size=(-1, -1), attention_chunk=0, softcap=0.0, rotary_interleaved=True,
+                            scheduler_metadata=None, num_splits=0, pack_gqa=None, sm_margin=0,
+                            return_softmax_lse=False):
+    """FlashAttention-3's flash_attn_with_kvcache (flash_attn_interface), the
+    decoding step, served by fattn: fattn_kv_append, then fattn_fwd with
+    seqused_k (and block_table for a paged cache).  Torch tensors (CUDA or CPU).
+
+    q [b, sq, hq, d]; k_cache, v_cache [b, capacity, hkv, d (dv)], or with
+    page_table (int32 [b, max_pages]) page pools [num_pages, page_size, hkv,
+    d (dv)]; cache_seqlens an int32 tensor [b] or an int (None: every key of
+    the cache is used).  k, v [b, s_new, hkv, d] (optional, need
+    cache_seqlens): written in place into the caches at rows cache_seqlens[i]
+    .. + s_new - 1 of each sequence (nothing else of the caches is written),
+    then attention uses cache_seqlens + s_new keys per sequence; cache_seqlens
+    itself is not advanced (the caller does).  causal: bottom-right aligned
+    on each sequence's used keys.  Returns out [b, sq, hq, dv], or (out,
+    softmax_lse [b, hq, sq] float32) with return_softmax_lse (FA3's own code
+    appends its two split accumulators after these: `out, lse, *_ = ...`
+    reads both).
+
+    Arguments fattn cannot serve raise NotImplementedError, never ignored:
+    qv, rotary_cos/rotary_sin/rotary_seqlens, cache_batch_idx, cache_leftpad,
+    cu_seqlens_q, cu_seqlens_k_new, q/k/v_descale, window_size other than
+    (-1, -1) (or (-1, 0), which is causal), attention_chunk != 0, softcap != 0,
+    scheduler_metadata, num_splits > 1, sm_margin != 0, and appending k, v of
+    head_dim_v != head_dim.  Accepted: num_splits 0 (fattn's schedule) and 1
+    (no split of the keys: FATTN_OPTION_DISABLE_SPLIT for this call; the same
+    values up to rounding), pack_gqa (a scheduling hint: fattn packs the GQA
+    group itself), max_seqlen_q (unused without cu_seqlens_q, as in FA3),
+    rotary_interleaved (unused without rotary_cos).  Forward only (FA3's has
+    no backward): tensors that require grad with grad mode on raise
+    NotImplementedError.  The CUDA engine serves caches with cache_seqlens
+    or page_table by its decoding kernel only (fattn.h: 16-bit, head dims
+    64/128/256, sq <= 16 and sq * hq / hkv <= 64, 32 at d 256, page_size a
+    power of two >= 16); others raise FattnUnsupportedError, after the append
+    when k, v are given (the rows are then written past cache_seqlens, where
+    the next append writes them again)."""
+    def no(what):
+        raise NotImplementedError("fattn.flash_attn_with_kvcache: %s is not supported by fattn" % what)
+
+    for name, val in (("qv", qv), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
+                      ("rotary_seqlens", rotary_seqlens), ("cache_batch_idx", cache_batch_idx),
+                      ("cache_leftpad", cache_leftpad), ("cu_seqlens_q", cu_seqlens_q),
+                      ("cu_seqlens_k_new", cu_seqlens_k_new), ("scheduler_metadata", scheduler_metadata)):
+        if val is not None:
+            no(name)
+    if q_descale is not None or k_descale is not None or v_descale is not None:
+        no("q_descale/k_descale/v_descale (fp8 inputs)")
+    ws = tuple(window_size) if window_size is not None else (-1, -1)
+    if len(ws) != 2:
+        raise ValueError("fattn.flash_attn_with_kvcache: window_size must be a pair, got %r" % (window_size,))
+    if ws[0] < 0 and ws[1] == 0:
+        causal = True  # FlashAttention's causal mask is the window (-inf, 0], bottom-right aligned
+    elif not (ws[0] < 0 and ws[1] < 0):
+        no("window_size=%r (local attention)" % (window_size,))
+    if attention_chunk:
+        no("attention_chunk=%r" % (attention_chunk,))
+    if softcap:
+        no("softcap=%r" % (softcap,))
+    if num_splits is not None and num_splits > 1:
+        no("num_splits=%r (fattn picks its own split of the keys; 0 or 1 = none are served)" % (num_splits,))
+    if sm_margin:
+        no("sm_margin=%r" % (sm_margin,))
+    if not _is_torch(q):
+        raise TypeError("fattn.flash_attn_with_kvcache takes torch tensors, got a %s" % type(q).__name__)
+    out, lse = _torch_module().kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale, causal,
+                                       num_splits == 1)
+    return (out, lse) if return_softmax_lse else out

@@ -2,10 +2,11 @@
 
 Everything here works on plain descriptions of arrays (pointer, fattn dtype,
 shape, strides in elements), so the NumPy path and the torch path share one
-way of calling fattn_fwd, fattn_fwd_fp8, fattn_bwd and fattn_quantize.  Neither NumPy nor
-torch is imported here.
+way of calling fattn_fwd, fattn_fwd_fp8, fattn_bwd, fattn_quantize and fattn_kv_append.
+Neither NumPy nor torch is imported here.
 """
 import collections
+import contextlib
 import ctypes
 import dataclasses
 import math
@@ -31,6 +32,7 @@ E4M3 = _E["fattn_dtype"]["FATTN_DTYPE_E4M3"]
 BACKEND_AUTO = _E["fattn_backend"]["FATTN_BACKEND_AUTO"]
 BACKEND_CPU = _E["fattn_backend"]["FATTN_BACKEND_CPU"]
 BACKEND_CUDA = _E["fattn_backend"]["FATTN_BACKEND_CUDA"]
+OPTION_DISABLE_SPLIT = _E["fattn_option"]["FATTN_OPTION_DISABLE_SPLIT"]
 QUANT_BLOCK = _E["fattn_quant_granularity"]["FATTN_QUANT_BLOCK"]
 QUANT_TENSOR = _E["fattn_quant_granularity"]["FATTN_QUANT_TENSOR"]
 
@@ -125,6 +127,7 @@ class Context:
             raise error(st, lib.fattn_last_error(None).decode(), "fattn_ctx_create")
         self._h = h
         self._stream = None
+        self._options = {}  # option -> value set through set_option (the library's default is 0)
         self._lock = threading.RLock()
         self.backend = lib.fattn_ctx_backend(h)
         self.device = device
@@ -153,6 +156,22 @@ class Context:
     def set_option(self, option, value):
         with self._lock:
             self._check(lib.fattn_ctx_set_option(self._handle(), option, int(value)), "fattn_ctx_set_option")
+            self._options[option] = int(value)
+
+    @contextlib.contextmanager
+    def option_set(self, option, value):
+        """Hold the context's lock with `option` set to `value`, then set it back
+        to what it was (for one call that asks for it, e.g. no split)."""
+        with self._lock:
+            old = self._options.get(option, 0)
+            if old == int(value):
+                yield self
+                return
+            self.set_option(option, value)
+            try:
+                yield self
+            finally:
+                self.set_option(option, old)
 
     def set_threads(self, threads):
         with self._lock:
@@ -204,6 +223,11 @@ class Context:
     def quantize_raw(self, args):
         with self._lock:
             self._check(lib.fattn_quantize(self._handle(), ctypes.byref(args)), "fattn_quantize")
+
+    def kv_append_raw(self, args):
+        """fattn_kv_append on a fattn_kv_append_args struct (_capi.KvAppendArgs)."""
+        with self._lock:
+            self._check(lib.fattn_kv_append(self._handle(), ctypes.byref(args)), "fattn_kv_append")
 
 
 _contexts = {}
@@ -494,3 +518,98 @@ def run_fwd_fp8(ctx, dims, qd, kd, vd, od, lse, causal, softmax_scale, fp8):
     """fattn_fwd_fp8: q, k, v (16-bit or f32) quantised to e4m3 as the FP8
     `fp8` says, into the context's workspace, then the e4m3 forward into od."""
     ctx.fwd_fp8_raw(fwd_struct(dims, qd, kd, vd, od, lse, causal, softmax_scale), fp8.options())
+
+
+# ---------------------------------------------------------------------------
+# KV caches (decoding): fattn_kv_append, then fattn_fwd on the cache
+# ---------------------------------------------------------------------------
+
+class KvDims(collections.namedtuple("KvDims", "dims paged capacity page_size num_pages max_pages seqlen_new")):
+    """The shapes of a decoding call: dims (Dims of the forward: sk is the key
+    count of a sequence, the contiguous cache's capacity or max_pages *
+    page_size); paged; capacity (contiguous: rows per sequence, else 0);
+    page_size, num_pages, max_pages (paged, else 0); seqlen_new (rows to
+    append per sequence, 0 for none)."""
+
+
+_INT32_MAX = 2 ** 31 - 1
+
+
+def check_kvcache_shapes(qs, kcs, vcs, ks=None, vs=None, table_shape=None):
+    """KvDims of q [b, sq, hq, d] and the caches: k_cache [b, capacity, hkv, d]
+    and v_cache [b, capacity, hkv, dv], or with a page table [b, max_pages]
+    page pools [num_pages, page_size, hkv, d] and [.., dv]; k [b, s_new, hkv, d]
+    and v [b, s_new, hkv, dv] the rows to append (both or neither).  ValueError
+    naming the mismatch otherwise."""
+    for n, s in (("q", qs), ("k_cache", kcs), ("v_cache", vcs), ("k", ks), ("v", vs)):
+        if s is not None and len(s) != 4:
+            raise ValueError("fattn: %s must be 4-D, got shape %s" % (n, tuple(s)))
+    qs, kcs, vcs = tuple(qs), tuple(kcs), tuple(vcs)
+    b, sq, hq, d = qs
+    paged = table_shape is not None
+    if paged:
+        table_shape = tuple(table_shape)
+        if len(table_shape) != 2 or table_shape[0] != b:
+            raise ValueError("fattn: page_table must be [batch, max_pages_per_seq] with q's batch %d, got shape %s"
+                             % (b, table_shape))
+        num_pages, page_size, max_pages = kcs[0], kcs[1], table_shape[1]
+        capacity, sk = 0, max_pages * page_size
+    else:
+        if kcs[0] != b:
+            raise ValueError("fattn: k_cache has batch %d, q %d (a cache of other sequences than q's would need "
+                             "cache_batch_idx, which fattn does not serve)" % (kcs[0], b))
+        num_pages = page_size = max_pages = 0
+        capacity = sk = kcs[1]
+    if vcs[:3] != kcs[:3]:
+        raise ValueError("fattn: k_cache %s and v_cache %s differ in their first three dimensions" % (kcs, vcs))
+    if kcs[3] != d:
+        raise ValueError("fattn: q's head dim %d differs from k_cache's %d" % (d, kcs[3]))
+    if d < 1 or vcs[3] < 1:
+        raise ValueError("fattn: head dims must be >= 1 (q/k %d, v %d)" % (d, vcs[3]))
+    hkv = kcs[2]
+    if hkv < 1 and hq > 0 or hkv > 0 and hq % hkv != 0:
+        raise ValueError("fattn: q's %d heads are not a multiple of the cache's %d (GQA needs heads_q %% heads_kv "
+                         "== 0)" % (hq, hkv))
+    if sk > _INT32_MAX:
+        raise ValueError("fattn: %d keys per sequence (max_pages_per_seq %d x page_size %d) do not fit int32"
+                         % (sk, max_pages, page_size))
+    s_new = 0
+    if (ks is None) != (vs is None):
+        raise ValueError("fattn: k and v (the rows to append) must be given together")
+    if ks is not None:
+        ks, vs = tuple(ks), tuple(vs)
+        s_new = ks[1]
+        if ks != (b, s_new, hkv, d):
+            raise ValueError("fattn: k must be [batch, seqlen_new, heads_kv, head_dim] = %s, got %s"
+                             % ((b, s_new, hkv, d), ks))
+        if vs != (b, s_new, hkv, vcs[3]):
+            raise ValueError("fattn: v must be [batch, seqlen_new, heads_kv, head_dim_v] = %s, got %s"
+                             % ((b, s_new, hkv, vcs[3]), vs))
+    return KvDims(Dims(b, sq, sk, hq, hkv, d, vcs[3]), paged, capacity, page_size, num_pages, max_pages, s_new)
+
+
+def kv_append_struct(kv, knd, vnd, kcd, vcd, cache_seqlens, block_table):
+    """fattn_kv_append_args of appending k (knd) and v (vnd) to the caches kcd,
+    vcd (Descs) at the rows int32 cache_seqlens (a pointer) says; block_table:
+    the int32 [batch, max_pages] table's pointer when paged."""
+    a = _capi.KvAppendArgs()
+    a.batch, a.seqlen_new, a.heads_kv, a.head_dim = kv.dims.b, kv.seqlen_new, kv.dims.hkv, kv.dims.d
+    a.k_new, a.v_new, a.k_cache, a.v_cache = (tensor_struct(x) for x in (knd, vnd, kcd, vcd))
+    a.capacity = kv.capacity
+    a.cache_seqlens = cache_seqlens
+    if kv.paged:
+        a.block_table = block_table
+        a.page_size, a.num_pages, a.max_pages_per_seq = kv.page_size, kv.num_pages, kv.max_pages
+    return a
+
+
+def fwd_kvcache_struct(kv, qd, kcd, vcd, od, lse, causal, softmax_scale, seqused_k, block_table):
+    """fattn_fwd_args of attention over a cache: kcd, vcd the contiguous caches
+    or the page pools (their batch dimension is the page, as fattn.h says),
+    seqused_k the int32 [batch] used key counts (a pointer, or None = all)."""
+    a = fwd_struct(kv.dims, qd, kcd, vcd, od, lse, causal, softmax_scale)
+    a.seqused_k = seqused_k
+    if kv.paged:
+        a.block_table = block_table
+        a.page_size, a.num_pages, a.max_pages_per_seq = kv.page_size, kv.num_pages, kv.max_pages
+    return a

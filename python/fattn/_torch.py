@@ -1,13 +1,14 @@
-"""_torch.py - fattn on torch tensors: the custom ops <ns>::fwd, <ns>::bwd and
-<ns>::fwd_fp8 (torch.library, with fake implementations for torch.compile),
-autograd through fattn_bwd (fwd_fp8 is forward only: its backward raises).
+"""_torch.py - fattn on torch tensors: the custom ops <ns>::fwd, <ns>::bwd,
+<ns>::fwd_fp8 and <ns>::fwd_kvcache (torch.library, with fake implementations
+for torch.compile), autograd through fattn_bwd (fwd_fp8 is forward only: its
+backward raises; fwd_kvcache, decoding, has none).
 
 <ns> is the package's name: "fattn", or "fattn_b" when bench/compare.py loads
 a second copy of these bindings beside the first (an op name is registered
 once per process).
 """
 import math
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -242,3 +243,148 @@ def attention(q, k, v, causal, softmax_scale, fp8, return_lse, out, ctx, determi
     with torch.no_grad():
         o, lse = _fwd_impl(q, k, v, bool(causal), scale, fp8, ctx=ctx, out=out)
     return (o, lse) if return_lse else o
+
+
+# ---------------------------------------------------------------------------
+# Decoding on a KV cache: fattn_kv_append, then fattn_fwd with seqused_k and
+# (paged) block_table; fattn.flash_attn_with_kvcache
+# ---------------------------------------------------------------------------
+
+def _cache_desc(t, name):
+    """Desc of a cache, read (and written) where it is: never a copy."""
+    d = _core.describe(t, name)
+    if d.c_strides is None:
+        raise ValueError("fattn: %s's layout %s with strides %s cannot be used in place: the head dim must be "
+                         "contiguous and no dimension expanded" % (name, tuple(t.shape), tuple(t.stride())))
+    return d
+
+
+def _kvcache_impl(q, k_cache, v_cache, k, v, cache_seqlens, page_table, causal, softmax_scale, disable_split):
+    kv = _core.check_kvcache_shapes(q.shape, k_cache.shape, v_cache.shape, None if k is None else k.shape,
+                                    None if v is None else v.shape,
+                                    None if page_table is None else page_table.shape)
+    dims = kv.dims
+    out = torch.empty(dims.o_shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(dims.lse_shape, dtype=torch.float32, device=q.device)
+    append = k is not None and dims.b > 0 and kv.seqlen_new > 0 and dims.hkv > 0
+    if k is not None and cache_seqlens is None:
+        raise ValueError("fattn: k and v (rows to append) need cache_seqlens (where each sequence's rows go)")
+    if not append and dims.empty:
+        out.zero_()
+        lse.fill_(-math.inf)
+        return out, lse
+    for name, t, shape in (("cache_seqlens", cache_seqlens, (dims.b,)),
+                           ("page_table", page_table, (dims.b, kv.max_pages))):
+        if t is not None and (t.dtype != torch.int32 or t.device != q.device or tuple(t.shape) != shape
+                              or not t.is_contiguous()):
+            raise ValueError("fattn: %s must be a contiguous int32 tensor %s on %s, got %s %s on %s"
+                             % (name, shape, q.device, t.dtype, tuple(t.shape), t.device))
+    ctx = _context(q.device)
+    q, qd = _readable(q, "q")
+    kcd, vcd = _cache_desc(k_cache, "k_cache"), _cache_desc(v_cache, "v_cache")
+    seqlens_ptr = cache_seqlens.data_ptr() if cache_seqlens is not None else None
+    table_ptr = page_table.data_ptr() if page_table is not None else None
+    seqused = cache_seqlens
+    if append:
+        k, knd = _readable(k, "k")
+        v, vnd = _readable(v, "v")
+        seqused = cache_seqlens + kv.seqlen_new  # on the device, no host synchronisation
+    od = _core.describe(out, "out")
+    with ctx._lock:
+        _on_current_stream(ctx, q.device)
+        if append:
+            ctx.kv_append_raw(_core.kv_append_struct(kv, knd, vnd, kcd, vcd, seqlens_ptr, table_ptr))
+        if dims.empty:
+            out.zero_()
+            lse.fill_(-math.inf)
+            return out, lse
+        a = _core.fwd_kvcache_struct(kv, qd, kcd, vcd, od, lse.data_ptr(), causal, softmax_scale,
+                                     seqused.data_ptr() if seqused is not None else None, table_ptr)
+        with ctx.option_set(_core.OPTION_DISABLE_SPLIT, int(bool(disable_split))):
+            ctx.fwd_raw(a)
+    return out, lse
+
+
+@torch.library.custom_op(_NS + "::fwd_kvcache", mutates_args=("k_cache", "v_cache"))
+def fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: Optional[torch.Tensor],
+                v: Optional[torch.Tensor], cache_seqlens: Optional[torch.Tensor], page_table: Optional[torch.Tensor],
+                causal: bool, softmax_scale: float, disable_split: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Decoding on a KV cache: k, v (or None) appended in place into k_cache, v_cache at the rows
+    cache_seqlens (int32 [b]) says (fattn_kv_append), then attention of q over each sequence's first
+    cache_seqlens (+ k's seqlen when appending) keys (fattn_fwd with seqused_k; cache_seqlens None = all
+    keys).  page_table int32 [b, max_pages] (contiguous): the caches are page pools [num_pages, page_size,
+    hkv, d].  disable_split: FATTN_OPTION_DISABLE_SPLIT for the call.  (out [b, sq, hq, dv], lse
+    [b, hq, sq] float32).  No autograd."""
+    return _kvcache_impl(q, k_cache, v_cache, k, v, cache_seqlens, page_table, causal, softmax_scale, disable_split)
+
+
+@fwd_kvcache.register_fake
+def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, cache_seqlens, page_table, causal, softmax_scale, disable_split):
+    b, sq, hq, _ = q.shape
+    return (q.new_empty((b, sq, hq, v_cache.shape[3])), q.new_empty((b, hq, sq), dtype=torch.float32))
+
+
+_INT_DTYPES = (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)
+
+
+def _int32_on(t, name, device, shape):
+    """t as a contiguous int32 tensor on `device` of `shape` (a device-side
+    conversion of another integer dtype, which keeps every valid length or
+    page index); TypeError / ValueError otherwise."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError("fattn: %s must be a torch tensor (int32), got a %s" % (name, type(t).__name__))
+    if t.dtype not in _INT_DTYPES:
+        raise TypeError("fattn: %s must be an int32 tensor, got %s" % (name, t.dtype))
+    if t.device != device:
+        raise ValueError("fattn: %s is on %s, the tensors on %s" % (name, t.device, device))
+    if tuple(t.shape) != shape:
+        raise ValueError("fattn: %s must have shape %s, got %s" % (name, shape, tuple(t.shape)))
+    return t.to(torch.int32).contiguous()
+
+
+def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale, causal, disable_split):
+    """fattn.flash_attn_with_kvcache once its FA3 arguments are checked: (out, lse)."""
+    _check_inputs(q, k_cache, v_cache)
+    if (k is None) != (v is None):
+        raise ValueError("fattn: k and v (the rows to append) must be given together")
+    if k is not None:
+        _check_inputs(q, k, v)
+    grads = [n for n, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v))
+             if t is not None and t.requires_grad]
+    if grads and torch.is_grad_enabled():
+        raise NotImplementedError("fattn.flash_attn_with_kvcache is forward only (decoding; FlashAttention's has no "
+                                  "backward either), but %s require%s grad: call it under torch.no_grad() or "
+                                  "torch.inference_mode(), or on detached tensors"
+                                  % (", ".join(grads), "s" if len(grads) == 1 else ""))
+    if q.dim() != 4:
+        raise ValueError("fattn: q must be 4-D [batch, seqlen, heads, head_dim], got shape %s" % (tuple(q.shape),))
+    b = q.shape[0]
+    if page_table is not None:
+        if isinstance(page_table, torch.Tensor) and page_table.dim() != 2:
+            raise ValueError("fattn: page_table must be [batch, max_pages_per_seq], got shape %s"
+                             % (tuple(page_table.shape),))
+        page_table = _int32_on(page_table, "page_table", q.device,
+                               (b, page_table.shape[1]) if isinstance(page_table, torch.Tensor) else None)
+    if cache_seqlens is not None:
+        if isinstance(cache_seqlens, torch.Tensor):
+            cache_seqlens = _int32_on(cache_seqlens, "cache_seqlens", q.device, (b,))
+        else:
+            if isinstance(cache_seqlens, bool) or not isinstance(cache_seqlens, int):
+                raise TypeError("fattn: cache_seqlens must be an int or an int32 tensor [batch], got a %s"
+                                % type(cache_seqlens).__name__)
+            if not 0 <= cache_seqlens <= 2 ** 31 - 1:
+                raise ValueError("fattn: cache_seqlens must be in [0, 2**31), got %d" % cache_seqlens)
+            cache_seqlens = torch.full((b,), cache_seqlens, dtype=torch.int32, device=q.device)
+    if k is not None and cache_seqlens is None:
+        raise ValueError("fattn: k and v (rows to append) need cache_seqlens (where each sequence's rows go), as "
+                         "FlashAttention's")
+    kv = _core.check_kvcache_shapes(q.shape, k_cache.shape, v_cache.shape, None if k is None else k.shape,
+                                    None if v is None else v.shape,
+                                    None if page_table is None else page_table.shape)
+    if kv.seqlen_new and kv.dims.dv != kv.dims.d:
+        raise NotImplementedError("fattn.flash_attn_with_kvcache: appending k, v with head_dim_v %d != head_dim %d "
+                                  "is not supported by fattn (fattn_kv_append copies rows of one head_dim)"
+                                  % (kv.dims.dv, kv.dims.d))
+    scale = _core.resolve_scale(softmax_scale, kv.dims.d)
+    return fwd_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, bool(causal), scale,
+                       bool(disable_split))

@@ -1,7 +1,8 @@
 """fattn on torch tensors: the forward and its gradients (CPU engine) against float64
 references, the custom ops (opcheck, torch.compile(fullgraph=True)), flash_attn_func's
-FlashAttention-3 signature, and every kind of bad argument.  CUDA cases run on a
-Hopper GPU and skip elsewhere.  Needs torch and the library."""
+FlashAttention-3 signature, flash_attn_with_kvcache (decoding on contiguous and paged KV
+caches), and every kind of bad argument.  CUDA cases run on a Hopper GPU and skip
+elsewhere.  Needs torch and the library."""
 import math
 import os
 import shutil
@@ -829,6 +830,493 @@ class CudaGraph(unittest.TestCase):
             torch.cuda.synchronize()
             self.assertTrue(pending, "the call waited for the GPU: %s causal %s backward %s"
                             % (shape, causal, backward))
+
+
+
+# ---------------------------------------------------------------------------
+# fattn.flash_attn_with_kvcache: decoding on a KV cache (issue 26)
+# ---------------------------------------------------------------------------
+
+def attention64(q, k, v, causal=False, scale=None):
+    """(out, lse) of softmax attention in float64, FlashAttention's bottom-right causal mask; rows that see
+    no key (or no key at all) give 0 and lse -inf."""
+    q, k, v = q.double(), k.double(), v.double()
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    q, k, v = q.transpose(1, 2), k.repeat_interleave(hq // hkv, 2).transpose(1, 2), \
+        v.repeat_interleave(hq // hkv, 2).transpose(1, 2)  # [b, h, s, d]
+    s = (q @ k.transpose(-1, -2)) * scale  # matmul: torch's float64 einsum is ~100x slower on these shapes
+    if causal:
+        i = torch.arange(sq)[:, None]
+        j = torch.arange(sk)[None, :]
+        s = s.masked_fill(j > i + sk - sq, float("-inf"))
+    lse = s.logsumexp(-1)
+    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
+    return (p @ v).transpose(1, 2), lse
+
+
+def kvcache_reference(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, page_table=None, causal=False,
+                      scale=None):
+    """FlashAttention's flash_attn_with_kvcache in plain torch: (out, lse, k_cache', v_cache').  k, v are
+    written into copies of the caches at rows cache_seqlens[i] .. + s_new - 1 of each sequence (row j of
+    sequence i: (i, j), or with page_table row j % page_size of page page_table[i, j // page_size]), then each
+    sequence's first cache_seqlens[i] + s_new rows are gathered and attended in float64 (attention64)."""
+    kc, vc = k_cache.clone(), v_cache.clone()
+    b = q.shape[0]
+    if page_table is None:
+        cap = kc.shape[1]
+    else:
+        ps = kc.shape[1]
+        cap = page_table.shape[1] * ps
+    if cache_seqlens is None:
+        lens = [cap] * b
+    elif isinstance(cache_seqlens, int):
+        lens = [cache_seqlens] * b
+    else:
+        lens = [int(x) for x in cache_seqlens.tolist()]
+    s_new = 0 if k is None else k.shape[1]
+
+    def where(i, j):
+        if page_table is None:
+            return torch.full_like(j, i), j
+        return page_table[i].long()[j // ps], j % ps
+
+    outs, lses = [], []
+    for i in range(b):
+        if k is not None:
+            pi, ri = where(i, torch.arange(lens[i], lens[i] + s_new))
+            kc[pi, ri] = k[i]
+            vc[pi, ri] = v[i]
+        pi, ri = where(i, torch.arange(lens[i] + s_new))
+        o, lse = attention64(q[i:i + 1], kc[pi, ri][None], vc[pi, ri][None], causal, scale)
+        outs.append(o)
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses).float(), kc, vc
+
+
+def kv_setup(paged, b=3, cap=64, hkv=2, d=32, page=16, spare=2, dtype=torch.float32, device="cpu", seed=0):
+    """(k_cache, v_cache, page_table or None): random caches of `cap` rows per sequence, contiguous
+    [b, cap, hkv, d] or page pools [b * cap / page + spare, page, hkv, d] with each sequence's pages drawn
+    from a shuffled order (spare pages belong to no sequence)."""
+    g = torch.Generator().manual_seed(seed + 1000)
+    if not paged:
+        shape, table = (b, cap, hkv, d), None
+    else:
+        npp = cap // page
+        shape = (b * npp + spare, page, hkv, d)
+        table = torch.randperm(b * npp + spare, generator=g)[:b * npp].view(b, npp).to(torch.int32)
+    kc, vc = (torch.randn(shape, generator=g).to(dtype) for _ in range(2))
+    if table is not None:
+        table = table.to(device)
+    return kc.to(device), vc.to(device), table
+
+
+def kv_new(b=3, sq=1, s_new=1, hq=8, hkv=2, d=32, dtype=torch.float32, device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=g).to(device=device, dtype=dtype)
+            for s in ((b, sq, hq, d), (b, s_new, hkv, d), (b, s_new, hkv, d))]
+
+
+FA3_KVCACHE_ARGS = ["q", "k_cache", "v_cache", "k", "v", "qv", "rotary_cos", "rotary_sin", "cache_seqlens",
+                    "cache_batch_idx", "cache_leftpad", "page_table", "cu_seqlens_q", "cu_seqlens_k_new",
+                    "max_seqlen_q", "rotary_seqlens", "q_descale", "k_descale", "v_descale", "softmax_scale",
+                    "causal", "window_size", "attention_chunk", "softcap", "rotary_interleaved",
+                    "scheduler_metadata", "num_splits", "pack_gqa", "sm_margin", "return_softmax_lse"]
+
+
+class KvCache(unittest.TestCase):
+    """fattn.flash_attn_with_kvcache on CPU tensors (the CPU engine) against kvcache_reference: the output
+    and lse within f32 rounding of float64 (1e-5), the caches after the call equal, bit for bit, to the
+    reference's copies (the new rows where they belong, every other row and page untouched)."""
+
+    def check(self, msg, q, kc, vc, k, v, lens, table, causal, scale=None, tol=1e-5, **kw):
+        want_o, want_lse, want_kc, want_vc = kvcache_reference(q, kc, vc, k, v, lens, table, causal, scale)
+        ptrs = (kc.data_ptr(), vc.data_ptr())
+        o, lse = fattn.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, page_table=table, causal=causal,
+                                               softmax_scale=scale, return_softmax_lse=True, **kw)
+        self.assertEqual((o.dtype, tuple(o.shape)), (q.dtype, tuple(q.shape[:3]) + (vc.shape[3],)), msg)
+        self.assertEqual((lse.dtype, tuple(lse.shape)), (torch.float32, (q.shape[0], q.shape[2], q.shape[1])), msg)
+        self.assertEqual((kc.data_ptr(), vc.data_ptr()), ptrs, msg)  # in place
+        self.assertTrue(same_bits(kc, want_kc) and same_bits(vc, want_vc), "caches: " + msg)
+        if tol < 1e-3:
+            torch.testing.assert_close(o.double(), want_o, rtol=tol, atol=tol, msg=lambda m: "%s: %s" % (msg, m))
+        else:
+            self.assertLess(rel(o, want_o), tol, msg)
+        fin = torch.isfinite(want_lse)
+        self.assertTrue(torch.equal(torch.isfinite(lse), fin), msg)
+        torch.testing.assert_close(lse[fin], want_lse[fin], rtol=1e-5, atol=1e-5)
+        return o, lse
+
+    def test_matches_reference(self):
+        # contiguous and paged (page 16, shuffled) caches; without and with an append of sq rows; seqlen_q 1
+        # and 3; both masks; cache_seqlens as a tensor (0, 17 and the last rows of the cache: rows with no key,
+        # and causal rows that see part of the new keys) and as an int
+        n = 0
+        for paged in (False, True):
+            for append in (False, True):
+                for sq in (1, 3):
+                    for causal in (False, True):
+                        for as_int in (False, True):
+                            kc, vc, table = kv_setup(paged, seed=n)
+                            q, k, v = kv_new(sq=sq, s_new=sq, seed=n)
+                            s_new = sq if append else 0
+                            lens = 20 if as_int else torch.tensor([0, 17, 64 - s_new], dtype=torch.int32)
+                            msg = "paged %s append %s sq %d causal %s int %s" % (paged, append, sq, causal, as_int)
+                            self.check(msg, q, kc, vc, k if append else None, v if append else None, lens, table,
+                                       causal)
+                            n += 1
+
+    def test_more_new_rows_than_queries_and_scale(self):
+        for paged in (False, True):
+            kc, vc, table = kv_setup(paged, seed=5)
+            q, k, v = kv_new(sq=1, s_new=5, seed=5)
+            lens = torch.tensor([3, 14, 40], dtype=torch.int32)  # new rows cross page boundaries
+            self.check("paged %s" % paged, q, kc, vc, k, v, lens, table, True, scale=0.3)
+
+    def test_16bit(self):
+        # bf16 and f16 against float64: 16-bit inputs and output, f32 inside (2e-2 and 3e-3, as Forward's)
+        for dtype, tol in ((torch.bfloat16, 2e-2), (torch.float16, 3e-3)):
+            for paged in (False, True):
+                kc, vc, table = kv_setup(paged, dtype=dtype, seed=7)
+                q, k, v = kv_new(sq=3, s_new=3, dtype=dtype, seed=7)
+                lens = torch.tensor([5, 30, 60], dtype=torch.int32)
+                self.check("%s paged %s" % (dtype, paged), q, kc, vc, k, v, lens, table, True, tol=tol)
+
+    def test_whole_cache_without_cache_seqlens(self):
+        # cache_seqlens None: every key of the cache (paged: max_pages * page_size per sequence), as FA3
+        for paged in (False, True):
+            kc, vc, table = kv_setup(paged, seed=9)
+            q, _, _ = kv_new(sq=3, seed=9)
+            for causal in (False, True):
+                o, _ = self.check("paged %s causal %s" % (paged, causal), q, kc, vc, None, None, None, table, causal)
+                if not paged:
+                    self.assertLess(rel(o, reference(q.double(), kc.double(), vc.double(), causal)), 1e-5)
+
+    def test_append_writes_exactly_the_new_rows(self):
+        # the changed elements of the caches are exactly the new rows, holding k's and v's bits, in place
+        for paged in (False, True):
+            kc, vc, table = kv_setup(paged, seed=11)
+            before = (kc.clone(), vc.clone())
+            q, k, v = kv_new(sq=2, s_new=2, seed=11)
+            lens = torch.tensor([0, 15, 62], dtype=torch.int32)  # 15: rows 15 and 16 lie in two pages
+            out = fattn.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, page_table=table)
+            self.assertIsInstance(out, torch.Tensor)  # return_softmax_lse False: out alone
+            for cache, old, new in ((kc, before[0], k), (vc, before[1], v)):
+                changed = (cache.view(torch.int32) != old.view(torch.int32)).any(-1).any(-1)  # [rows of pages]
+                expect = torch.zeros_like(changed)
+                for i, n0 in enumerate(lens.tolist()):
+                    for t in range(2):
+                        j = n0 + t
+                        pi, ri = (i, j) if table is None else (int(table[i, j // 16]), j % 16)
+                        expect[pi, ri] = True
+                        self.assertTrue(torch.equal(cache[pi, ri].view(torch.int32), new[i, t].view(torch.int32)))
+                self.assertTrue(torch.equal(changed, expect), "paged %s" % paged)
+
+    def test_unused_rows_never_reach_the_output(self):
+        # rows past cache_seqlens (+ s_new) hold NaN: the output is that of the used rows alone
+        for paged in (False, True):
+            kc, vc, table = kv_setup(paged, seed=13)
+            q, k, v = kv_new(sq=1, s_new=1, seed=13)
+            lens = torch.tensor([4, 20, 33], dtype=torch.int32)
+            want = kvcache_reference(q, kc, vc, k, v, lens, table, True)[0]
+            if table is None:
+                for i, n in enumerate(lens.tolist()):
+                    kc[i, n + 1:] = float("nan")
+                    vc[i, n + 1:] = float("nan")
+            else:
+                used = set()
+                for i, n in enumerate(lens.tolist()):
+                    used |= {int(table[i, j // 16]) * 16 + j % 16 for j in range(n + 1)}
+                flat_k, flat_v = kc.view(-1, 2, 32), vc.view(-1, 2, 32)
+                for r in range(flat_k.shape[0]):
+                    if r not in used:
+                        flat_k[r] = float("nan")
+                        flat_v[r] = float("nan")
+            o = fattn.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, page_table=table, causal=True)
+            self.assertTrue(bool(torch.isfinite(o).all()), "paged %s" % paged)
+            torch.testing.assert_close(o.double(), want, rtol=1e-5, atol=1e-5)
+
+    def test_decode_loop(self):
+        # docs/python.md's loop: prefill, then one token per step appended and attended; each step's output
+        # is causal attention of the step's query over every key so far (fattn.attention on the whole sequence)
+        b, hq, hkv, d, cap = 2, 8, 2, 32, 48
+        for paged in (False, True):
+            g = torch.Generator().manual_seed(3)
+            seq_k, seq_v = torch.randn(b, 40, hkv, d, generator=g), torch.randn(b, 40, hkv, d, generator=g)
+            qs = torch.randn(b, 40, hq, d, generator=g)
+            if paged:
+                table = torch.randperm(b * cap // 16, generator=g).view(b, cap // 16).to(torch.int32)
+                kc, vc = torch.zeros(b * cap // 16, 16, hkv, d), torch.zeros(b * cap // 16, 16, hkv, d)
+            else:
+                table = None
+                kc, vc = torch.zeros(b, cap, hkv, d), torch.zeros(b, cap, hkv, d)
+            lens = torch.zeros(b, dtype=torch.int32)
+            want = fattn.attention(qs[:, :32], seq_k[:, :32], seq_v[:, :32], causal=True)
+            if not paged:  # prefill as docs/python.md does: fattn.attention, the prompt copied into the cache
+                o = want
+                kc[:, :32], vc[:, :32] = seq_k[:, :32], seq_v[:, :32]
+            else:  # prefill: the first 32 tokens in one call (the CPU engine serves any seqlen_q)
+                o = fattn.flash_attn_with_kvcache(qs[:, :32], kc, vc, seq_k[:, :32], seq_v[:, :32],
+                                                  cache_seqlens=lens, page_table=table, causal=True)
+            lens += 32
+            self.assertLess(rel(o, want), 1e-6)
+            for t in range(32, 40):
+                o = fattn.flash_attn_with_kvcache(qs[:, t:t + 1], kc, vc, seq_k[:, t:t + 1], seq_v[:, t:t + 1],
+                                                  cache_seqlens=lens, page_table=table, causal=True)
+                lens += 1
+                want = fattn.attention(qs[:, t:t + 1], seq_k[:, :t + 1], seq_v[:, :t + 1], causal=True)
+                self.assertLess(rel(o, want), 1e-6, "paged %s step %d" % (paged, t))
+            self.assertEqual(lens.tolist(), [40, 40])
+
+    def test_hints_change_nothing(self):
+        kc, vc, table = kv_setup(True, seed=17)
+        q, k, v = kv_new(sq=3, s_new=3, seed=17)
+        lens = torch.tensor([1, 20, 40], dtype=torch.int32)
+        want = fattn.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, page_table=table, causal=True,
+                                             return_softmax_lse=True)
+        for hint in (dict(num_splits=0), dict(num_splits=1), dict(num_splits=None), dict(pack_gqa=True),
+                     dict(pack_gqa=False), dict(max_seqlen_q=3), dict(rotary_interleaved=False),
+                     dict(window_size=[-1, -1]), dict(sm_margin=0), dict(causal=False, window_size=(-1, 0))):
+            kw = dict(causal=True)
+            kw.update(hint)
+            got = fattn.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, page_table=table,
+                                                return_softmax_lse=True, **kw)
+            self.assertTrue(same_bits(got[0], want[0]) and same_bits(got[1], want[1]), hint)
+        # cache_seqlens and page_table of another integer dtype: converted (on the device), the same call
+        got = fattn.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens.long(), page_table=table.long(),
+                                            causal=True)
+        self.assertTrue(same_bits(got, want[0]))
+
+    def test_num_splits_1_restores_the_option(self):
+        from fattn import _core
+        ctx = _core.context(_core.BACKEND_CPU)
+        kc, vc, _ = kv_setup(False)
+        q, _, _ = kv_new()
+        fattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=5, num_splits=1)
+        self.assertEqual(ctx._options.get(fattn.OPTION_DISABLE_SPLIT, 0), 0)
+
+    def test_unsupported_arguments_raise(self):
+        kc, vc, table = kv_setup(True, seed=19)
+        q, k, v = kv_new(sq=1, s_new=1, seed=19)
+        lens = torch.tensor([1, 2, 3], dtype=torch.int32)
+        before = (kc.clone(), vc.clone())
+        t = torch.ones(3, dtype=torch.int32)
+        for bad in (dict(qv=q), dict(rotary_cos=torch.ones(64, 16)), dict(rotary_sin=torch.ones(64, 16)),
+                    dict(rotary_seqlens=t), dict(cache_batch_idx=t), dict(cache_leftpad=t),
+                    dict(cu_seqlens_q=torch.arange(4, dtype=torch.int32)),
+                    dict(cu_seqlens_k_new=torch.arange(4, dtype=torch.int32)), dict(q_descale=torch.ones(3, 2)),
+                    dict(k_descale=torch.ones(3, 2)), dict(v_descale=torch.ones(3, 2)), dict(window_size=(8, 8)),
+                    dict(window_size=(8, 0)), dict(window_size=(-1, 8)), dict(attention_chunk=64),
+                    dict(softcap=30.0), dict(scheduler_metadata=t), dict(num_splits=4), dict(sm_margin=8)):
+            with self.assertRaises(NotImplementedError, msg=str(bad)) as cm:
+                fattn.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, page_table=table, **bad)
+            self.assertIn("not supported by fattn", str(cm.exception))
+            self.assertTrue(torch.equal(kc, before[0]) and torch.equal(vc, before[1]), bad)  # nothing written
+        # an append of V rows longer than K's (head_dim_v != head_dim): fattn_kv_append copies one row length
+        kc2, vc2 = torch.zeros(3, 64, 2, 32), torch.zeros(3, 64, 2, 16)
+        with self.assertRaises(NotImplementedError) as cm:
+            fattn.flash_attn_with_kvcache(q, kc2, vc2, k, v[..., :16], cache_seqlens=lens)
+        self.assertIn("head_dim_v", str(cm.exception))
+        self.assertFalse(bool(kc2.any()))
+        # without an append head_dim_v != head_dim is served (CPU engine)
+        o = fattn.flash_attn_with_kvcache(q, kc2.normal_(), vc2.normal_(), cache_seqlens=lens)
+        self.assertLess(rel(o, kvcache_reference(q, kc2, vc2, cache_seqlens=lens)[0]), 1e-5)
+
+    def test_autograd_refused(self):
+        kc, vc, _ = kv_setup(False)
+        q, k, v = kv_new()
+        for name in ("q", "k", "v", "k_cache"):
+            ts = dict(q=q.clone(), k=k.clone(), v=v.clone(), k_cache=kc.clone())
+            ts[name].requires_grad_(True)
+            with self.assertRaises(NotImplementedError) as cm:
+                fattn.flash_attn_with_kvcache(ts["q"], ts["k_cache"], vc, ts["k"], ts["v"], cache_seqlens=3)
+            self.assertIn("forward only", str(cm.exception))
+            self.assertIn(name, str(cm.exception))
+        qg = q.clone().requires_grad_(True)
+        for mode in (torch.no_grad, torch.inference_mode):
+            with mode():
+                o = fattn.flash_attn_with_kvcache(qg, kc, vc, k, v, cache_seqlens=3)
+            self.assertFalse(o.requires_grad)
+
+    def test_bad_arguments(self):
+        kc, vc, table = kv_setup(True)
+        q, k, v = kv_new(sq=1, s_new=2)
+        lens = torch.tensor([1, 2, 3], dtype=torch.int32)
+        before = (kc.clone(), vc.clone())
+        for args, kw in (((q, kc, vc, k), dict(cache_seqlens=lens, page_table=table)),  # k without v
+                         ((q, kc, vc, k, v), dict(page_table=table)),  # an append without cache_seqlens
+                         ((q, kc, vc), dict(cache_seqlens=lens[:2], page_table=table)),
+                         ((q, kc, vc), dict(cache_seqlens=lens, page_table=table[:2])),
+                         ((q, kc, vc), dict(cache_seqlens=lens, page_table=table[0])),
+                         ((q, kc, vc), dict(cache_seqlens=-1, page_table=table)),
+                         ((q, kc, vc[:, :8]), dict(cache_seqlens=lens, page_table=table)),  # page sizes differ
+                         ((q, kc, vc, k[:, :, :1], v), dict(cache_seqlens=lens, page_table=table)),
+                         ((q, kc, vc, k, v[:, :1]), dict(cache_seqlens=lens, page_table=table)),
+                         ((q[..., :16], kc, vc), dict(cache_seqlens=lens, page_table=table)),
+                         ((q[:, :, :3], kc, vc), dict(cache_seqlens=lens, page_table=table)),
+                         ((q[:2], kc[:, 0], vc[:, 0]), dict(cache_seqlens=lens[:2])),  # a contiguous cache of 3
+                         ((q, kc, vc), dict(cache_seqlens=lens.to("meta"), page_table=table)),
+                         ((q, kc.transpose(2, 3), vc.transpose(2, 3)), dict(cache_seqlens=lens, page_table=table))):
+            with self.assertRaises(ValueError, msg=str([tuple(a.shape) for a in args] + [kw.keys()])):
+                fattn.flash_attn_with_kvcache(*args, **kw)
+        for args, kw in (((q, kc, vc), dict(cache_seqlens=lens.float(), page_table=table)),
+                         ((q, kc, vc), dict(cache_seqlens=[1, 2, 3], page_table=table)),
+                         ((q, kc, vc), dict(cache_seqlens=lens, page_table=table.float())),
+                         ((q, kc.half(), vc.half()), dict(cache_seqlens=lens, page_table=table)),
+                         ((q, kc, vc, k.half(), v.half()), dict(cache_seqlens=lens, page_table=table)),
+                         ((q.double(), kc.double(), vc.double()), dict(cache_seqlens=lens, page_table=table))):
+            with self.assertRaises(TypeError, msg=str(kw.keys())):
+                fattn.flash_attn_with_kvcache(*args, **kw)
+        with self.assertRaises(TypeError):
+            fattn.flash_attn_with_kvcache(q.numpy(), kc, vc, cache_seqlens=lens, page_table=table)
+        self.assertTrue(torch.equal(kc, before[0]) and torch.equal(vc, before[1]))
+        # the library's refusals, before anything is written: rows past a sequence's pages, a page outside
+        # the pool (CPU engine: checked on the host)
+        for lens2, table2 in ((torch.tensor([1, 2, 63], dtype=torch.int32), table),
+                              (lens, torch.where(table == table[2, 0], 99, table))):
+            with self.assertRaises(fattn.FattnInvalidArgumentError) as cm:
+                fattn.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens2, page_table=table2)
+            self.assertIn("fattn_kv_append", str(cm.exception))
+            self.assertTrue(torch.equal(kc, before[0]) and torch.equal(vc, before[1]))
+        kc1, vc1, _ = kv_setup(False)
+        with self.assertRaises(fattn.FattnInvalidArgumentError):  # 63 + 2 rows > capacity 64
+            fattn.flash_attn_with_kvcache(q, kc1, vc1, k, v, cache_seqlens=63)
+        # K and V interleaved in one buffer: the library refuses outputs that overlap (fattn.h)
+        kv = torch.zeros(3, 64, 2, 2, 32)
+        with self.assertRaises(fattn.FattnInvalidArgumentError):
+            fattn.flash_attn_with_kvcache(q, kv[:, :, 0], kv[:, :, 1], k, v, cache_seqlens=lens)
+        self.assertFalse(bool(kv.any()))
+        # no batch, no query rows: empty outputs; the append still runs with query rows absent
+        o, lse = fattn.flash_attn_with_kvcache(q[:, :0], kc1, vc1, k, v, cache_seqlens=lens,
+                                               return_softmax_lse=True)
+        self.assertEqual((tuple(o.shape), tuple(lse.shape)), ((3, 0, 8, 32), (3, 8, 0)))
+        self.assertTrue(torch.equal(kc1[0, 1:3], k[0]))
+
+    def test_signature_is_fa3s(self):
+        import inspect
+        sig = inspect.signature(fattn.flash_attn_with_kvcache)
+        self.assertEqual(list(sig.parameters), FA3_KVCACHE_ARGS)
+        defaults = {n: p.default for n, p in sig.parameters.items() if p.default is not inspect.Parameter.empty}
+        self.assertEqual(defaults["num_splits"], 0)
+        self.assertEqual(defaults["window_size"], (-1, -1))
+        self.assertEqual(defaults["rotary_interleaved"], True)
+        self.assertIn("flash_attn_with_kvcache", fattn.__all__)
+
+    def test_compile(self):
+        # a decoding step under torch.compile(fullgraph=True): the op (fattn::fwd_kvcache, mutating the caches)
+        # traces without a graph break; outputs and caches as eager
+        kc, vc, table = kv_setup(True, seed=23)
+        q, k, v = kv_new(sq=1, s_new=1, seed=23)
+        lens = torch.tensor([3, 17, 40], dtype=torch.int32)
+
+        def step(q, kc, vc, k, v, lens):
+            o = fattn.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, page_table=table, causal=True)
+            return o * 2
+
+        kc2, vc2 = kc.clone(), vc.clone()
+        want = step(q, kc, vc, k, v, lens)
+        torch._dynamo.reset()
+        got = torch.compile(step, fullgraph=True, backend="aot_eager")(q, kc2, vc2, k, v, lens)
+        self.assertTrue(torch.equal(got, want))
+        self.assertTrue(same_bits(kc2, kc) and same_bits(vc2, vc))
+
+    def test_opcheck(self):
+        kc, vc, table = kv_setup(True, b=2, cap=32, d=16, seed=29)
+        q, k, v = kv_new(b=2, sq=2, s_new=2, d=16, seed=29)
+        lens = torch.tensor([3, 17], dtype=torch.int32)
+        for args in ((q, kc, vc, k, v, lens, table, True, 0.25, False),
+                     (q, kc[:2 * 2].reshape(2, 32, 2, 16), vc[:4].reshape(2, 32, 2, 16), None, None, lens, None,
+                      False, 0.25, True)):
+            for name, res in torch.library.opcheck(torch.ops.fattn.fwd_kvcache.default, args).items():
+                self.assertEqual(res, "SUCCESS", name)
+
+
+def kv_cuda(t):
+    return None if t is None else t.cuda()
+
+
+@unittest.skipUnless(HOPPER, "needs a Hopper GPU")
+class KvCacheCuda(unittest.TestCase):
+    """flash_attn_with_kvcache on CUDA tensors (the decoding kernel and the CUDA fattn_kv_append): bf16, head
+    dim 128, GQA 8/2.  The caches after the call bit for bit those of the same call on CPU copies (the append
+    copies bytes); the output within 2e-2 (relative Frobenius) of the float64 reference (bf16 inputs and
+    output, as class Cuda), lse within 1e-3 of it on the rows that see keys."""
+
+    def test_matches_reference_and_cpu(self):
+        for paged in (False, True):
+            for append in (False, True):
+                for sq in (1, 3):
+                    for causal in (False, True):
+                        msg = "paged %s append %s sq %d causal %s" % (paged, append, sq, causal)
+                        kc, vc, table = kv_setup(paged, cap=256, d=128, dtype=torch.bfloat16, seed=sq)
+                        q, k, v = kv_new(sq=sq, s_new=sq, d=128, dtype=torch.bfloat16, seed=sq)
+                        if not append:
+                            k = v = None
+                        lens = torch.tensor([0, 100, 256 - sq], dtype=torch.int32)
+                        want_o, want_lse, want_kc, want_vc = kvcache_reference(q, kc, vc, k, v, lens, table, causal)
+                        kcg, vcg = kc.cuda(), vc.cuda()
+                        o, lse = fattn.flash_attn_with_kvcache(q.cuda(), kcg, vcg, kv_cuda(k), kv_cuda(v),
+                                                               cache_seqlens=lens.cuda(), page_table=kv_cuda(table),
+                                                               causal=causal, return_softmax_lse=True)
+                        self.assertEqual((o.device.type, o.dtype), ("cuda", torch.bfloat16), msg)
+                        self.assertTrue(same_bits(kcg.cpu(), want_kc) and same_bits(vcg.cpu(), want_vc), msg)
+                        self.assertLess(rel(o.cpu(), want_o), 2e-2, msg)
+                        fin = torch.isfinite(want_lse)
+                        self.assertTrue(torch.equal(torch.isfinite(lse.cpu()), fin), msg)
+                        torch.testing.assert_close(lse.cpu()[fin], want_lse[fin], rtol=1e-3, atol=1e-3)
+                        # an int cache_seqlens and num_splits=1 (no split of the keys): the same values
+                        if not append:
+                            o1 = fattn.flash_attn_with_kvcache(q.cuda(), kcg, vcg, cache_seqlens=100,
+                                                               page_table=kv_cuda(table), causal=causal,
+                                                               num_splits=1)
+                            w1 = kvcache_reference(q, kc, vc, None, None, 100, table, causal)[0]
+                            self.assertLess(rel(o1.cpu(), w1), 2e-2, msg)
+
+    def test_unsupported_shape_raises(self):
+        # 17 query rows: beyond the decoding kernel (fattn.h), the library's UNSUPPORTED as a Python exception
+        kc, vc, table = kv_setup(True, cap=64, d=128, dtype=torch.bfloat16, device="cuda")
+        q = torch.randn(3, 17, 8, 128, dtype=torch.bfloat16, device="cuda")
+        with self.assertRaises(fattn.FattnUnsupportedError):
+            fattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=20, page_table=table)
+
+    def test_graph_and_no_host_synchronisation(self):
+        # a decoding step captured in a CUDA graph, replayed with new q, k, v and lengths against eager calls;
+        # and an eager step does not wait for the GPU (a sleep queued before it is still running on return)
+        kc, vc, table = kv_setup(True, cap=256, d=128, dtype=torch.bfloat16, device="cuda", seed=3)
+        q, k, v = (t.cuda() for t in kv_new(sq=1, s_new=1, d=128, dtype=torch.bfloat16, seed=3))
+        lens = torch.tensor([10, 50, 90], dtype=torch.int32, device="cuda")
+        step = lambda: fattn.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, page_table=table,  # noqa
+                                                     causal=True)
+        g, o = capture(step)
+        for seed in (1, 2):
+            new = kv_new(sq=1, s_new=1, d=128, dtype=torch.bfloat16, seed=seed)
+            for t, n in zip((q, k, v), new):
+                t.copy_(n)
+            lens.add_(1)
+            kc0, vc0 = kc.clone(), vc.clone()
+            g.replay()
+            kc1, vc1 = kc.clone(), vc.clone()
+            kc.copy_(kc0)
+            vc.copy_(vc0)
+            want = step()
+            self.assertTrue(same_bits(o, want))
+            self.assertTrue(same_bits(kc, kc1) and same_bits(vc, vc1))
+        del g
+        step()
+        torch.cuda.synchronize()
+        before = torch.cuda.Event()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            torch.cuda._sleep(500_000_000)
+            before.record()
+            step()
+            fattn.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=7, page_table=table)  # an int
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        pending = not before.query()
+        torch.cuda.synchronize()
+        self.assertTrue(pending, "the call waited for the GPU")
 
 
 if __name__ == "__main__":
