@@ -141,6 +141,30 @@ def attention(q, k, v, causal=False, softmax_scale=None, fp8=None, return_lse=Fa
     raise TypeError("fattn.attention takes torch tensors or NumPy arrays, got a %s" % type(q).__name__)
 
 
+def _fa_common_args(fn, no, causal, descales, descale_note, window_size, attention_chunk, softcap, num_splits,
+                    splits_note, sm_margin):
+    """The FlashAttention-3 arguments flash_attn_func and flash_attn_with_kvcache share: refused
+    through no() where fattn cannot give their effect; returns causal (the window (-inf, 0] is)."""
+    if any(x is not None for x in descales):
+        no("q_descale/k_descale/v_descale" + descale_note)
+    ws = tuple(window_size) if window_size is not None else (-1, -1)
+    if len(ws) != 2:
+        raise ValueError("%s: window_size must be a pair, got %r" % (fn, window_size))
+    if ws[0] < 0 and ws[1] == 0:
+        causal = True  # FlashAttention's causal mask is the window (-inf, 0], bottom-right aligned
+    elif not (ws[0] < 0 and ws[1] < 0):
+        no("window_size=%r (local attention)" % (window_size,))
+    if attention_chunk:
+        no("attention_chunk=%r" % (attention_chunk,))
+    if softcap:
+        no("softcap=%r" % (softcap,))
+    if num_splits is not None and num_splits > 1:
+        no("num_splits=%r (fattn picks its own split of the keys%s)" % (num_splits, splits_note))
+    if sm_margin:
+        no("sm_margin=%r" % (sm_margin,))
+    return causal
+
+
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None,
                     v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
                     pack_gqa=None, deterministic=False, sm_margin=0, return_attn_probs=False):
@@ -158,23 +182,9 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
 
     if qv is not None:
         no("qv")
-    if q_descale is not None or k_descale is not None or v_descale is not None:
-        no("q_descale/k_descale/v_descale (fp8 inputs; fattn.attention(fp8=True) quantises itself)")
-    ws = tuple(window_size) if window_size is not None else (-1, -1)
-    if len(ws) != 2:
-        raise ValueError("fattn.flash_attn_func: window_size must be a pair, got %r" % (window_size,))
-    if ws == (-1, 0) or (ws[0] < 0 and ws[1] == 0):
-        causal = True  # FlashAttention's causal mask is the window (-inf, 0], bottom-right aligned
-    elif not (ws[0] < 0 and ws[1] < 0):
-        no("window_size=%r (local attention)" % (window_size,))
-    if attention_chunk:
-        no("attention_chunk=%r" % (attention_chunk,))
-    if softcap:
-        no("softcap=%r" % (softcap,))
-    if num_splits is not None and num_splits > 1:
-        no("num_splits=%r (fattn picks its own split of the keys)" % (num_splits,))
-    if sm_margin:
-        no("sm_margin=%r" % (sm_margin,))
+    causal = _fa_common_args("fattn.flash_attn_func", no, causal, (q_descale, k_descale, v_descale),
+                             " (fp8 inputs; fattn.attention(fp8=True) quantises itself)", window_size,
+                             attention_chunk, softcap, num_splits, "", sm_margin)
     if not _is_torch(q):
         raise TypeError("fattn.flash_attn_func takes torch tensors, got a %s (fattn.attention also takes "
                         "NumPy arrays)" % type(q).__name__)
@@ -233,23 +243,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                       ("cu_seqlens_k_new", cu_seqlens_k_new), ("scheduler_metadata", scheduler_metadata)):
         if val is not None:
             no(name)
-    if q_descale is not None or k_descale is not None or v_descale is not None:
-        no("q_descale/k_descale/v_descale (fp8 inputs)")
-    ws = tuple(window_size) if window_size is not None else (-1, -1)
-    if len(ws) != 2:
-        raise ValueError("fattn.flash_attn_with_kvcache: window_size must be a pair, got %r" % (window_size,))
-    if ws[0] < 0 and ws[1] == 0:
-        causal = True  # FlashAttention's causal mask is the window (-inf, 0], bottom-right aligned
-    elif not (ws[0] < 0 and ws[1] < 0):
-        no("window_size=%r (local attention)" % (window_size,))
-    if attention_chunk:
-        no("attention_chunk=%r" % (attention_chunk,))
-    if softcap:
-        no("softcap=%r" % (softcap,))
-    if num_splits is not None and num_splits > 1:
-        no("num_splits=%r (fattn picks its own split of the keys; 0 or 1 = none are served)" % (num_splits,))
-    if sm_margin:
-        no("sm_margin=%r" % (sm_margin,))
+    causal = _fa_common_args("fattn.flash_attn_with_kvcache", no, causal, (q_descale, k_descale, v_descale),
+                             " (fp8 inputs)", window_size, attention_chunk, softcap, num_splits,
+                             "; 0 or 1 = none are served", sm_margin)
     if not _is_torch(q):
         raise TypeError("fattn.flash_attn_with_kvcache takes torch tensors, got a %s" % type(q).__name__)
     out, lse = _torch_module().kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale, causal,
