@@ -87,7 +87,7 @@ extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_arg
             return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                               "seqused_k and block_table need the CUDA decoding kernel: 16-bit inputs, seqlen_q <= %d "
                               "and seqlen_q * heads_q / heads_kv <= %d (here %d and %d)",
-                              FWD_DECODE_MAX_SEQLEN_Q, p->head_dim == 256 ? FWD_DECODE_MAX_ROWS / 2 : FWD_DECODE_MAX_ROWS, p->seqlen_q,
+                              FWD_DECODE_MAX_SEQLEN_Q, fwd_decode_max_rows(p->head_dim), p->seqlen_q,
                               p->seqlen_q * (p->heads_q / p->heads_kv));
         if (a->block_table && (a->page_size < 16 || (a->page_size & (a->page_size - 1))))
             return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,

@@ -14,9 +14,7 @@ bool fwd_decode_eligible(const fattn_fwd_args *a) {
     const fattn_problem *p = &a->p;
     if (a->q.dtype == FATTN_DTYPE_E4M3 || p->cu_seqlens_q || p->cu_seqlens_k) return false;
     const int group = p->heads_q / p->heads_kv;
-    /* d256 with 64 rows: 96 bytes of spill (WM 4: S of 64 keys beside O and Q) */
-    const int max_rows = p->head_dim == 256 ? FWD_DECODE_MAX_ROWS / 2 : FWD_DECODE_MAX_ROWS;
-    return p->seqlen_q <= FWD_DECODE_MAX_SEQLEN_Q && (int64_t)group * p->seqlen_q <= max_rows;
+    return p->seqlen_q <= FWD_DECODE_MAX_SEQLEN_Q && (int64_t)group * p->seqlen_q <= fwd_decode_max_rows(p->head_dim);
 }
 
 /* Splits of the keys: the count whose CTAs fill the SMs' slots best, each
@@ -96,7 +94,6 @@ static fattn_status decode_run(fattn_ctx *ctx, const fattn_fwd_args *a, const fw
         if ((s = cuda_decode_workspace(ctx, bytes, &ws)) != FATTN_OK) return s;
         if (!ws) splits = 1, bps = nblocks; /* none now (graph capture): one split */
     }
-    if (nblocks == 0) bps = 1;
     p.splits = splits, p.blocks_per_split = bps;
     if (splits > 1) {
         p.ws_o = (float *)ws;
