@@ -377,6 +377,18 @@ class Dims(collections.namedtuple("Dims", "b sq sk hq hkv d dv")):
         return self.b == 0 or self.sq == 0 or self.hq == 0 or self.sk == 0
 
 
+def _check_dims(d, dk, dv, hq, hkv, k_name, kv_name):
+    """Head dims (q's d against k's dk, v's dv) and the GQA ratio, shared by the forward's and the
+    decoding call's shape checks; the names say which tensors the message speaks of."""
+    if dk != d:
+        raise ValueError("fattn: q's head dim %d differs from %s %d" % (d, k_name, dk))
+    if d < 1 or dv < 1:
+        raise ValueError("fattn: head dims must be >= 1 (q/k %d, v %d)" % (d, dv))
+    if hkv < 1 and hq > 0 or hkv > 0 and hq % hkv != 0:
+        raise ValueError("fattn: q's %d heads are not a multiple of %s %d (GQA needs heads_q %% heads_kv == 0)"
+                         % (hq, kv_name, hkv))
+
+
 def check_shapes(qs, ks, vs):
     """Dims of q [b, sq, hq, d], k [b, sk, hkv, d], v [b, sk, hkv, dv];
     ValueError naming the mismatch otherwise."""
@@ -388,14 +400,8 @@ def check_shapes(qs, ks, vs):
         raise ValueError("fattn: batch sizes differ: q %s, k %s, v %s" % (tuple(qs), tuple(ks), tuple(vs)))
     if ks[1] != vs[1] or ks[2] != vs[2]:
         raise ValueError("fattn: k %s and v %s differ in seqlen or heads" % (tuple(ks), tuple(vs)))
-    if ks[3] != d:
-        raise ValueError("fattn: q's head dim %d differs from k's %d" % (d, ks[3]))
-    if d < 1 or vs[3] < 1:
-        raise ValueError("fattn: head dims must be >= 1 (q/k %d, v %d)" % (d, vs[3]))
     hkv = ks[2]
-    if hkv < 1 and hq > 0 or hkv > 0 and hq % hkv != 0:
-        raise ValueError("fattn: q's %d heads are not a multiple of k/v's %d (GQA needs heads_q %% heads_kv == 0)"
-                         % (hq, hkv))
+    _check_dims(d, ks[3], vs[3], hq, hkv, "k's", "k/v's")
     return Dims(b, sq, ks[1], hq, hkv, d, vs[3])
 
 
@@ -562,14 +568,8 @@ def check_kvcache_shapes(qs, kcs, vcs, ks=None, vs=None, table_shape=None):
         capacity = sk = kcs[1]
     if vcs[:3] != kcs[:3]:
         raise ValueError("fattn: k_cache %s and v_cache %s differ in their first three dimensions" % (kcs, vcs))
-    if kcs[3] != d:
-        raise ValueError("fattn: q's head dim %d differs from k_cache's %d" % (d, kcs[3]))
-    if d < 1 or vcs[3] < 1:
-        raise ValueError("fattn: head dims must be >= 1 (q/k %d, v %d)" % (d, vcs[3]))
     hkv = kcs[2]
-    if hkv < 1 and hq > 0 or hkv > 0 and hq % hkv != 0:
-        raise ValueError("fattn: q's %d heads are not a multiple of the cache's %d (GQA needs heads_q %% heads_kv "
-                         "== 0)" % (hq, hkv))
+    _check_dims(d, kcs[3], vcs[3], hq, hkv, "k_cache's", "the cache's")
     if sk > _INT32_MAX:
         raise ValueError("fattn: %d keys per sequence (max_pages_per_seq %d x page_size %d) do not fit int32"
                          % (sk, max_pages, page_size))
