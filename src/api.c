@@ -417,18 +417,26 @@ static fattn_status problem_shapes(fattn_ctx *ctx, const fattn_problem *p, tenso
     if (ts->varlen) {
         /* Only the CPU engine's check lets varlen batches through, and its
          * cu_seqlens are host memory: nothing is read from a device here. */
-        if (ctx->backend != FATTN_BACKEND_CPU)
-            return fattn_fail(ctx, FATTN_ERROR_INTERNAL,
-                              "variable-length batch reached the host-side cu_seqlens check on a "
-                              "non-CPU context");
-        fattn_status st = fattn_cpu_varlen_totals(ctx, p, &ts->total_q, &ts->total_k);
-        if (st != FATTN_OK) return st;
-        if ((p->total_q && p->total_q != ts->total_q) || (p->total_k && p->total_k != ts->total_k))
-            return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
-                              "total_q %d, total_k %d differ from cu_seqlens_q[batch] %lld, "
-                              "cu_seqlens_k[batch] %lld",
-                              (int)p->total_q, (int)p->total_k, (long long)ts->total_q,
-                              (long long)ts->total_k);
+        if (ctx->backend != FATTN_BACKEND_CPU) {
+            /* the arrays are device memory: the extents come from the totals */
+            if (p->total_q < 1 || p->total_k < 1)
+                return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                                  "a variable-length batch on a CUDA context needs total_q and total_k "
+                                  "(cu_seqlens_q[batch], cu_seqlens_k[batch], >= 1; here %d, %d): the "
+                                  "engine does not read cu_seqlens on the host",
+                                  (int)p->total_q, (int)p->total_k);
+            ts->total_q = p->total_q;
+            ts->total_k = p->total_k;
+        } else {
+            fattn_status st = fattn_cpu_varlen_totals(ctx, p, &ts->total_q, &ts->total_k);
+            if (st != FATTN_OK) return st;
+            if ((p->total_q && p->total_q != ts->total_q) || (p->total_k && p->total_k != ts->total_k))
+                return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                                  "total_q %d, total_k %d differ from cu_seqlens_q[batch] %lld, "
+                                  "cu_seqlens_k[batch] %lld",
+                                  (int)p->total_q, (int)p->total_k, (long long)ts->total_q,
+                                  (long long)ts->total_k);
+        }
     }
     int64_t sq = ts->varlen ? ts->total_q : p->seqlen_q;
     int64_t sk = ts->varlen ? ts->total_k : p->seqlen_k;

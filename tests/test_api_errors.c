@@ -586,9 +586,11 @@ static void test_cuda_varlen_unread(void) {
     fake.backend = FATTN_BACKEND_CUDA;
     const int32_t *bad = (const int32_t *)(uintptr_t)16;
 #ifdef FATTN_WITH_CUDA
-    const fattn_status want = UNS;
-    const char *fwd_word = "variable-length", *bwd_word = "backward";
+    /* the forward serves varlen given total_q/total_k (not given here) */
+    const fattn_status want = UNS, want_fwd = INV;
+    const char *fwd_word = "needs total_q and total_k", *bwd_word = "backward";
 #else
+    const fattn_status want_fwd = FATTN_ERROR_NO_DEVICE;
     const fattn_status want = FATTN_ERROR_NO_DEVICE;
     const char *fwd_word = "without the CUDA engine", *bwd_word = fwd_word;
 #endif
@@ -596,7 +598,7 @@ static void test_cuda_varlen_unread(void) {
     FWD_FAIL(&fake,
              (a_.p.head_dim = 64, a_.p.cu_seqlens_q = a_.p.cu_seqlens_k = bad,
               a_.q.dtype = a_.k.dtype = a_.v.dtype = a_.o.dtype = FATTN_DTYPE_BF16),
-             want, fwd_word);
+             want_fwd, fwd_word);
     BWD_FAIL(&fake, (a_.p.head_dim = 64, a_.p.cu_seqlens_q = a_.p.cu_seqlens_k = bad), want, bwd_word);
     /* alignment is checked before the engine's limits, overlap after them,
      * and neither reads memory: both hold on a CUDA context too (q is 16 KB,

@@ -78,9 +78,16 @@ extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_arg
                           list_ints(list, sizeof list, fwd_head_dims, COUNT(fwd_head_dims)));
     /* Refused before api.c would read the offsets: a varlen kernel will check
      * them on the device, never with a copy to the host. */
-    if (p->cu_seqlens_q || p->cu_seqlens_k)
+    /* Variable-length batches: 16-bit, with the packed rows given (api.c
+     * takes the extents from total_q/total_k: nothing reads cu_seqlens on
+     * the host); the kernel reads cu_seqlens on the device */
+    if ((p->cu_seqlens_q || p->cu_seqlens_k) && a->q.dtype == FATTN_DTYPE_E4M3)
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                          "variable-length batches (cu_seqlens_q/k) are not supported by the CUDA engine yet");
+                          "variable-length batches (cu_seqlens_q/k) with e4m3 inputs are not supported by the CUDA engine");
+    if ((p->cu_seqlens_q || p->cu_seqlens_k) && (a->seqused_k || a->block_table))
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "variable-length batches (cu_seqlens_q/k) with seqused_k or block_table are not supported by "
+                          "the CUDA engine");
     /* seqused_k and paged K/V: the decoding kernel only (fwd_decode.cu) */
     if (a->seqused_k || a->block_table) {
         if (!fwd_decode_eligible(a))

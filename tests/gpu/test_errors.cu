@@ -72,7 +72,7 @@ int main(void) {
     int32_t hcu[2] = {0, S};
     cudaMemcpy(cu, hcu, 8, cudaMemcpyHostToDevice);
     a = good; a.p.cu_seqlens_q = cu; a.p.cu_seqlens_k = cu;
-    expect(ctx, &a, FATTN_ERROR_UNSUPPORTED, "variable-length", "varlen on the CUDA engine");
+    expect(ctx, &a, FATTN_ERROR_INVALID_ARGUMENT, "needs total_q and total_k", "varlen on the CUDA engine without totals");
     a = good; a.p.heads_kv = 3;
     expect(ctx, &a, FATTN_ERROR_INVALID_ARGUMENT, "heads_kv", "heads_q not a multiple of heads_kv");
     a = good; a.p.seqlen_q = 0;

@@ -22,6 +22,24 @@ struct FwdEpilogue {
     /* OTMA_LATE: a staged O not yet stored (its TMA coordinates) */
     bool st_pend = false;
     int st_row = 0, st_h = 0, st_b = 0;
+    /* VARLEN: the current tile's sequence (first packed row, queries) and
+     * the packed rows of Q (the LSE's row stride) */
+    int vq0 = 0, vlen_q = 0, vtotal = 0;
+
+    /* row of the tile's sequence that exists (VARLEN: also inside the packed
+     * O, whatever cu_seqlens_q says: the CUDA engine does not check it) */
+    __device__ __forceinline__ bool row_in(int row) const {
+        if constexpr (C::VARLEN) return row < vlen_q && vq0 + row >= 0 && vq0 + row < vtotal;
+        else return row < p.seqlen_q;
+    }
+    __device__ __forceinline__ int64_t lse_index(int eb, int eh, int row) const {
+        if constexpr (C::VARLEN) return (int64_t)eh * vtotal + vq0 + row;
+        else return ((int64_t)eb * p.heads_q + eh) * p.seqlen_q + row;
+    }
+    __device__ __forceinline__ uint8_t *o_row(int eb, int eh, int row) const {
+        if constexpr (C::VARLEN) return (uint8_t *)p.o + 2 * ((int64_t)(vq0 + row) * p.o_ss + eh * p.o_sh);
+        else return (uint8_t *)p.o + 2 * (eb * p.o_sb + (int64_t)row * p.o_ss + eh * p.o_sh);
+    }
 
     __device__ __forceinline__ void issue_o_store(int erow, int eh, int eb) {
         if constexpr (C::OTMA) {
@@ -96,8 +114,8 @@ struct FwdEpilogue {
         const bool seen = l != 0.f;
         const float inv = seen ? (C::FP8 ? osc : 1.f) / l : 0.f;
         const int row = erow + r0 + 8 * r;
-        if (p.lse && q4 == 0 && row < p.seqlen_q)
-            p.lse[((int64_t)eb * p.heads_q + eh) * p.seqlen_q + row] =
+        if (p.lse && q4 == 0 && row_in(row))
+            p.lse[lse_index(eb, eh, row)] =
                 seen ? (C::FP8 ? (rmax[r] - 8.f) * 0.6931471805599453f : rmax[r] * p.softmax_scale) + logf(l)
                      : -INFINITY;
         return inv;
@@ -116,8 +134,8 @@ struct FwdEpilogue {
         for (int r = 0; r < 2; ++r) {
             const float inv = finish_row(r, rmax, rsum, eb, eh, erow, osc);
             const int row = erow + r0 + 8 * r;
-            const bool row_ok = row < p.seqlen_q; /* the same for the 4 lanes of a quad */
-            uint8_t *orow = (uint8_t *)p.o + 2 * (eb * p.o_sb + (int64_t)row * p.o_ss + eh * p.o_sh);
+            const bool row_ok = row_in(row); /* the same for the 4 lanes of a quad */
+            uint8_t *orow = o_row(eb, eh, row);
             /* columns 8i + 2*q4, +1 of this row, packed */
             auto packed = [&](int i) {
                 const float lo = o[4 * i + 2 * r] * inv, hi = o[4 * i + 2 * r + 1] * inv;
@@ -154,9 +172,9 @@ struct FwdEpilogue {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int row = row_base + r0 + 8 * r;
-            if (row >= p.seqlen_q) continue;
-            if (p.lse && q4 == 0) p.lse[((int64_t)eb * p.heads_q + eh) * p.seqlen_q + row] = -INFINITY;
-            uint8_t *orow = (uint8_t *)p.o + 2 * (eb * p.o_sb + (int64_t)row * p.o_ss + eh * p.o_sh);
+            if (!row_in(row)) continue;
+            if (p.lse && q4 == 0) p.lse[lse_index(eb, eh, row)] = -INFINITY;
+            uint8_t *orow = o_row(eb, eh, row);
             for (int i = 0; i < C::D / 8; ++i) *(uint32_t *)(orow + 2 * (8 * i + 2 * q4)) = 0u;
         }
     }

@@ -41,6 +41,7 @@ struct FwdConsumer {
     float c2;
     int bar_self, bar_next;
     const FwdFp8 *f8; /* FP8 only */
+    const FwdVarlen *vl; /* VARLEN only */
     int it = 0; /* K/V ring position */
 #ifdef FATTN_FWD_TRACE
     int trace_n = 0;
@@ -340,9 +341,9 @@ struct FwdConsumer {
     }
     /* One tile's key blocks n_lo .. n_hi - 1, from the last to the first. */
     __device__ __forceinline__ void run_tile(int t, int qi, int m, int h, int b, int row_base, int n_lo, int n_hi,
-                                             int nblocks) {
+                                             int nblocks, const FwdSeq &seq) {
         FwdSoftmax<C> sf;
-        const FwdMask<C> mask{p, m * BM, row_base, r0, q4};
+        const FwdMask<C> mask{p, m * BM, row_base, r0, q4, seq.len_k, seq.len_k - seq.len_q};
 #pragma unroll
         for (int i = 0; i < D / 2; ++i) oacc[i] = 0.f;
         load_q(qi);
@@ -424,14 +425,16 @@ struct FwdConsumer {
             if (t >= p.num_tiles) break;
             int m, h, b;
             fwd_tile_decode<C::CAUSAL>(p, t, m, h, b);
-            const int nblocks = fwd_num_n_blocks<C>(p, m);
+            const FwdSeq seq = fwd_seq<C>(p, vl, b);
+            const int nblocks = fwd_tile_n_blocks<C>(p, seq, m);
+            if constexpr (C::VARLEN) epi.vq0 = seq.q0, epi.vlen_q = seq.len_q;
             int n_lo = 0, n_hi = nblocks;
             fwd_split_range<C>(sp, t, n_lo, n_hi);
             const int row_base = m * BM + wg * 64; /* first query row of this warpgroup */
             /* SITOUT: no row of this warpgroup is in the sequence (it got no Q) */
             const bool sit_out = C::SITOUT && row_base >= p.seqlen_q;
             if (nblocks > 0 && !sit_out) {
-                run_tile(t, qi, m, h, b, row_base, n_lo, n_hi, nblocks);
+                run_tile(t, qi, m, h, b, row_base, n_lo, n_hi, nblocks, seq);
             } else if (nblocks > 0) {
                 sit_out_tile(qi, n_hi - n_lo);
             } else {

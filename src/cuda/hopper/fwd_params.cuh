@@ -54,6 +54,20 @@ struct FwdSplit {
 };
 struct FwdNoSplit {};
 
+/* VARLEN (variable-length batches, cu_seqlens): the parameter after
+ * FwdParams of the varlen instances only (in FwdParams it would move every
+ * other kernel's parameter offsets); Q, K, V, O are packed [total, heads,
+ * dim] (batch 1 in the tensor maps), LSE [heads_q, total_q]. */
+struct FwdVarlen {
+    const int *cu_q, *cu_k;
+    int total_q;
+};
+/* a tile's sequence: its first packed row of Q and of K, and its lengths
+ * (fixed-length instances: 0, 0, seqlen_q, seqlen_k) */
+struct FwdSeq {
+    int q0, k0, len_q, len_k;
+};
+
 /* Timeline probe for experiments (bench/fwd_trace.cu): compiled only with
  * -DFATTN_FWD_TRACE=<cta>; thread 0 of each warpgroup of that CTA records
  * (clock64 << 8 | event) at the points marked FWD_TRACE. */

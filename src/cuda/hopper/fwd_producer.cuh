@@ -12,6 +12,7 @@ struct FwdProducer {
     const FwdParams &p;
     const FwdSmem<C> &sm;
     uint32_t cta_rank;
+    const FwdVarlen *vl; /* VARLEN only */
     int q_iter = 0;
 
     /* Hand warpgroup w its next tile: wait until it has released the Q
@@ -20,7 +21,7 @@ struct FwdProducer {
      * to see, the end, or with SITOUT no row of w in the sequence); the
      * arrive on full_q publishes the index (release semantics).  ++q_iter
      * after all warpgroups. */
-    __device__ __forceinline__ void hand_over(int w, int tile, bool load, int m, int h, int b) {
+    __device__ __forceinline__ void hand_over(int w, int tile, bool load, int m, int h, int b, int q0) {
         const int qb = q_iter % C::QBUF, qi = w * C::QBUF + qb;
         if (q_iter >= C::QBUF) mbar_wait<C::SLEEP>(&sm.empty_q[qi], (q_iter / C::QBUF - 1) & 1);
         st_shared_s32(&sm.tile_slot[qi], tile);
@@ -30,42 +31,46 @@ struct FwdProducer {
         }
         mbar_expect_tx_arrive(&sm.full_q[qi], C::QWG_BYTES);
         for (int c = 0; c < C::SLABS; ++c)
-            tma_load_4d(sm.q_rows(qb, w) + c * C::BM * C::SW, &tm_q, c * C::SLAB_COLS, m * C::BM + w * 64, h, b,
-                        &sm.full_q[qi]);
+            tma_load_4d(sm.q_rows(qb, w) + c * C::BM * C::SW, &tm_q, c * C::SLAB_COLS,
+                        (C::VARLEN ? q0 : 0) + m * C::BM + w * 64, h, C::VARLEN ? 0 : b, &sm.full_q[qi]);
     }
     /* every warpgroup the same tile; after the first, the index is read back
      * from the slot just written, so it need not stay in one of the few
      * registers the producer has (a spill at 24) */
-    __device__ __forceinline__ void hand_over_each(int tile, bool load, int m, int h, int b) {
-        hand_over(0, tile, load, m, h, b);
+    __device__ __forceinline__ void hand_over_each(int tile, bool load, int m, int h, int b, int q0) {
+        hand_over(0, tile, load, m, h, b, q0);
         for (int w = 1; w < C::NC; ++w)
-            hand_over(w, ld_shared_s32(&sm.tile_slot[(w - 1) * C::QBUF + q_iter % C::QBUF]), load, m, h, b);
+            hand_over(w, ld_shared_s32(&sm.tile_slot[(w - 1) * C::QBUF + q_iter % C::QBUF]), load, m, h, b, q0);
         ++q_iter;
     }
     /* all consumer warpgroups' next tile (QEARLY: handed over a tile early) */
     __device__ __forceinline__ void hand_over_all(int tile) {
-        int m = 0, h = 0, b = 0;
+        int m = 0, h = 0, b = 0, q0 = 0;
         bool load = tile < p.num_tiles;
         if (load) {
             fwd_tile_decode<C::CAUSAL>(p, tile, m, h, b);
-            load = fwd_num_n_blocks<C>(p, m) > 0;
+            const FwdSeq seq = fwd_seq<C>(p, vl, b);
+            q0 = seq.q0;
+            load = fwd_tile_n_blocks<C>(p, seq, m) > 0;
         }
-        hand_over_each(tile, load, m, h, b);
+        hand_over_each(tile, load, m, h, b, q0);
     }
     /* K or V block n into a stage: all slabs, or with a cluster this CTA's
      * half of them, multicast to both CTAs (each CTA's full barrier expects
      * the whole block: its own half and the peer's) */
-    __device__ __forceinline__ void load_kv(uint8_t *dst, const CUtensorMap *map, int n, int hk, int b,
+    __device__ __forceinline__ void load_kv(uint8_t *dst, const CUtensorMap *map, int n, int hk, int b, int k0,
                                             uint64_t *bar) const {
+        /* VARLEN: rows of the packed tensor from the sequence's first key */
+        const int row = (C::VARLEN ? k0 : 0) + n * C::BN, bb = C::VARLEN ? 0 : b;
         constexpr int PER_CTA = C::SLABS / C::CLUSTER;
 #pragma unroll
         for (int i = 0; i < PER_CTA; ++i) {
             const int c = (int)cta_rank * PER_CTA + i;
             if (C::CLUSTER > 1)
-                tma_load_4d_multicast(dst + c * C::BN * C::SW, map, c * C::SLAB_COLS, n * C::BN, hk, b, bar,
+                tma_load_4d_multicast(dst + c * C::BN * C::SW, map, c * C::SLAB_COLS, row, hk, bb, bar,
                                       (uint16_t)0x3);
             else
-                tma_load_4d(dst + c * C::BN * C::SW, map, c * C::SLAB_COLS, n * C::BN, hk, b, bar);
+                tma_load_4d(dst + c * C::BN * C::SW, map, c * C::SLAB_COLS, row, hk, bb, bar);
         }
     }
     /* Q is read once, from DRAM: pull the next tile's Q into L2 a tile ahead
@@ -73,8 +78,10 @@ struct FwdProducer {
     __device__ __forceinline__ void prefetch_q(int t_next) const {
         int m2, h2, b2;
         fwd_tile_decode<C::CAUSAL>(p, t_next, m2, h2, b2);
+        const int q0 = C::VARLEN ? fwd_seq<C>(p, vl, b2).q0 : 0;
         for (int w = 0; w < C::NC; ++w)
-            for (int c = 0; c < C::SLABS; ++c) tma_prefetch_l2_4d(&tm_q, c * C::SLAB_COLS, m2 * C::BM + w * 64, h2, b2);
+            for (int c = 0; c < C::SLABS; ++c)
+                tma_prefetch_l2_4d(&tm_q, c * C::SLAB_COLS, q0 + m2 * C::BM + w * 64, h2, C::VARLEN ? 0 : b2);
     }
 
     __device__ __forceinline__ void run(const FwdScheduler<C, SP> &sched) {
@@ -96,7 +103,8 @@ struct FwdProducer {
             const int t_next = sched.next(wave, rng_next);
             int m, h, b;
             fwd_tile_decode<C::CAUSAL>(p, t, m, h, b);
-            const int nblocks = fwd_num_n_blocks<C>(p, m);
+            const FwdSeq seq = fwd_seq<C>(p, vl, b);
+            const int nblocks = fwd_tile_n_blocks<C>(p, seq, m);
             const int n_lo = C::SPLIT ? rng & 0xffff : 0, n_hi = C::SPLIT ? rng >> 16 : nblocks;
             const int hk = h / p.group;
             FWD_TRACE(20);
@@ -108,7 +116,7 @@ struct FwdProducer {
                 if (C::QEARLY) {
                     hand_over_all(t_next);
                 } else {
-                    hand_over_each(t, false, m, h, b);
+                    hand_over_each(t, false, m, h, b, seq.q0);
                 }
             }
             for (int n = n_hi - 1; n >= n_lo; --n, ++it) {
@@ -117,13 +125,13 @@ struct FwdProducer {
                 ring_wait_empty<C>(&sm.empty_k[s], ph ^ 1);
                 FWD_TRACE(21);
                 mbar_expect_tx_arrive(&sm.full_k[s], C::KV_BYTES);
-                load_kv(sm.k_stage(s), &tm_k, n, hk, b, &sm.full_k[s]);
+                load_kv(sm.k_stage(s), &tm_k, n, hk, b, seq.k0, &sm.full_k[s]);
                 if (!C::QEARLY && n == n_hi - 1) {
                     /* the first K's stage frees before the Q buffers do (one
                      * block earlier), so K goes first; then each warpgroup's
                      * tile index and Q, as soon as that warpgroup has issued
                      * its last QK^T of the previous tile */
-                    hand_over_each(t, true, m, h, b);
+                    hand_over_each(t, true, m, h, b, seq.q0);
                     FWD_TRACE(22);
                 }
                 /* FP8: V row-major into its own ring, for the transposers */
@@ -132,7 +140,7 @@ struct FwdProducer {
                 ring_wait_empty<C>(v_empty, ph ^ 1);
                 FWD_TRACE(23);
                 mbar_expect_tx_arrive(v_full, C::KV_BYTES);
-                load_kv(C::FP8 ? sm.vraw_stage(s) : sm.v_stage(s), &tm_v, n, hk, b, v_full);
+                load_kv(C::FP8 ? sm.vraw_stage(s) : sm.v_stage(s), &tm_v, n, hk, b, seq.k0, v_full);
                 /* QEARLY: the next tile's Q goes into the other buffer during
                  * this tile.  That buffer's previous tile (two back) has
                  * issued its last QK^T by now: the V stage just waited for

@@ -47,6 +47,43 @@ __device__ __forceinline__ int fwd_num_n_blocks(const FwdParams &p, int m) {
     return n;
 }
 
+/* VARLEN: tile batch b's sequence, from cu_seqlens (else the fixed lengths) */
+template <class C>
+__device__ __forceinline__ FwdSeq fwd_seq(const FwdParams &p, const FwdVarlen *vl, int b) {
+    FwdSeq s;
+    if constexpr (C::VARLEN) {
+        s.q0 = __ldg(vl->cu_q + b);
+        s.len_q = __ldg(vl->cu_q + b + 1) - s.q0;
+        s.k0 = __ldg(vl->cu_k + b);
+        s.len_k = __ldg(vl->cu_k + b + 1) - s.k0;
+    } else {
+        (void)vl, (void)b;
+        s.q0 = s.k0 = 0;
+        s.len_q = p.seqlen_q;
+        s.len_k = p.seqlen_k;
+    }
+    return s;
+}
+
+/* fwd_num_n_blocks for a tile of sequence s: VARLEN tiles past their
+ * sequence's queries have none (they write nothing either) */
+template <class C>
+__device__ __forceinline__ int fwd_tile_n_blocks(const FwdParams &p, const FwdSeq &s, int m) {
+    if constexpr (C::VARLEN) {
+        if (m * C::BM >= s.len_q) return 0;
+        int n = (s.len_k + C::BN - 1) / C::BN;
+        if (C::CAUSAL) {
+            const int last = (m + 1) * C::BM - 1 + s.len_k - s.len_q;
+            const int nc = last < 0 ? 0 : last / C::BN + 1;
+            n = nc < n ? nc : n;
+        }
+        return n < 0 ? 0 : n; /* unchecked cu_seqlens_k (decreasing): no key, never a hang */
+    } else {
+        (void)s;
+        return fwd_num_n_blocks<C>(p, m);
+    }
+}
+
 /* The producer's side: a tile index and (SPLIT) its key-block range
  * lo | hi << 16; an index >= p.num_tiles means no more work. */
 template <class C, class SP>

@@ -29,7 +29,8 @@ template <class C, class SP>
 __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUtensorMap &tm_k,
                                               const CUtensorMap &tm_v, const FwdParams p, const SP &sp,
                                               const CUtensorMap *tm_o /* OTMA only */,
-                                              const FwdFp8 *f8 /* FP8 only */) {
+                                              const FwdFp8 *f8 /* FP8 only */,
+                                              const FwdVarlen *vl = nullptr /* VARLEN only */) {
     extern __shared__ uint8_t smem_raw[];
     const FwdSmem<C> sm(smem_raw);
     const int warpgroup = threadIdx.x / 128;
@@ -65,7 +66,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
             return;
         }
         const FwdScheduler<C, SP> sched{p, sp, cta_rank};
-        FwdProducer<C, SP> prod{tm_q, tm_k, tm_v, p, sm, cta_rank};
+        FwdProducer<C, SP> prod{tm_q, tm_k, tm_v, p, sm, cta_rank, vl};
         prod.run(sched);
         if (C::CLUSTER > 1) cluster_sync_all();
         return;
@@ -82,8 +83,9 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
     const int r0 = 16 * warp + lane / 4; /* accumulator rows r0 and r0 + 8 (HOPPER-PTX §3) */
     const int q4 = lane % 4;
     FwdEpilogue<C, SP> epi{p, sp, tm_o, sm.base, wg, warp, lane, tid, r0, q4, p.scale_log2};
+    if constexpr (C::VARLEN) epi.vtotal = vl->total_q;
     FwdConsumer<C, SP> cons{p,  sp,       sm,           epi,    wg,
-                            warp, lane, r0, q4, cta_rank, p.scale_log2, 8 + wg, 8 + (wg + 1) % C::NC, f8};
+                            warp, lane, r0, q4, cta_rank, p.scale_log2, 8 + wg, 8 + (wg + 1) % C::NC, f8, vl};
     cons.run();
     if (C::CLUSTER > 1) cluster_sync_all();
 }
@@ -127,4 +129,13 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                             const __grid_constant__ CUtensorMap tm_v, const FwdParams p,
                             const __grid_constant__ FwdSplit sp, const __grid_constant__ CUtensorMap tm_o) {
     fwd_sm90_body<C>(tm_q, tm_k, tm_v, p, sp, &tm_o, nullptr);
+}
+
+/* VARLEN: the packed tensors' sequences after FwdParams */
+template <class C>
+__global__ void __launch_bounds__(C::THREADS, 1)
+    fwd_sm90_varlen_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                           const __grid_constant__ CUtensorMap tm_v, const FwdParams p,
+                           const __grid_constant__ FwdVarlen vl) {
+    fwd_sm90_body<C>(tm_q, tm_k, tm_v, p, FwdNoSplit(), nullptr, nullptr, &vl);
 }

@@ -56,6 +56,11 @@ fattn_status fwd_sm90_launch(fattn_ctx *ctx, const fattn_fwd_args *a, const cuda
     int prev;
     fattn_status s = cuda_ctx_enter(ctx, &prev);
     if (s != FATTN_OK) return s;
+    if (a->p.cu_seqlens_q) {
+        s = fwd_sm90_varlen(ctx, a, v);
+        cuda_device_leave(prev);
+        return s;
+    }
     if (fwd_decode_eligible(a)) {
         s = fwd_decode_launch(ctx, a, v);
         cuda_device_leave(prev);

@@ -59,4 +59,6 @@ fattn_status fwd_sm90_fp8_hdim256(fattn_ctx *ctx, const fattn_fwd_args *a, const
 /* d256 with 64 rows spilled 96 bytes (4 row blocks: S of 64 keys beside O and Q) */
 inline int fwd_decode_max_rows(int head_dim) { return head_dim == 256 ? FWD_DECODE_MAX_ROWS / 2 : FWD_DECODE_MAX_ROWS; }
 bool fwd_decode_eligible(const fattn_fwd_args *a);
+/* Variable-length batches (cu_seqlens; fwd_sm90_varlen.cu): 16-bit. */
+fattn_status fwd_sm90_varlen(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v);
 fattn_status fwd_decode_launch(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v);

@@ -21,7 +21,8 @@ static_assert(3 * sizeof(CUtensorMap) + sizeof(FwdParams) + sizeof(FwdFp8) <= 40
  * its arguments in that order */
 template <class C>
 auto fwd_sm90_kernel_of() {
-    if constexpr (C::FP8) return fwd_sm90_fp8_kernel<C>;
+    if constexpr (C::VARLEN) return fwd_sm90_varlen_kernel<C>;
+    else if constexpr (C::FP8) return fwd_sm90_fp8_kernel<C>;
     else if constexpr (C::SPLIT && C::OTMA) return fwd_sm90_split_kernel_o<C>;
     else if constexpr (C::SPLIT) return fwd_sm90_split_kernel<C>;
     else if constexpr (C::OTMA) return fwd_sm90_kernel_o<C>;
@@ -237,15 +238,18 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, const
                               "FP8 kernel: scale blocks k %d, v %d do not suit its column groups of %d",
                               a->k.scale_block, a->v.scale_block, C::SG);
     } else {
-        if ((s = cuda_make_tensor_map(ctx, &tq, &a->q, C::D, pr->seqlen_q, pr->heads_q, pr->batch, 64, "q")) != FATTN_OK)
-            return s;
-        if ((s = cuda_make_tensor_map(ctx, &tk, &a->k, C::D, pr->seqlen_k, pr->heads_kv, pr->batch, C::BN, "k")) !=
-            FATTN_OK)
-            return s;
-        if ((s = cuda_make_tensor_map(ctx, &tv, &a->v, C::D, pr->seqlen_k, pr->heads_kv, pr->batch, C::BN, "v")) !=
-            FATTN_OK)
-            return s;
+        /* VARLEN: maps over the packed [total, heads, dim] tensors (batch 1);
+         * a tile's rows start at its sequence's first row (FwdVarlen) */
+        const int64_t rq = C::VARLEN ? pr->total_q : pr->seqlen_q, rk = C::VARLEN ? pr->total_k : pr->seqlen_k;
+        const int64_t bt = C::VARLEN ? 1 : pr->batch;
+        if ((s = cuda_make_tensor_map(ctx, &tq, &a->q, C::D, rq, pr->heads_q, bt, 64, "q")) != FATTN_OK) return s;
+        if ((s = cuda_make_tensor_map(ctx, &tk, &a->k, C::D, rk, pr->heads_kv, bt, C::BN, "k")) != FATTN_OK) return s;
+        if ((s = cuda_make_tensor_map(ctx, &tv, &a->v, C::D, rk, pr->heads_kv, bt, C::BN, "v")) != FATTN_OK) return s;
     }
+    FwdVarlen vl;
+    vl.cu_q = pr->cu_seqlens_q;
+    vl.cu_k = pr->cu_seqlens_k;
+    vl.total_q = pr->total_q;
     /* OTMA: O through TMA stores where TMA can address it (o_wide: base and
      * strides 16-byte multiples; strides below 2^40 bytes), else the
      * kernel's register stores (the map is then never read) */
@@ -291,6 +295,7 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, const
     /* the arguments in the order of the kernel's parameters (fwd_sm90_kernel_of) */
     void *args[6] = {&tq, &tk, &tv, &p};
     int nargs = 4;
+    if constexpr (C::VARLEN) args[nargs++] = &vl;
     if constexpr (C::SPLIT) args[nargs++] = const_cast<FwdSplit *>(sp);
     if constexpr (C::OTMA) args[nargs++] = &to;
     if constexpr (C::FP8) args[nargs++] = &f8;

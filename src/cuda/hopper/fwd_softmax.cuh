@@ -15,9 +15,20 @@ struct FwdMask {
     int tile_row0; /* first row of the query tile (m * BM) */
     int row_base;  /* first row of this warpgroup */
     int r0, q4;
+    int len_k, coff; /* VARLEN: the tile's sequence's keys and seqlen_k - seqlen_q */
 
+    /* the fixed-length kernels read p's fields where they are used, as before
+     * VARLEN existed (a hoisted copy moved their register allocation) */
+    __device__ __forceinline__ int sk() const {
+        if constexpr (C::VARLEN) return len_k;
+        else return p.seqlen_k;
+    }
+    __device__ __forceinline__ int off() const {
+        if constexpr (C::VARLEN) return coff;
+        else return p.causal_offset;
+    }
     __device__ __forceinline__ void apply(float (&s)[C::BN / 2], int col0) const {
-        const bool need_mask = col0 + C::BN > p.seqlen_k || (C::CAUSAL && col0 + C::BN - 1 > tile_row0 + p.causal_offset);
+        const bool need_mask = col0 + C::BN > sk() || (C::CAUSAL && col0 + C::BN - 1 > tile_row0 + off());
         if (!need_mask) return;
 #pragma unroll
         for (int i = 0; i < C::BN / 8; ++i)
@@ -25,8 +36,8 @@ struct FwdMask {
             for (int e = 0; e < 4; ++e) {
                 const int col = col0 + 8 * i + 2 * q4 + (e & 1);
                 const int row = row_base + r0 + (e >> 1) * 8;
-                bool ok = col < p.seqlen_k;
-                if (C::CAUSAL) ok = ok && col <= row + p.causal_offset;
+                bool ok = col < sk();
+                if (C::CAUSAL) ok = ok && col <= row + off();
                 if (!ok) s[4 * i + e] = -INFINITY;
             }
     }

@@ -33,6 +33,7 @@ struct FwdOpts {
     bool kcol = false;           /* FP8: one K scale per key (a column vector), else one per key block */
     bool kvblk = false;          /* FP8: K and V scale blocks are multiples of BN (one scale pair per key block) */
     int preg = 0;                /* producer warpgroup's registers; 0: the default split */
+    bool varlen = false;         /* cu_seqlens: each tile's sequence looked up (FwdVarlen) */
 };
 
 /* the same options without the key split (the instance that runs when the
@@ -112,6 +113,7 @@ struct FwdCfg {
     static constexpr int SMEM_BYTES = (OTMA ? OFF_OST + 4 * NC * OST_WARP_BYTES : END_SLOT) + 1024; /* + alignment slack */
     static constexpr bool DYNAMIC = CAUSAL; /* causal tiles are grabbed from an atomic counter, longest first */
     static constexpr int CLUSTER = O.cluster;
+    static constexpr bool VARLEN = O.varlen;
     /* O stores of 16 bytes after a quad transpose; three consumers (160
      * registers) spill with the transpose and store 4 bytes */
     static constexpr int OSTORE = NC == 2 ? 16 : 4;
@@ -137,4 +139,9 @@ struct FwdCfg {
     static_assert(!FP8 || (BN % 32 == 0 && CLUSTER == 1 && !OTMA && !SPLIT && !QEARLY && !SITOUT && !SKIPDIAG),
                   "FP8: the techniques it has");
     static_assert(!FP8 || !QREG || SW == 128, "FP8 QREG: 128-byte rows (head dim >= 128)");
+    /* VARLEN: O by register stores (a TMA box would cross into the next
+     * sequence); none of the techniques that read seqlen outside the tile's
+     * own lookup */
+    static_assert(!VARLEN || (!SPLIT && !OTMA && !SITOUT && !QEARLY && !SKIPDIAG && CLUSTER == 1 && !FP8),
+                  "VARLEN: the techniques it has");
 };

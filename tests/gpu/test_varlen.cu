@@ -1,0 +1,131 @@
+/* test_varlen.cu - variable-length batches (cu_seqlens) on the Hopper
+ * forward (fwd_sm90_varlen.cu) against the FP64 oracle.
+ *
+ * Ragged batches with empty sequences, length 1, lengths that are not
+ * multiples of a tile or a key block, causal with seqlen_q != seqlen_k per
+ * sequence both ways, GQA, head dims 64/128/256, bf16 and f16.  Inputs N(0,1)
+ * from a fixed seed (FATTN_TEST_SEED overrides); O and LSE poisoned with NaN
+ * bytes; the oracle runs on the exact 16-bit values with the same cu_seqlens.
+ * Tolerances: gpu_check_fwd (gpu_testutil.h), the dense forward's.  Also:
+ * the CUDA engine refuses a varlen call without total_q/total_k, with O left
+ * as it was.  Exit 77 without a Hopper GPU (FATTN_REQUIRE_GPU=1: a failure);
+ * FATTN_TEST_SMALL=1: the small cases only (compute-sanitizer). */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <vector>
+
+#include "common/oracle.h"
+#include "gpu/gpu_testutil.h"
+#include "fattn.h"
+
+struct vcase {
+    std::vector<int> lq, lk; /* per sequence */
+    int hq, hkv, d, causal;
+    fattn_dtype dt;
+};
+
+static void run_case(fattn_ctx *ctx, tu_rng *rng, const vcase &c) {
+    const int B = (int)c.lq.size(), HQ = c.hq, HK = c.hkv, D = c.d;
+    std::vector<int32_t> cq(B + 1, 0), ck(B + 1, 0);
+    int maxq = 0, maxk = 0;
+    for (int b = 0; b < B; ++b) {
+        cq[b + 1] = cq[b] + c.lq[b], ck[b + 1] = ck[b] + c.lk[b];
+        maxq = c.lq[b] > maxq ? c.lq[b] : maxq, maxk = c.lk[b] > maxk ? c.lk[b] : maxk;
+    }
+    const int TQ = cq[B], TK = ck[B];
+    const size_t nq = (size_t)TQ * HQ * D, nk = (size_t)TK * HK * D, nlse = (size_t)HQ * TQ;
+    std::vector<double> q(nq), k(nk), v(nk), ref(nq), ref_lse(nlse), got(nq);
+    tu_fill_normal(rng, q.data(), nq);
+    tu_fill_normal(rng, k.data(), nk);
+    tu_fill_normal(rng, v.data(), nk);
+    tu_round_to(q.data(), nq, c.dt);
+    tu_round_to(k.data(), nk, c.dt);
+    tu_round_to(v.data(), nk, c.dt);
+    std::vector<uint16_t> h16(nq > nk ? nq : nk);
+    void *dq, *dk, *dv, *dout;
+    float *dlse;
+    int32_t *dcq, *dck;
+    CK(cudaMalloc(&dq, nq * 2));
+    CK(cudaMalloc(&dk, nk * 2));
+    CK(cudaMalloc(&dv, nk * 2));
+    CK(cudaMalloc(&dout, nq * 2));
+    CK(cudaMalloc(&dlse, nlse * 4));
+    CK(cudaMalloc(&dcq, (B + 1) * 4));
+    CK(cudaMalloc(&dck, (B + 1) * 4));
+    tu_to_dtype(q.data(), nq, c.dt, h16.data());
+    CK(cudaMemcpy(dq, h16.data(), nq * 2, cudaMemcpyHostToDevice));
+    tu_to_dtype(k.data(), nk, c.dt, h16.data());
+    CK(cudaMemcpy(dk, h16.data(), nk * 2, cudaMemcpyHostToDevice));
+    tu_to_dtype(v.data(), nk, c.dt, h16.data());
+    CK(cudaMemcpy(dv, h16.data(), nk * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dcq, cq.data(), (B + 1) * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dck, ck.data(), (B + 1) * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemset(dout, 0xFF, nq * 2));
+    CK(cudaMemset(dlse, 0xFF, nlse * 4));
+    fattn_fwd_args a;
+    memset(&a, 0, sizeof a);
+    a.p = tu_problem(B, maxq, maxk, HQ, HK, D, 0, c.causal, dcq, dck);
+    a.p.total_q = TQ, a.p.total_k = TK;
+    a.q = fattn_tensor_bshd(dq, c.dt), a.k = fattn_tensor_bshd(dk, c.dt), a.v = fattn_tensor_bshd(dv, c.dt);
+    a.o = fattn_tensor_bshd(dout, c.dt);
+    a.lse = dlse;
+    char what[200];
+    snprintf(what, sizeof what, "%s varlen b%d (q %d, k %d tokens, max %d/%d) h%d/%d d%d%s", fattn_dtype_name(c.dt),
+             B, TQ, TK, maxq, maxk, HQ, HK, D, c.causal ? " causal" : "");
+    const fattn_status st = fattn_fwd(ctx, &a);
+    TU_CHECK(st == FATTN_OK, "%s: %s: %s", what, fattn_status_string(st), fattn_last_error(ctx));
+    const cudaError_t e = cudaDeviceSynchronize();
+    TU_CHECK(e == cudaSuccess, "%s: kernel failed: %s", what, cudaGetErrorString(e));
+    if (e != cudaSuccess) exit(1);
+    CK(cudaMemcpy(h16.data(), dout, nq * 2, cudaMemcpyDeviceToHost));
+    tu_from_dtype(h16.data(), nq, c.dt, got.data());
+    std::vector<float> glse(nlse);
+    CK(cudaMemcpy(glse.data(), dlse, nlse * 4, cudaMemcpyDeviceToHost));
+    oracle_problem op;
+    memset(&op, 0, sizeof op);
+    op.batch = B, op.seqlen_q = maxq, op.seqlen_k = maxk, op.heads_q = HQ, op.heads_kv = HK, op.head_dim = D;
+    op.head_dim_v = D, op.causal = c.causal, op.cu_seqlens_q = cq.data(), op.cu_seqlens_k = ck.data();
+    oracle_fwd(&op, q.data(), k.data(), v.data(), ref.data(), ref_lse.data());
+    gpu_check_fwd(what, c.dt, got.data(), ref.data(), nq, D, glse.data(), ref_lse.data(), nlse);
+    if (c.lq.size() == 3 && c.d == 64) {
+        /* the same call without the totals: refused, O untouched */
+        CK(cudaMemset(dout, 0x5A, nq * 2));
+        a.p.total_q = a.p.total_k = 0;
+        const fattn_status s2 = fattn_fwd(ctx, &a);
+        TU_CHECK(s2 == FATTN_ERROR_INVALID_ARGUMENT, "%s without totals: %s", what, fattn_status_string(s2));
+        CK(cudaMemcpy(h16.data(), dout, nq * 2, cudaMemcpyDeviceToHost));
+        size_t changed = 0;
+        for (size_t i = 0; i < nq; ++i) changed += h16[i] != 0x5A5A;
+        TU_CHECK(changed == 0, "%s: a refused call wrote %zu elements", what, changed);
+    }
+    cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dout), cudaFree(dlse), cudaFree(dcq), cudaFree(dck);
+}
+
+int main(void) {
+    fattn_ctx *ctx = gpu_ctx_or_skip();
+    tu_rng rng;
+    tu_rng_init(&rng, (uint64_t)tu_seed());
+    const fattn_dtype BF = FATTN_DTYPE_BF16, F16 = FATTN_DTYPE_F16;
+    const int small = getenv("FATTN_TEST_SMALL") != NULL;
+    std::vector<vcase> cases = {
+        {{5, 0, 17}, {5, 3, 17}, 4, 2, 64, 0, BF},
+        {{5, 0, 17}, {5, 3, 17}, 4, 2, 64, 1, F16},
+        {{1, 200, 0, 33}, {1, 200, 0, 100}, 8, 2, 128, 1, BF}, /* sk 0: rows see no key */
+        {{130, 1, 64}, {100, 1000, 64}, 4, 4, 128, 0, BF},
+        {{300, 17}, {17, 300}, 2, 1, 256, 1, BF},               /* causal, sq > sk and sq < sk */
+        {{257, 129, 1}, {257, 129, 1}, 2, 2, 256, 0, F16},
+    };
+    if (!small) {
+        cases.push_back({{1000, 17, 4097, 0, 333}, {1000, 17, 4097, 5, 777}, 8, 2, 128, 1, BF});
+        cases.push_back({{1000, 17, 4097, 0, 333}, {1000, 17, 4097, 5, 777}, 8, 2, 128, 0, F16});
+        cases.push_back({{2000, 100, 1}, {2000, 150, 3000}, 8, 8, 64, 1, BF});
+        cases.push_back({{2000, 100, 1}, {2000, 150, 3000}, 4, 1, 256, 0, BF});
+    }
+    for (const auto &c : cases) run_case(ctx, &rng, c);
+    fattn_ctx_free(ctx);
+    return tu_finish("gpu varlen");
+}
