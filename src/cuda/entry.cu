@@ -76,14 +76,20 @@ extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_arg
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                           "head_dim %d is not supported by the Hopper kernels; supported: %s", p->head_dim,
                           list_ints(list, sizeof list, fwd_head_dims, COUNT(fwd_head_dims)));
-    /* Refused before api.c would read the offsets: a varlen kernel will check
-     * them on the device, never with a copy to the host. */
     /* Variable-length batches: 16-bit, with the packed rows given (api.c
      * takes the extents from total_q/total_k: nothing reads cu_seqlens on
      * the host); the kernel reads cu_seqlens on the device */
     if ((p->cu_seqlens_q || p->cu_seqlens_k) && a->q.dtype == FATTN_DTYPE_E4M3)
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                           "variable-length batches (cu_seqlens_q/k) with e4m3 inputs are not supported by the CUDA engine");
+    /* the varlen kernels count tiles over the padded batch x seqlen_q (the
+     * max) x heads_q in an int; 64 rows per tile bounds every instance's */
+    if ((p->cu_seqlens_q || p->cu_seqlens_k) &&
+        (int64_t)p->batch * ((p->seqlen_q + 63) / 64) * p->heads_q > INT32_MAX)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "variable-length batch of %d sequences, the longest %d queries, %d heads: batch x "
+                          "ceil(seqlen_q / 64) x heads_q exceeds 2^31 - 1 tiles for the CUDA engine",
+                          p->batch, p->seqlen_q, p->heads_q);
     if ((p->cu_seqlens_q || p->cu_seqlens_k) && (a->seqused_k || a->block_table))
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                           "variable-length batches (cu_seqlens_q/k) with seqused_k or block_table are not supported by "
@@ -192,7 +198,10 @@ extern "C" fattn_status fattn_cuda_fwd(fattn_ctx *ctx, const fattn_fwd_args *a) 
     const struct {
         const int32_t *ptr;
         const char *name;
-    } ints[] = {{a->seqused_k, "seqused_k"}, {a->block_table, "block_table"}};
+    } ints[] = {{a->seqused_k, "seqused_k"},
+                {a->block_table, "block_table"},
+                {a->p.cu_seqlens_q, "cu_seqlens_q"},
+                {a->p.cu_seqlens_k, "cu_seqlens_k"}};
     for (const auto &x : ints) {
         if (!x.ptr) continue;
         if ((s = cuda_check_device_ptr(ctx, x.ptr, x.name)) != FATTN_OK) return s;

@@ -3,7 +3,8 @@
  *
  * Ragged batches with empty sequences, length 1, lengths that are not
  * multiples of a tile or a key block, causal with seqlen_q != seqlen_k per
- * sequence both ways, GQA, head dims 64/128/256, bf16 and f16.  Inputs N(0,1)
+ * sequence both ways, GQA, head dims 64/128/256, bf16 and f16, and 160
+ * short sequences in one batch.  Inputs N(0,1)
  * from a fixed seed (FATTN_TEST_SEED overrides); O and LSE poisoned with NaN
  * bytes; the oracle runs on the exact 16-bit values with the same cu_seqlens.
  * Tolerances: gpu_check_fwd (gpu_testutil.h), the dense forward's.  Also:
@@ -124,6 +125,18 @@ int main(void) {
         cases.push_back({{1000, 17, 4097, 0, 333}, {1000, 17, 4097, 5, 777}, 8, 2, 128, 0, F16});
         cases.push_back({{2000, 100, 1}, {2000, 150, 3000}, 8, 8, 64, 1, BF});
         cases.push_back({{2000, 100, 1}, {2000, 150, 3000}, 4, 1, 256, 0, BF});
+    }
+    if (!small) {
+        /* many short sequences (0-300 rows, a quarter empty): the producer's
+         * walk skips several sequences per tile of a static stride */
+        vcase many{{}, {}, 4, 2, 128, 0, BF}, many_c{{}, {}, 4, 1, 64, 1, F16};
+        for (int i = 0; i < 160; ++i) {
+            const int n = tu_rng_uniform(&rng) < 0.25 ? 0 : 1 + (int)(300 * tu_rng_uniform(&rng));
+            many.lq.push_back(n), many.lk.push_back(n);
+            many_c.lq.push_back(n), many_c.lk.push_back(n + (int)(50 * tu_rng_uniform(&rng)));
+        }
+        cases.push_back(many);
+        cases.push_back(many_c);
     }
     for (const auto &c : cases) run_case(ctx, &rng, c);
     fattn_ctx_free(ctx);

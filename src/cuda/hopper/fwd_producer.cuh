@@ -14,6 +14,39 @@ struct FwdProducer {
     uint32_t cta_rank;
     const FwdVarlen *vl; /* VARLEN only */
     int q_iter = 0;
+    /* VARLEN: the forward walk's sequence vb, its first compact tile vbase,
+     * its tile count vn and its end row cu_seqlens_q[vb + 1] (vcu) */
+    int vb = -1, vbase = 0, vn = 0, vcu = 0;
+
+    /* VARLEN: the scheduler hands out compact indices c over the tiles that
+     * exist, sequence by sequence (ceil(len_q / BM) x heads_q each, m fastest,
+     * longest first when causal); this maps c to the padded index the
+     * consumers decode (fwd_tile_decode over batch x heads x num_m_blocks;
+     * causal as one head group), or num_tiles past the last sequence.  c only
+     * grows on a CTA (static: + grid; dynamic: a counter), so the sequence is
+     * found by walking forward.  A sequence longer than seqlen_q (unchecked
+     * cu_seqlens) is cut to num_m_blocks tiles, a negative one has none, so
+     * the walk's sums stay <= num_tiles. */
+    __device__ __forceinline__ int tile_of(int c) {
+        if constexpr (C::VARLEN) {
+            while (c >= vbase + vn) {
+                if (vb + 1 >= p.batch) return p.num_tiles;
+                vbase += vn;
+                ++vb;
+                const int end = __ldg(vl->cu_q + vb + 1);
+                const int nm = (end - vcu + C::BM - 1) / C::BM;
+                vcu = end;
+                vn = max(0, min(nm, p.num_m_blocks)) * p.heads_q;
+            }
+            const int nm = vn / p.heads_q, w = c - vbase;
+            const int h = w / nm, r = w - h * nm;
+            const int bh = vb * p.heads_q + h;
+            /* causal: m = nm - 1 - r, so t's row (num_m_blocks - 1 - m) is num_m_blocks - nm + r */
+            return C::CAUSAL ? (p.num_m_blocks - nm + r) * (p.batch * p.heads_q) + bh : bh * p.num_m_blocks + r;
+        } else {
+            return c;
+        }
+    }
 
     /* Hand warpgroup w its next tile: wait until it has released the Q
      * buffer (its last QK^T of the tile that last used that buffer), write
@@ -93,14 +126,16 @@ struct FwdProducer {
         tma_prefetch_desc(&tm_v);
         int it = 0;
         int rng;
-        int t = sched.first(rng);
+        if constexpr (C::VARLEN) vcu = __ldg(vl->cu_q);
+        int t = tile_of(sched.first(rng));
         int wave = 0;
         if (C::QEARLY) hand_over_all(t);
-        for (bool go = !C::SPLIT || t < p.num_tiles; go;) {
+        /* VARLEN: a CTA may have no tile at all */
+        for (bool go = !(C::SPLIT || C::VARLEN) || t < p.num_tiles; go;) {
             /* the next tile is picked one ahead, so its Q can be prefetched */
             ++wave;
             int rng_next = rng;
-            const int t_next = sched.next(wave, rng_next);
+            const int t_next = tile_of(sched.next(wave, rng_next));
             int m, h, b;
             fwd_tile_decode<C::CAUSAL>(p, t, m, h, b);
             const FwdSeq seq = fwd_seq<C>(p, vl, b);

@@ -194,6 +194,9 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, const
         if (ng > 1 && rem < min_hg) ng--;
         p.head_group = (int)hg;
         p.head_groups = (int)ng;
+        /* VARLEN: the producer orders the tiles itself (FwdProducer::tile_of)
+         * and encodes them for one group of every (batch, head) */
+        if (C::VARLEN) p.head_group = (int)nbh, p.head_groups = 1;
     }
     p.tile_counter = NULL;
     if (C::DYNAMIC) p.tile_counter = st->tile_counter;
