@@ -15,7 +15,10 @@ paper's tables), d128 with GQA 32/8, and d128 non-causal.  Backends, taking turn
   fa3-varlen     FA3's flash_attn_varlen_func on the same packed tensors (the fa3-fwd wheel).
 TFLOPs/s with the paper's count (4 h s_q s_k d per sequence, halved when causal), CUDA events
 around --calls back-to-back calls, the median of --iters samples, the best of --rounds rounds.
-Correctness: fattn-varlen's O against dense-seq's and FA3's (max |diff|)."""
+Correctness: fattn-varlen's O against dense-seq's and FA3's (max |diff|).
+--bwd times the backward instead (fattn_bwd on the O and LSE of one forward; the FA3 wheel has no
+backward): fattn-varlen, dense-seq and dense-uniform, 2.5x the forward's FLOPs (the paper's count),
+and fattn-varlen's dQ, dK, dV against dense-seq's."""
 import argparse
 import json
 import os
@@ -27,6 +30,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 import fattn  # noqa: E402
+import compare  # noqa: E402
 
 LENS = "8000,3000,2000,1200,800,500,384,300,100,100"
 
@@ -59,6 +63,21 @@ def varlen_args(ctx, q, k, v, o, lse, lens, cu, causal):
     return a
 
 
+def bwd_of(ctx, q, k, v, o, lse, causal, varlen=None):
+    """fattn_bwd's args on the O and LSE of a forward (compare.bwd_args; varlen = (lens, cu) patches the
+    problem as varlen_args does), with dO ~ N(0, 1) and dQ, dK, dV of its own: (args, (dq, dk, dv))."""
+    dout = torch.randn_like(q)
+    gs = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+    b = compare.bwd_args(q, k, v, o, dout, *gs, lse, causal)
+    if varlen is not None:
+        lens, cu = varlen
+        b.p.batch, b.p.seqlen_q, b.p.seqlen_k = len(lens), max(lens), max(lens)
+        b.p.cu_seqlens_q = b.p.cu_seqlens_k = cu.data_ptr()
+        b.p.total_q = b.p.total_k = sum(lens)
+        b._keep = b._keep + (cu,)
+    return b, gs
+
+
 def row(ctx, fa3v, lens, hq, hk, d, causal, uniform, a):
     dt = torch.bfloat16
     T = sum(lens)
@@ -88,7 +107,37 @@ def row(ctx, fa3v, lens, hq, hk, d, causal, uniform, a):
              ("dense-seq", lambda: [ctx.fwd_raw(x) for x in seq_args], fl),
              ("dense-uniform", lambda: ctx.fwd_raw(au), fl_u)]
     res = {"lens": lens, "heads_q": hq, "heads_kv": hk, "head_dim": d, "causal": bool(causal),
-           "uniform": "%dx%d" % uniform}
+           "uniform": "%dx%d" % uniform, "pass": "bwd" if a.bwd else "fwd"}
+    if a.bwd:
+        ctx.fwd_raw(av), ctx.fwd_raw(au)
+        for x in seq_args:
+            ctx.fwd_raw(x)
+        bv, gv = bwd_of(ctx, q, k, v, o, lse, causal, (lens, cu))
+        bu, _ = bwd_of(ctx, qu, ku, vu, ou, lu, causal)
+        dout_seq = bv._keep[4]  # dense-seq differentiates the same dO, per sequence
+        gseq = tuple(torch.empty_like(x) for x in gv)
+        bseq = [compare.bwd_args(q[:, s:e], k[:, s:e], v[:, s:e], o_seq[:, s:e], dout_seq[:, s:e],
+                                 *(g[:, s:e] for g in gseq), l, causal)
+                for s, e, l in zip(offs[:-1], offs[1:], lse_seq)]
+        calls = [("fattn-varlen", lambda: ctx.bwd_raw(bv), 2.5 * fl),
+                 ("dense-seq", lambda: [ctx.bwd_raw(x) for x in bseq], 2.5 * fl),
+                 ("dense-uniform", lambda: ctx.bwd_raw(bu), 2.5 * fl_u)]
+        best = {}
+        for _ in range(a.rounds):
+            for name, fn, f in calls:
+                ms = timed(fn, a.calls, a.iters)
+                best[name] = min(best.get(name, ms), ms)
+        for name, fn, f in calls:
+            res[name + "_ms"] = best[name]
+            res[name + "_tflops"] = f / best[name] / 1e9
+        ctx.bwd_raw(bv)
+        for x in bseq:
+            ctx.bwd_raw(x)
+        torch.cuda.synchronize()
+        res["maxdiff_dense_seq"] = max((x.float() - y.float()).abs().max().item() for x, y in zip(gv, gseq))
+        res["bits_equal_dense_seq"] = all(torch.equal(x, y) for x, y in zip(gv, gseq))
+        res["lse_maxdiff_dense_seq"] = 0.0
+        return res
     if fa3v is not None:
         q3, k3, v3 = q[0], k[0], v[0]
         calls.append(("fa3-varlen", lambda: fa3v(q3, k3, v3, cu, cu, max(lens), max(lens), softmax_scale=d ** -0.5,
@@ -123,6 +172,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iters", type=int, default=9)
     ap.add_argument("--calls", type=int, default=10)
+    ap.add_argument("--bwd", action="store_true")
     ap.add_argument("--json")
     a = ap.parse_args()
     lens = [int(x) for x in a.lens.split(",")]
@@ -132,6 +182,8 @@ def main():
     except Exception as e:  # not installed, or its extension does not load
         print("FA3: not available (%s)" % e)
         fa3v = None
+    if a.bwd:
+        fa3v = None  # the fa3-fwd wheel has no backward
     ctx = fattn.Context(fattn.BACKEND_CUDA, 0)
     ctx.set_stream(torch.cuda.current_stream().cuda_stream)
     print("device: %s, torch %s; %d sequences, %d tokens (%s)" % (torch.cuda.get_device_name(), torch.__version__,
@@ -146,7 +198,8 @@ def main():
         f3 = r.get("fa3-varlen_tflops")
         v = r["fattn-varlen_tflops"]
         print("%-22s %9.1f %9.1f %9.1f %9s %7.3f %7.3f %7s  dense-seq %s (%.2g, lse %.2g)%s" % (
-            "h%d/%d d%d %s" % (hq, hk, d, "causal" if causal else "non-causal"), v, r["dense-seq_tflops"],
+            "%sh%d/%d d%d %s" % ("bwd " if a.bwd else "", hq, hk, d, "causal" if causal else "non-causal"), v,
+            r["dense-seq_tflops"],
             r["dense-uniform_tflops"], "%.1f" % f3 if f3 else "n/a", v / r["dense-seq_tflops"],
             v / r["dense-uniform_tflops"], "%.3f" % (v / f3) if f3 else "n/a",
             "bits" if r["bits_equal_dense_seq"] else "differs", r["maxdiff_dense_seq"], r["lse_maxdiff_dense_seq"],

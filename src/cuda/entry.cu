@@ -129,9 +129,15 @@ extern "C" fattn_status fattn_cuda_bwd_check(fattn_ctx *ctx, const fattn_bwd_arg
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                           "head_dim %d is not supported by the Hopper backward yet; supported: %s", p->head_dim,
                           list_ints(list, sizeof list, bwd_head_dims, COUNT(bwd_head_dims)));
-    if (p->cu_seqlens_q || p->cu_seqlens_k)
+    /* one CTA per (key block, kv head, batch entry): grid y and z */
+    if (p->batch > 65535 || p->heads_q > 65535)
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                          "variable-length batches (cu_seqlens_q/k) are not supported by the CUDA backward yet");
+                          "batch %d, heads_q %d: the CUDA backward takes at most 65535 of each", p->batch, p->heads_q);
+    /* variable-length batches: the row blocks of the workspace are counted in an int */
+    if ((p->cu_seqlens_q || p->cu_seqlens_k) && (int64_t)p->heads_q * ((p->total_q + 64LL * p->batch) / 64 + 1) > INT32_MAX)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "variable-length batch: heads_q x (total_q / 64 + batch) exceeds 2^31 - 1 row blocks for the "
+                          "CUDA backward");
     return FATTN_OK;
 }
 
@@ -232,5 +238,8 @@ extern "C" fattn_status fattn_cuda_bwd(fattn_ctx *ctx, const fattn_bwd_args *a) 
                               "%s.data must be 4-byte aligned and %s's strides even for the CUDA engine", x.name,
                               x.name);
     }
+    if (a->p.cu_seqlens_q && ((s = cuda_check_device_ptr(ctx, a->p.cu_seqlens_q, "cu_seqlens_q")) != FATTN_OK ||
+                              (s = cuda_check_device_ptr(ctx, a->p.cu_seqlens_k, "cu_seqlens_k")) != FATTN_OK))
+        return s;
     return bwd_sm90_launch(ctx, a);
 }

@@ -110,3 +110,33 @@ static inline void gpu_check_fwd(const char *what, fattn_dtype dt, const double 
     snprintf(line, sizeof line, "%s LSE max abs err", what);
     TU_EXPECT_LE(lse_err, 1e-3, line);
 }
+
+/* The backward's gradient check (test_bwd.cu's header says why these
+ * tolerances), shared by test_bwd.cu and test_varlen.cu: per tensor g of dq,
+ * dk, dv against the FP64 reference g*, |g - g*|_F / |g*|_F <= tol_fro and
+ * max |g - g*| <= tol_max rms(g*), nothing non-finite. */
+static inline double tol_fro(fattn_dtype dt) { return dt == FATTN_DTYPE_BF16 ? 1e-2 : 2e-3; }
+static inline double tol_max(fattn_dtype dt) { return dt == FATTN_DTYPE_BF16 ? 0.5 : 0.08; }
+
+struct gstat {
+    double fro;       /* |g - g*|_F / |g*|_F (absolute when g* = 0) */
+    double maxr;      /* max |g - g*| / rms(g*) (absolute when g* = 0) */
+    size_t nonfinite;
+};
+
+static inline gstat grad_stat(const double *g, const double *r, size_t n) {
+    gstat st;
+    st.nonfinite = tu_count_nonfinite(g, n);
+    st.fro = tu_rel_err(g, r, n);
+    double ss = 0;
+    for (size_t i = 0; i < n; ++i) ss += r[i] * r[i];
+    const double rms = sqrt(ss / (double)(n ? n : 1));
+    const double mx = tu_max_abs_err(g, r, n);
+    st.maxr = rms > 0 ? mx / rms : mx;
+    return st;
+}
+
+static inline int grad_ok(const gstat &st, fattn_dtype dt) {
+    return st.nonfinite == 0 && st.fro <= tol_fro(dt) && st.maxr <= tol_max(dt); /* false for NaN */
+}
+

@@ -97,8 +97,6 @@ static int env_on(const char *name) {
     return v && v[0] && strcmp(v, "0") != 0;
 }
 
-static double tol_fro(fattn_dtype dt) { return dt == FATTN_DTYPE_BF16 ? 1e-2 : 2e-3; }
-static double tol_max(fattn_dtype dt) { return dt == FATTN_DTYPE_BF16 ? 0.5 : 0.08; }
 
 static int g_skipped_d256 = 0;  /* cases whose fattn_bwd answered UNSUPPORTED at d256 */
 static double g_oracle_s = 0.0; /* host seconds in the oracle */
@@ -309,28 +307,6 @@ static void to_bits(const double *x, size_t n, fattn_dtype dt, uint16_t *bits, d
 }
 
 /* ---- comparison ------------------------------------------------------------------ */
-
-struct gstat {
-    double fro;       /* |g - g*|_F / |g*|_F (absolute when g* = 0) */
-    double maxr;      /* max |g - g*| / rms(g*) (absolute when g* = 0) */
-    size_t nonfinite;
-};
-
-static gstat grad_stat(const double *g, const double *r, size_t n) {
-    gstat st;
-    st.nonfinite = tu_count_nonfinite(g, n);
-    st.fro = tu_rel_err(g, r, n);
-    double ss = 0;
-    for (size_t i = 0; i < n; ++i) ss += r[i] * r[i];
-    const double rms = sqrt(ss / (double)(n ? n : 1));
-    const double mx = tu_max_abs_err(g, r, n);
-    st.maxr = rms > 0 ? mx / rms : mx;
-    return st;
-}
-
-static int grad_ok(const gstat &st, fattn_dtype dt) {
-    return st.nonfinite == 0 && st.fro <= tol_fro(dt) && st.maxr <= tol_max(dt); /* false for NaN */
-}
 
 /* The self-checks: perturbed copies of a passing g that the comparison must
  * reject.  Returns the count rejected; *tried the count made (none when g*

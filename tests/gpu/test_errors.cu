@@ -73,6 +73,12 @@ int main(void) {
     cudaMemcpy(cu, hcu, 8, cudaMemcpyHostToDevice);
     a = good; a.p.cu_seqlens_q = cu; a.p.cu_seqlens_k = cu;
     expect(ctx, &a, FATTN_ERROR_INVALID_ARGUMENT, "needs total_q and total_k", "varlen on the CUDA engine without totals");
+    static int32_t host_cu[2] = {0, S};
+    a = good; a.p.cu_seqlens_q = host_cu; a.p.cu_seqlens_k = cu; a.p.total_q = a.p.total_k = S;
+    expect(ctx, &a, FATTN_ERROR_INVALID_ARGUMENT, "cu_seqlens_q", "varlen with host cu_seqlens on a CUDA context");
+    a = good; a.p.cu_seqlens_q = a.p.cu_seqlens_k = cu; a.p.total_q = a.p.total_k = S;
+    a.p.batch = 100000; a.p.seqlen_q = 1 << 24;
+    expect(ctx, &a, FATTN_ERROR_UNSUPPORTED, "2^31 - 1 tiles", "varlen tiles past int32 (batch x longest x heads)");
     a = good; a.p.heads_kv = 3;
     expect(ctx, &a, FATTN_ERROR_INVALID_ARGUMENT, "heads_kv", "heads_q not a multiple of heads_kv");
     a = good; a.p.seqlen_q = 0;

@@ -1,5 +1,6 @@
 /* test_varlen.cu - variable-length batches (cu_seqlens) on the Hopper
- * forward (fwd_sm90_varlen.cu) against the FP64 oracle.
+ * forward (fwd_sm90_varlen.cu) and backward (bwd_sm90_varlen.cu) against
+ * the FP64 oracle.
  *
  * Ragged batches with empty sequences, length 1, lengths that are not
  * multiples of a tile or a key block, causal with seqlen_q != seqlen_k per
@@ -7,7 +8,10 @@
  * short sequences in one batch.  Inputs N(0,1)
  * from a fixed seed (FATTN_TEST_SEED overrides); O and LSE poisoned with NaN
  * bytes; the oracle runs on the exact 16-bit values with the same cu_seqlens.
- * Tolerances: gpu_check_fwd (gpu_testutil.h), the dense forward's.  Also:
+ * Tolerances: gpu_check_fwd (gpu_testutil.h), the dense forward's; the
+ * backward (on every case whose oracle is cheap: all but the 4097-token
+ * ones) grad_ok, test_bwd.cu's, with dq/dk/dv poisoned, and one case in
+ * deterministic mode run twice for the same bits.  Also:
  * the CUDA engine refuses a varlen call without total_q/total_k, with O left
  * as it was.  Exit 77 without a Hopper GPU (FATTN_REQUIRE_GPU=1: a failure);
  * FATTN_TEST_SMALL=1: the small cases only (compute-sanitizer). */
@@ -27,7 +31,59 @@ struct vcase {
     std::vector<int> lq, lk; /* per sequence */
     int hq, hkv, d, causal;
     fattn_dtype dt;
+    int det = 0; /* the backward in deterministic mode (twice) */
 };
+
+/* The backward of the same call (q, k, v, and the GPU forward's o and lse in
+ * a), dout N(0, 1), dq/dk/dv poisoned, against oracle_bwd with test_bwd.cu's
+ * tolerances (grad_ok); with c.det, deterministic mode twice: the same bits. */
+static void check_bwd(fattn_ctx *ctx, tu_rng *rng, const vcase &c, const fattn_fwd_args &a, const oracle_problem &op,
+                      const std::vector<double> &q, const std::vector<double> &k, const std::vector<double> &v,
+                      const char *what) {
+    const size_t nq = q.size(), nk = k.size();
+    std::vector<double> dout(nq), ref[3] = {std::vector<double>(nq), std::vector<double>(nk), std::vector<double>(nk)};
+    tu_fill_normal(rng, dout.data(), nq);
+    tu_round_to(dout.data(), nq, c.dt);
+    oracle_bwd(&op, q.data(), k.data(), v.data(), dout.data(), ref[0].data(), ref[1].data(), ref[2].data());
+    std::vector<uint16_t> h16(nq > nk ? nq : nk);
+    void *ddo, *dg[3];
+    const size_t n[3] = {nq, nk, nk};
+    CK(cudaMalloc(&ddo, nq * 2));
+    tu_to_dtype(dout.data(), nq, c.dt, h16.data());
+    CK(cudaMemcpy(ddo, h16.data(), nq * 2, cudaMemcpyHostToDevice));
+    for (int t = 0; t < 3; ++t) CK(cudaMalloc(&dg[t], n[t] * 2));
+    fattn_bwd_args ba;
+    memset(&ba, 0, sizeof ba);
+    ba.p = a.p, ba.q = a.q, ba.k = a.k, ba.v = a.v, ba.o = a.o, ba.lse = a.lse;
+    ba.dout = fattn_tensor_bshd(ddo, c.dt);
+    ba.dq = fattn_tensor_bshd(dg[0], c.dt), ba.dk = fattn_tensor_bshd(dg[1], c.dt), ba.dv = fattn_tensor_bshd(dg[2], c.dt);
+    static const char *names[3] = {"dq", "dk", "dv"};
+    std::vector<uint16_t> first[3];
+    for (int run = 0; run < (c.det ? 2 : 1); ++run) {
+        ba.deterministic = c.det;
+        for (int t = 0; t < 3; ++t) CK(cudaMemset(dg[t], 0xFF, n[t] * 2));
+        const fattn_status st = fattn_bwd(ctx, &ba);
+        TU_CHECK(st == FATTN_OK, "%s backward: %s: %s", what, fattn_status_string(st), fattn_last_error(ctx));
+        const cudaError_t e = cudaDeviceSynchronize();
+        TU_CHECK(e == cudaSuccess, "%s backward: kernel failed: %s", what, cudaGetErrorString(e));
+        if (e != cudaSuccess) exit(1);
+        for (int t = 0; t < 3; ++t) {
+            std::vector<uint16_t> bits(n[t]);
+            std::vector<double> g(n[t]);
+            CK(cudaMemcpy(bits.data(), dg[t], n[t] * 2, cudaMemcpyDeviceToHost));
+            tu_from_dtype(bits.data(), n[t], c.dt, g.data());
+            const gstat gs = grad_stat(g.data(), ref[t].data(), n[t]);
+            TU_CHECK(grad_ok(gs, c.dt), "%s backward %s%s: rel Frobenius %.3e (tol %.1e), max abs / rms %.3e (tol %.2f), %zu non-finite",
+                     what, names[t], run ? " (deterministic, second run)" : "", gs.fro, tol_fro(c.dt), gs.maxr,
+                     tol_max(c.dt), gs.nonfinite);
+            if (run == 0) first[t] = bits;
+            else TU_CHECK(bits == first[t], "%s backward %s: deterministic mode gave other bits on a second run", what, names[t]);
+        }
+    }
+    printf("  %s: backward ok%s\n", what, c.det ? " (deterministic, twice the same bits)" : "");
+    cudaFree(ddo);
+    for (int t = 0; t < 3; ++t) cudaFree(dg[t]);
+}
 
 static void run_case(fattn_ctx *ctx, tu_rng *rng, const vcase &c) {
     const int B = (int)c.lq.size(), HQ = c.hq, HK = c.hkv, D = c.d;
@@ -92,6 +148,9 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const vcase &c) {
     op.head_dim_v = D, op.causal = c.causal, op.cu_seqlens_q = cq.data(), op.cu_seqlens_k = ck.data();
     oracle_fwd(&op, q.data(), k.data(), v.data(), ref.data(), ref_lse.data());
     gpu_check_fwd(what, c.dt, got.data(), ref.data(), nq, D, glse.data(), ref_lse.data(), nlse);
+    double work = 0; /* score entries: the single-threaded oracle's cost */
+    for (int b = 0; b < B; ++b) work += (double)c.lq[b] * c.lk[b];
+    if (work * HQ * D <= 4e9) check_bwd(ctx, rng, c, a, op, q, k, v, what);
     if (c.lq.size() == 3 && c.d == 64) {
         /* the same call without the totals: refused, O untouched */
         CK(cudaMemset(dout, 0x5A, nq * 2));
@@ -135,6 +194,7 @@ int main(void) {
             many.lq.push_back(n), many.lk.push_back(n);
             many_c.lq.push_back(n), many_c.lk.push_back(n + (int)(50 * tu_rng_uniform(&rng)));
         }
+        many_c.det = 1;
         cases.push_back(many);
         cases.push_back(many_c);
     }

@@ -6,12 +6,8 @@
 
 template <int D>
 static fattn_status bwd_run_d(fattn_ctx *ctx, const fattn_bwd_args *a, bool causal, bool bf16) {
-    /* the shipped instances: BwdOpts' defaults */
-    if (causal)
-        return bf16 ? bwd_sm90_run<BwdCfg<BwdOpts{.d = D, .causal = true, .bf16 = true}>>(ctx, a)
-                    : bwd_sm90_run<BwdCfg<BwdOpts{.d = D, .causal = true, .bf16 = false}>>(ctx, a);
-    return bf16 ? bwd_sm90_run<BwdCfg<BwdOpts{.d = D, .causal = false, .bf16 = true}>>(ctx, a)
-                : bwd_sm90_run<BwdCfg<BwdOpts{.d = D, .causal = false, .bf16 = false}>>(ctx, a);
+    if (a->p.cu_seqlens_q) return bwd_sm90_varlen_d<D>(ctx, a, causal, bf16);
+    return bwd_run_opts<BwdOpts{.d = D}>(ctx, a, causal, bf16);
 }
 
 fattn_status bwd_sm90_launch(fattn_ctx *ctx, const fattn_bwd_args *a) {

@@ -68,6 +68,32 @@ struct BwdParams {
     int batch, heads_q, heads_kv, group, seqlen_q, seqlen_k, causal_offset, sq_pad, m_blocks;
     float scale, scale_log2;
     int deterministic;
+    /* VARLEN (cu_seqlens; after the fixed-length fields, so their offsets stay):
+     * q, k, v, dout, dq, dk, dv packed [total, heads, dim]; the fp32 dQ tiles,
+     * LSE, D and counters of query head h and row block r at h * rb_total + r,
+     * sequence b's row blocks from (cu_q[b] + 64 b) / 64 (bwd_varlen_seq) */
+    const int *cu_q, *cu_k;
+    int total_q, total_k, rb_total;
+};
+
+/* VARLEN: sequence b's first packed row and length from cu_seqlens (cu),
+ * clamped so that an unchecked array never reaches outside the packed
+ * tensor [total] nor past the longest length max_len that the grids and the
+ * workspace were sized for; the preprocess, the main kernel and the
+ * postprocess all read the sequences through this */
+__device__ __forceinline__ void bwd_varlen_rows(const int *cu, int b, int total, int max_len, int &r0, int &len) {
+    const int a = min(max(__ldg(cu + b), 0), total), e = __ldg(cu + b + 1);
+    len = min(max(e - a, 0), min(max_len, total - a));
+    r0 = a;
+}
+/* sequence b's first 64-row block of the dQ tiles, LSE and D (BM = 64): the
+ * sequences' ranges cannot overlap, and all lie below rb_total =
+ * (total_q + 64 batch) / 64 + 1 */
+__device__ __forceinline__ int bwd_varlen_rb(int q0, int b) { return (int)(((int64_t)q0 + 64 * (int64_t)b) / 64); }
+
+/* the tile's sequence in the packed tensors (fixed length: all 0) */
+struct BwdSeq {
+    int q0, k0, rb;
 };
 
 /* The named options of a backward kernel, as FwdOpts names the forward's: an
@@ -90,6 +116,7 @@ struct BwdOpts {
      * issue (a prefetched S^T stays outside the token); -1 where each
      * measured fastest (b7: 1 at d128 non-causal, 2 otherwise), 0 off */
     int pingpong = -1;
+    bool varlen = false; /* cu_seqlens (BwdParams' VARLEN fields) */
 };
 
 template <BwdOpts O>
@@ -99,7 +126,7 @@ struct BwdCfg {
     /* d256: the consumers split the head dim of 64 keys, not 128 keys (top of file) */
     static constexpr bool SPLIT_D = D == 256;
     static constexpr int BN = SPLIT_D ? 64 : 128, BM = 64, STAGES = 2;
-    static constexpr bool CAUSAL = O.causal, BF16 = O.bf16;
+    static constexpr bool CAUSAL = O.causal, BF16 = O.bf16, VARLEN = O.varlen;
     static constexpr int SLABS = D / 64;              /* 128-byte swizzled slabs of 64 columns */
     static constexpr bool DQ_NSPLIT = D >= 128;
     static constexpr int DQ_N = DQ_NSPLIT ? D / 2 : D; /* columns of each consumer's dQ tile */
@@ -263,12 +290,22 @@ __device__ __forceinline__ float4 ld_shared_f32x4(const void *p) {
     return v;
 }
 
+/* dK / dV of the tile's sequence: batch b's (fixed length) or the packed
+ * rows from the sequence's first key (VARLEN) */
+template <class C>
+__device__ __forceinline__ int64_t bwd_kv_offset(int b, const BwdSeq &sq, int64_t sb, int64_t ss) {
+    if constexpr (C::VARLEN) return (int64_t)sq.k0 * ss;
+    (void)sq, (void)ss;
+    return (int64_t)b * sb;
+}
+
 /* The consumers at head dim 256 (BwdCfg::SPLIT_D; the tiling at the top of
  * the file): consumer cw = 0, 1 owns columns 128 cw .. 128 cw + 127 of dK, dV
  * and dQ for all BN = 64 keys of the block. */
 /* P^T in place for 8-column group i of a consumer's S^T accumulator: element
  * 4 i + e is key key_r + 8 (e / 2), query query_c + 8 i + e % 2; P^T =
- * exp2(S^T scale log2 e - LSE log2 e), 0 where the causal mask hides the key. */
+ * exp2(S^T scale log2 e - LSE log2 e), 0 where the causal mask hides the key
+ * and (VARLEN) for a key past the sequence's (the next sequence's rows). */
 template <class C>
 __device__ __forceinline__ void bwd_p_group(float (&acc)[32], int i, const float *lse, const BwdParams &p,
                                             bool need_mask, int key_r, int query_c, int q4) {
@@ -278,7 +315,7 @@ __device__ __forceinline__ void bwd_p_group(float (&acc)[32], int i, const float
         float x = exp2f(fmaf(acc[4 * i + e], p.scale_log2, -((e & 1) ? l.y : l.x)));
         if (need_mask) {
             const int key = key_r + 8 * (e >> 1), q = query_c + 8 * i + (e & 1);
-            if (key > q + p.causal_offset) x = 0.f;
+            if ((C::CAUSAL && key > q + p.causal_offset) || (C::VARLEN && key >= p.seqlen_k)) x = 0.f;
         }
         acc[4 * i + e] = x;
     }
@@ -286,7 +323,7 @@ __device__ __forceinline__ void bwd_p_group(float (&acc)[32], int i, const float
 
 template <class C>
 __device__ __forceinline__ void bwd_consumer_split_d(const BwdSmem<C> &sm, const BwdParams &p, const BwdIter<C> &iter,
-                                                     int n, int hk, int b) {
+                                                     int n, int hk, int b, const BwdSeq &sq) {
     constexpr int BN = C::BN, BM = C::BM, STAGES = C::STAGES, DN = C::DKV_N;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int cw = threadIdx.x / 128 - 1, wq = warp % 4, t = threadIdx.x % 128;
@@ -318,7 +355,8 @@ __device__ __forceinline__ void bwd_consumer_split_d(const BwdSmem<C> &sm, const
         uint8_t *dsb = sm.ds(it & 1);
         if (cw == 0) {
             const float *lse = sm.lse(s);
-            const bool need_mask = C::CAUSAL && key0 + BN - 1 > m * BM + p.causal_offset;
+            const bool need_mask = (C::CAUSAL && key0 + BN - 1 > m * BM + p.causal_offset) ||
+                                   (C::VARLEN && key0 + BN > p.seqlen_k);
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
                 bwd_p_group<C>(acc, i, lse, p, need_mask, key0 + r0, m * BM + 2 * q4, q4);
@@ -410,8 +448,8 @@ __device__ __forceinline__ void bwd_consumer_split_d(const BwdSmem<C> &sm, const
     }
     /* dK (times softmax_scale) and dV: rows key0 + r0 (+ 8), columns
      * 128 cw + ..., 4-byte stores */
-    uint16_t *gk = (uint16_t *)p.dk + (int64_t)b * p.dk_sb + (int64_t)hk * p.dk_sh;
-    uint16_t *gv = (uint16_t *)p.dv + (int64_t)b * p.dv_sb + (int64_t)hk * p.dv_sh;
+    uint16_t *gk = (uint16_t *)p.dk + bwd_kv_offset<C>(b, sq, p.dk_sb, p.dk_ss) + (int64_t)hk * p.dk_sh;
+    uint16_t *gv = (uint16_t *)p.dv + bwd_kv_offset<C>(b, sq, p.dv_sb, p.dv_ss) + (int64_t)hk * p.dv_sh;
 #pragma unroll
     for (int e2 = 0; e2 < 2; ++e2) {
         const int key = key0 + r0 + 8 * e2;
@@ -427,15 +465,18 @@ __device__ __forceinline__ void bwd_consumer_split_d(const BwdSmem<C> &sm, const
     }
 }
 
+/* The kernel's work for key block n of kv head hk, batch entry b: p holds
+ * the tile's sequence lengths (VARLEN: its own copy, bwd_sm90_kernel), sq
+ * where the sequence lies in the packed tensors and the workspace. */
 template <class C>
-__global__ void __launch_bounds__(C::THREADS, 1)
-    bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-                    const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
-                    const __grid_constant__ CUtensorMap tm_stats, const __grid_constant__ BwdParams p) {
+__device__ __forceinline__ void bwd_sm90_body(const CUtensorMap &tm_q, const CUtensorMap &tm_k, const CUtensorMap &tm_v,
+                                              const CUtensorMap &tm_do, const CUtensorMap &tm_stats,
+                                              const BwdParams &p, const BwdSeq &sq, int n, int hk, int b) {
     constexpr int D = C::D, BN = C::BN, BM = C::BM, STAGES = C::STAGES;
     extern __shared__ uint8_t smem_raw[];
     const BwdSmem<C> sm(smem_raw);
-    const int n = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+    /* VARLEN: packed rows (batch coordinate 0) from the sequence's first */
+    const int qrow0 = C::VARLEN ? sq.q0 : 0, krow0 = C::VARLEN ? sq.k0 : 0, bc = C::VARLEN ? 0 : b;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = threadIdx.x / 128;
     const BwdIter<C> iter(p, n);
     const int T = iter.total;
@@ -455,8 +496,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
             /* the producer */
             mbar_expect_tx_arrive(sm.full_kv, 2 * C::KV_BYTES);
             for (int c = 0; c < C::SLABS; ++c) {
-                tma_load_4d(sm.k() + c * BN * 128, &tm_k, c * 64, n * BN, hk, b, sm.full_kv);
-                tma_load_4d(sm.v() + c * BN * 128, &tm_v, c * 64, n * BN, hk, b, sm.full_kv);
+                tma_load_4d(sm.k() + c * BN * 128, &tm_k, c * 64, krow0 + n * BN, hk, bc, sm.full_kv);
+                tma_load_4d(sm.v() + c * BN * 128, &tm_v, c * 64, krow0 + n * BN, hk, bc, sm.full_kv);
             }
             for (int it = 0; it < T; ++it) {
                 int h, m;
@@ -465,12 +506,18 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                 if (it >= STAGES) mbar_wait<C::PSLEEP>(&sm.empty_qdo[s], ((it / STAGES) - 1) & 1);
                 mbar_expect_tx_arrive(&sm.full_qdo[s], 2 * C::QT_BYTES + 2 * BM * 4);
                 for (int c = 0; c < C::SLABS; ++c) {
-                    tma_load_4d(sm.q(s) + c * BM * 128, &tm_q, c * 64, m * BM, h, b, &sm.full_qdo[s]);
-                    tma_load_4d(sm.dout(s) + c * BM * 128, &tm_do, c * 64, m * BM, h, b, &sm.full_qdo[s]);
+                    tma_load_4d(sm.q(s) + c * BM * 128, &tm_q, c * 64, qrow0 + m * BM, h, bc, &sm.full_qdo[s]);
+                    tma_load_4d(sm.dout(s) + c * BM * 128, &tm_do, c * 64, qrow0 + m * BM, h, bc, &sm.full_qdo[s]);
                 }
-                /* the 64 rows' LSE and D: [2 batch][heads][m_blocks][64] f32 (lse2, then dsum) */
-                tma_load_4d(sm.lse(s), &tm_stats, 0, m, h, b, &sm.full_qdo[s]);
-                tma_load_4d(sm.dsum(s), &tm_stats, 0, m, h, p.batch + b, &sm.full_qdo[s]);
+                /* the 64 rows' LSE and D: [2 batch][heads][m_blocks][64] f32 (lse2, then dsum);
+                 * VARLEN: [2][heads][rb_total][64] */
+                if constexpr (C::VARLEN) {
+                    tma_load_4d(sm.lse(s), &tm_stats, 0, sq.rb + m, h, 0, &sm.full_qdo[s]);
+                    tma_load_4d(sm.dsum(s), &tm_stats, 0, sq.rb + m, h, 1, &sm.full_qdo[s]);
+                } else {
+                    tma_load_4d(sm.lse(s), &tm_stats, 0, m, h, b, &sm.full_qdo[s]);
+                    tma_load_4d(sm.dsum(s), &tm_stats, 0, m, h, p.batch + b, &sm.full_qdo[s]);
+                }
             }
         } else if (warp == 1 && T > 0) {
             /* the dQ writer: the first hand-over of each dQ stage is free
@@ -482,9 +529,10 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                 iter.decode(it, hk, p, h, m);
                 const int dqs = it % C::DQ_STAGES;
                 named_bar_sync(C::BAR_DQ_FULL + dqs, 288);
-                const size_t bh = (size_t)b * p.heads_q + h;
-                float *dst = p.dq_acc + (bh * p.m_blocks + m) * (size_t)(BM * D); /* the tile, bwd_dq_index's order */
-                int *sem = p.dq_sem + bh * p.m_blocks + m;
+                const size_t tile = C::VARLEN ? (size_t)h * p.rb_total + sq.rb + m
+                                              : ((size_t)b * p.heads_q + h) * p.m_blocks + m;
+                float *dst = p.dq_acc + tile * (size_t)(BM * D); /* the tile, bwd_dq_index's order */
+                int *sem = p.dq_sem + tile;
                 if (p.deterministic) {
                     /* key blocks add in order: 0 .. n - 1 (every block before
                      * n sees query block m if n does) */
@@ -524,7 +572,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     }
     regs_alloc<C::REGS_CONSUMER>();
     if constexpr (C::SPLIT_D) {
-        bwd_consumer_split_d<C>(sm, p, iter, n, hk, b);
+        bwd_consumer_split_d<C>(sm, p, iter, n, hk, b, sq);
     } else {
         /* a consumer warpgroup: keys 64 cw .. 64 cw + 63 of the block */
         const int cw = wg - 1, wq = warp % 4;
@@ -579,7 +627,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
             reg_fence(st);
             /* P^T: element 4 i + e is key r0 + 8 (e / 2), query 8 i + 2 q4 + e % 2 */
             const float *lse = sm.lse(s), *dsum = sm.dsum(s);
-            const bool need_mask = C::CAUSAL && key0 + 63 > m * BM + p.causal_offset;
+            const bool need_mask =
+                (C::CAUSAL && key0 + 63 > m * BM + p.causal_offset) || (C::VARLEN && key0 + 64 > p.seqlen_k);
 #pragma unroll
             for (int i = 0; i < 8; ++i) bwd_p_group<C>(st, i, lse, p, need_mask, key0 + r0, m * BM + 2 * q4, q4);
             uint32_t pf[4][4], df[4][4];
@@ -677,8 +726,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         }
         if (C::PINGPONG && cw == 0) named_bar_sync(bar_self, 256); /* the last hand-over */
         /* dK (times softmax_scale) and dV: rows key0 + r0 (+ 8), 4-byte stores */
-        uint16_t *gk = (uint16_t *)p.dk + (int64_t)b * p.dk_sb + (int64_t)hk * p.dk_sh;
-        uint16_t *gv = (uint16_t *)p.dv + (int64_t)b * p.dv_sb + (int64_t)hk * p.dv_sh;
+        uint16_t *gk = (uint16_t *)p.dk + bwd_kv_offset<C>(b, sq, p.dk_sb, p.dk_ss) + (int64_t)hk * p.dk_sh;
+        uint16_t *gv = (uint16_t *)p.dv + bwd_kv_offset<C>(b, sq, p.dv_sb, p.dv_ss) + (int64_t)hk * p.dv_sh;
 #pragma unroll
         for (int e2 = 0; e2 < 2; ++e2) {
             const int key = key0 + r0 + 8 * e2;
@@ -692,5 +741,28 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                 *(uint32_t *)(gv + key * p.dv_ss + col) = C::BF16 ? pack_bf16x2(v0, v1) : pack_f16x2(v0, v1);
             }
         }
+    }
+}
+
+template <class C>
+__global__ void __launch_bounds__(C::THREADS, 1)
+    bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                    const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
+                    const __grid_constant__ CUtensorMap tm_stats, const __grid_constant__ BwdParams p) {
+    const int n = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+    if constexpr (C::VARLEN) {
+        /* the grid covers the longest sequence: a key block past this one's
+         * has nothing to do (and its dK, dV rows are another sequence's) */
+        BwdSeq sq;
+        int lq, lk;
+        bwd_varlen_rows(p.cu_q, b, p.total_q, p.seqlen_q, sq.q0, lq);
+        bwd_varlen_rows(p.cu_k, b, p.total_k, p.seqlen_k, sq.k0, lk);
+        if (n * C::BN >= lk) return;
+        sq.rb = bwd_varlen_rb(sq.q0, b);
+        BwdParams ps = p;
+        ps.seqlen_q = lq, ps.seqlen_k = lk, ps.causal_offset = lk - lq, ps.m_blocks = (lq + C::BM - 1) / C::BM;
+        bwd_sm90_body<C>(tm_q, tm_k, tm_v, tm_do, tm_stats, ps, sq, n, hk, b);
+    } else {
+        bwd_sm90_body<C>(tm_q, tm_k, tm_v, tm_do, tm_stats, p, BwdSeq{0, 0, 0}, n, hk, b);
     }
 }

@@ -11,6 +11,21 @@
 #include "../cuda_engine.h"
 #include "bwd_sm90.cuh"
 
+template <bool BF16>
+__device__ __forceinline__ float bwd_load16(uint16_t x) {
+    return BF16 ? __bfloat162float(__ushort_as_bfloat16(x)) : __half2float(__ushort_as_half(x));
+}
+template <bool BF16>
+__device__ __forceinline__ void bwd_store16x2(uint16_t *dst, float x0, float x1) {
+    if (BF16) {
+        dst[0] = __bfloat16_as_ushort(__float2bfloat16_rn(x0));
+        dst[1] = __bfloat16_as_ushort(__float2bfloat16_rn(x1));
+    } else {
+        dst[0] = __half_as_ushort(__float2half_rn(x0));
+        dst[1] = __half_as_ushort(__float2half_rn(x1));
+    }
+}
+
 /* One warp per query row: D = sum(dO O) over the head dim, in fp32, and the
  * LSE in log2 units (+inf where the row saw no key or is padding: P = 0). */
 template <bool BF16>
@@ -27,17 +42,7 @@ __global__ void __launch_bounds__(256) bwd_pre_kernel(const uint16_t *o, int64_t
     float acc = 0.f, l2 = INFINITY;
     if (i < seqlen_q) {
         const uint16_t *po = o + b * o_sb + i * o_ss + h * o_sh, *pd = dout + b * d_sb + i * d_ss + h * d_sh;
-        for (int c = lane; c < d; c += 32) {
-            float x, y;
-            if (BF16) {
-                x = __bfloat162float(__ushort_as_bfloat16(po[c]));
-                y = __bfloat162float(__ushort_as_bfloat16(pd[c]));
-            } else {
-                x = __half2float(__ushort_as_half(po[c]));
-                y = __half2float(__ushort_as_half(pd[c]));
-            }
-            acc = fmaf(x, y, acc);
-        }
+        for (int c = lane; c < d; c += 32) acc = fmaf(bwd_load16<BF16>(po[c]), bwd_load16<BF16>(pd[c]), acc);
         const float l = lse[bh * seqlen_q + i];
         l2 = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
     }
@@ -65,13 +70,61 @@ __global__ void __launch_bounds__(256) bwd_post_kernel(const float *acc, uint16_
     const float *tile = acc + (bh * ((seqlen_q + 63) / 64) + i / 64) * 64 * d;
     const float2 x = *(const float2 *)(tile + bwd_dq_index(i % 64, c, width)); /* c even: c, c + 1 adjacent */
     uint16_t *dst = dq + b * q_sb + i * q_ss + h * q_sh + c;
-    const float x0 = x.x * scale, x1 = x.y * scale;
-    if (BF16) {
-        dst[0] = __bfloat16_as_ushort(__float2bfloat16_rn(x0));
-        dst[1] = __bfloat16_as_ushort(__float2bfloat16_rn(x1));
-    } else {
-        dst[0] = __half_as_ushort(__float2half_rn(x0));
-        dst[1] = __half_as_ushort(__float2half_rn(x1));
+    bwd_store16x2<BF16>(dst, x.x * scale, x.y * scale);
+}
+
+/* VARLEN preprocess: block (m, h, b) = query block m of head h, sequence b
+ * (the grid covers the longest); 8 warps, 8 rows each: D and the LSE in log2
+ * units at the row's place in the workspace ([2][heads][rb_total][64]),
+ * the block's rows past the sequence as padding (D 0, LSE +inf: P = 0). */
+template <bool BF16>
+__global__ void __launch_bounds__(256) bwd_pre_varlen_kernel(const uint16_t *o, int64_t o_ss, int64_t o_sh,
+                                                             const uint16_t *dout, int64_t d_ss, int64_t d_sh,
+                                                             const float *lse, float *lse2, float *dsum,
+                                                             const int *cu_q, int total_q, int max_q, int rb_total,
+                                                             int d) {
+    const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    int q0, lq;
+    bwd_varlen_rows(cu_q, b, total_q, max_q, q0, lq);
+    if (m * 64 >= lq) return;
+    const size_t tile = ((size_t)h * rb_total + bwd_varlen_rb(q0, b) + m) * 64;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int r = warp; r < 64; r += 8) {
+        const int i = m * 64 + r;
+        float acc = 0.f, l2 = INFINITY;
+        if (i < lq) {
+            const int64_t row = (int64_t)q0 + i;
+            const uint16_t *po = o + row * o_ss + h * o_sh, *pd = dout + row * d_ss + h * d_sh;
+            for (int c = lane; c < d; c += 32) acc = fmaf(bwd_load16<BF16>(po[c]), bwd_load16<BF16>(pd[c]), acc);
+            const float l = lse[(int64_t)h * total_q + row];
+            l2 = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+        if (lane == 0) {
+            dsum[tile + r] = acc;
+            lse2[tile + r] = l2;
+        }
+    }
+}
+
+/* VARLEN postprocess: block (m, h, b) writes dq = softmax_scale dq_acc for
+ * the rows of query block m of sequence b that exist. */
+template <bool BF16>
+__global__ void __launch_bounds__(256) bwd_post_varlen_kernel(const float *acc, uint16_t *dq, int64_t q_ss, int64_t q_sh,
+                                                              const int *cu_q, int total_q, int max_q, int rb_total,
+                                                              int width, int d, float scale) {
+    const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    int q0, lq;
+    bwd_varlen_rows(cu_q, b, total_q, max_q, q0, lq);
+    if (m * 64 >= lq) return;
+    const float *tile = acc + ((size_t)h * rb_total + bwd_varlen_rb(q0, b) + m) * 64 * d;
+    const int rows = min(64, lq - m * 64);
+    for (int t = threadIdx.x; t < rows * d / 2; t += blockDim.x) {
+        const int r = 2 * t / d, c = 2 * t % d;
+        const float2 x = *(const float2 *)(tile + bwd_dq_index(r, c, width)); /* c even: c, c + 1 adjacent */
+        uint16_t *dst = dq + ((int64_t)q0 + m * 64 + r) * q_ss + h * q_sh + c;
+        bwd_store16x2<BF16>(dst, x.x * scale, x.y * scale);
     }
 }
 
@@ -105,10 +158,18 @@ fattn_status bwd_sm90_run(fattn_ctx *ctx, const fattn_bwd_args *a) {
     p.dk = a->dk.data, p.dk_sb = a->dk.stride_batch, p.dk_ss = a->dk.stride_seq, p.dk_sh = a->dk.stride_head;
     p.dv = a->dv.data, p.dv_sb = a->dv.stride_batch, p.dv_ss = a->dv.stride_seq, p.dv_sh = a->dv.stride_head;
 
-    /* workspace: dQ accumulator, LSE log2, D, the deterministic mode's counters */
-    const size_t rows = (size_t)pr->batch * pr->heads_q * p.sq_pad;
+    if constexpr (C::VARLEN) {
+        p.cu_q = pr->cu_seqlens_q, p.cu_k = pr->cu_seqlens_k;
+        p.total_q = pr->total_q, p.total_k = pr->total_k;
+        p.rb_total = (int)(((int64_t)pr->total_q + 64 * (int64_t)pr->batch) / 64 + 1);
+    }
+    /* workspace: dQ accumulator, LSE log2, D, the deterministic mode's
+     * counters; per 64-row block of [batch][heads_q][m_blocks], VARLEN of
+     * [heads_q][rb_total] */
+    const size_t blocks = C::VARLEN ? (size_t)pr->heads_q * p.rb_total : (size_t)pr->batch * pr->heads_q * p.m_blocks;
+    const size_t rows = blocks * C::BM;
     const size_t acc_bytes = rows * D * 4, row_bytes = (rows * 4 + 255) / 256 * 256;
-    const size_t sem_bytes = (size_t)pr->batch * pr->heads_q * p.m_blocks * 4;
+    const size_t sem_bytes = blocks * 4;
     void *ws;
     fattn_status s;
     if ((s = cuda_bwd_workspace(ctx, acc_bytes + 2 * row_bytes + sem_bytes, &ws)) != FATTN_OK) return s;
@@ -117,26 +178,26 @@ fattn_status bwd_sm90_run(fattn_ctx *ctx, const fattn_bwd_args *a) {
     p.dsum = (const float *)((char *)ws + acc_bytes + row_bytes);
     p.dq_sem = (int *)((char *)ws + acc_bytes + 2 * row_bytes);
 
+    /* VARLEN: maps over the packed [total, heads, dim] tensors (batch 1) */
+    const int rq = C::VARLEN ? pr->total_q : pr->seqlen_q, rk = C::VARLEN ? pr->total_k : pr->seqlen_k;
+    const int bt = C::VARLEN ? 1 : pr->batch;
     CUtensorMap tq, tk, tv, tdo, tstats;
-    if ((s = cuda_make_tensor_map(ctx, &tq, &a->q, D, pr->seqlen_q, pr->heads_q, pr->batch, C::BM, "q")) != FATTN_OK)
-        return s;
-    if ((s = cuda_make_tensor_map(ctx, &tk, &a->k, D, pr->seqlen_k, pr->heads_kv, pr->batch, C::BN, "k")) != FATTN_OK)
-        return s;
-    if ((s = cuda_make_tensor_map(ctx, &tv, &a->v, D, pr->seqlen_k, pr->heads_kv, pr->batch, C::BN, "v")) != FATTN_OK)
-        return s;
-    if ((s = cuda_make_tensor_map(ctx, &tdo, &a->dout, D, pr->seqlen_q, pr->heads_q, pr->batch, C::BM, "dout")) !=
-        FATTN_OK)
-        return s;
+    if ((s = cuda_make_tensor_map(ctx, &tq, &a->q, D, rq, pr->heads_q, bt, C::BM, "q")) != FATTN_OK) return s;
+    if ((s = cuda_make_tensor_map(ctx, &tk, &a->k, D, rk, pr->heads_kv, bt, C::BN, "k")) != FATTN_OK) return s;
+    if ((s = cuda_make_tensor_map(ctx, &tv, &a->v, D, rk, pr->heads_kv, bt, C::BN, "v")) != FATTN_OK) return s;
+    if ((s = cuda_make_tensor_map(ctx, &tdo, &a->dout, D, rq, pr->heads_q, bt, C::BM, "dout")) != FATTN_OK) return s;
 
-    /* LSE and D side by side as one f32 tensor [2 batch][heads][m_blocks][64]: 64 rows per box */
+    /* LSE and D side by side as one f32 tensor [2 batch][heads][m_blocks][64]
+     * (VARLEN: [2][heads][rb_total][64]): 64 rows per box */
+    const int stat_blocks = C::VARLEN ? p.rb_total : p.m_blocks, stat_b = C::VARLEN ? 1 : pr->batch;
     fattn_tensor stats;
     memset(&stats, 0, sizeof stats);
     stats.data = (void *)p.lse2;
     stats.dtype = FATTN_DTYPE_F32;
     stats.stride_seq = C::BM;
-    stats.stride_head = (int64_t)p.m_blocks * C::BM;
-    stats.stride_batch = (int64_t)pr->heads_q * p.m_blocks * C::BM;
-    if ((s = cuda_tensor_map_4d(ctx, &tstats, &stats, FATTN_DTYPE_F32, C::BM, p.m_blocks, pr->heads_q, 2 * pr->batch,
+    stats.stride_head = (int64_t)stat_blocks * C::BM;
+    stats.stride_batch = (int64_t)pr->heads_q * stat_blocks * C::BM;
+    if ((s = cuda_tensor_map_4d(ctx, &tstats, &stats, FATTN_DTYPE_F32, C::BM, stat_blocks, pr->heads_q, 2 * stat_b,
                                 C::BM, 1, CU_TENSOR_MAP_SWIZZLE_NONE, "lse/D workspace")) != FATTN_OK)
         return s;
     static_assert(C::BM * 4 % 256 == 0, "D follows the LSE with no gap");
@@ -147,10 +208,20 @@ fattn_status bwd_sm90_run(fattn_ctx *ctx, const fattn_bwd_args *a) {
         (void)cudaGetLastError();
         return fattn_fail(ctx, FATTN_ERROR_CUDA, "backward: cudaMemsetAsync: %s", cudaGetErrorString(e));
     }
-    bwd_pre_kernel<C::BF16><<<(unsigned)((rows + 7) / 8), 256, 0, stream>>>(
-        (const uint16_t *)a->o.data, a->o.stride_batch, a->o.stride_seq, a->o.stride_head,
-        (const uint16_t *)a->dout.data, a->dout.stride_batch, a->dout.stride_seq, a->dout.stride_head, a->lse,
-        (float *)p.lse2, (float *)p.dsum, pr->heads_q, pr->seqlen_q, p.sq_pad, D, (int64_t)rows);
+    /* VARLEN: grids over the longest sequence's blocks (a length 0 launches nothing) */
+    const dim3 qgrid((unsigned)p.m_blocks, (unsigned)pr->heads_q, (unsigned)pr->batch);
+    if constexpr (C::VARLEN) {
+        if (p.m_blocks > 0)
+            bwd_pre_varlen_kernel<C::BF16><<<qgrid, 256, 0, stream>>>(
+                (const uint16_t *)a->o.data, a->o.stride_seq, a->o.stride_head, (const uint16_t *)a->dout.data,
+                a->dout.stride_seq, a->dout.stride_head, a->lse, (float *)p.lse2, (float *)p.dsum, p.cu_q, p.total_q,
+                pr->seqlen_q, p.rb_total, D);
+    } else {
+        bwd_pre_kernel<C::BF16><<<(unsigned)((rows + 7) / 8), 256, 0, stream>>>(
+            (const uint16_t *)a->o.data, a->o.stride_batch, a->o.stride_seq, a->o.stride_head,
+            (const uint16_t *)a->dout.data, a->dout.stride_batch, a->dout.stride_seq, a->dout.stride_head, a->lse,
+            (float *)p.lse2, (float *)p.dsum, pr->heads_q, pr->seqlen_q, p.sq_pad, D, (int64_t)rows);
+    }
     if ((s = bwd_launch_error(ctx, "preprocess")) != FATTN_OK) return s;
 
     auto kern = bwd_sm90_kernel<C>;
@@ -160,13 +231,36 @@ fattn_status bwd_sm90_run(fattn_ctx *ctx, const fattn_bwd_args *a) {
         return fattn_fail(ctx, FATTN_ERROR_CUDA, "backward: cudaFuncSetAttribute: %s", cudaGetErrorString(e));
     }
     const dim3 grid((unsigned)((pr->seqlen_k + C::BN - 1) / C::BN), (unsigned)pr->heads_kv, (unsigned)pr->batch);
-    kern<<<grid, C::THREADS, C::SMEM_BYTES, stream>>>(tq, tk, tv, tdo, tstats, p);
+    if (grid.x > 0) kern<<<grid, C::THREADS, C::SMEM_BYTES, stream>>>(tq, tk, tv, tdo, tstats, p);
     if ((s = bwd_launch_error(ctx, "main kernel")) != FATTN_OK) return s;
 
-    const int64_t pairs = (int64_t)pr->batch * pr->heads_q * pr->seqlen_q * D / 2;
-    bwd_post_kernel<C::BF16><<<(unsigned)((pairs + 255) / 256), 256, 0, stream>>>(
-        p.dq_acc, (uint16_t *)a->dq.data, a->dq.stride_batch, a->dq.stride_seq, a->dq.stride_head, pr->heads_q,
-        pr->seqlen_q, C::DQ_N, D, pr->softmax_scale, pairs);
+    if constexpr (C::VARLEN) {
+        if (p.m_blocks > 0)
+            bwd_post_varlen_kernel<C::BF16><<<qgrid, 256, 0, stream>>>(
+                p.dq_acc, (uint16_t *)a->dq.data, a->dq.stride_seq, a->dq.stride_head, p.cu_q, p.total_q,
+                pr->seqlen_q, p.rb_total, C::DQ_N, D, pr->softmax_scale);
+    } else {
+        const int64_t pairs = (int64_t)pr->batch * pr->heads_q * pr->seqlen_q * D / 2;
+        bwd_post_kernel<C::BF16><<<(unsigned)((pairs + 255) / 256), 256, 0, stream>>>(
+            p.dq_acc, (uint16_t *)a->dq.data, a->dq.stride_batch, a->dq.stride_seq, a->dq.stride_head, pr->heads_q,
+            pr->seqlen_q, C::DQ_N, D, pr->softmax_scale, pairs);
+    }
     if ((s = bwd_launch_error(ctx, "postprocess")) != FATTN_OK) return s;
     return cuda_bwd_workspace_done(ctx);
 }
+
+/* The shipped instances of base options O (its head dim and VARLEN) by mask
+ * and dtype: BwdOpts' defaults otherwise (bwd_sm90.cu, bwd_sm90_varlen.cu). */
+template <BwdOpts O>
+fattn_status bwd_run_opts(fattn_ctx *ctx, const fattn_bwd_args *a, bool causal, bool bf16) {
+    constexpr BwdOpts CB = [] { BwdOpts o = O; o.causal = true, o.bf16 = true; return o; }();
+    constexpr BwdOpts CH = [] { BwdOpts o = O; o.causal = true, o.bf16 = false; return o; }();
+    constexpr BwdOpts NB = [] { BwdOpts o = O; o.causal = false, o.bf16 = true; return o; }();
+    constexpr BwdOpts NH = [] { BwdOpts o = O; o.causal = false, o.bf16 = false; return o; }();
+    if (causal) return bf16 ? bwd_sm90_run<BwdCfg<CB>>(ctx, a) : bwd_sm90_run<BwdCfg<CH>>(ctx, a);
+    return bf16 ? bwd_sm90_run<BwdCfg<NB>>(ctx, a) : bwd_sm90_run<BwdCfg<NH>>(ctx, a);
+}
+
+/* variable-length batches: the instances of bwd_sm90_varlen.cu (D 64, 128, 256) */
+template <int D>
+fattn_status bwd_sm90_varlen_d(fattn_ctx *ctx, const fattn_bwd_args *a, bool causal, bool bf16);
