@@ -5,6 +5,9 @@
 
     o = fattn.flash_attn_func(q, k, v, causal=True)  # FlashAttention-3's signature
 
+    # packed variable-length batch: q [total_q, h, d], cu_seqlens int32 [batch + 1] (FA3's signature)
+    o = fattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal=True)
+
     # decoding: append k, v into the cache in place, then attend (FA3's signature)
     o = fattn.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lens, causal=True)
 
@@ -33,8 +36,8 @@ from . import _core
 
 _lib = _core.lib
 
-__all__ = ["attention", "flash_attn_func", "flash_attn_with_kvcache", "FP8", "Context", "FattnError",
-           "FattnInvalidArgumentError", "FattnUnsupportedError", "FattnOutOfMemoryError", "library_path",
+__all__ = ["attention", "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "FP8", "Context",
+           "FattnError", "FattnInvalidArgumentError", "FattnUnsupportedError", "FattnOutOfMemoryError", "library_path",
            "built_with_cuda", "__version__", "F32", "F16", "BF16", "E4M3", "BACKEND_AUTO", "BACKEND_CPU",
            "BACKEND_CUDA", "OPTION_DISABLE_OVERLAP", "OPTION_DISABLE_PINGPONG", "OPTION_DISABLE_PDL",
            "OPTION_SOFTMAX_UNDER_PV", "OPTION_DISABLE_SPLIT"]
@@ -141,6 +144,13 @@ def attention(q, k, v, causal=False, softmax_scale=None, fp8=None, return_lse=Fa
     raise TypeError("fattn.attention takes torch tensors or NumPy arrays, got a %s" % type(q).__name__)
 
 
+def _refuser(fn):
+    """no(what): the NotImplementedError of an FA3 argument fattn cannot serve."""
+    def no(what):
+        raise NotImplementedError("%s: %s is not supported by fattn" % (fn, what))
+    return no
+
+
 def _fa_common_args(fn, no, causal, descales, descale_note, window_size, attention_chunk, softcap, num_splits,
                     splits_note, sm_margin):
     """The FlashAttention-3 arguments flash_attn_func and flash_attn_with_kvcache share: refused
@@ -177,9 +187,7 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     pack_gqa are scheduling hints with no numerical effect: fattn schedules
     itself.  deterministic is passed to the backward.  Returns out, or
     (out, softmax_lse [b, h, sq] float32) with return_attn_probs=True."""
-    def no(what):
-        raise NotImplementedError("fattn.flash_attn_func: %s is not supported by fattn" % what)
-
+    no = _refuser("fattn.flash_attn_func")
     if qv is not None:
         no("qv")
     causal = _fa_common_args("fattn.flash_attn_func", no, causal, (q_descale, k_descale, v_descale),
@@ -190,6 +198,53 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
                         "NumPy arrays)" % type(q).__name__)
     t = _torch_module()
     o_lse = t.attention(q, k, v, causal, softmax_scale, None, True, None, None, deterministic=deterministic)
+    return o_lse if return_attn_probs else o_lse[0]
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q=None,
+                           seqused_k=None, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None,
+                           v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
+                           pack_gqa=None, deterministic=False, sm_margin=0, return_attn_probs=False):
+    """FlashAttention-3's flash_attn_varlen_func (flash_attn_interface), served by
+    fattn_fwd with cu_seqlens: a batch of sequences of different lengths packed
+    without padding.  Torch tensors only (CUDA or CPU), as FA3's: NumPy arrays
+    go through fattn.attention, which has no variable-length form.
+
+    q [total_q, hq, d], k [total_k, hkv, d], v [total_k, hkv, dv] (hq % hkv ==
+    0); cu_seqlens_q, cu_seqlens_k contiguous int32 tensors [batch + 1] on q's
+    device (non-decreasing from 0: sequence b is rows cu_seqlens_q[b] ..
+    cu_seqlens_q[b + 1] - 1 of q and o, and likewise of k, v; an empty
+    sequence is allowed); max_seqlen_q, max_seqlen_k ints >= every sequence's
+    length.  The entries of cu_seqlens are never copied to the host here (no
+    synchronisation: the call can be captured in a CUDA graph); the CPU engine
+    checks them (FattnInvalidArgumentError, a ValueError, nothing written).
+    causal: bottom-right aligned per sequence, as FlashAttention's (key j seen
+    by query i iff j <= i + len_k - len_q; a row that sees no key gives 0 and
+    lse -inf).  seqused_k (int32 [batch], optional): sequence b uses its first
+    seqused_k[b] keys only (forward only: inputs that require grad with grad
+    mode on raise NotImplementedError; the CUDA engine has no varlen forward
+    with seqused_k and raises FattnUnsupportedError).  Returns out [total_q,
+    hq, dv], or (out, softmax_lse [hq, total_q] float32) with
+    return_attn_probs=True.  Differentiable (torch.ops.fattn.fwd_varlen, with
+    fattn_bwd on the same cu_seqlens); deterministic is passed to the backward.
+
+    Arguments whose effect fattn cannot give raise NotImplementedError, never
+    ignored: seqused_q, qv, q/k/v_descale, window_size other than (-1, -1) (or
+    (-1, 0), which is causal), attention_chunk != 0, softcap != 0,
+    num_splits > 1, sm_margin != 0.  num_splits 0 or 1 and pack_gqa are
+    scheduling hints: fattn schedules itself.  Shapes that do not fit,
+    cu_seqlens of another dtype, layout, length or device raise ValueError
+    (TypeError for a non-tensor)."""
+    no = _refuser("fattn.flash_attn_varlen_func")
+    for name, val in (("seqused_q", seqused_q), ("qv", qv)):
+        if val is not None:
+            no(name)
+    causal = _fa_common_args("fattn.flash_attn_varlen_func", no, causal, (q_descale, k_descale, v_descale),
+                             " (fp8 inputs)", window_size, attention_chunk, softcap, num_splits, "", sm_margin)
+    if not _is_torch(q):
+        raise TypeError("fattn.flash_attn_varlen_func takes torch tensors, got a %s" % type(q).__name__)
+    o_lse = _torch_module().varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                                   softmax_scale, causal, deterministic)
     return o_lse if return_attn_probs else o_lse[0]
 
 
@@ -234,9 +289,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     power of two >= 16); others raise FattnUnsupportedError, after the append
     when k, v are given (the rows are then written past cache_seqlens, where
     the next append writes them again)."""
-    def no(what):
-        raise NotImplementedError("fattn.flash_attn_with_kvcache: %s is not supported by fattn" % what)
-
+    no = _refuser("fattn.flash_attn_with_kvcache")
     for name, val in (("qv", qv), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
                       ("rotary_seqlens", rotary_seqlens), ("cache_batch_idx", cache_batch_idx),
                       ("cache_leftpad", cache_leftpad), ("cu_seqlens_q", cu_seqlens_q),

@@ -362,6 +362,9 @@ def lse_ptr(lse):
 # Shapes, scale
 # ---------------------------------------------------------------------------
 
+_INT32_MAX = 2 ** 31 - 1
+
+
 class Dims(collections.namedtuple("Dims", "b sq sk hq hkv d dv")):
     @property
     def o_shape(self):
@@ -405,6 +408,48 @@ def check_shapes(qs, ks, vs):
     return Dims(b, sq, ks[1], hq, hkv, d, vs[3])
 
 
+class VarlenDims(collections.namedtuple("VarlenDims", "dims total_q total_k")):
+    """The shapes of a variable-length call: dims (the Dims fattn_problem gets: b the
+    sequence count, sq and sk the longest sequence's lengths, max_seqlen_q/k), total_q
+    the packed rows of q and o, total_k those of k and v."""
+
+    @property
+    def o_shape(self):
+        return (self.total_q, self.dims.hq, self.dims.dv)
+
+    @property
+    def lse_shape(self):
+        return (self.dims.hq, self.total_q)
+
+    @property
+    def empty(self):
+        """No output element, or no key in the whole batch: fattn_fwd is not called."""
+        return self.total_q == 0 or self.dims.hq == 0 or self.total_k == 0
+
+
+def check_varlen_shapes(qs, ks, vs, batch, max_seqlen_q, max_seqlen_k):
+    """VarlenDims of packed q [total_q, hq, d], k [total_k, hkv, d], v [total_k, hkv, dv]
+    holding `batch` sequences, the longest max_seqlen_q queries and max_seqlen_k keys
+    (ints); ValueError naming the mismatch otherwise.  The cu_seqlens themselves are
+    not read here (they may be device memory)."""
+    for n, s in (("q", qs), ("k", ks), ("v", vs)):
+        if len(s) != 3:
+            raise ValueError("fattn: %s must be 3-D [total_tokens, heads, head_dim] (the sequences packed along "
+                             "the first dimension), got shape %s" % (n, tuple(s)))
+    total_q, hq, d = qs
+    if ks[0] != vs[0] or ks[1] != vs[1]:
+        raise ValueError("fattn: k %s and v %s differ in tokens or heads" % (tuple(ks), tuple(vs)))
+    _check_dims(d, ks[2], vs[2], hq, ks[1], "k's", "k/v's")
+    for n, x in (("batch (len(cu_seqlens) - 1)", batch), ("max_seqlen_q", max_seqlen_q),
+                 ("max_seqlen_k", max_seqlen_k), ("total_q (q.shape[0])", total_q),
+                 ("total_k (k.shape[0])", ks[0])):
+        if not 0 <= x <= _INT32_MAX:
+            raise ValueError("fattn: %s is %d, must be in [0, 2**31)" % (n, x))
+    if batch < 1:
+        raise ValueError("fattn: a variable-length batch needs at least one sequence (cu_seqlens of >= 2 entries)")
+    return VarlenDims(Dims(batch, max_seqlen_q, max_seqlen_k, hq, ks[1], d, vs[2]), total_q, ks[0])
+
+
 def resolve_scale(softmax_scale, head_dim):
     """None -> 1/sqrt(head_dim), as FlashAttention; else a finite value > 0."""
     if softmax_scale is None:
@@ -420,27 +465,38 @@ def resolve_scale(softmax_scale, head_dim):
 # Calls
 # ---------------------------------------------------------------------------
 
-def problem(dims, causal, softmax_scale):
-    return _capi.Problem(dims.b, dims.sq, dims.sk, dims.hq, dims.hkv, dims.d, dims.dv,
-                         float(softmax_scale), int(bool(causal)), None, None)
+# The variable-length fields of fattn_problem: the int32 [batch + 1] cu_seqlens arrays
+# (pointers, where the context computes) and the packed rows total_q, total_k.
+Varlen = collections.namedtuple("Varlen", "cu_seqlens_q cu_seqlens_k total_q total_k")
 
 
-def fwd_struct(dims, qd, kd, vd, od, lse, causal, softmax_scale):
+def problem(dims, causal, softmax_scale, varlen=None):
+    """fattn_problem of dims; varlen: None (fixed-length) or a Varlen, with the
+    tensors then described as batch 1 (fattn.h: stride_batch is not used)."""
+    p = _capi.Problem(dims.b, dims.sq, dims.sk, dims.hq, dims.hkv, dims.d, dims.dv,
+                      float(softmax_scale), int(bool(causal)), None, None)
+    if varlen is not None:
+        p.cu_seqlens_q, p.cu_seqlens_k, p.total_q, p.total_k = varlen
+    return p
+
+
+def fwd_struct(dims, qd, kd, vd, od, lse, causal, softmax_scale, varlen=None, seqused_k=None):
     a = _capi.FwdArgs()
-    a.p = problem(dims, causal, softmax_scale)
+    a.p = problem(dims, causal, softmax_scale, varlen)
     a.q, a.k, a.v = tensor_struct(qd), tensor_struct(kd), tensor_struct(vd)
     a.o = tensor_struct(od)
     a.lse = lse
+    a.seqused_k = seqused_k
     return a
 
 
-def run_fwd(ctx, dims, qd, kd, vd, od, lse, causal, softmax_scale):
-    ctx.fwd_raw(fwd_struct(dims, qd, kd, vd, od, lse, causal, softmax_scale))
+def run_fwd(ctx, dims, qd, kd, vd, od, lse, causal, softmax_scale, varlen=None, seqused_k=None):
+    ctx.fwd_raw(fwd_struct(dims, qd, kd, vd, od, lse, causal, softmax_scale, varlen, seqused_k))
 
 
-def run_bwd(ctx, dims, qd, kd, vd, od, dod, dqd, dkd, dvd, lse, causal, softmax_scale, deterministic):
+def run_bwd(ctx, dims, qd, kd, vd, od, dod, dqd, dkd, dvd, lse, causal, softmax_scale, deterministic, varlen=None):
     a = _capi.BwdArgs()
-    a.p = problem(dims, causal, softmax_scale)
+    a.p = problem(dims, causal, softmax_scale, varlen)
     a.q, a.k, a.v, a.o, a.dout = (tensor_struct(x) for x in (qd, kd, vd, od, dod))
     a.dq, a.dk, a.dv = (tensor_struct(x) for x in (dqd, dkd, dvd))
     a.lse = lse
@@ -538,9 +594,6 @@ class KvDims(collections.namedtuple("KvDims", "dims paged capacity page_size num
     append per sequence, 0 for none)."""
 
 
-_INT32_MAX = 2 ** 31 - 1
-
-
 def check_kvcache_shapes(qs, kcs, vcs, ks=None, vs=None, table_shape=None):
     """KvDims of q [b, sq, hq, d] and the caches: k_cache [b, capacity, hkv, d]
     and v_cache [b, capacity, hkv, dv], or with a page table [b, max_pages]
@@ -607,8 +660,7 @@ def fwd_kvcache_struct(kv, qd, kcd, vcd, od, lse, causal, softmax_scale, seqused
     """fattn_fwd_args of attention over a cache: kcd, vcd the contiguous caches
     or the page pools (their batch dimension is the page, as fattn.h says),
     seqused_k the int32 [batch] used key counts (a pointer, or None = all)."""
-    a = fwd_struct(kv.dims, qd, kcd, vcd, od, lse, causal, softmax_scale)
-    a.seqused_k = seqused_k
+    a = fwd_struct(kv.dims, qd, kcd, vcd, od, lse, causal, softmax_scale, seqused_k=seqused_k)
     if kv.paged:
         a.block_table = block_table
         a.page_size, a.num_pages, a.max_pages_per_seq = kv.page_size, kv.num_pages, kv.max_pages

@@ -1,7 +1,8 @@
 """_torch.py - fattn on torch tensors: the custom ops <ns>::fwd, <ns>::bwd,
-<ns>::fwd_fp8 and <ns>::fwd_kvcache (torch.library, with fake implementations
-for torch.compile), autograd through fattn_bwd (fwd_fp8 is forward only: its
-backward raises; fwd_kvcache, decoding, has none).
+<ns>::fwd_fp8, <ns>::fwd_kvcache, <ns>::fwd_varlen and <ns>::bwd_varlen
+(torch.library, with fake implementations for torch.compile), autograd through
+fattn_bwd (fwd_fp8 is forward only: its backward raises; fwd_kvcache, decoding,
+has none; fwd_varlen's goes through bwd_varlen, but not with seqused_k).
 
 <ns> is the package's name: "fattn", or "fattn_b" when bench/compare.py loads
 a second copy of these bindings beside the first (an op name is registered
@@ -58,16 +59,23 @@ def _readable(t, name):
     return t, d
 
 
-def _fwd_impl(q, k, v, causal, softmax_scale, fp8, ctx=None, out=None):
-    """fp8: None (the 16-bit/f32 forward) or a _core.FP8 (fattn_fwd_fp8)."""
-    dims = _core.check_shapes(q.shape, k.shape, v.shape)
+def _new_outputs(shapes, q, out=None):
+    """(out, lse) of a forward of `shapes` (a _core.Dims or VarlenDims): out (given, or
+    new in q's dtype) and lse float32 on q's device; 0 and -inf when there is nothing
+    to compute (shapes.empty: fattn is then not called)."""
     if out is None:
-        out = torch.empty(dims.o_shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(dims.lse_shape, dtype=torch.float32, device=q.device)
-    if dims.empty:
+        out = torch.empty(shapes.o_shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(shapes.lse_shape, dtype=torch.float32, device=q.device)
+    if shapes.empty:
         out.zero_()
         lse.fill_(-math.inf)
-        return out, lse
+    return out, lse
+
+
+def _run_fwd(ctx, dims, q, k, v, out, lse, causal, softmax_scale, fp8=None, varlen=None, seqused_k=None):
+    """fattn_fwd (fattn_fwd_fp8 when fp8 is a _core.FP8) of 4-D q, k, v into out and
+    lse, on ctx (None: the shared context of the tensors' device) and torch's current
+    stream.  varlen, seqused_k: _core.run_fwd's."""
     if ctx is None:
         ctx = _context(q.device)
     q, qd = _readable(q, "q")
@@ -79,7 +87,15 @@ def _fwd_impl(q, k, v, causal, softmax_scale, fp8, ctx=None, out=None):
         if fp8 is not None:
             _core.run_fwd_fp8(ctx, dims, qd, kd, vd, od, lse.data_ptr(), causal, softmax_scale, fp8)
         else:
-            _core.run_fwd(ctx, dims, qd, kd, vd, od, lse.data_ptr(), causal, softmax_scale)
+            _core.run_fwd(ctx, dims, qd, kd, vd, od, lse.data_ptr(), causal, softmax_scale, varlen, seqused_k)
+
+
+def _fwd_impl(q, k, v, causal, softmax_scale, fp8, ctx=None, out=None):
+    """fp8: None (the 16-bit/f32 forward) or a _core.FP8 (fattn_fwd_fp8)."""
+    dims = _core.check_shapes(q.shape, k.shape, v.shape)
+    out, lse = _new_outputs(dims, q, out)
+    if not dims.empty:
+        _run_fwd(ctx, dims, q, k, v, out, lse, causal, softmax_scale, fp8)
     return out, lse
 
 
@@ -134,25 +150,26 @@ def _fp8_backward(ctx, dout, dlse):
 fwd_fp8.register_autograd(_fp8_backward, setup_context=_fp8_setup_context)
 
 
-@torch.library.custom_op(_NS + "::bwd", mutates_args=())
-def bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-        lse: torch.Tensor, causal: bool, softmax_scale: float,
-        deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) shaped and typed like q, k, v, through fattn_bwd."""
-    dims = _core.check_shapes(q.shape, k.shape, v.shape)
+def _bwd_impl(shapes, dout, q, k, v, out, lse, causal, softmax_scale, deterministic, varlen=None):
+    """(dq, dk, dv) shaped and typed like q, k, v, through fattn_bwd; shapes: the
+    call's _core.Dims, or its VarlenDims with varlen (a _core.Varlen): the packed 3-D
+    tensors are then described as batch 1."""
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    if dims.empty:
+    if shapes.empty:
         for g in (dq, dk, dv):
             g.zero_()
         return dq, dk, dv
+    as4 = (lambda t: t.unsqueeze(0)) if varlen is not None else (lambda t: t)
+    dims = shapes.dims if varlen is not None else shapes
     ctx = _context(q.device)
-    ts = [_readable(t, n) for t, n in ((q, "q"), (k, "k"), (v, "v"), (out, "out"), (dout, "dout"))]
+    ts = [_readable(as4(t), n) for t, n in ((q, "q"), (k, "k"), (v, "v"), (out, "out"), (dout, "dout"))]
     lse = lse.contiguous()
-    gd = [_core.describe(g, n) for g, n in ((dq, "dq"), (dk, "dk"), (dv, "dv"))]
+    gd = [_core.describe(as4(g), n) for g, n in ((dq, "dq"), (dk, "dk"), (dv, "dv"))]
     try:
         with ctx._lock:
             _on_current_stream(ctx, q.device)
-            _core.run_bwd(ctx, dims, *[d for _, d in ts], *gd, lse.data_ptr(), causal, softmax_scale, deterministic)
+            _core.run_bwd(ctx, dims, *[d for _, d in ts], *gd, lse.data_ptr(), causal, softmax_scale, deterministic,
+                          varlen)
     except _core.FattnUnsupportedError as e:
         if q.is_cuda:
             raise type(e)(e.status, "fattn backward on CUDA tensors: %s (CPU tensors are differentiable "
@@ -161,9 +178,21 @@ def bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o
     return dq, dk, dv
 
 
-@bwd.register_fake
-def _bwd_fake(dout, q, k, v, out, lse, causal, softmax_scale, deterministic):
+@torch.library.custom_op(_NS + "::bwd", mutates_args=())
+def bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+        lse: torch.Tensor, causal: bool, softmax_scale: float,
+        deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) shaped and typed like q, k, v, through fattn_bwd."""
+    dims = _core.check_shapes(q.shape, k.shape, v.shape)
+    return _bwd_impl(dims, dout, q, k, v, out, lse, causal, softmax_scale, deterministic)
+
+
+def _bwd_fake(dout, q, k, v, *rest):
+    """The fake of bwd and bwd_varlen: the gradients are shaped like q, k, v."""
     return tuple(t.new_empty(t.shape) for t in (q, k, v))
+
+
+bwd.register_fake(_bwd_fake)
 
 
 def _setup_context(ctx, inputs, output):
@@ -388,3 +417,135 @@ def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale,
     scale = _core.resolve_scale(softmax_scale, kv.dims.d)
     return fwd_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, bool(causal), scale,
                        bool(disable_split))
+
+
+# ---------------------------------------------------------------------------
+# Variable-length batches: fattn_fwd / fattn_bwd with cu_seqlens;
+# fattn.flash_attn_varlen_func
+# ---------------------------------------------------------------------------
+
+def _varlen_indices(device, cu_seqlens_q, cu_seqlens_k, seqused_k=None):
+    """The batch of a variable-length call, len(cu_seqlens_q) - 1, after the checks that
+    read no entry (the entries may be device memory; the CPU engine checks them on the
+    host): cu_seqlens_q and cu_seqlens_k contiguous 1-D int32 tensors of one length
+    >= 2 on `device`, seqused_k (optional) a contiguous int32 tensor [batch] there.
+    TypeError for a non-tensor, ValueError otherwise."""
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k), ("seqused_k", seqused_k)):
+        if t is None and name == "seqused_k":
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError("fattn: %s must be an int32 torch tensor, got a %s" % (name, type(t).__name__))
+        want = "[batch + 1] (batch >= 1)" if name != "seqused_k" else "[batch]"
+        if t.dtype != torch.int32 or t.dim() != 1 or not t.is_contiguous() or t.device != device \
+                or (name != "seqused_k" and t.shape[0] < 2):
+            raise ValueError("fattn: %s must be a contiguous 1-D int32 tensor %s on %s, got %s %s%s on %s"
+                             % (name, want, device, t.dtype, tuple(t.shape),
+                                "" if t.is_contiguous() else " (not contiguous)", t.device))
+    if cu_seqlens_q.shape[0] != cu_seqlens_k.shape[0]:
+        raise ValueError("fattn: cu_seqlens_q has %d entries but cu_seqlens_k %d (both are [batch + 1])"
+                         % (cu_seqlens_q.shape[0], cu_seqlens_k.shape[0]))
+    batch = cu_seqlens_q.shape[0] - 1
+    if seqused_k is not None and seqused_k.shape[0] != batch:
+        raise ValueError("fattn: seqused_k has %d entries, the batch (len(cu_seqlens_q) - 1) %d"
+                         % (seqused_k.shape[0], batch))
+    return batch
+
+
+def _varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k):
+    batch = _varlen_indices(q.device, cu_seqlens_q, cu_seqlens_k, seqused_k)
+    return _core.check_varlen_shapes(q.shape, k.shape, v.shape, batch, max_seqlen_q, max_seqlen_k)
+
+
+def _varlen_fields(shapes, cu_seqlens_q, cu_seqlens_k):
+    return _core.Varlen(cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(), shapes.total_q, shapes.total_k)
+
+
+@torch.library.custom_op(_NS + "::fwd_varlen", mutates_args=())
+def fwd_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+               cu_seqlens_k: torch.Tensor, seqused_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
+               causal: bool, softmax_scale: float, deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """A variable-length batch (fattn_fwd with cu_seqlens): q [total_q, hq, d], k [total_k, hkv, d],
+    v [total_k, hkv, dv] packed, sequence b at rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 (k, v:
+    cu_seqlens_k), int32 [batch + 1]; max_seqlen_q/k the longest lengths; seqused_k (int32 [batch] or
+    None): sequence b uses its first seqused_k[b] keys only.  (out [total_q, hq, dv] in q's dtype, lse
+    [hq, total_q] float32).  `deterministic` is kept for the backward (none with seqused_k)."""
+    shapes = _varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
+    out, lse = _new_outputs(shapes, q)
+    if not shapes.empty:
+        _run_fwd(None, shapes.dims, q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), out.unsqueeze(0), lse, causal,
+                 softmax_scale, varlen=_varlen_fields(shapes, cu_seqlens_q, cu_seqlens_k),
+                 seqused_k=seqused_k.data_ptr() if seqused_k is not None else None)
+    return out, lse
+
+
+@fwd_varlen.register_fake
+def _fwd_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, causal,
+                     softmax_scale, deterministic):
+    total_q, hq, _ = q.shape
+    return (q.new_empty((total_q, hq, v.shape[2])), q.new_empty((hq, total_q), dtype=torch.float32))
+
+
+@torch.library.custom_op(_NS + "::bwd_varlen", mutates_args=())
+def bwd_varlen(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+               lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
+               max_seqlen_k: int, causal: bool, softmax_scale: float,
+               deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of fwd_varlen (without seqused_k), shaped and typed like q, k, v, through fattn_bwd
+    with the same cu_seqlens."""
+    shapes = _varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k, None, max_seqlen_q, max_seqlen_k)
+    return _bwd_impl(shapes, dout, q, k, v, out, lse, causal, softmax_scale, deterministic,
+                     _varlen_fields(shapes, cu_seqlens_q, cu_seqlens_k))
+
+
+bwd_varlen.register_fake(_bwd_fake)
+
+
+def _seqused_grad_error():
+    return NotImplementedError("fattn: the backward of a variable-length call with seqused_k is not supported "
+                               "(fattn_bwd has no seqused_k): call it under torch.no_grad() or on tensors that do "
+                               "not require grad, or leave seqused_k unset")
+
+
+def _varlen_setup_context(ctx, inputs, output):
+    q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, \
+        deterministic = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k)
+    ctx.seqused = seqused_k is not None
+    ctx.scalars = (max_seqlen_q, max_seqlen_k, causal, softmax_scale, deterministic)
+    ctx.mark_non_differentiable(lse)  # as fwd's: fattn_bwd takes no dlse
+
+
+def _varlen_backward(ctx, dout, dlse):
+    if ctx.seqused:  # varlen() refuses this before the call; a direct op call raises here
+        raise _seqused_grad_error()
+    q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    dq, dk, dv = bwd_varlen(dout, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *ctx.scalars)
+    return (dq, dk, dv) + (None,) * 8
+
+
+fwd_varlen.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
+
+
+def _max_seqlen(x, name):
+    """max_seqlen_q/k as an int (a SymInt under torch.compile stays one); a tensor is refused:
+    reading it would synchronise with the device."""
+    if isinstance(x, (bool, torch.Tensor)) or not (isinstance(x, (int, torch.SymInt)) or hasattr(x, "__index__")):
+        raise TypeError("fattn: %s must be an int (the longest sequence's length), got a %s"
+                        % (name, type(x).__name__))
+    return x if isinstance(x, (int, torch.SymInt)) else int(x.__index__())
+
+
+def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+           deterministic):
+    """fattn.flash_attn_varlen_func once its FA3 arguments are checked: (out, lse)."""
+    _check_inputs(q, k, v)
+    max_seqlen_q = _max_seqlen(max_seqlen_q, "max_seqlen_q")
+    max_seqlen_k = _max_seqlen(max_seqlen_k, "max_seqlen_k")
+    shapes = _varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
+    scale = _core.resolve_scale(softmax_scale, shapes.dims.d)
+    if seqused_k is not None and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
+                                                              or v.requires_grad):
+        raise _seqused_grad_error()
+    return fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, bool(causal),
+                      scale, bool(deterministic))
