@@ -1,7 +1,8 @@
 """fattn on torch tensors: the forward and its gradients (CPU engine) against float64
 references, the custom ops (opcheck, torch.compile(fullgraph=True)), flash_attn_func's
 FlashAttention-3 signature, flash_attn_with_kvcache (decoding on contiguous and paged KV
-caches), and every kind of bad argument.  CUDA cases run on a Hopper GPU and skip
+caches), flash_attn_varlen_func (packed variable-length batches), and every kind of bad
+argument.  CUDA cases run on a Hopper GPU and skip
 elsewhere.  Needs torch and the library."""
 import math
 import os
@@ -1317,6 +1318,389 @@ class KvCacheCuda(unittest.TestCase):
         pending = not before.query()
         torch.cuda.synchronize()
         self.assertTrue(pending, "the call waited for the GPU")
+
+
+# ---------------------------------------------------------------------------
+# fattn.flash_attn_varlen_func: packed variable-length batches (cu_seqlens)
+# ---------------------------------------------------------------------------
+
+def varlen_reference(q, k, v, cu_q, cu_k, causal=False, scale=None, seqused_k=None):
+    """(out [total_q, hq, dv], lse [hq, total_q]) of a packed variable-length batch, one sequence at a time
+    through torch's SDPA (the math kernel) in the inputs' dtype, differentiable; FlashAttention's causal mask
+    bottom-right aligned on each sequence (key j seen by query i iff j <= i + len_k - len_q, len_k the
+    sequence's keys, its first seqused_k[b] with seqused_k).  Rows that see no key are left out of the SDPA
+    call (its softmax would be NaN, and so would every gradient through it) and give 0 and lse -inf.  The
+    lse is the logsumexp of the same scaled, masked scores."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    hq, hkv, dv = q.shape[1], k.shape[1], v.shape[2]
+    scale = 1.0 / math.sqrt(q.shape[2]) if scale is None else scale
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    outs, lses = [], []
+    for b in range(len(cq) - 1):
+        qb, kb, vb = q[cq[b]:cq[b + 1]], k[ck[b]:ck[b + 1]], v[ck[b]:ck[b + 1]]
+        if seqused_k is not None:
+            kb, vb = kb[:int(seqused_k[b])], vb[:int(seqused_k[b])]
+        lq, lk = qb.shape[0], kb.shape[0]
+        i0 = lq if lk == 0 else (max(lq - lk, 0) if causal else 0)  # rows < i0 see no key
+        outs.append(q.new_zeros((i0, hq, dv)))
+        lses.append(torch.full((hq, i0), float("-inf"), dtype=torch.float64))
+        if i0 == lq:
+            continue
+        qs = qb[i0:].transpose(0, 1)[None]  # [1, hq, n, d]
+        ks, vs = (x.repeat_interleave(hq // hkv, 1).transpose(0, 1)[None] for x in (kb, vb))
+        mask = None
+        if causal:
+            mask = torch.arange(lk)[None, :] <= torch.arange(i0, lq)[:, None] + lk - lq
+        with sdpa_kernel(SDPBackend.MATH):
+            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale)
+        outs.append(o[0].transpose(0, 1))
+        sc = (qs.double() @ ks.double().transpose(-1, -2))[0] * scale
+        if mask is not None:
+            sc = sc.masked_fill(~mask, float("-inf"))
+        lses.append(sc.logsumexp(-1).detach())
+    return torch.cat(outs), torch.cat(lses, 1)
+
+
+def varlen_inputs(seqs, hq=4, hkv=2, d=32, dv=None, dtype=torch.float32, device="cpu", seed=0):
+    """q [total_q, hq, d], k, v [total_k, hkv, d (dv)] of the (len_q, len_k) pairs `seqs`, N(0, 1);
+    cu_seqlens_q, cu_seqlens_k int32; max_seqlen_q, max_seqlen_k."""
+    g = torch.Generator().manual_seed(seed)
+    dv = d if dv is None else dv
+    lq, lk = [a for a, _ in seqs], [b for _, b in seqs]
+    cu = [torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32).to(device) for lens in (lq, lk)]
+    q, k, v = (torch.randn(s, generator=g).to(device=device, dtype=dtype)
+               for s in ((sum(lq), hq, d), (sum(lk), hkv, d), (sum(lk), hkv, dv)))
+    return q, k, v, cu[0], cu[1], max(lq), max(lk)
+
+
+# Ragged batches: an empty sequence, no keys (its rows see none), no queries, length 1, lengths that are not
+# multiples of 64 (and 64, 129), len_q > len_k (the first causal rows see no key) and len_q < len_k.
+VARLEN_SEQS = [(37, 50), (0, 0), (1, 1), (130, 100), (5, 0), (0, 7), (64, 129), (20, 3)]
+VARLEN_SHAPES = [dict(hq=4, hkv=2, d=32), dict(hq=6, hkv=1, d=24, dv=40), dict(hq=3, hkv=3, d=16)]
+FA3_VARLEN_ARGS = ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "seqused_q",
+                   "seqused_k", "softmax_scale", "causal", "qv", "q_descale", "k_descale", "v_descale",
+                   "window_size", "attention_chunk", "softcap", "num_splits", "pack_gqa", "deterministic",
+                   "sm_margin", "return_attn_probs"]
+
+
+class Varlen(unittest.TestCase):
+    """fattn.flash_attn_varlen_func on CPU tensors against varlen_reference in float64: out within Forward's
+    tolerances (relative Frobenius: f32 1e-5, f16 3e-3, bf16 2e-2), lse (f32 inside on every dtype) within
+    1e-5 on the rows that see keys and -inf exactly on the others; gradients as Backward's (f32: within 2x
+    the f32 reference's own error + 1e-6; 16-bit: within 2x the relative error of SDPA on the 16-bit
+    inputs)."""
+
+    def check_forward(self, msg, q, k, v, cu_q, cu_k, mq, mk, causal, tol, scale=None, **kw):
+        o, lse = fattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, causal=causal, softmax_scale=scale,
+                                              return_attn_probs=True, **kw)
+        want, want_lse = varlen_reference(q.double(), k.double(), v.double(), cu_q, cu_k, causal, scale,
+                                          kw.get("seqused_k"))
+        self.assertEqual((o.dtype, tuple(o.shape)), (q.dtype, tuple(q.shape[:2]) + (v.shape[2],)), msg)
+        self.assertEqual((lse.dtype, tuple(lse.shape)), (torch.float32, (q.shape[1], q.shape[0])), msg)
+        self.assertLess(rel(o, want), tol, msg)
+        fin = torch.isfinite(want_lse)
+        self.assertTrue(torch.equal(torch.isfinite(lse), fin), msg)
+        self.assertTrue(bool((o.view(-1, *o.shape[1:]).transpose(0, 1)[~fin] == 0).all()), msg)  # no key: 0
+        torch.testing.assert_close(lse[fin].double(), want_lse[fin], rtol=1e-5, atol=1e-5,
+                                   msg=lambda m: "%s: %s" % (msg, m))
+        return o, lse
+
+    def test_matches_reference(self):
+        for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 3e-3), (torch.bfloat16, 2e-2)):
+            for n, shape in enumerate(VARLEN_SHAPES):
+                ts = varlen_inputs(VARLEN_SEQS, dtype=dtype, seed=n, **shape)
+                for causal in (False, True):
+                    self.check_forward("%s %s causal %s" % (dtype, shape, causal), *ts, causal, tol)
+
+    def test_scale_max_seqlen_and_one_sequence(self):
+        q, k, v, cu_q, cu_k, mq, mk = varlen_inputs(VARLEN_SEQS, seed=3)
+        self.check_forward("scale", q, k, v, cu_q, cu_k, mq, mk, True, 1e-5, scale=0.3)
+        # max_seqlen larger than every sequence (an upper bound, as FA3's): the same values
+        want = fattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, causal=True)
+        got = fattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq + 100, mk + 3, causal=True)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+        # one sequence is the dense call on it; a uniform batch is flash_attn_func's on [b, s, h, d]
+        for causal in (False, True):
+            q1, k1, v1, cq1, ck1, mq1, mk1 = varlen_inputs([(70, 90)], seed=4)
+            o1 = fattn.flash_attn_varlen_func(q1, k1, v1, cq1, ck1, mq1, mk1, causal=causal)
+            torch.testing.assert_close(o1, fattn.attention(q1[None], k1[None], v1[None], causal)[0],
+                                       rtol=1e-6, atol=1e-6)
+            qu, ku, vu, cqu, cku, mqu, mku = varlen_inputs([(33, 41)] * 3, seed=5)
+            ou, lu = fattn.flash_attn_varlen_func(qu, ku, vu, cqu, cku, mqu, mku, causal=causal,
+                                                  return_attn_probs=True)
+            od, ld = fattn.flash_attn_func(qu.view(3, 33, 4, 32), ku.view(3, 41, 2, 32), vu.view(3, 41, 2, 32),
+                                           causal=causal, return_attn_probs=True)
+            torch.testing.assert_close(ou, od.reshape(99, 4, 32), rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(lu, ld.transpose(0, 1).reshape(4, 99), rtol=1e-6, atol=1e-6)
+
+    def test_layouts(self):
+        # strided q, k, v (slices of one packed qkv buffer, a head dim that is not contiguous: copied)
+        q, k, v, cu_q, cu_k, mq, mk = varlen_inputs([(40, 40), (17, 17)], hq=2, hkv=2, d=16)
+        want = fattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, causal=True)
+        qkv = torch.stack([q, k, v], 1)  # [total, 3, h, d]
+        got = fattn.flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_q, cu_k, mq, mk, causal=True)
+        self.assertTrue(torch.equal(got, want))
+        qt = q.transpose(1, 2).contiguous().transpose(1, 2)
+        self.assertTrue(torch.equal(fattn.flash_attn_varlen_func(qt, k, v, cu_q, cu_k, mq, mk, causal=True), want))
+
+    def test_backward_f32(self):
+        for n, shape in enumerate(VARLEN_SHAPES[:2]):
+            q, k, v, cu_q, cu_k, mq, mk = varlen_inputs(VARLEN_SEQS, seed=10 + n, **shape)
+            dout = torch.randn(q.shape[:2] + (v.shape[2],), generator=torch.Generator().manual_seed(n))
+            for causal in (False, True):
+                msg = "%s causal %s" % (shape, causal)
+                want = grads(lambda a, b, c: varlen_reference(a, b, c, cu_q, cu_k, causal)[0], q.double(),
+                             k.double(), v.double(), dout.double())
+                peer = grads(lambda a, b, c: varlen_reference(a, b, c, cu_q, cu_k, causal)[0], q, k, v, dout)
+                got = grads(lambda a, b, c: fattn.flash_attn_varlen_func(a, b, c, cu_q, cu_k, mq, mk, causal=causal),
+                            q, k, v, dout)
+                for name, g, p, w in zip(("o", "dq", "dk", "dv"), got, peer, want):
+                    self.assertEqual(g.dtype, torch.float32)
+                    err, peer_err = (g.double() - w).norm().item(), (p.double() - w).norm().item()
+                    self.assertLessEqual(err, 2 * peer_err + 1e-6 * max(w.norm().item(), 1.0), (name, msg))
+
+    def test_backward_16bit(self):
+        for dtype in (torch.float16, torch.bfloat16):
+            q, k, v, cu_q, cu_k, mq, mk = varlen_inputs(VARLEN_SEQS, dtype=dtype, seed=20)
+            dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(2)).to(dtype)
+            for causal in (False, True):
+                want = grads(lambda a, b, c: varlen_reference(a, b, c, cu_q, cu_k, causal)[0], q.double(),
+                             k.double(), v.double(), dout.double())
+                peer = grads(lambda a, b, c: varlen_reference(a, b, c, cu_q, cu_k, causal)[0], q, k, v, dout)
+                got = grads(lambda a, b, c: fattn.flash_attn_varlen_func(a, b, c, cu_q, cu_k, mq, mk, causal=causal),
+                            q, k, v, dout)
+                for name, g, p, w in zip(("o", "dq", "dk", "dv"), got, peer, want):
+                    self.assertEqual(g.dtype, dtype)
+                    self.assertLessEqual(rel(g, w), 2 * rel(p, w), (name, dtype, causal))
+
+    def test_lse_and_empty(self):
+        q, k, v, cu_q, cu_k, mq, mk = varlen_inputs(VARLEN_SEQS, seed=30)
+        q.requires_grad_(True)
+        o, lse = fattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, causal=True, return_attn_probs=True)
+        self.assertTrue(o.requires_grad)
+        self.assertFalse(lse.requires_grad)  # as flash_attn_func's: no gradient through the lse
+        self.assertTrue(torch.equal(fattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, causal=True), o))
+        (o.sum() + lse.sum()).backward()
+        self.assertIsNotNone(q.grad)
+        # no query or no key anywhere in the batch: nothing computed, 0 and -inf; zero gradients
+        for seqs in ([(0, 5), (0, 0)], [(3, 0), (4, 0)]):
+            q, k, v, cu_q, cu_k, mq, mk = varlen_inputs(seqs)
+            ts = [t.requires_grad_(True) for t in (q, k, v)]
+            o, lse = fattn.flash_attn_varlen_func(*ts, cu_q, cu_k, mq, mk, return_attn_probs=True)
+            self.assertEqual((tuple(o.shape), tuple(lse.shape)), ((q.shape[0], 4, 32), (4, q.shape[0])))
+            self.assertTrue(bool((o == 0).all()) and bool(torch.isneginf(lse).all()))
+            o.sum().backward()
+            self.assertTrue(all(bool((t.grad == 0).all()) for t in ts))
+
+    def test_seqused_k(self):
+        # sequence b uses its first seqused_k[b] keys (the CPU engine serves it with cu_seqlens); the keys
+        # past them hold NaN and never reach the output.  Forward only: fattn_bwd has no seqused_k.
+        seqs = [(10, 30), (0, 4), (25, 20), (1, 9)]
+        q, k, v, cu_q, cu_k, mq, mk = varlen_inputs(seqs, seed=40)
+        used = torch.tensor([12, 4, 0, 9], dtype=torch.int32)
+        for b, n in enumerate(used.tolist()):
+            k[cu_k[b] + n:cu_k[b + 1]] = float("nan")
+            v[cu_k[b] + n:cu_k[b + 1]] = float("nan")
+        for causal in (False, True):
+            o, _ = self.check_forward("causal %s" % causal, q, k, v, cu_q, cu_k, mq, mk, causal, 1e-5,
+                                      seqused_k=used)
+            self.assertTrue(bool(torch.isfinite(o).all()))
+        with self.assertRaises(NotImplementedError) as cm:
+            fattn.flash_attn_varlen_func(q.requires_grad_(True), k, v, cu_q, cu_k, mq, mk, seqused_k=used)
+        self.assertIn("seqused_k", str(cm.exception))
+        with torch.no_grad():
+            fattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, seqused_k=used)
+        # the op called directly: its backward raises, never a wrong gradient
+        o, _ = torch.ops.fattn.fwd_varlen(q, k, v, cu_q, cu_k, used, mq, mk, False, 0.25, False)
+        with self.assertRaises(NotImplementedError):
+            o.sum().backward()
+        self.assertIsNone(q.grad)
+
+    def test_hints_change_nothing(self):
+        q, k, v, cu_q, cu_k, mq, mk = varlen_inputs(VARLEN_SEQS, seed=50)
+        want = fattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, causal=True, return_attn_probs=True)
+        for hint in (dict(num_splits=0), dict(num_splits=1), dict(pack_gqa=True), dict(pack_gqa=False),
+                     dict(deterministic=True), dict(window_size=[-1, -1]), dict(sm_margin=0),
+                     dict(causal=False, window_size=(-1, 0))):
+            kw = dict(causal=True)
+            kw.update(hint)
+            got = fattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, return_attn_probs=True, **kw)
+            self.assertTrue(same_bits(got[0], want[0]) and same_bits(got[1], want[1]), hint)
+
+    def test_unsupported_arguments_raise(self):
+        q, k, v, cu_q, cu_k, mq, mk = varlen_inputs(VARLEN_SEQS)
+        for bad in (dict(seqused_q=torch.ones(8, dtype=torch.int32)), dict(qv=q), dict(q_descale=torch.ones(8, 2)),
+                    dict(k_descale=torch.ones(8, 2)), dict(v_descale=torch.ones(8, 2)), dict(window_size=(8, 8)),
+                    dict(window_size=(8, 0)), dict(window_size=(-1, 8)), dict(attention_chunk=64),
+                    dict(softcap=30.0), dict(num_splits=4), dict(sm_margin=8)):
+            with self.assertRaises(NotImplementedError, msg=str(bad)) as cm:
+                fattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, **bad)
+            self.assertIn("not supported by fattn", str(cm.exception))
+
+    def test_bad_arguments(self):
+        q, k, v, cu_q, cu_k, mq, mk = varlen_inputs(VARLEN_SEQS)
+        before = [t.clone() for t in (q, k, v, cu_q, cu_k)]
+        i32 = lambda xs: torch.tensor(xs, dtype=torch.int32)  # noqa: E731
+        for what, args in (
+                ("q 4-D", (q[None], k, v, cu_q, cu_k, mq, mk)),
+                ("k 2-D", (q, k[:, 0], v, cu_q, cu_k, mq, mk)),
+                ("v's tokens", (q, k, v[1:], cu_q, cu_k, mq, mk)),
+                ("v's heads", (q, k, v[:, :1], cu_q, cu_k, mq, mk)),
+                ("k's head dim", (q, k[..., :16], v, cu_q, cu_k, mq, mk)),
+                ("GQA ratio", (q[:, :3], k, v, cu_q, cu_k, mq, mk)),
+                ("cu_seqlens_q int64", (q, k, v, cu_q.long(), cu_k, mq, mk)),
+                ("cu_seqlens_k float", (q, k, v, cu_q, cu_k.float(), mq, mk)),
+                ("cu_seqlens_q 2-D", (q, k, v, cu_q[None], cu_k, mq, mk)),
+                ("cu_seqlens_q not contiguous", (q, k, v, torch.stack([cu_q, cu_q], 1)[:, 0], cu_k, mq, mk)),
+                ("cu_seqlens of one entry", (q[:0], k[:0], v[:0], i32([0]), i32([0]), 0, 0)),
+                ("mismatched lengths", (q, k, v, cu_q, cu_k[:-1], mq, mk)),
+                ("cu_seqlens on another device", (q, k, v, cu_q.to("meta"), cu_k, mq, mk)),
+                ("negative max_seqlen_q", (q, k, v, cu_q, cu_k, -1, mk)),
+                ("max_seqlen_k >= 2**31", (q, k, v, cu_q, cu_k, mq, 2 ** 31)),
+                # the library's checks of the entries (CPU engine, on the host): FattnInvalidArgumentError
+                ("a sequence longer than max_seqlen_q", (q, k, v, cu_q, cu_k, mq - 1, mk)),
+                ("a sequence longer than max_seqlen_k", (q, k, v, cu_q, cu_k, mq, mk - 1)),
+                ("cu_seqlens_q[-1] != total_q", (q[:-1], k, v, cu_q, cu_k, mq, mk)),
+                ("cu_seqlens_k[-1] != total_k", (q, k[1:], v[1:], cu_q, cu_k, mq, mk)),
+                ("cu_seqlens_q decreasing", (q, k, v, torch.where(cu_q == 38, 300, cu_q), cu_k, 300, mk)),
+                ("cu_seqlens_k[0] != 0", (q, k, v, cu_q, cu_k + 1, mq, mk))):
+            with self.assertRaises(ValueError, msg=what) as cm:
+                fattn.flash_attn_varlen_func(*args)
+            self.assertIn("fattn", str(cm.exception), what)
+            library = isinstance(cm.exception, fattn.FattnInvalidArgumentError)
+            self.assertEqual(library, what.startswith(("a sequence", "cu_seqlens_q[", "cu_seqlens_k[",
+                                                       "cu_seqlens_q dec")), (what, str(cm.exception)))
+        for what, kw in (("seqused_k of 3", dict(seqused_k=i32([1, 2, 3]))),
+                         ("seqused_k int64", dict(seqused_k=torch.ones(8, dtype=torch.int64)))):
+            with self.assertRaises(ValueError, msg=what):
+                fattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, **kw)
+        with self.assertRaises(fattn.FattnInvalidArgumentError):  # a negative entry: the library's check
+            fattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, seqused_k=-torch.ones(8, dtype=torch.int32))
+        for what, args in (("cu_seqlens a list", (q, k, v, cu_q.tolist(), cu_k, mq, mk)),
+                           ("max_seqlen_q a float", (q, k, v, cu_q, cu_k, float(mq), mk)),
+                           ("max_seqlen_k a tensor", (q, k, v, cu_q, cu_k, mq, torch.tensor(mk))),
+                           ("float64", (q.double(), k.double(), v.double(), cu_q, cu_k, mq, mk)),
+                           ("NumPy", (q.numpy(), k, v, cu_q, cu_k, mq, mk))):
+            with self.assertRaises(TypeError, msg=what):
+                fattn.flash_attn_varlen_func(*args)
+        for t, b in zip((q, k, v, cu_q, cu_k), before):  # nothing written
+            self.assertTrue(torch.equal(t, b))
+        # the messages say what is wrong
+        with self.assertRaises(ValueError) as cm:
+            fattn.flash_attn_varlen_func(q, k, v, cu_q.long(), cu_k, mq, mk)
+        self.assertIn("cu_seqlens_q must be a contiguous 1-D int32 tensor", str(cm.exception))
+        with self.assertRaises(ValueError) as cm:
+            fattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k[:-1], mq, mk)
+        self.assertIn("cu_seqlens_q has 9 entries but cu_seqlens_k 8", str(cm.exception))
+        with self.assertRaises(ValueError) as cm:
+            fattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq - 1, mk)
+        self.assertIn("length 130 > seqlen_q 129", str(cm.exception))
+
+    def test_signature_is_fa3s(self):
+        import inspect
+        sig = inspect.signature(fattn.flash_attn_varlen_func)
+        self.assertEqual(list(sig.parameters), FA3_VARLEN_ARGS)
+        defaults = {n: p.default for n, p in sig.parameters.items() if p.default is not inspect.Parameter.empty}
+        self.assertEqual((defaults["num_splits"], defaults["window_size"], defaults["softcap"]), (1, (-1, -1), 0.0))
+        self.assertIn("flash_attn_varlen_func", fattn.__all__)
+
+    def test_opcheck(self):
+        q, k, v, cu_q, cu_k, mq, mk = varlen_inputs([(7, 9), (0, 3), (5, 2)], hq=2, hkv=1, d=16)
+        q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+        for args in ((q, k, v, cu_q, cu_k, None, mq, mk, True, 0.3, False),
+                     (q.detach(), k.detach(), v.detach(), cu_q, cu_k, torch.tensor([3, 1, 2], dtype=torch.int32),
+                      mq, mk, False, 0.3, False)):
+            for name, res in torch.library.opcheck(torch.ops.fattn.fwd_varlen.default, args).items():
+                self.assertEqual(res, "SUCCESS", name)
+        o, lse = torch.ops.fattn.fwd_varlen(q, k, v, cu_q, cu_k, None, mq, mk, True, 0.3, False)
+        bargs = (torch.randn_like(o), q.detach(), k.detach(), v.detach(), o.detach(), lse, cu_q, cu_k, mq, mk, True,
+                 0.3, False)
+        for name, res in torch.library.opcheck(torch.ops.fattn.bwd_varlen.default, bargs).items():
+            self.assertEqual(res, "SUCCESS", name)
+
+    def test_compile(self):
+        # torch.compile(fullgraph=True) of a function calling it, forward and backward: aot_eager traces the
+        # fake ops and the autograd formula; the same bits as eager (the same fattn calls)
+        q, k, v, cu_q, cu_k, mq, mk = varlen_inputs(VARLEN_SEQS, seed=60)
+        dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(6))
+
+        def f(q, k, v, cu_q, cu_k):
+            o, lse = fattn.flash_attn_varlen_func(q * 1.5, k, v, cu_q, cu_k, mq, mk, causal=True,
+                                                  return_attn_probs=True)
+            return o * 2, lse
+
+        want = grads(lambda a, b, c: f(a, b, c, cu_q, cu_k)[0], q, k, v, dout)
+        want_lse = f(q, k, v, cu_q, cu_k)[1]
+        torch._dynamo.reset()
+        cf = torch.compile(f, fullgraph=True, backend="aot_eager")
+        got = grads(lambda a, b, c: cf(a, b, c, cu_q, cu_k)[0], q, k, v, dout)
+        for name, a, w in zip(("o", "dq", "dk", "dv"), got, want):
+            self.assertTrue(torch.equal(a, w), name)
+        self.assertTrue(torch.equal(cf(q, k, v, cu_q, cu_k)[1], want_lse))
+
+
+@unittest.skipUnless(HOPPER, "needs a Hopper GPU")
+class VarlenCuda(unittest.TestCase):
+    """flash_attn_varlen_func on CUDA tensors (the Hopper varlen forward, and its backward) in bf16 against
+    varlen_reference in float64: out within 2e-2 (relative Frobenius, as class Cuda), lse within 1e-3 on the
+    rows that see keys, -inf on the others; dq, dk, dv within 1e-2 (as Cuda.test_backward_matches_reference).
+    The forward and the backward enqueue their work without waiting for the GPU (torch's sync debug mode)."""
+
+    SEQS = [(300, 300), (0, 0), (1, 77), (129, 64), (5, 0), (64, 200), (1000, 1000), (17, 17)]
+
+    def test_forward_matches_reference(self):
+        for d in (64, 128, 256):
+            for causal in (False, True):
+                msg = "d%d causal %s" % (d, causal)
+                q, k, v, cu_q, cu_k, mq, mk = varlen_inputs(self.SEQS, hq=8, hkv=2, d=d, dtype=torch.bfloat16,
+                                                            seed=d)
+                want, want_lse = varlen_reference(q.double(), k.double(), v.double(), cu_q, cu_k, causal)
+                args = [t.cuda() for t in (q, k, v, cu_q, cu_k)]
+                fattn.flash_attn_varlen_func(*args, mq, mk, causal=causal)  # the context and workspaces first
+                torch.cuda.synchronize()
+                torch.cuda.set_sync_debug_mode("error")
+                try:
+                    o, lse = fattn.flash_attn_varlen_func(*args, mq, mk, causal=causal, return_attn_probs=True)
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+                self.assertEqual((o.device.type, o.dtype, tuple(o.shape)), ("cuda", torch.bfloat16, tuple(q.shape)),
+                                 msg)
+                self.assertLess(rel(o.cpu(), want), 2e-2, msg)
+                fin = torch.isfinite(want_lse)
+                self.assertTrue(torch.equal(torch.isfinite(lse.cpu()), fin), msg)
+                torch.testing.assert_close(lse.cpu()[fin].double(), want_lse[fin], rtol=1e-3, atol=1e-3,
+                                           msg=lambda m: "%s: %s" % (msg, m))
+
+    def test_seqused_k_served_or_refused(self):
+        # fattn.h: the CUDA engine has no variable-length forward with seqused_k yet (UNSUPPORTED); the call
+        # passes it to the library, whose refusal is FattnUnsupportedError (a NotImplementedError) with its
+        # message; once served, the values must be the reference's
+        seqs = [(100, 300), (0, 4), (64, 64), (1, 90)]
+        q, k, v, cu_q, cu_k, mq, mk = varlen_inputs(seqs, hq=8, hkv=2, d=128, dtype=torch.bfloat16, seed=7)
+        used = torch.tensor([200, 4, 0, 90], dtype=torch.int32)
+        try:
+            o = fattn.flash_attn_varlen_func(*(t.cuda() for t in (q, k, v, cu_q, cu_k)), mq, mk, causal=True,
+                                             seqused_k=used.cuda())
+        except fattn.FattnUnsupportedError as e:
+            self.assertIn("seqused_k", str(e))
+            return
+        want, _ = varlen_reference(q.double(), k.double(), v.double(), cu_q, cu_k, True, seqused_k=used)
+        self.assertLess(rel(o.cpu(), want), 2e-2)
+
+    def test_backward_matches_reference(self):
+        for d in (64, 128, 256):
+            for causal in (False, True):
+                msg = "d%d causal %s" % (d, causal)
+                q, k, v, cu_q, cu_k, mq, mk = varlen_inputs(self.SEQS, hq=8, hkv=2, d=d, dtype=torch.bfloat16,
+                                                            seed=d + 1)
+                g = torch.randn(q.shape, generator=torch.Generator().manual_seed(d)).to(torch.bfloat16)
+                xs = [t.cuda().requires_grad_(True) for t in (q, k, v)]
+                fattn.flash_attn_varlen_func(*xs, cu_q.cuda(), cu_k.cuda(), mq, mk, causal=causal).backward(g.cuda())
+                ref = [t.double().requires_grad_(True) for t in (q, k, v)]
+                varlen_reference(*ref, cu_q, cu_k, causal)[0].backward(g.double())
+                for name, x, r in zip("qkv", xs, ref):
+                    self.assertEqual((x.grad.device.type, x.grad.dtype), ("cuda", torch.bfloat16), msg)
+                    self.assertLess(rel(x.grad.cpu(), r.grad), 1e-2, "%s d%s" % (msg, name))
 
 
 if __name__ == "__main__":
