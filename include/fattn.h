@@ -272,16 +272,34 @@ typedef struct fattn_problem {
      * non-decreasing, starting at 0, no sequence longer than seqlen_q
      * (seqlen_k).  Sequence b has cu_seqlens_q[b+1] - cu_seqlens_q[b]
      * queries (0 allowed).  Checked where the arrays live, never through a
-     * copy from the device: a CPU context checks them on the host before any
-     * work (INVALID_ARGUMENT); the CUDA engine has no variable-length kernel
-     * yet and answers UNSUPPORTED without reading them. */
+     * copy from the device:
+     * - a CPU context checks them on the host before any work
+     *   (INVALID_ARGUMENT);
+     * - the CUDA engine never reads them on the host (a call can be captured
+     *   in a CUDA graph, and nothing waits for the device): it needs
+     *   total_q and total_k instead, and its kernels read cu_seqlens on the
+     *   device without checking them.  What it does with arrays that break
+     *   the rules above: every read and write stays inside q, k, v, o, lse
+     *   (and the backward's dq, dk, dv and workspace); a sequence's start is
+     *   clamped to [0, total], its length to [0, min(seqlen, total -
+     *   start)] (a negative length is 0, a longer one is cut); rows that
+     *   no sequence covers are not written; overlapping sequences give
+     *   unspecified values in the rows they share.  Results are then not
+     *   meaningful, but the call is safe.
+     * - Between sequences: a key block that holds a sequence's last keys
+     *   may also load the next sequence's first rows of k and v (masked out
+     *   of the scores).  On the CUDA engine a NaN or Inf in those rows of v
+     *   (forward), or of q, k, v or dout (backward), can reach the masked
+     *   sequence's results as NaN (0 x Inf); finite values cannot. */
     const int32_t *cu_seqlens_q;
     const int32_t *cu_seqlens_k;
     /* Variable-length batches: the rows of the packed q and o (total_q =
      * cu_seqlens_q[batch]) and of k and v (total_k = cu_seqlens_k[batch]),
      * for an engine that cannot read cu_seqlens on the host; 0 = not given.
      * A CPU context reads the totals from cu_seqlens, and a nonzero total
-     * must equal them (INVALID_ARGUMENT).  Both 0 without cu_seqlens. */
+     * must equal them (INVALID_ARGUMENT).  A CUDA context requires both
+     * (>= 1, INVALID_ARGUMENT otherwise) and takes them as the packed
+     * tensors' row counts.  Both 0 without cu_seqlens. */
     int32_t total_q;
     int32_t total_k;
 } fattn_problem;
@@ -303,7 +321,10 @@ typedef struct fattn_problem {
  *          run); the scales in device memory; P is rounded to e4m3 before the PV
  *          product, as in FlashAttention-3); head_dim == head_dim_v in
  *          {64, 128, 256}, data pointers 16-byte aligned, strides multiples of
- *          16 bytes, fixed-length batches (no cu_seqlens yet).
+ *          16 bytes.  Variable-length batches (cu_seqlens, with total_q and
+ *          total_k): f16/bf16 only (e4m3 UNSUPPORTED), not with seqused_k
+ *          or block_table (UNSUPPORTED), batch x ceil(seqlen_q / 64) x
+ *          heads_q < 2^31.
  */
 typedef struct fattn_fwd_args {
     fattn_problem p;
@@ -498,7 +519,9 @@ FATTN_API fattn_status fattn_kv_append(fattn_ctx *ctx, const fattn_kv_append_arg
  *   differences); with it, in a fixed order (slower: docs/benchmarks.md).
  * Engines: CPU: as for fattn_fwd.
  *          CUDA (Hopper): bf16 / f16, head_dim == head_dim_v in {64, 128,
- *          256}, fixed-length batches; q, k, v, dout
+ *          256}, batch and heads_q <= 65535, fixed-length or variable-length
+ *          batches (cu_seqlens with total_q and total_k; the workspace then
+ *          holds (total_q / 64 + batch + 1) x heads_q 64-row blocks); q, k, v, dout
  *          16-byte aligned with strides multiples of 16 bytes (TMA);
  *          dq, dk, dv 4-byte aligned with even strides.  Asynchronous on the
  *          context's stream.  It uses a workspace the context owns (fp32 dq
