@@ -386,6 +386,10 @@ void tool_problem_init_varlen(const char *cmd, fattn_ctx *ctx, tool_problem *tp,
         if (lens_k[b] > v.seqlen_k) v.seqlen_k = lens_k[b];
     }
     v.cu_seqlens_q = v.cu_seqlens_k = NULL;
+    /* the packed rows: a CUDA context takes the extents from these (it does
+     * not read cu_seqlens on the host); a CPU context checks them */
+    v.total_q = cq[nb];
+    v.total_k = ck[nb];
     problem_fill(cmd, ctx, tp, &v, dtype, seed, (size_t)cq[nb], (size_t)ck[nb]);
     tp->hcu_q = cq;
     tp->hcu_k = ck;

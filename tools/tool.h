@@ -84,7 +84,8 @@ void tool_problem_init(const char *cmd, fattn_ctx *ctx, tool_problem *tp, const 
                        fattn_dtype dtype, uint64_t seed);
 /* A variable-length batch: p->batch sequences of lens_q[b] queries and
  * lens_k[b] keys, packed [total, heads, dim]; p's seqlen_q / seqlen_k are
- * set to the longest (p's cu_seqlens are ignored: made here). */
+ * set to the longest, total_q / total_k to the packed rows (p's cu_seqlens
+ * and totals are ignored: made here, the arrays where ctx computes). */
 void tool_problem_init_varlen(const char *cmd, fattn_ctx *ctx, tool_problem *tp,
                               const fattn_problem *p, const int32_t *lens_q,
                               const int32_t *lens_k, fattn_dtype dtype, uint64_t seed);
