@@ -42,22 +42,6 @@ static const char *RUN_HELP =
     "result).  The serving options add lines to the report; the error is checked against\n"
     "the FP64 reference over the keys each sequence uses.\n";
 
-/* Longest --varlen list. */
-#define RUN_MAX_SEQS 4096
-
-/* "3,5,7" for the report (cut short after ~60 characters). */
-static void lens_text(char *buf, size_t size, const int32_t *lens, int n) {
-    size_t k = 0;
-    buf[0] = '\0';
-    for (int i = 0; i < n && k + 16 < size; i++) {
-        if (k > 60) {
-            snprintf(buf + k, size - k, ",... (%d)", n);
-            return;
-        }
-        k += (size_t)snprintf(buf + k, size - k, "%s%d", i ? "," : "", (int)lens[i]);
-    }
-}
-
 int fattn_cmd_run(int argc, char **argv) {
     const char *cmd = "fattn run";
     fattn_backend backend = FATTN_BACKEND_AUTO;
@@ -68,7 +52,7 @@ int fattn_cmd_run(int argc, char **argv) {
     uint64_t seed = 1;
     const int32_t BIG = INT32_MAX;
     int32_t page = 0, seqused = -1; /* -1: no seqused_k */
-    static int32_t lens_q[RUN_MAX_SEQS], lens_k[RUN_MAX_SEQS];
+    static int32_t lens_q[TOOL_MAX_SEQS], lens_k[TOOL_MAX_SEQS];
     int nvar = 0, nvar_k = 0, seq_set = 0;
 
     for (int i = 1; i < argc; i++) {
@@ -116,19 +100,16 @@ int fattn_cmd_run(int argc, char **argv) {
         } else if ((v = tool_opt(cmd, argc, argv, &i, "--seqused-k"))) {
             seqused = tool_parse_int(cmd, "--seqused-k", v, 0, BIG);
         } else if ((v = tool_opt(cmd, argc, argv, &i, "--varlen-k"))) {
-            nvar_k = tool_parse_list(cmd, "--varlen-k", v, lens_k, RUN_MAX_SEQS);
+            nvar_k = tool_parse_list(cmd, "--varlen-k", v, lens_k, TOOL_MAX_SEQS);
         } else if ((v = tool_opt(cmd, argc, argv, &i, "--varlen"))) {
-            nvar = tool_parse_list(cmd, "--varlen", v, lens_q, RUN_MAX_SEQS);
+            nvar = tool_parse_list(cmd, "--varlen", v, lens_q, TOOL_MAX_SEQS);
         } else {
             tool_usage_error(cmd, "unknown option '%s'", argv[i]);
         }
     }
 
-    if (nvar_k && !nvar) tool_usage_error(cmd, "--varlen-k needs --varlen");
+    tool_varlen_lens(cmd, nvar, nvar_k, lens_q, lens_k);
     if (nvar) {
-        if (nvar_k && nvar_k != nvar)
-            tool_usage_error(cmd, "--varlen-k has %d lengths, --varlen %d", nvar_k, nvar);
-        if (!nvar_k) memcpy(lens_k, lens_q, sizeof(int32_t) * (size_t)nvar);
         if (batch && batch != nvar)
             tool_usage_error(cmd, "--batch %d but --varlen has %d lengths", batch, nvar);
         if (seq_set)
@@ -205,9 +186,9 @@ int fattn_cmd_run(int argc, char **argv) {
     printf("  %-18s %s\n", "shape", shape);
     if (nvar) {
         char text[96];
-        lens_text(text, sizeof text, lens_q, nvar);
+        tool_lens_text(text, sizeof text, lens_q, nvar);
         printf("  %-18s %d sequences, q lengths %s\n", "varlen", nvar, text);
-        lens_text(text, sizeof text, lens_k, nvar);
+        tool_lens_text(text, sizeof text, lens_k, nvar);
         printf("  %-18s k lengths %s\n", "", text);
     }
     if (page > 0)

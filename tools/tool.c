@@ -120,6 +120,24 @@ void tool_parse_heads(const char *cmd, const char *opt, const char *s, int32_t *
                          (int)*heads_q, (int)*heads_kv);
 }
 
+void tool_varlen_lens(const char *cmd, int nq, int nk, const int32_t *lens_q, int32_t *lens_k) {
+    if (nk && !nq) tool_usage_error(cmd, "--varlen-k needs --varlen");
+    if (nk && nk != nq) tool_usage_error(cmd, "--varlen-k has %d lengths, --varlen %d", nk, nq);
+    if (nq && !nk) memcpy(lens_k, lens_q, sizeof(int32_t) * (size_t)nq);
+}
+
+void tool_lens_text(char *buf, size_t size, const int32_t *lens, int n) {
+    size_t k = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n && k + 16 < size; i++) {
+        if (k > 60) {
+            snprintf(buf + k, size - k, ",... (%d)", n);
+            return;
+        }
+        k += (size_t)snprintf(buf + k, size - k, "%s%d", i ? "," : "", (int)lens[i]);
+    }
+}
+
 const char *tool_backend_name(fattn_backend b) {
     return b == FATTN_BACKEND_CUDA ? "cuda" : b == FATTN_BACKEND_CPU ? "cpu" : "auto";
 }
@@ -272,11 +290,14 @@ double tool_time_fwd(const char *cmd, fattn_ctx *ctx, const fattn_fwd_args *a, i
     return tool_time_fwd_fp8(cmd, ctx, a, NULL, warmup, iters);
 }
 
-double tool_time_fwd_fp8(const char *cmd, fattn_ctx *ctx, const fattn_fwd_args *a, const fattn_fp8_options *fp8,
-                         int warmup, int iters) {
+/* The median over `iters` rounds of one round's time: the n calls a[0..n-1]
+ * back to back (warmup rounds first). */
+static double time_rounds(const char *cmd, fattn_ctx *ctx, const fattn_fwd_args *a, int n,
+                          const fattn_fp8_options *fp8, int warmup, int iters) {
     double *t = (double *)malloc(sizeof(double) * (size_t)iters);
     if (!t) tool_die(cmd, "out of memory");
-    for (int i = 0; i < warmup; i++) fwd_or_die(cmd, ctx, a, fp8);
+    for (int i = 0; i < warmup; i++)
+        for (int c = 0; c < n; c++) fwd_or_die(cmd, ctx, &a[c], fp8);
     if (on_gpu(ctx)) {
 #ifdef FATTN_WITH_CUDA
         cudaStream_t stream = NULL; /* the tool never sets a stream */
@@ -285,7 +306,7 @@ double tool_time_fwd_fp8(const char *cmd, fattn_ctx *ctx, const fattn_fwd_args *
         CUDA_OK(cmd, cudaEventCreate(&e1));
         for (int i = 0; i < iters; i++) {
             CUDA_OK(cmd, cudaEventRecord(e0, stream));
-            fwd_or_die(cmd, ctx, a, fp8);
+            for (int c = 0; c < n; c++) fwd_or_die(cmd, ctx, &a[c], fp8);
             CUDA_OK(cmd, cudaEventRecord(e1, stream));
             CUDA_OK(cmd, cudaEventSynchronize(e1));
             float ms = 0;
@@ -298,13 +319,23 @@ double tool_time_fwd_fp8(const char *cmd, fattn_ctx *ctx, const fattn_fwd_args *
     } else {
         for (int i = 0; i < iters; i++) {
             double t0 = now_ms();
-            fwd_or_die(cmd, ctx, a, fp8);
+            for (int c = 0; c < n; c++) fwd_or_die(cmd, ctx, &a[c], fp8);
             t[i] = now_ms() - t0;
         }
     }
     double m = tool_median(t, iters);
     free(t);
     return m;
+}
+
+double tool_time_fwd_fp8(const char *cmd, fattn_ctx *ctx, const fattn_fwd_args *a, const fattn_fp8_options *fp8,
+                         int warmup, int iters) {
+    return time_rounds(cmd, ctx, a, 1, fp8, warmup, iters);
+}
+
+double tool_time_fwd_calls(const char *cmd, fattn_ctx *ctx, const fattn_fwd_args *a, int ncalls,
+                           int warmup, int iters) {
+    return time_rounds(cmd, ctx, a, ncalls, NULL, warmup, iters);
 }
 
 double tool_fwd_flops(const fattn_problem *p) {
@@ -485,23 +516,66 @@ void tool_problem_seq(const tool_problem *tp, int64_t b, int64_t *qlen, int64_t 
     if (*used < 0) *used = 0;
 }
 
+/* (query, key) pairs a sequence of ql queries and u keys computes */
+static double seq_pairs(int64_t ql, int64_t u, int causal) {
+    if (!causal) return (double)ql * (double)u;
+    /* query i sees keys 0 .. i + u - ql (bottom-right aligned) */
+    double pairs = 0;
+    for (int64_t i = 0; i < ql; i++) {
+        int64_t vis = i + u - ql + 1;
+        if (vis > 0) pairs += (double)vis;
+    }
+    return pairs;
+}
+
 double tool_problem_flops(const tool_problem *tp) {
     const fattn_problem *p = &tp->a.p;
     double pairs = 0;
     for (int64_t b = 0; b < p->batch; b++) {
         int64_t ql, kl, u;
         tool_problem_seq(tp, b, &ql, &kl, &u);
-        if (!p->causal) {
-            pairs += (double)ql * (double)u;
-            continue;
-        }
-        /* query i sees keys 0 .. i + u - ql (bottom-right aligned) */
-        for (int64_t i = 0; i < ql; i++) {
-            int64_t vis = i + u - ql + 1;
-            if (vis > 0) pairs += (double)vis;
-        }
+        pairs += seq_pairs(ql, u, p->causal);
     }
     return 4.0 * p->heads_q * p->head_dim * pairs;
+}
+
+double tool_problem_design_flops(const tool_problem *tp) {
+    const fattn_problem *p = &tp->a.p;
+    double pairs = 0;
+    for (int64_t b = 0; b < p->batch; b++) {
+        int64_t ql, kl, u;
+        tool_problem_seq(tp, b, &ql, &kl, &u);
+        pairs += p->causal && ql == u ? 0.5 * (double)ql * (double)u : seq_pairs(ql, u, p->causal);
+    }
+    return 4.0 * p->heads_q * p->head_dim * pairs;
+}
+
+void tool_problem_seq_args(const char *cmd, const tool_problem *tp, int64_t b,
+                           fattn_fwd_args *out) {
+    const fattn_fwd_args *a = &tp->a;
+    const fattn_problem *p = &a->p;
+    const size_t es = fattn_dtype_size(a->q.dtype);
+    const size_t dv = (size_t)(p->head_dim_v ? p->head_dim_v : p->head_dim);
+    int64_t ql, kl, u;
+    tool_problem_seq(tp, b, &ql, &kl, &u);
+    if (tp->htable) tool_die(cmd, "a sequence of a paged batch as a call of its own");
+    if (ql < 1 || u < 1)
+        tool_die(cmd, "sequence %lld has %lld queries and %lld keys: no fixed-length call",
+                 (long long)b, (long long)ql, (long long)u);
+    const size_t q0 = (size_t)(tp->hcu_q ? tp->hcu_q[b] : b * p->seqlen_q);
+    const size_t k0 = (size_t)(tp->hcu_k ? tp->hcu_k[b] : b * p->seqlen_k);
+    *out = *a;
+    out->p.batch = 1;
+    out->p.seqlen_q = (int32_t)ql;
+    out->p.seqlen_k = (int32_t)u;
+    out->p.cu_seqlens_q = out->p.cu_seqlens_k = NULL;
+    out->p.total_q = out->p.total_k = 0;
+    out->q.data = (char *)a->q.data + q0 * (size_t)p->heads_q * (size_t)p->head_dim * es;
+    out->k.data = (char *)a->k.data + k0 * (size_t)p->heads_kv * (size_t)p->head_dim * es;
+    out->v.data = (char *)a->v.data + k0 * (size_t)p->heads_kv * dv * es;
+    out->o.data = (char *)a->o.data + q0 * (size_t)p->heads_q * dv * es;
+    out->lse = NULL;
+    out->seqused_k = NULL;
 }
 
 void tool_check_rows(const char *cmd, fattn_ctx *ctx, const tool_problem *tp, int nsamples,

@@ -37,6 +37,15 @@ int tool_parse_list(const char *cmd, const char *opt, const char *s, int32_t *ou
 void tool_parse_heads(const char *cmd, const char *opt, const char *s, int32_t *heads_q,
                       int32_t *heads_kv);
 
+/* Longest --varlen list. */
+#define TOOL_MAX_SEQS 4096
+/* --varlen's nq lengths and --varlen-k's nk (0: not given): usage errors for
+ * --varlen-k without --varlen or with another count; lens_k = lens_q when
+ * --varlen-k is not given. */
+void tool_varlen_lens(const char *cmd, int nq, int nk, const int32_t *lens_q, int32_t *lens_k);
+/* "3,5,7" for a report (cut short after ~60 characters). */
+void tool_lens_text(char *buf, size_t size, const int32_t *lens, int n);
+
 /* Context for the requested backend (AUTO: GPU when present). */
 fattn_ctx *tool_ctx(const char *cmd, fattn_backend backend, int threads);
 const char *tool_backend_name(fattn_backend b);
@@ -60,6 +69,10 @@ double tool_time_fwd(const char *cmd, fattn_ctx *ctx, const fattn_fwd_args *a, i
  * end); fp8 NULL times fattn_fwd. */
 double tool_time_fwd_fp8(const char *cmd, fattn_ctx *ctx, const fattn_fwd_args *a, const fattn_fp8_options *fp8,
                          int warmup, int iters);
+/* The median time in ms of a round of the ncalls calls a[0..ncalls-1] of
+ * fattn_fwd, back to back (timed as tool_time_fwd, over the whole round). */
+double tool_time_fwd_calls(const char *cmd, fattn_ctx *ctx, const fattn_fwd_args *a, int ncalls,
+                           int warmup, int iters);
 /* FLOPs of a forward as DESIGN.md section 7 counts them. */
 double tool_fwd_flops(const fattn_problem *p);
 /* Median of n doubles (sorts in place). */
@@ -105,6 +118,18 @@ void tool_problem_seq(const tool_problem *tp, int64_t b, int64_t *qlen, int64_t 
  * summed over the sequences (keys cut to seqused_k, the causal mask's pairs
  * counted exactly). */
 double tool_problem_flops(const tool_problem *tp);
+
+/* FLOPs of tp's call as DESIGN.md section 7 counts them, sequence by
+ * sequence: 4 * heads_q * head_dim * qlen * klen, halved when causal and
+ * qlen == klen (the keys cut to seqused_k); a causal sequence of other
+ * lengths counts its visible pairs exactly (as tool_problem_flops). */
+double tool_problem_design_flops(const tool_problem *tp);
+/* Sequence b of tp as a fixed-length call of batch 1 (seqlen_q its queries,
+ * seqlen_k the keys it uses) on views of tp's buffers: the same tokens, its
+ * output written in place; no cu_seqlens, seqused_k or lse.  Not for a paged
+ * cache, nor a sequence of no queries or keys (exit 1). */
+void tool_problem_seq_args(const char *cmd, const tool_problem *tp, int64_t b,
+                           fattn_fwd_args *out);
 
 /* Error of the output on `nsamples` sampled rows against an FP64 reference:
  * relative Frobenius error of those rows and the max absolute error. */
