@@ -24,10 +24,13 @@ step build
 step "resources (ptxas) and SASS"
 rm -f "$LOG/ptxas.txt"
 {
-  for f in src/cuda/hopper/fwd_sm90_*hdim*.cu src/cuda/hopper/bwd_sm90.cu; do
-    nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++20 -O3 --use_fast_math -DFATTN_WITH_CUDA=1 -Iinclude -Isrc \
-      -Xptxas=-v,--warn-on-spills -c "$f" -o /dev/null 2>&1 | grep -E "Used|spill|warn|C75" | tee -a "$LOG/ptxas.txt" | sort | uniq -c
-  done
+  # every kernel file, in parallel (one nvcc per core), each file's lines kept together
+  ls src/cuda/*.cu src/cuda/hopper/*.cu | xargs -P "$(nproc)" -I{} sh -c \
+    'nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++20 -O3 --use_fast_math -DFATTN_WITH_CUDA=1 -Iinclude -Isrc \
+       -Isrc/cuda -Xptxas=-v,--warn-on-spills -c {} -o /dev/null >/tmp/ptxas.$$.txt 2>&1;
+     { echo "--- {}"; grep -E "Used|spill|warn|C75|error" /tmp/ptxas.$$.txt; } > "$0/ptxas.$(basename {}).part"; rm -f /tmp/ptxas.$$.txt' "$LOG"
+  for f in "$LOG"/ptxas.*.part; do cat "$f" >>"$LOG/ptxas.txt"; rm -f "$f"; done
+  grep -E "spill" "$LOG/ptxas.txt" | sort | uniq -c
   echo "SASS instruction counts in libfattn:"
   cuobjdump -sass "$BUILD/libfattn.so" >"$LOG/lib.sass"
   grep -oE "HGMMA\.[0-9x]+\.F32(\.BF16)?|QGMMA\.[0-9x]+\.F32\.E4M3\.E4M3|UTMALDG\.[0-9]D|UTMASTG\.[0-9]D|STSM\.[0-9A-Z.]+|USETMAXREG\.[A-Z.]+" "$LOG/lib.sass" | sort | uniq -c
@@ -60,7 +63,7 @@ grep -E "^WARNING" "$LOG/tests.log" | tee -a "$LOG/summary.txt"
 step "compute-sanitizer (small shapes)"
 {
   for tool in memcheck racecheck synccheck; do
-    for t in gpu_test_fwd gpu_test_fwd_fp8 gpu_test_bwd; do
+    for t in gpu_test_fwd gpu_test_fwd_fp8 gpu_test_bwd gpu_test_varlen gpu_test_decode; do
       echo "--- $tool $t"
       FATTN_TEST_SMALL=1 timeout 600 compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/tests/$t" 2>&1 | tail -6
       echo "$tool $t rc=${PIPESTATUS[0]}"
