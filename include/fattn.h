@@ -322,9 +322,8 @@ typedef struct fattn_problem {
  *          product, as in FlashAttention-3); head_dim == head_dim_v in
  *          {64, 128, 256}, data pointers 16-byte aligned, strides multiples of
  *          16 bytes.  Variable-length batches (cu_seqlens, with total_q and
- *          total_k): f16/bf16 only (e4m3 UNSUPPORTED), not with seqused_k
- *          or block_table (UNSUPPORTED), batch x ceil(seqlen_q / 64) x
- *          heads_q < 2^31.
+ *          total_k): f16/bf16 only (e4m3 UNSUPPORTED), seqused_k allowed
+ *          (below), batch x ceil(seqlen_q / 64) x heads_q < 2^31.
  */
 typedef struct fattn_fwd_args {
     fattn_problem p;
@@ -360,11 +359,16 @@ typedef struct fattn_fwd_args {
      *   checks them on the host (INVALID_ARGUMENT); the CUDA engine does not
      *   read the table on the host, and such a page reads as zeros there
      *   (TMA bounds), never out of bounds.
-     * CUDA: seqused_k and block_table are served by the decoding kernel only:
-     *   16-bit inputs, fixed-length batches, seqlen_q <= 16 and seqlen_q *
-     *   heads_q / heads_kv <= 64 (32 at head_dim 256), which is also what
-     *   every such call runs on without them; page_size a power of two >= 16
-     *   (16 .. 256 tested).  Others: UNSUPPORTED. */
+     * CUDA: on fixed-length batches, seqused_k and block_table are served
+     *   by the decoding kernel only: 16-bit inputs, seqlen_q <= 16 and
+     *   seqlen_q * heads_q / heads_kv <= 64 (32 at head_dim 256), which is
+     *   also what every such call runs on without them; page_size a power
+     *   of two >= 16 (16 .. 256 tested).  Others: UNSUPPORTED.  With
+     *   cu_seqlens, seqused_k is served by the variable-length kernels
+     *   (forward only: fattn_bwd has no seqused_k); there the rows of v
+     *   past a sequence's used keys, in the key block that holds its last
+     *   used key, must be finite: a NaN or Inf there reaches O as NaN (0 x
+     *   Inf), as the next sequence's rows can (fattn_problem). */
     const int32_t *seqused_k;
     const int32_t *block_table;
     int32_t page_size;

@@ -90,12 +90,11 @@ extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_arg
                           "variable-length batch of %d sequences, the longest %d queries, %d heads: batch x "
                           "ceil(seqlen_q / 64) x heads_q exceeds 2^31 - 1 tiles for the CUDA engine",
                           p->batch, p->seqlen_q, p->heads_q);
-    if ((p->cu_seqlens_q || p->cu_seqlens_k) && (a->seqused_k || a->block_table))
-        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                          "variable-length batches (cu_seqlens_q/k) with seqused_k or block_table are not supported by "
-                          "the CUDA engine");
-    /* seqused_k and paged K/V: the decoding kernel only (fwd_decode.cu) */
-    if (a->seqused_k || a->block_table) {
+    /* (api.c refuses block_table with cu_seqlens on every engine) */
+    const bool varlen = p->cu_seqlens_q || p->cu_seqlens_k;
+    /* fixed-length seqused_k and paged K/V: the decoding kernel only
+     * (fwd_decode.cu); varlen seqused_k: the varlen kernels */
+    if (!varlen && (a->seqused_k || a->block_table)) {
         if (!fwd_decode_eligible(a))
             return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                               "seqused_k and block_table need the CUDA decoding kernel: 16-bit inputs, seqlen_q <= %d "

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "common/oracle.h"
@@ -31,7 +32,8 @@ struct vcase {
     std::vector<int> lq, lk; /* per sequence */
     int hq, hkv, d, causal;
     fattn_dtype dt;
-    int det = 0; /* the backward in deterministic mode (twice) */
+    int det = 0;           /* the backward in deterministic mode (twice) */
+    std::vector<int> used; /* seqused_k per sequence (forward only), or none */
 };
 
 /* The backward of the same call (q, k, v, and the GPU forward's o and lse in
@@ -130,9 +132,15 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const vcase &c) {
     a.q = fattn_tensor_bshd(dq, c.dt), a.k = fattn_tensor_bshd(dk, c.dt), a.v = fattn_tensor_bshd(dv, c.dt);
     a.o = fattn_tensor_bshd(dout, c.dt);
     a.lse = dlse;
+    int32_t *dused = NULL;
+    if (!c.used.empty()) {
+        CK(cudaMalloc(&dused, B * 4));
+        CK(cudaMemcpy(dused, c.used.data(), B * 4, cudaMemcpyHostToDevice));
+        a.seqused_k = dused;
+    }
     char what[200];
-    snprintf(what, sizeof what, "%s varlen b%d (q %d, k %d tokens, max %d/%d) h%d/%d d%d%s", fattn_dtype_name(c.dt),
-             B, TQ, TK, maxq, maxk, HQ, HK, D, c.causal ? " causal" : "");
+    snprintf(what, sizeof what, "%s varlen b%d (q %d, k %d tokens, max %d/%d) h%d/%d d%d%s%s", fattn_dtype_name(c.dt),
+             B, TQ, TK, maxq, maxk, HQ, HK, D, c.causal ? " causal" : "", c.used.empty() ? "" : " seqused_k");
     const fattn_status st = fattn_fwd(ctx, &a);
     TU_CHECK(st == FATTN_OK, "%s: %s: %s", what, fattn_status_string(st), fattn_last_error(ctx));
     const cudaError_t e = cudaDeviceSynchronize();
@@ -146,11 +154,27 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const vcase &c) {
     memset(&op, 0, sizeof op);
     op.batch = B, op.seqlen_q = maxq, op.seqlen_k = maxk, op.heads_q = HQ, op.heads_kv = HK, op.head_dim = D;
     op.head_dim_v = D, op.causal = c.causal, op.cu_seqlens_q = cq.data(), op.cu_seqlens_k = ck.data();
-    oracle_fwd(&op, q.data(), k.data(), v.data(), ref.data(), ref_lse.data());
+    if (c.used.empty()) {
+        oracle_fwd(&op, q.data(), k.data(), v.data(), ref.data(), ref_lse.data());
+    } else {
+        /* seqused_k: the oracle sees each sequence's first min(used, len_k) keys only */
+        std::vector<int32_t> cu2(B + 1, 0);
+        std::vector<double> k2, v2;
+        for (int b = 0; b < B; ++b) {
+            const int n = std::max(0, std::min(c.used[b], c.lk[b]));
+            cu2[b + 1] = cu2[b] + n;
+            const size_t row = (size_t)HK * D, at = (size_t)ck[b] * row;
+            k2.insert(k2.end(), k.begin() + at, k.begin() + at + n * row);
+            v2.insert(v2.end(), v.begin() + at, v.begin() + at + n * row);
+        }
+        op.cu_seqlens_k = cu2.data();
+        oracle_fwd(&op, q.data(), k2.data(), v2.data(), ref.data(), ref_lse.data());
+        op.cu_seqlens_k = ck.data();
+    }
     gpu_check_fwd(what, c.dt, got.data(), ref.data(), nq, D, glse.data(), ref_lse.data(), nlse);
     double work = 0; /* score entries: the single-threaded oracle's cost */
     for (int b = 0; b < B; ++b) work += (double)c.lq[b] * c.lk[b];
-    if (work * HQ * D <= 4e9) check_bwd(ctx, rng, c, a, op, q, k, v, what);
+    if (work * HQ * D <= 4e9 && c.used.empty()) check_bwd(ctx, rng, c, a, op, q, k, v, what);
     if (c.lq.size() == 3 && c.d == 64) {
         /* the same call without the totals: refused, O untouched */
         CK(cudaMemset(dout, 0x5A, nq * 2));
@@ -163,6 +187,7 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const vcase &c) {
         TU_CHECK(changed == 0, "%s: a refused call wrote %zu elements", what, changed);
     }
     cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dout), cudaFree(dlse), cudaFree(dcq), cudaFree(dck);
+    if (dused) cudaFree(dused);
 }
 
 int main(void) {
@@ -179,6 +204,15 @@ int main(void) {
         {{300, 17}, {17, 300}, 2, 1, 256, 1, BF},               /* causal, sq > sk and sq < sk */
         {{257, 129, 1}, {257, 129, 1}, 2, 2, 256, 0, F16},
     };
+    /* seqused_k (a padded cache per sequence): fewer keys than the sequence
+     * holds, 0, negative (none), more than it holds (all), causal aligned
+     * on the used count */
+    vcase u1{{7, 40, 1, 130}, {200, 150, 64, 300}, 4, 2, 128, 1, BF};
+    u1.used = {5, 0, 64, 1000};
+    vcase u2{{3, 90, 17}, {100, 90, 333}, 8, 1, 64, 0, F16};
+    u2.used = {-4, 33, 200};
+    cases.push_back(u1);
+    cases.push_back(u2);
     if (!small) {
         cases.push_back({{1000, 17, 4097, 0, 333}, {1000, 17, 4097, 5, 777}, 8, 2, 128, 1, BF});
         cases.push_back({{1000, 17, 4097, 0, 333}, {1000, 17, 4097, 5, 777}, 8, 2, 128, 0, F16});

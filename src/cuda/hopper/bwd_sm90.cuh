@@ -55,6 +55,7 @@
  * (empty_qdo[s], one arrival) once its reduce-add has read it. */
 #pragma once
 #include "../common/ptx.cuh"
+#include "../common/varlen.cuh"
 #include "../common/wgmma_gen.cuh"
 #include "../common/wgmma_tnsp.cuh"
 
@@ -76,16 +77,6 @@ struct BwdParams {
     int total_q, total_k, rb_total;
 };
 
-/* VARLEN: sequence b's first packed row and length from cu_seqlens (cu),
- * clamped so that an unchecked array never reaches outside the packed
- * tensor [total] nor past the longest length max_len that the grids and the
- * workspace were sized for; the preprocess, the main kernel and the
- * postprocess all read the sequences through this */
-__device__ __forceinline__ void bwd_varlen_rows(const int *cu, int b, int total, int max_len, int &r0, int &len) {
-    const int a = min(max(__ldg(cu + b), 0), total), e = __ldg(cu + b + 1);
-    len = min(max(e - a, 0), min(max_len, total - a));
-    r0 = a;
-}
 /* sequence b's first 64-row block of the dQ tiles, LSE and D (BM = 64): the
  * sequences' ranges cannot overlap, and all lie below rb_total =
  * (total_q + 64 batch) / 64 + 1 */
@@ -755,8 +746,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
          * has nothing to do (and its dK, dV rows are another sequence's) */
         BwdSeq sq;
         int lq, lk;
-        bwd_varlen_rows(p.cu_q, b, p.total_q, p.seqlen_q, sq.q0, lq);
-        bwd_varlen_rows(p.cu_k, b, p.total_k, p.seqlen_k, sq.k0, lk);
+        varlen_rows(p.cu_q, b, p.total_q, p.seqlen_q, sq.q0, lq);
+        varlen_rows(p.cu_k, b, p.total_k, p.seqlen_k, sq.k0, lk);
         if (n * C::BN >= lk) return;
         sq.rb = bwd_varlen_rb(sq.q0, b);
         BwdParams ps = p;

@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(256) bwd_pre_varlen_kernel(const uint16_t *o, 
                                                              int d) {
     const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     int q0, lq;
-    bwd_varlen_rows(cu_q, b, total_q, max_q, q0, lq);
+    varlen_rows(cu_q, b, total_q, max_q, q0, lq);
     if (m * 64 >= lq) return;
     const size_t tile = ((size_t)h * rb_total + bwd_varlen_rb(q0, b) + m) * 64;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(256) bwd_post_varlen_kernel(const float *acc, 
                                                               int width, int d, float scale) {
     const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     int q0, lq;
-    bwd_varlen_rows(cu_q, b, total_q, max_q, q0, lq);
+    varlen_rows(cu_q, b, total_q, max_q, q0, lq);
     if (m * 64 >= lq) return;
     const float *tile = acc + ((size_t)h * rb_total + bwd_varlen_rb(q0, b) + m) * 64 * d;
     const int rows = min(64, lq - m * 64);

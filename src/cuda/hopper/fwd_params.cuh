@@ -60,7 +60,8 @@ struct FwdNoSplit {};
  * dim] (batch 1 in the tensor maps), LSE [heads_q, total_q]. */
 struct FwdVarlen {
     const int *cu_q, *cu_k;
-    int total_q;
+    const int *seqused_k; /* or NULL: sequence b's first seqused_k[b] keys only */
+    int total_q, total_k;
 };
 /* a tile's sequence: its first packed row of Q and of K, and its lengths
  * (fixed-length instances: 0, 0, seqlen_q, seqlen_k) */

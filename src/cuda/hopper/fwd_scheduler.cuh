@@ -10,6 +10,7 @@
  * index to the consumers; both sides decode it with fwd_tile_decode. */
 #pragma once
 #include "fwd_params.cuh"
+#include "../common/varlen.cuh"
 
 /* Tile t -> (m_block, head, batch).  Non-causal: m fastest, so the CTAs in
  * flight share the K/V of one or two heads in L2.  Causal: heads are taken in
@@ -47,15 +48,16 @@ __device__ __forceinline__ int fwd_num_n_blocks(const FwdParams &p, int m) {
     return n;
 }
 
-/* VARLEN: tile batch b's sequence, from cu_seqlens (else the fixed lengths) */
+/* VARLEN: tile batch b's sequence, from cu_seqlens through varlen_rows'
+ * clamp, its keys cut to seqused_k[b] (a negative entry: none); else the
+ * fixed lengths */
 template <class C>
 __device__ __forceinline__ FwdSeq fwd_seq(const FwdParams &p, const FwdVarlen *vl, int b) {
     FwdSeq s;
     if constexpr (C::VARLEN) {
-        s.q0 = __ldg(vl->cu_q + b);
-        s.len_q = __ldg(vl->cu_q + b + 1) - s.q0;
-        s.k0 = __ldg(vl->cu_k + b);
-        s.len_k = __ldg(vl->cu_k + b + 1) - s.k0;
+        varlen_rows(vl->cu_q, b, vl->total_q, p.seqlen_q, s.q0, s.len_q);
+        varlen_rows(vl->cu_k, b, vl->total_k, p.seqlen_k, s.k0, s.len_k);
+        if (vl->seqused_k) s.len_k = min(s.len_k, max(__ldg(vl->seqused_k + b), 0));
     } else {
         (void)vl, (void)b;
         s.q0 = s.k0 = 0;

@@ -252,7 +252,9 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, const
     FwdVarlen vl;
     vl.cu_q = pr->cu_seqlens_q;
     vl.cu_k = pr->cu_seqlens_k;
+    vl.seqused_k = a->seqused_k;
     vl.total_q = pr->total_q;
+    vl.total_k = pr->total_k;
     /* OTMA: O through TMA stores where TMA can address it (o_wide: base and
      * strides 16-byte multiples; strides below 2^40 bytes), else the
      * kernel's register stores (the map is then never read) */
