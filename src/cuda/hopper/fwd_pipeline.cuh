@@ -17,6 +17,7 @@
  *     producer has seen released (empty_vraw) and before the next. */
 #pragma once
 #include "../common/ptx.cuh"
+#include "fwd_traits.cuh"
 
 template <class C>
 struct FwdSmem {
@@ -26,6 +27,7 @@ struct FwdSmem {
     int *end_flag;                    /* FP8 only: [STAGES] */
     uint64_t *full_q, *empty_q; /* index w * QBUF + buffer */
     int *tile_slot;             /* st/ld_shared_s32 only */
+    int *vkey, *vorder;         /* VARLEN causal: fwd_varlen_order's keys and order */
 
     __device__ __forceinline__ explicit FwdSmem(uint8_t *smem_raw) {
         base = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
@@ -44,6 +46,8 @@ struct FwdSmem {
         full_vraw = empty_q + C::NC * C::QBUF;
         empty_vraw = full_vraw + C::STAGES;
         end_flag = tile_slot + C::NC * C::QBUF;
+        vkey = (int *)(base + C::OFF_ORDER);
+        vorder = vkey + FWD_VARLEN_ORDER_MAX;
     }
     /* by one thread, before anyone uses them */
     __device__ __forceinline__ void init_barriers() const {

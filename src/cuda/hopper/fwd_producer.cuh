@@ -14,33 +14,34 @@ struct FwdProducer {
     uint32_t cta_rank;
     const FwdVarlen *vl; /* VARLEN only */
     int q_iter = 0;
-    /* VARLEN: the forward walk's sequence vb, its first compact tile vbase,
-     * its tile count vn and its end row cu_seqlens_q[vb + 1] (vcu) */
-    int vb = -1, vbase = 0, vn = 0, vcu = 0;
+    /* VARLEN: the walk's position vb in the order of the sequences, that
+     * sequence vs, its first compact tile vbase and its tile count vn */
+    int vb = -1, vs = 0, vbase = 0, vn = 0;
 
     /* VARLEN: the scheduler hands out compact indices c over the tiles that
      * exist, sequence by sequence (ceil(len_q / BM) x heads_q each, m fastest,
-     * longest first when causal); this maps c to the padded index the
+     * longest first when causal), the sequences in batch order or, causal,
+     * longest first (fwd_varlen_order); this maps c to the padded index the
      * consumers decode (fwd_tile_decode over batch x heads x num_m_blocks;
      * causal as one head group), or num_tiles past the last sequence.  c only
      * grows on a CTA (static: + grid; dynamic: a counter), so the sequence is
-     * found by walking forward.  A sequence longer than seqlen_q (unchecked
-     * cu_seqlens) is cut to num_m_blocks tiles, a negative one has none, so
-     * the walk's sums stay <= num_tiles. */
+     * found by walking forward.  A sequence's tiles come from varlen_rows'
+     * clamped length, at most num_m_blocks, so the walk's sums stay <=
+     * num_tiles. */
     __device__ __forceinline__ int tile_of(int c) {
         if constexpr (C::VARLEN) {
             while (c >= vbase + vn) {
                 if (vb + 1 >= p.batch) return p.num_tiles;
                 vbase += vn;
                 ++vb;
-                const int end = __ldg(vl->cu_q + vb + 1);
-                const int nm = (end - vcu + C::BM - 1) / C::BM;
-                vcu = end;
-                vn = max(0, min(nm, p.num_m_blocks)) * p.heads_q;
+                vs = C::CAUSAL && p.batch <= FWD_VARLEN_ORDER_MAX ? ld_shared_s32(&sm.vorder[vb]) : vb;
+                int q0, lq;
+                varlen_rows(vl->cu_q, vs, vl->total_q, p.seqlen_q, q0, lq);
+                vn = min((lq + C::BM - 1) / C::BM, p.num_m_blocks) * p.heads_q;
             }
             const int nm = vn / p.heads_q, w = c - vbase;
             const int h = w / nm, r = w - h * nm;
-            const int bh = vb * p.heads_q + h;
+            const int bh = vs * p.heads_q + h;
             /* causal: m = nm - 1 - r, so t's row (num_m_blocks - 1 - m) is num_m_blocks - nm + r */
             return C::CAUSAL ? (p.num_m_blocks - nm + r) * (p.batch * p.heads_q) + bh : bh * p.num_m_blocks + r;
         } else {
@@ -126,7 +127,6 @@ struct FwdProducer {
         tma_prefetch_desc(&tm_v);
         int it = 0;
         int rng;
-        if constexpr (C::VARLEN) vcu = __ldg(vl->cu_q);
         int t = tile_of(sched.first(rng));
         int wave = 0;
         if (C::QEARLY) hand_over_all(t);

@@ -9,8 +9,10 @@
  * The producer alone runs the scheduler (first / next) and hands each tile
  * index to the consumers; both sides decode it with fwd_tile_decode. */
 #pragma once
-#include "fwd_params.cuh"
+#include "../common/ptx.cuh"
 #include "../common/varlen.cuh"
+#include "fwd_params.cuh"
+#include "fwd_traits.cuh"
 
 /* Tile t -> (m_block, head, batch).  Non-causal: m fastest, so the CTAs in
  * flight share the K/V of one or two heads in L2.  Causal: heads are taken in
@@ -84,6 +86,33 @@ __device__ __forceinline__ int fwd_tile_n_blocks(const FwdParams &p, const FwdSe
         (void)s;
         return fwd_num_n_blocks<C>(p, m);
     }
+}
+
+/* VARLEN causal: the order in which the producer walks the sequences,
+ * longest first (most keys, then batch order: a causal tile's cost grows
+ * with the keys its rows see, and the longest ones must not come last),
+ * ranked by the producer warpgroup's 128 threads into sm.vorder before the
+ * producer starts; batches of more than FWD_VARLEN_ORDER_MAX sequences keep
+ * batch order.  A sequence with no query has no tile: it goes last. */
+template <class C, class SM>
+__device__ __forceinline__ void fwd_varlen_order(const SM &sm, const FwdParams &p, const FwdVarlen *vl, int tid) {
+    if (p.batch > FWD_VARLEN_ORDER_MAX) return;
+    int key = 0;
+    if (tid < p.batch) {
+        const FwdSeq s = fwd_seq<C>(p, vl, tid);
+        key = s.len_q > 0 ? s.len_k : -1;
+        st_shared_s32(&sm.vkey[tid], key);
+    }
+    named_bar_sync(1, 128);
+    if (tid < p.batch) {
+        int r = 0;
+        for (int j = 0; j < p.batch; ++j) {
+            const int kj = ld_shared_s32(&sm.vkey[j]);
+            r += kj > key || (kj == key && j < tid);
+        }
+        st_shared_s32(&sm.vorder[r], tid);
+    }
+    named_bar_sync(1, 128);
 }
 
 /* The producer's side: a tile index and (SPLIT) its key-block range

@@ -59,6 +59,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
                 return;
             }
         }
+        if constexpr (C::VARLEN && C::CAUSAL) fwd_varlen_order<C>(sm, p, vl, tid);
         /* one working thread: warp 0, lane 0; a CTA leaves only when its
          * peer is done with its shared memory */
         if (threadIdx.x != 0) {

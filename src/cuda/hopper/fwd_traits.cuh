@@ -7,6 +7,10 @@
 #pragma once
 #include <stdint.h>
 
+/* VARLEN causal: batches of up to this many sequences are taken longest
+ * first; larger ones in batch order */
+constexpr int FWD_VARLEN_ORDER_MAX = 128;
+
 struct FwdOpts {
     int d = 128, bn = 128;       /* head dim, key block */
     int nc = 2, stages = 2;      /* consumer warpgroups (query tile 64 nc), K/V ring depth */
@@ -110,7 +114,10 @@ struct FwdCfg {
     static constexpr int END_SLOT = OFF_SLOT + NC * QBUF * 4 + (FP8 ? 4 * STAGES : 0); /* FP8: the transposers' end flags */
     static constexpr int OFF_OST = (END_SLOT + 1023) / 1024 * 1024;
     static constexpr int OST_WARP_BYTES = 16 * D * 2;
-    static constexpr int SMEM_BYTES = (OTMA ? OFF_OST + 4 * NC * OST_WARP_BYTES : END_SLOT) + 1024; /* + alignment slack */
+    /* VARLEN causal: the sequences' order, longest first (fwd_varlen_order):
+     * keys and ranks of up to FWD_VARLEN_ORDER_MAX sequences */
+    static constexpr int OFF_ORDER = END_SLOT, END_ORDER = END_SLOT + (O.varlen && O.causal ? 8 * FWD_VARLEN_ORDER_MAX : 0);
+    static constexpr int SMEM_BYTES = (OTMA ? OFF_OST + 4 * NC * OST_WARP_BYTES : END_ORDER) + 1024; /* + alignment slack */
     static constexpr bool DYNAMIC = CAUSAL; /* causal tiles are grabbed from an atomic counter, longest first */
     static constexpr int CLUSTER = O.cluster;
     static constexpr bool VARLEN = O.varlen;
