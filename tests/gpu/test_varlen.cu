@@ -13,7 +13,7 @@
  * ones) grad_ok, test_bwd.cu's, with dq/dk/dv poisoned, and one case in
  * deterministic mode run twice for the same bits.  Also:
  * the CUDA engine refuses a varlen call without total_q/total_k, with O left
- * as it was.  Exit 77 without a Hopper GPU (FATTN_REQUIRE_GPU=1: a failure);
+ * as it was; and arrays that break the rules run safely (check_bad_cu).  Exit 77 without a Hopper GPU (FATTN_REQUIRE_GPU=1: a failure);
  * FATTN_TEST_SMALL=1: the small cases only (compute-sanitizer). */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -190,6 +190,63 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const vcase &c) {
     if (dused) cudaFree(dused);
 }
 
+/* cu_seqlens that break fattn.h's rules (the CUDA engine does not check
+ * them): the forward and the backward must still return OK, run without a
+ * CUDA error and (under compute-sanitizer memcheck, which runs these with
+ * the small cases) touch nothing outside the exactly sized tensors. */
+static void check_bad_cu(fattn_ctx *ctx) {
+    const int T = 64, H = 2, D = 64, B = 3;
+    const size_t n = (size_t)T * H * D;
+    const int32_t bad[][B + 1] = {
+        {0, 40, 10, 64},   /* decreasing */
+        {0, 30, 200, 64},  /* past the packed rows */
+        {-50, 20, 70, 64}, /* negative start, and a sequence longer than seqlen (32) */
+        {64, 0, 64, 0},    /* back to 0: a negative last length */
+    };
+    void *buf[9];
+    for (int i = 0; i < 8; ++i) {
+        CK(cudaMalloc(&buf[i], n * 2));
+        CK(cudaMemset(buf[i], 0x3C, n * 2)); /* bf16 ~1.2: finite inputs */
+    }
+    CK(cudaMalloc(&buf[8], (size_t)H * T * 4));
+    int32_t *dcq, *dck;
+    CK(cudaMalloc(&dcq, (B + 1) * 4));
+    CK(cudaMalloc(&dck, (B + 1) * 4));
+    int ok = 0, tried = 0;
+    for (const auto &cu : bad)
+        for (int causal = 0; causal < 2; ++causal) {
+            CK(cudaMemcpy(dcq, cu, sizeof cu, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(dck, cu, sizeof cu, cudaMemcpyHostToDevice));
+            fattn_fwd_args a;
+            memset(&a, 0, sizeof a);
+            a.p = tu_problem(B, 32, 32, H, H, D, 0, causal, dcq, dck);
+            a.p.total_q = a.p.total_k = T;
+            const fattn_dtype BF = FATTN_DTYPE_BF16;
+            a.q = fattn_tensor_bshd(buf[0], BF), a.k = fattn_tensor_bshd(buf[1], BF), a.v = fattn_tensor_bshd(buf[2], BF);
+            a.o = fattn_tensor_bshd(buf[3], BF);
+            a.lse = (float *)buf[8];
+            fattn_bwd_args g;
+            memset(&g, 0, sizeof g);
+            g.p = a.p, g.q = a.q, g.k = a.k, g.v = a.v, g.o = a.o, g.lse = a.lse;
+            g.dout = fattn_tensor_bshd(buf[4], BF);
+            g.dq = fattn_tensor_bshd(buf[5], BF), g.dk = fattn_tensor_bshd(buf[6], BF), g.dv = fattn_tensor_bshd(buf[7], BF);
+            const fattn_status sf = fattn_fwd(ctx, &a);
+            const fattn_status sb = sf == FATTN_OK ? fattn_bwd(ctx, &g) : sf;
+            const cudaError_t e = cudaDeviceSynchronize();
+            ++tried;
+            ok += sf == FATTN_OK && sb == FATTN_OK && e == cudaSuccess;
+            TU_CHECK(sf == FATTN_OK && sb == FATTN_OK && e == cudaSuccess,
+                     "unchecked cu_seqlens {%d, %d, %d, %d}%s: fwd %s, bwd %s, %s (%s)", cu[0], cu[1], cu[2], cu[3],
+                     causal ? " causal" : "", fattn_status_string(sf), fattn_status_string(sb), cudaGetErrorString(e),
+                     fattn_last_error(ctx));
+            if (e != cudaSuccess) exit(1);
+        }
+    printf("  [%s] %d of %d calls with unchecked cu_seqlens (decreasing, past the rows, negative, too long) ran\n",
+           ok == tried ? "ok" : "FAIL", ok, tried);
+    for (int i = 0; i < 9; ++i) cudaFree(buf[i]);
+    cudaFree(dcq), cudaFree(dck);
+}
+
 int main(void) {
     fattn_ctx *ctx = gpu_ctx_or_skip();
     tu_rng rng;
@@ -233,6 +290,7 @@ int main(void) {
         cases.push_back(many_c);
     }
     for (const auto &c : cases) run_case(ctx, &rng, c);
+    check_bad_cu(ctx);
     fattn_ctx_free(ctx);
     return tu_finish("gpu varlen");
 }
