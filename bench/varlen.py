@@ -22,7 +22,6 @@ and fattn-varlen's dQ, dK, dV against dense-seq's."""
 import argparse
 import json
 import os
-import statistics
 import sys
 
 import torch
@@ -31,22 +30,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 import fattn  # noqa: E402
 import compare  # noqa: E402
+from decode import timed  # noqa: E402
 
 LENS = "8000,3000,2000,1200,800,500,384,300,100,100"
 
 
-def timed(fn, calls, iters):
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    out = []
-    fn()
-    for _ in range(iters):
-        s.record()
-        for _ in range(calls):
-            fn()
-        e.record()
-        e.synchronize()
-        out.append(s.elapsed_time(e) / calls)
-    return statistics.median(out)
+def time_rounds(calls, res, a):
+    """Each of calls [(name, fn, flops)] timed in turn for a.rounds rounds (decode.timed: the median of
+    a.iters samples of a.calls back-to-back calls); the best round's ms and TFLOPs/s into res."""
+    time_rounds(calls, res, a)
 
 
 def flops(h, lens_q, lens_k, d, causal):
@@ -122,14 +114,7 @@ def row(ctx, fa3v, lens, hq, hk, d, causal, uniform, a):
         calls = [("fattn-varlen", lambda: ctx.bwd_raw(bv), 2.5 * fl),
                  ("dense-seq", lambda: [ctx.bwd_raw(x) for x in bseq], 2.5 * fl),
                  ("dense-uniform", lambda: ctx.bwd_raw(bu), 2.5 * fl_u)]
-        best = {}
-        for _ in range(a.rounds):
-            for name, fn, f in calls:
-                ms = timed(fn, a.calls, a.iters)
-                best[name] = min(best.get(name, ms), ms)
-        for name, fn, f in calls:
-            res[name + "_ms"] = best[name]
-            res[name + "_tflops"] = f / best[name] / 1e9
+        time_rounds(calls, res, a)
         ctx.bwd_raw(bv)
         for x in bseq:
             ctx.bwd_raw(x)
@@ -142,14 +127,7 @@ def row(ctx, fa3v, lens, hq, hk, d, causal, uniform, a):
         q3, k3, v3 = q[0], k[0], v[0]
         calls.append(("fa3-varlen", lambda: fa3v(q3, k3, v3, cu, cu, max(lens), max(lens), softmax_scale=d ** -0.5,
                                                   causal=bool(causal)), fl))
-    best = {}
-    for _ in range(a.rounds):
-        for name, fn, f in calls:
-            ms = timed(fn, a.calls, a.iters)
-            best[name] = min(best.get(name, ms), ms)
-    for name, fn, f in calls:
-        res[name + "_ms"] = best[name]
-        res[name + "_tflops"] = f / best[name] / 1e9
+    time_rounds(calls, res, a)
     ctx.fwd_raw(av)
     for x in seq_args:
         ctx.fwd_raw(x)
