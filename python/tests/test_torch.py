@@ -1671,19 +1671,13 @@ class VarlenCuda(unittest.TestCase):
                 torch.testing.assert_close(lse.cpu()[fin].double(), want_lse[fin], rtol=1e-3, atol=1e-3,
                                            msg=lambda m: "%s: %s" % (msg, m))
 
-    def test_seqused_k_served_or_refused(self):
-        # fattn.h: the CUDA engine has no variable-length forward with seqused_k yet (UNSUPPORTED); the call
-        # passes it to the library, whose refusal is FattnUnsupportedError (a NotImplementedError) with its
-        # message; once served, the values must be the reference's
+    def test_seqused_k(self):
+        # the CUDA engine's varlen kernels serve seqused_k (fattn.h): the values must be the reference's
         seqs = [(100, 300), (0, 4), (64, 64), (1, 90)]
         q, k, v, cu_q, cu_k, mq, mk = varlen_inputs(seqs, hq=8, hkv=2, d=128, dtype=torch.bfloat16, seed=7)
         used = torch.tensor([200, 4, 0, 90], dtype=torch.int32)
-        try:
-            o = fattn.flash_attn_varlen_func(*(t.cuda() for t in (q, k, v, cu_q, cu_k)), mq, mk, causal=True,
-                                             seqused_k=used.cuda())
-        except fattn.FattnUnsupportedError as e:
-            self.assertIn("seqused_k", str(e))
-            return
+        o = fattn.flash_attn_varlen_func(*(t.cuda() for t in (q, k, v, cu_q, cu_k)), mq, mk, causal=True,
+                                         seqused_k=used.cuda())
         want, _ = varlen_reference(q.double(), k.double(), v.double(), cu_q, cu_k, True, seqused_k=used)
         self.assertLess(rel(o.cpu(), want), 2e-2)
 
