@@ -20,8 +20,12 @@ KT_INLINE VT KT(splat)(float x) { return x - (VT){0}; }
 KT_INLINE VT KT(load)(const float *p) { VT v; memcpy(&v, p, sizeof v); return v; }
 /* Vectors go to helpers by address: GCC notes an ABI change for 64-byte
  * vector parameters of AVX2 functions (the avx2w16 instance) even when they
- * are inlined. */
-KT_INLINE void KT(store)(float *p, const VT *v) { memcpy(p, v, sizeof *v); }
+ * are inlined.  The store is an assignment through an unaligned vector type,
+ * not a memcpy from *v: with the memcpy GCC kept pv_tile's accumulators in a
+ * stack slot (stored there after the loop, then copied to C in 16-byte
+ * pieces). */
+typedef VT KT(vtu) __attribute__((aligned(4), may_alias));
+KT_INLINE void KT(store)(float *p, const VT *v) { *(KT(vtu) *)p = *v; }
 /* mask ? a : b, mask lanes all ones or all zeros */
 #define KT_SELECT(mask, a, b) ((VT)(((mask) & (VI)(a)) | (~(mask) & (VI)(b))))
 /* a > b ? a : b: b where either is NaN, as x86's maxps (an instance may
@@ -129,7 +133,9 @@ KT_INLINE void KT(pv_tile)(const int mr, int k, const float *A, int64_t lda, con
 
 /* One function per tile height, so that every accumulator lives in a
  * register; the dispatch is by the remaining rows (always KT_MR but at an
- * edge). */
+ * edge).  pv_tile is inlined twice, with alpha and with a constant NULL: one
+ * copy with both initialisations of the accumulators made GCC pass them
+ * through the stack. */
 #define KT_TILE_FN(n)                                                                          \
     KT_ATTR static void KT(qk_##n)(int k, const float *A, int64_t lda, const float *B,         \
                                    float *C, int64_t thr, float *bmax) {                       \
@@ -137,7 +143,8 @@ KT_INLINE void KT(pv_tile)(const int mr, int k, const float *A, int64_t lda, con
     }                                                                                          \
     KT_ATTR static void KT(pv_##n)(int k, const float *A, int64_t lda, const float *B,         \
                                    float *C, const float *alpha) {                             \
-        KT(pv_tile)(n, k, A, lda, B, C, alpha);                                                \
+        if (alpha) KT(pv_tile)(n, k, A, lda, B, C, alpha);                                     \
+        else KT(pv_tile)(n, k, A, lda, B, C, NULL);                                            \
     }
 KT_TILE_FN(1)
 KT_TILE_FN(2)
