@@ -85,18 +85,32 @@ KT_INLINE void KT(qk_tile)(const int mr, int k, const float *A, int64_t lda, con
             for (int v = 0; v < KT_NV; v++) acc[r][v] = x * b[v] + acc[r][v];
         }
     }
+    /* Every tile is stored and folded into the max as is; a tile with a
+     * hidden key (only on a causal diagonal) drops that max and masks its
+     * rows in S^T afterwards.  Masking acc itself, or reading acc on two paths
+     * after the loop, made GCC keep acc in a stack slot for every tile. */
+    const int masked = thr + mr - 1 > 0;
+    for (int v = 0; v < KT_NV; v++) {
+        VT mx = KT(load)(bmax + v * KT_W);
+        for (int r = 0; r < mr; r++) {
+            KT(store)(C + r * KT_NR + v * KT_W, &acc[r][v]);
+            mx = KT_MAX(acc[r][v], mx);
+        }
+        if (!masked) KT(store)(bmax + v * KT_W, &mx);
+    }
+    if (!masked) return;
     const VT ninf = KT(splat)(-INFINITY);
     for (int v = 0; v < KT_NV; v++) {
         VT mx = KT(load)(bmax + v * KT_W);
         VI lane;
         for (int c = 0; c < KT_W; c++) lane[c] = v * KT_W + c;
         for (int r = 0; r < mr; r++) {
-            VT x = acc[r][v];
+            VT x = KT(load)(C + r * KT_NR + v * KT_W);
             if (thr + r > 0) {
                 const int32_t t = thr + r > KT_NR ? KT_NR : (int32_t)(thr + r);
                 x = KT_SELECT(lane < t, ninf, x);
+                KT(store)(C + r * KT_NR + v * KT_W, &x);
             }
-            KT(store)(C + r * KT_NR + v * KT_W, &x);
             mx = KT_MAX(x, mx);
         }
         KT(store)(bmax + v * KT_W, &mx);
