@@ -1383,6 +1383,16 @@ FA3_VARLEN_ARGS = ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q"
                    "sm_margin", "return_attn_probs"]
 
 
+def varlen_grads(q, k, v, dout, cu_q, cu_k, mq, mk, causal):
+    """(o, dq, dk, dv) of fattn.flash_attn_varlen_func, of the reference in the inputs' dtype (the
+    peer) and of the reference in float64 (the truth), for the same dout."""
+    ref = lambda a, b, c: varlen_reference(a, b, c, cu_q, cu_k, causal)[0]  # noqa: E731
+    want = grads(ref, q.double(), k.double(), v.double(), dout.double())
+    peer = grads(ref, q, k, v, dout)
+    got = grads(lambda a, b, c: fattn.flash_attn_varlen_func(a, b, c, cu_q, cu_k, mq, mk, causal=causal), q, k, v, dout)
+    return got, peer, want
+
+
 class Varlen(unittest.TestCase):
     """fattn.flash_attn_varlen_func on CPU tensors against varlen_reference in float64: out within Forward's
     tolerances (relative Frobenius: f32 1e-5, f16 3e-3, bf16 2e-2), lse (f32 inside on every dtype) within
@@ -1449,11 +1459,7 @@ class Varlen(unittest.TestCase):
             dout = torch.randn(q.shape[:2] + (v.shape[2],), generator=torch.Generator().manual_seed(n))
             for causal in (False, True):
                 msg = "%s causal %s" % (shape, causal)
-                want = grads(lambda a, b, c: varlen_reference(a, b, c, cu_q, cu_k, causal)[0], q.double(),
-                             k.double(), v.double(), dout.double())
-                peer = grads(lambda a, b, c: varlen_reference(a, b, c, cu_q, cu_k, causal)[0], q, k, v, dout)
-                got = grads(lambda a, b, c: fattn.flash_attn_varlen_func(a, b, c, cu_q, cu_k, mq, mk, causal=causal),
-                            q, k, v, dout)
+                got, peer, want = varlen_grads(q, k, v, dout, cu_q, cu_k, mq, mk, causal)
                 for name, g, p, w in zip(("o", "dq", "dk", "dv"), got, peer, want):
                     self.assertEqual(g.dtype, torch.float32)
                     err, peer_err = (g.double() - w).norm().item(), (p.double() - w).norm().item()
@@ -1464,11 +1470,7 @@ class Varlen(unittest.TestCase):
             q, k, v, cu_q, cu_k, mq, mk = varlen_inputs(VARLEN_SEQS, dtype=dtype, seed=20)
             dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(2)).to(dtype)
             for causal in (False, True):
-                want = grads(lambda a, b, c: varlen_reference(a, b, c, cu_q, cu_k, causal)[0], q.double(),
-                             k.double(), v.double(), dout.double())
-                peer = grads(lambda a, b, c: varlen_reference(a, b, c, cu_q, cu_k, causal)[0], q, k, v, dout)
-                got = grads(lambda a, b, c: fattn.flash_attn_varlen_func(a, b, c, cu_q, cu_k, mq, mk, causal=causal),
-                            q, k, v, dout)
+                got, peer, want = varlen_grads(q, k, v, dout, cu_q, cu_k, mq, mk, causal)
                 for name, g, p, w in zip(("o", "dq", "dk", "dv"), got, peer, want):
                     self.assertEqual(g.dtype, dtype)
                     self.assertLessEqual(rel(g, w), 2 * rel(p, w), (name, dtype, causal))
