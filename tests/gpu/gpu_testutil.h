@@ -51,6 +51,17 @@ static inline fattn_ctx *gpu_ctx_or_skip(void) {
     return ctx;
 }
 
+/* A CPU context, the reference engine the GPU tests compare against; exit 1
+ * (a failure, not a skip) when even that cannot be made. */
+static inline fattn_ctx *gpu_cpu_ctx(void) {
+    fattn_ctx *cpu = NULL;
+    if (fattn_ctx_create(&cpu, FATTN_BACKEND_CPU, 0) != FATTN_OK) {
+        fprintf(stderr, "CPU context: %s\n", fattn_last_error(NULL));
+        exit(1);
+    }
+    return cpu;
+}
+
 /* O and LSE of a 16-bit forward against the FP64 oracle run on the exact
  * 16-bit values the kernel saw, so that what is measured is the kernel's own
  * error: fp32 accumulation, P rounded to 16 bits before the PV GEMM, and the

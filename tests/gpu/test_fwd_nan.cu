@@ -351,11 +351,7 @@ static void run_case(fattn_ctx *gpu, fattn_ctx *cpu, tu_rng *rng, const ncase &c
 
 int main(void) {
     fattn_ctx *gpu = gpu_ctx_or_skip();
-    fattn_ctx *cpu = NULL;
-    if (fattn_ctx_create(&cpu, FATTN_BACKEND_CPU, 0) != FATTN_OK) {
-        fprintf(stderr, "CPU context: %s\n", fattn_last_error(NULL));
-        return 1;
-    }
+    fattn_ctx *cpu = gpu_cpu_ctx();
     tu_rng rng;
     tu_rng_init(&rng, (uint64_t)tu_seed());
     const fattn_dtype B = FATTN_DTYPE_BF16, H = FATTN_DTYPE_F16;

@@ -658,11 +658,7 @@ static void refusals(fattn_ctx *ctx) {
 
 int main(void) {
     fattn_ctx *ctx = gpu_ctx_or_skip();
-    fattn_ctx *cpu = NULL;
-    if (fattn_ctx_create(&cpu, FATTN_BACKEND_CPU, 0) != FATTN_OK) {
-        fprintf(stderr, "CPU context: %s\n", fattn_last_error(NULL));
-        return 1;
-    }
+    fattn_ctx *cpu = gpu_cpu_ctx();
     tu_rng rng;
     tu_rng_init(&rng, (uint64_t)tu_seed());
     const fattn_dtype F32 = FATTN_DTYPE_F32, F16 = FATTN_DTYPE_F16, B16 = FATTN_DTYPE_BF16;
