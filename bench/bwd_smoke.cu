@@ -14,16 +14,9 @@
 #include <algorithm>
 #include <vector>
 
+#include "bench_cuda.h"
 #include "fattn.h"
 
-#define CK(x)                                                                           \
-    do {                                                                                \
-        cudaError_t e_ = (x);                                                           \
-        if (e_ != cudaSuccess) {                                                        \
-            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-            exit(1);                                                                    \
-        }                                                                               \
-    } while (0)
 #define FK(ctx, x)                                                                              \
     do {                                                                                        \
         fattn_status s_ = (x);                                                                  \

@@ -25,20 +25,13 @@
 #include <vector>
 
 #include "../src/cuda/hopper/bwd_sm90_launch.cuh"
+#include "bench_cuda.h"
 #include "fattn.h"
 
 #ifndef BV_D
 #define BV_D 128
 #endif
 
-#define CK(x)                                                                           \
-    do {                                                                                \
-        cudaError_t e_ = (x);                                                           \
-        if (e_ != cudaSuccess) {                                                        \
-            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-            exit(1);                                                                    \
-        }                                                                               \
-    } while (0)
 
 typedef fattn_status (*run_fn)(fattn_ctx *, const fattn_bwd_args *);
 struct variant {

@@ -21,20 +21,13 @@
 #include <vector>
 
 #include "../src/cuda/hopper/fwd_sm90_kernels.cuh"
+#include "bench_cuda.h"
 #include "fattn.h"
 
 #ifndef FV_D
 #define FV_D 128
 #endif
 
-#define CK(x)                                                                           \
-    do {                                                                                \
-        cudaError_t e_ = (x);                                                           \
-        if (e_ != cudaSuccess) {                                                        \
-            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-            exit(1);                                                                    \
-        }                                                                               \
-    } while (0)
 
 typedef fattn_status (*run_fn)(fattn_ctx *, const fattn_fwd_args *, const fwd_variant &);
 struct variant {

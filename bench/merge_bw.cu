@@ -29,16 +29,9 @@
 #include <algorithm>
 #include <vector>
 
+#include "bench_cuda.h"
 #include "fattn.h"
 
-#define CK(x)                                                                                   \
-    do {                                                                                        \
-        cudaError_t e_ = (x);                                                                   \
-        if (e_ != cudaSuccess) {                                                                \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                            \
-        }                                                                                       \
-    } while (0)
 
 struct shape {
     int parts, batch, tokens, heads, d;
@@ -129,19 +122,10 @@ static row run(fattn_ctx *ctx, cudaStream_t stream, const shape &s, float inf_fr
     CK(cudaStreamSynchronize(stream));
     std::vector<double> tm, tc, tg;
     for (int r = 0; r < reps; ++r) {
-        float ms;
-        CK(cudaEventRecord(e0, stream));
-        (void)fattn_merge(ctx, &a);
-        CK(cudaEventRecord(e1, stream));
-        CK(cudaEventSynchronize(e1));
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        tm.push_back(ms * 1e3);
-        CK(cudaEventRecord(e0, stream));
-        CK(cudaMemcpyAsync(cdst, csrc, copy_n, cudaMemcpyDeviceToDevice, stream));
-        CK(cudaEventRecord(e1, stream));
-        CK(cudaEventSynchronize(e1));
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        tc.push_back(ms * 1e3);
+        tm.push_back(bench_time_us(stream, e0, e1, [&] { (void)fattn_merge(ctx, &a); }));
+        tc.push_back(bench_time_us(stream, e0, e1, [&] {
+            CK(cudaMemcpyAsync(cdst, csrc, copy_n, cudaMemcpyDeviceToDevice, stream));
+        }));
     }
     CK(cudaGetLastError());
     row rw;
@@ -162,15 +146,7 @@ static row run(fattn_ctx *ctx, cudaStream_t stream, const shape &s, float inf_fr
             exit(1);
         }
         CK(cudaGraphInstantiate(&ge, g, 0));
-        for (int r = 0; r < reps; ++r) {
-            float ms;
-            CK(cudaEventRecord(e0, stream));
-            CK(cudaGraphLaunch(ge, stream));
-            CK(cudaEventRecord(e1, stream));
-            CK(cudaEventSynchronize(e1));
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            tg.push_back(ms * 1e3);
-        }
+        for (int r = 0; r < reps; ++r) tg.push_back(bench_time_us(stream, e0, e1, [&] { CK(cudaGraphLaunch(ge, stream)); }));
         rw.graph_us = median(tg);
         CK(cudaGraphExecDestroy(ge));
         CK(cudaGraphDestroy(g));

@@ -27,16 +27,9 @@
 #include <algorithm>
 #include <vector>
 
+#include "bench_cuda.h"
 #include "fattn.h"
 
-#define CK(x)                                                                                                 \
-    do {                                                                                                      \
-        cudaError_t e_ = (x);                                                                                 \
-        if (e_ != cudaSuccess) {                                                                              \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));               \
-            exit(1);                                                                                          \
-        }                                                                                                     \
-    } while (0)
 
 struct row {
     int d, tensor, rotate;
@@ -146,19 +139,10 @@ int main(int argc, char **argv) {
                 }
                 std::vector<double> tq, tc;
                 for (int r = 0; r < reps; ++r) {
-                    float ms;
-                    CK(cudaEventRecord(e0, stream));
-                    (void)fattn_quantize(ctx, &a);
-                    CK(cudaEventRecord(e1, stream));
-                    CK(cudaEventSynchronize(e1));
-                    CK(cudaEventElapsedTime(&ms, e0, e1));
-                    tq.push_back(ms * 1e3);
-                    CK(cudaEventRecord(e0, stream));
-                    CK(cudaMemcpyAsync(dcopy_dst, dcopy_src, copy_n, cudaMemcpyDeviceToDevice, stream));
-                    CK(cudaEventRecord(e1, stream));
-                    CK(cudaEventSynchronize(e1));
-                    CK(cudaEventElapsedTime(&ms, e0, e1));
-                    tc.push_back(ms * 1e3);
+                    tq.push_back(bench_time_us(stream, e0, e1, [&] { (void)fattn_quantize(ctx, &a); }));
+                    tc.push_back(bench_time_us(stream, e0, e1, [&] {
+                        CK(cudaMemcpyAsync(dcopy_dst, dcopy_src, copy_n, cudaMemcpyDeviceToDevice, stream));
+                    }));
                 }
                 CK(cudaGetLastError());
                 row rw;
