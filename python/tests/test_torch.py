@@ -670,6 +670,25 @@ GRAPH_BWD = [(dict(b=2, sq=sq, sk=sk, hq=8, hkv=2, d=d), causal, det)
              for det in (True, False)]
 
 
+def returns_before_gpu(fn, warmup=None):
+    """fn() after a warm-up call (warmup, default fn) and a synchronize, queued behind a kernel that sleeps
+    ~0.25-1.5 s, under torch's sync debug mode "error" (CudaGraph.test_no_host_synchronisation says why
+    both): True when the sleep was still running as fn returned, i.e. fn did not wait for the GPU."""
+    (warmup or fn)()
+    torch.cuda.synchronize()
+    before = torch.cuda.Event()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        torch.cuda._sleep(500_000_000)  # cycles
+        before.record()
+        fn()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    pending = not before.query()
+    torch.cuda.synchronize()
+    return pending
+
+
 @unittest.skipUnless(HOPPER, "needs a Hopper GPU")
 class CudaGraph(unittest.TestCase):
     """fattn.attention captured by torch.cuda.graph on static tensors, replayed after new values are copied into
@@ -817,19 +836,7 @@ class CudaGraph(unittest.TestCase):
                     o.backward(dout)
                 return o
 
-            call()
-            torch.cuda.synchronize()
-            before = torch.cuda.Event()
-            torch.cuda.set_sync_debug_mode("error")
-            try:
-                torch.cuda._sleep(500_000_000)  # cycles
-                before.record()
-                call()
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-            pending = not before.query()
-            torch.cuda.synchronize()
-            self.assertTrue(pending, "the call waited for the GPU: %s causal %s backward %s"
+            self.assertTrue(returns_before_gpu(call), "the call waited for the GPU: %s causal %s backward %s"
                             % (shape, causal, backward))
 
 
@@ -1304,20 +1311,12 @@ class KvCacheCuda(unittest.TestCase):
             self.assertTrue(same_bits(o, want))
             self.assertTrue(same_bits(kc, kc1) and same_bits(vc, vc1))
         del g
-        step()
-        torch.cuda.synchronize()
-        before = torch.cuda.Event()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            torch.cuda._sleep(500_000_000)
-            before.record()
+
+        def calls():
             step()
             fattn.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=7, page_table=table)  # an int
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        pending = not before.query()
-        torch.cuda.synchronize()
-        self.assertTrue(pending, "the call waited for the GPU")
+
+        self.assertTrue(returns_before_gpu(calls, warmup=step), "the call waited for the GPU")
 
 
 # ---------------------------------------------------------------------------
