@@ -45,9 +45,9 @@ def flops(h, lens_q, lens_k, d, causal):
     return sum(4.0 * h * a * b * d / (2 if causal and a == b else 1) for a, b in zip(lens_q, lens_k))
 
 
-def varlen_args(ctx, q, k, v, o, lse, lens, cu, causal):
-    """fattn_fwd_args for the packed [1, T, h, d] tensors with cu_seqlens `cu` (int32 on the GPU)."""
-    a = ctx.fwd_args(q, k, v, o, lse, causal)
+def as_varlen(a, lens, cu):
+    """An args struct built for the packed [1, T, h, d] tensors (fattn_fwd_args or fattn_bwd_args), made a
+    varlen call on cu_seqlens `cu` (int32 on the GPU, the sequences `lens` for q and k alike)."""
     a.p.batch, a.p.seqlen_q, a.p.seqlen_k = len(lens), max(lens), max(lens)
     a.p.cu_seqlens_q = a.p.cu_seqlens_k = cu.data_ptr()
     a.p.total_q = a.p.total_k = sum(lens)
@@ -55,18 +55,19 @@ def varlen_args(ctx, q, k, v, o, lse, lens, cu, causal):
     return a
 
 
+def varlen_args(ctx, q, k, v, o, lse, lens, cu, causal):
+    """fattn_fwd_args for the packed [1, T, h, d] tensors with cu_seqlens `cu`."""
+    return as_varlen(ctx.fwd_args(q, k, v, o, lse, causal), lens, cu)
+
+
 def bwd_of(ctx, q, k, v, o, lse, causal, varlen=None):
     """fattn_bwd's args on the O and LSE of a forward (compare.bwd_args; varlen = (lens, cu) patches the
-    problem as varlen_args does), with dO ~ N(0, 1) and dQ, dK, dV of its own: (args, (dq, dk, dv))."""
+    problem as as_varlen does), with dO ~ N(0, 1) and dQ, dK, dV of its own: (args, (dq, dk, dv))."""
     dout = torch.randn_like(q)
     gs = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
     b = compare.bwd_args(q, k, v, o, dout, *gs, lse, causal)
     if varlen is not None:
-        lens, cu = varlen
-        b.p.batch, b.p.seqlen_q, b.p.seqlen_k = len(lens), max(lens), max(lens)
-        b.p.cu_seqlens_q = b.p.cu_seqlens_k = cu.data_ptr()
-        b.p.total_q = b.p.total_k = sum(lens)
-        b._keep = b._keep + (cu,)
+        as_varlen(b, *varlen)
     return b, gs
 
 
