@@ -1,6 +1,7 @@
-/* test_errors.cu - requests the Hopper kernel cannot serve return a status and
- * a message naming the problem, and leave O and LSE untouched (checked byte
- * for byte against a sentinel).  Exit 77 without a Hopper GPU. */
+/* test_errors.cu - requests the Hopper kernels cannot serve return a status and
+ * a message naming the problem, and leave O and LSE (the forward) or dQ, dK and
+ * dV (the backward) untouched, checked byte for byte against a sentinel.  Exit
+ * 77 without a Hopper GPU. */
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,7 +12,7 @@
 
 enum { B = 1, S = 64, H = 2, D = 128, N = B * S * H * 256 + 64 };
 
-static uint8_t *dq, *dk, *dv, *dout;
+static uint8_t *dq, *dk, *dv, *dout, *ddo, *ddq, *ddk, *ddv;
 static float *dlse;
 static uint8_t sentinel[N * 2];
 
@@ -44,13 +45,48 @@ static void expect(fattn_ctx *ctx, const fattn_fwd_args *a, fattn_status want, c
            untouched ? "" : ", OUTPUT WRITTEN");
 }
 
+static fattn_bwd_args bwd_base_args(void) {
+    fattn_bwd_args b;
+    memset(&b, 0, sizeof b);
+    const fattn_fwd_args f = base_args();
+    b.p = f.p;
+    b.q = f.q; b.k = f.k; b.v = f.v; b.o = f.o;
+    b.dout = fattn_tensor_bshd(ddo, FATTN_DTYPE_BF16);
+    b.dq = fattn_tensor_bshd(ddq, FATTN_DTYPE_BF16);
+    b.dk = fattn_tensor_bshd(ddk, FATTN_DTYPE_BF16);
+    b.dv = fattn_tensor_bshd(ddv, FATTN_DTYPE_BF16);
+    b.lse = dlse;
+    return b;
+}
+
+static void expect_bwd(fattn_ctx *ctx, const fattn_bwd_args *b, fattn_status want, const char *needle,
+                       const char *what) {
+    uint8_t *outs[3] = {ddq, ddk, ddv};
+    for (int i = 0; i < 3; ++i)
+        if (cudaMemcpy(outs[i], sentinel, N * 2, cudaMemcpyHostToDevice) != cudaSuccess) exit(1);
+    fattn_status st = fattn_bwd(ctx, b);
+    cudaDeviceSynchronize();
+    const char *msg = fattn_last_error(ctx);
+    static uint8_t back[N * 2];
+    int untouched = 1;
+    for (int i = 0; i < 3; ++i) {
+        cudaMemcpy(back, outs[i], N * 2, cudaMemcpyDeviceToHost);
+        untouched = untouched && memcmp(back, sentinel, N * 2) == 0;
+    }
+    int ok = st == want && (want == FATTN_OK || strstr(msg, needle) != NULL) && (want == FATTN_OK || untouched);
+    if (!ok) tu_failures++;
+    printf("  [%s] backward, %s: status %d (want %d), \"%s\"%s\n", ok ? "ok" : "FAIL", what, (int)st, (int)want, msg,
+           untouched || want == FATTN_OK ? "" : ", OUTPUT WRITTEN");
+}
+
 int main(void) {
     fattn_ctx *ctx = gpu_ctx_or_skip();
     fattn_status st;
     for (int i = 0; i < N * 2; ++i) sentinel[i] = (uint8_t)(0xA5 ^ i);
     if (cudaMalloc(&dq, N * 2) || cudaMalloc(&dk, N * 2) || cudaMalloc(&dv, N * 2) || cudaMalloc(&dout, N * 2) ||
-        cudaMalloc(&dlse, B * H * S * 4)) return 1;
-    cudaMemset(dq, 0, N * 2); cudaMemset(dk, 0, N * 2); cudaMemset(dv, 0, N * 2);
+        cudaMalloc(&dlse, B * H * S * 4) || cudaMalloc(&ddo, N * 2) || cudaMalloc(&ddq, N * 2) ||
+        cudaMalloc(&ddk, N * 2) || cudaMalloc(&ddv, N * 2)) return 1;
+    cudaMemset(dq, 0, N * 2); cudaMemset(dk, 0, N * 2); cudaMemset(dv, 0, N * 2); cudaMemset(ddo, 0, N * 2);
     const fattn_fwd_args good = base_args();
     fattn_fwd_args a;
 
@@ -89,7 +125,33 @@ int main(void) {
     st = fattn_fwd(ctx, &good);
     TU_CHECK(st == FATTN_OK && cudaDeviceSynchronize() == cudaSuccess, "valid call failed: %s", fattn_last_error(ctx));
     printf("  [%s] the same arguments, corrected, run\n", st == FATTN_OK ? "ok" : "FAIL");
+
+    /* the backward's launch limits (grid y and z; the varlen workspace's row blocks
+     * counted in an int), refused by the engine check before any size or
+     * overlap check, so the small buffers above stand in for huge tensors */
+    const fattn_bwd_args bgood = bwd_base_args();
+    fattn_bwd_args b;
+    b = bgood; b.p.head_dim = b.p.head_dim_v = 96;
+    expect_bwd(ctx, &b, FATTN_ERROR_UNSUPPORTED, "head_dim 96", "head dim 96");
+    b = bgood; b.q.dtype = b.k.dtype = b.v.dtype = b.o.dtype = b.dout.dtype = FATTN_DTYPE_F32;
+    b.dq.dtype = b.dk.dtype = b.dv.dtype = FATTN_DTYPE_F32;
+    expect_bwd(ctx, &b, FATTN_ERROR_UNSUPPORTED, "f32", "f32 inputs");
+    b = bgood; b.p.batch = 65536;
+    expect_bwd(ctx, &b, FATTN_ERROR_UNSUPPORTED, "at most 65535", "batch 65536");
+    b = bgood; b.p.heads_q = b.p.heads_kv = 65536;
+    expect_bwd(ctx, &b, FATTN_ERROR_UNSUPPORTED, "at most 65535", "heads_q 65536");
+    b = bgood; b.p.cu_seqlens_q = b.p.cu_seqlens_k = cu; b.p.heads_q = b.p.heads_kv = 65535;
+    b.p.total_q = b.p.total_k = 64 * 40000;
+    expect_bwd(ctx, &b, FATTN_ERROR_UNSUPPORTED, "row blocks", "varlen workspace row blocks past int32");
+    /* and the unchanged backward runs, after a forward wrote its LSE */
+    st = fattn_fwd(ctx, &good);
+    TU_CHECK(st == FATTN_OK && cudaDeviceSynchronize() == cudaSuccess, "forward for the backward failed: %s",
+             fattn_last_error(ctx));
+    expect_bwd(ctx, &bgood, FATTN_OK, "", "the same arguments, corrected");
     cudaFree(cu);
+    uint8_t *bufs[] = {dq, dk, dv, dout, ddo, ddq, ddk, ddv};
+    for (int i = 0; i < 8; ++i) cudaFree(bufs[i]);
+    cudaFree(dlse);
     fattn_ctx_free(ctx);
     return tu_finish("gpu errors");
 }
