@@ -601,8 +601,9 @@ static void place(fcase *c) {
     if (c->qkv_packed) c->b[BQ].bytes = span_bytes(&c->b[BQ]) + 2 * (size_t)c->hq * c->d * c->b[BQ].es;
     if (c->b[BQ].bytes > maxb) maxb = c->b[BQ].bytes;
     /* room before the first and after the last buffer for an output laid
-     * just outside one */
-    c->front = align_up(maxb + 64, 64);
+     * just outside one, three times over: up to three mutations can chain
+     * such moves (o just before lse, which was moved just before q) */
+    c->front = align_up(3 * (maxb + 64), 64);
     size_t cur = c->front;
     for (int i = 0; i < NBUF; i++) {
         buf *x = &c->b[i];
