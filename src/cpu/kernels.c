@@ -23,63 +23,6 @@ typedef float v16f __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
 #endif
 
-/* 4 x (2*W) register tile: 8 vector accumulators. */
-#define FATTN_DEFINE_GEMM(NAME, ATTR, VT, W)                                                    \
-    ATTR static void NAME(int m, int n, int k, const float *A, int64_t lda, const float *B,     \
-                          int64_t ldb, float *C, int64_t ldc, int accumulate) {                \
-        for (int i = 0; i < m; i += 4) {                                                        \
-            const float *a0 = A + (int64_t)i * lda, *a1 = a0 + lda, *a2 = a1 + lda,             \
-                        *a3 = a2 + lda;                                                         \
-            float *c0 = C + (int64_t)i * ldc, *c1 = c0 + ldc, *c2 = c1 + ldc, *c3 = c2 + ldc;   \
-            int j = 0;                                                                          \
-            for (; j + 2 * (W) <= n; j += 2 * (W)) {                                            \
-                VT x00, x01, x10, x11, x20, x21, x30, x31;                                      \
-                if (accumulate) {                                                               \
-                    memcpy(&x00, c0 + j, sizeof(VT)); memcpy(&x01, c0 + j + (W), sizeof(VT));   \
-                    memcpy(&x10, c1 + j, sizeof(VT)); memcpy(&x11, c1 + j + (W), sizeof(VT));   \
-                    memcpy(&x20, c2 + j, sizeof(VT)); memcpy(&x21, c2 + j + (W), sizeof(VT));   \
-                    memcpy(&x30, c3 + j, sizeof(VT)); memcpy(&x31, c3 + j + (W), sizeof(VT));   \
-                } else {                                                                        \
-                    x00 = x01 = x10 = x11 = x20 = x21 = x30 = x31 = (VT){0};                    \
-                }                                                                               \
-                const float *b = B + j;                                                         \
-                for (int p = 0; p < k; p++, b += ldb) {                                         \
-                    VT b0, b1;                                                                  \
-                    memcpy(&b0, b, sizeof(VT));                                                 \
-                    memcpy(&b1, b + (W), sizeof(VT));                                           \
-                    VT s0 = (VT){0} + a0[p], s1 = (VT){0} + a1[p];                              \
-                    x00 += s0 * b0; x01 += s0 * b1;                                             \
-                    x10 += s1 * b0; x11 += s1 * b1;                                             \
-                    VT s2 = (VT){0} + a2[p], s3 = (VT){0} + a3[p];                              \
-                    x20 += s2 * b0; x21 += s2 * b1;                                             \
-                    x30 += s3 * b0; x31 += s3 * b1;                                             \
-                }                                                                               \
-                memcpy(c0 + j, &x00, sizeof(VT)); memcpy(c0 + j + (W), &x01, sizeof(VT));       \
-                memcpy(c1 + j, &x10, sizeof(VT)); memcpy(c1 + j + (W), &x11, sizeof(VT));       \
-                memcpy(c2 + j, &x20, sizeof(VT)); memcpy(c2 + j + (W), &x21, sizeof(VT));       \
-                memcpy(c3 + j, &x30, sizeof(VT)); memcpy(c3 + j + (W), &x31, sizeof(VT));       \
-            }                                                                                   \
-            for (; j < n; j += (W)) {                                                           \
-                VT x0, x1, x2, x3;                                                              \
-                if (accumulate) {                                                               \
-                    memcpy(&x0, c0 + j, sizeof(VT)); memcpy(&x1, c1 + j, sizeof(VT));           \
-                    memcpy(&x2, c2 + j, sizeof(VT)); memcpy(&x3, c3 + j, sizeof(VT));           \
-                } else {                                                                        \
-                    x0 = x1 = x2 = x3 = (VT){0};                                                \
-                }                                                                               \
-                const float *b = B + j;                                                         \
-                for (int p = 0; p < k; p++, b += ldb) {                                         \
-                    VT b0;                                                                      \
-                    memcpy(&b0, b, sizeof(VT));                                                 \
-                    x0 += ((VT){0} + a0[p]) * b0; x1 += ((VT){0} + a1[p]) * b0;                 \
-                    x2 += ((VT){0} + a2[p]) * b0; x3 += ((VT){0} + a3[p]) * b0;                 \
-                }                                                                               \
-                memcpy(c0 + j, &x0, sizeof(VT)); memcpy(c1 + j, &x1, sizeof(VT));               \
-                memcpy(c2 + j, &x2, sizeof(VT)); memcpy(c3 + j, &x3, sizeof(VT));               \
-            }                                                                                   \
-        }                                                                                       \
-    }
-
 /* exp(x - sub): Cephes-style range reduction x = n ln2 + r, |r| <= ln2/2, and
  * a degree-6 polynomial; ~1-2 ulp.  Arguments below -87.33 (ln 2^-126, and
  * -inf) give exactly 0; NaN gives NaN (it must reach O and LSE, as in torch).
@@ -147,15 +90,39 @@ typedef int32_t v16i __attribute__((vector_size(64)));
         return s;                                                                               \
     }
 
-FATTN_DEFINE_GEMM(gemm_generic, , v4f, 4)
+#define GT(name) gemm_generic_##name
+#define GT_ATTR
+#define GT_VT v4f
+#define GT_W 4
+#include "cpu/gemm_tmpl.h"
+#undef GT
+#undef GT_ATTR
+#undef GT_VT
+#undef GT_W
 FATTN_DEFINE_EXP(exp_generic, , v4f, v4i, 4)
 
 #ifdef FATTN_X86_DISPATCH
 #define FATTN_ATTR_AVX2 __attribute__((target("avx2,fma")))
 #define FATTN_ATTR_AVX512 __attribute__((target("avx512f,avx2,fma")))
-FATTN_DEFINE_GEMM(gemm_avx2, FATTN_ATTR_AVX2, v8f, 8)
+#define GT(name) gemm_avx2_##name
+#define GT_ATTR FATTN_ATTR_AVX2
+#define GT_VT v8f
+#define GT_W 8
+#include "cpu/gemm_tmpl.h"
+#undef GT
+#undef GT_ATTR
+#undef GT_VT
+#undef GT_W
 FATTN_DEFINE_EXP(exp_avx2, FATTN_ATTR_AVX2, v8f, v8i, 8)
-FATTN_DEFINE_GEMM(gemm_avx512, FATTN_ATTR_AVX512, v16f, 16)
+#define GT(name) gemm_avx512_##name
+#define GT_ATTR FATTN_ATTR_AVX512
+#define GT_VT v16f
+#define GT_W 16
+#include "cpu/gemm_tmpl.h"
+#undef GT
+#undef GT_ATTR
+#undef GT_VT
+#undef GT_W
 FATTN_DEFINE_EXP(exp_avx512, FATTN_ATTR_AVX512, v16f, v16i, 16)
 #endif
 
@@ -177,18 +144,18 @@ int fattn_cpu_fwd_kernel_named(const char *isa, fattn_fwd_kernel *out) {
 
 fattn_cpu_kernels fattn_cpu_kernels_get(void) {
     fattn_cpu_kernels k;
-    k.gemm = gemm_generic;
+    k.gemm = gemm_generic_gemm;
     k.exp_sub = exp_generic;
     k.isa = "generic";
     k.fwd = fattn_fwd_kernel_generic;
 #ifdef FATTN_X86_DISPATCH
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f")) {
-        k.gemm = gemm_avx512;
+        k.gemm = gemm_avx512_gemm;
         k.exp_sub = exp_avx512;
         k.isa = "avx512";
     } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-        k.gemm = gemm_avx2;
+        k.gemm = gemm_avx2_gemm;
         k.exp_sub = exp_avx2;
         k.isa = "avx2";
     }
