@@ -1,12 +1,18 @@
 /* test_fuzz.c - random-argument fuzz of the public API on a CPU context
- * (issue 27): fattn_fwd, fattn_bwd, fattn_quantize and fattn_fwd_fp8.
+ * (issue 27): fattn_fwd (with its serving fields), fattn_bwd,
+ * fattn_quantize and fattn_fwd_fp8.
  *
  * Each case draws a tiny valid call (batch <= 3, seqlens <= 40, head dims
  * <= 64; every dtype; packed, explicit, permuted and padded layouts; GQA,
  * causal with any seqlen_q / seqlen_k, variable-length batches with empty
  * sequences and any maximum; k and v in one buffer, q, k and v slices of one
- * packed buffer; ignored fields holding garbage) and then, in two cases out
- * of three, breaks it in one to three ways: sizes zero, negative or whose
+ * packed buffer; ignored fields holding garbage; fattn_fwd's seqused_k,
+ * below, at and above each key count, fixed-length and varlen, and paged
+ * K/V: page pools of 1..64-row pages in any layout, tables with pages in
+ * any order, shared between sequences, garbage in the entries no used key
+ * reads, with GQA, causal, e4m3 pools; NaN in every key row no sequence
+ * uses) and then, in two cases out of three, breaks it in one to three
+ * ways: sizes zero, negative or whose
  * products overflow the limits, head dims the CPU engine lacks, heads_q %
  * heads_kv != 0, softmax_scale NaN / Inf / negative, NULL or misaligned
  * pointers, dtypes that are no fattn_dtype or do not match, e4m3 tensors
@@ -15,8 +21,13 @@
  * or overflowing strides, strides that make a tensor overlap itself, an
  * output laid over (or just next to) an input or another output, bad
  * quantisation granularity and block sizes (fattn_quantize and
- * fattn_fwd_fp8's options), rotation of a non-power-of-two head dim, NULL
- * ctx or args.  Whether the call is valid is decided from the header's rules
+ * fattn_fwd_fp8's options), rotation of a non-power-of-two head dim, a
+ * negative seqused_k entry, seqused_k / block_table misaligned, the table
+ * NULL with its sizes given or sizes given without it, page_size /
+ * num_pages / max_pages_per_seq zero, negative or making a pool of >= 2^31
+ * rows, seqlen_k > max_pages_per_seq * page_size, a used table entry
+ * outside [0, num_pages), a table with cu_seqlens (UNSUPPORTED), fwd_fp8
+ * with seqused_k (UNSUPPORTED), NULL ctx or args.  Whether the call is valid is decided from the header's rules
  * (fattn.h, docs/design.md section 3), not from src/api.c.
  *
  * All buffers of a case live in one arena: 0xFF bytes (NaN in every float
@@ -33,7 +44,8 @@
  *   - if accepted on finite inputs, write every output element, finite:
  *     O 0 and LSE -inf exactly on rows that see no key, |O| within the range
  *     of V, e4m3 codes never NaN, scales finite and positive, dq / dk / dv
- *     finite.
+ *     finite; with seqused_k or a table, O and LSE match an FP64 reference
+ *     that gathers each sequence's used keys itself (through the table).
  *
  * Environment: FATTN_TEST_SEED (testutil.h: fixed default), FATTN_FUZZ_CASES
  * (default 10000: 3 s, 5 s under `make sanitize`, on 2 cores),
@@ -65,6 +77,7 @@
 #define DEFAULT_CASES 10000
 #define MAX_BATCH 3
 #define MAX_FAILURES_SHOWN 20
+#define MAX_PAGES 48 /* table entries per sequence */
 
 /* ------------------------------------------------------------------------ */
 /* One case                                                                 */
@@ -74,7 +87,7 @@ typedef enum api_kind { API_FWD, API_BWD, API_QUANT, API_FP8, API_N } api_kind;
 static const char *const api_name[API_N] = {"fwd", "bwd", "quantize", "fwd_fp8"};
 
 /* Pointer arguments.  fattn_quantize uses BQ (in), BO (out), BQS (out.scale). */
-enum { BQ, BK, BV, BO, BDOUT, BDQ, BDK, BDV, BLSE, BQS, BKS, BVS, BCUQ, BCUK, NBUF };
+enum { BQ, BK, BV, BO, BDOUT, BDQ, BDK, BDV, BLSE, BQS, BKS, BVS, BCUQ, BCUK, BSEQU, BTABLE, NBUF };
 
 typedef struct buf {
     const char *name;
@@ -119,13 +132,23 @@ typedef enum mkind {
     M_QUANT_GRAN,
     M_QUANT_BLOCK,
     M_ROTATE, /* rotation of a non-power-of-two head dim: UNSUPPORTED */
+    /* fattn_fwd's serving fields */
+    M_SEQU_NEG,   /* a seqused_k entry < 0 */
+    M_SERV_PTR,   /* seqused_k / block_table misaligned; the table NULL with its sizes given */
+    M_PAGE_FIELD, /* page_size / num_pages / max_pages_per_seq <= 0 (paged), != 0 (not paged) */
+    M_PAGE_HUGE,  /* a pool of >= 2^31 rows, a table of >= 2^31 entries */
+    M_PAGE_SHORT, /* seqlen_k > max_pages_per_seq * page_size */
+    M_PAGE_ENTRY, /* a table entry that a used key reads outside [0, num_pages) */
+    M_PAGE_VARLEN,/* a table with cu_seqlens: UNSUPPORTED */
+    M_FP8_SERVING,/* fattn_fwd_fp8 with seqused_k: UNSUPPORTED */
     M_N
 } mkind;
 static const char *const mkind_name[M_N] = {
     "stride_bad", "stride_neg", "stride_huge", "overlap",   "touch",      "ctx_null",     "args_null",
     "size_bad",   "size_huge",  "dim_big",     "gqa",       "scale_bad",  "dtype_enum",   "dtype_mix",
     "null_ptr",   "misalign",   "e4m3_noscale", "e4m3_block", "cu_one_null", "cu_start", "cu_decrease",
-    "cu_too_long", "quant_gran", "quant_block", "rotate"};
+    "cu_too_long", "quant_gran", "quant_block", "rotate", "sequ_neg", "serv_ptr", "page_field",
+    "page_huge", "page_short", "page_entry", "page_varlen", "fp8_serving"};
 
 #define ALLOW_INV (1u << FATTN_ERROR_INVALID_ARGUMENT)
 #define ALLOW_UNSUP (1u << FATTN_ERROR_UNSUPPORTED)
@@ -146,6 +169,11 @@ typedef struct fcase {
     int32_t blk[3];        /* e4m3 scale blocks of q, k, v; quantize: block_rows */
     float softmax_scale;
     int want_lse, kv_shared, qkv_packed, rotate;
+    /* fattn_fwd's serving fields (fwd_fp8: seqused_k for M_FP8_SERVING) */
+    int has_sequ, paged, ps, npages, mpps, poisoned;
+    int32_t sequ[MAX_BATCH];
+    int used[MAX_BATCH]; /* keys sequence b attends to: min(seqused_k[b], its key count) */
+    int32_t table[MAX_BATCH * MAX_PAGES];
     buf b[NBUF];
     mkind mut[3];
     int nmut;
@@ -168,6 +196,7 @@ static int g_verbose;
 static const char *g_prog = "test_fuzz";
 static char g_replay[512]; /* for the crash handlers */
 static long g_mut_count[M_N], g_mut_refused[M_N];
+static long g_ref_checked[API_N]; /* accepted calls checked against a reference */
 
 static void say(fcase *c, const char *fmt, ...) {
     if (c->dlen >= sizeof c->desc - 1) return;
@@ -391,7 +420,66 @@ static int applicable(const fcase *c, mkind k) {
     case M_QUANT_GRAN:
     case M_QUANT_BLOCK: return c->api == API_QUANT || c->api == API_FP8;
     case M_ROTATE: return (c->api == API_QUANT || c->api == API_FP8) && !is_pow2(c->d);
+    case M_SEQU_NEG: return c->api == API_FWD && c->has_sequ;
+    case M_SERV_PTR: return c->api == API_FWD && (c->has_sequ || c->paged);
+    case M_PAGE_FIELD: return c->api == API_FWD;
+    case M_PAGE_HUGE:
+    case M_PAGE_SHORT:
+    case M_PAGE_ENTRY:
+    case M_PAGE_VARLEN: return c->api == API_FWD && c->paged;
+    case M_FP8_SERVING: return c->api == API_FP8;
     default: return 1;
+    }
+}
+
+/* fattn_fwd's serving fields on the drawn problem: seqused_k (any mode),
+ * a paged K/V (fixed-length batches; k and v become page pools).  Table
+ * entries that no used key reads may hold anything (fattn_fwd_args). */
+static void draw_serving(fcase *c) {
+    c->has_sequ = chance(c, 0.3);
+    c->paged = !c->varlen && !c->qkv_packed && chance(c, 0.3);
+    for (int b = 0; b < c->batch; b++) {
+        const int lk = c->varlen ? c->lens_k[b] : c->sk;
+        c->used[b] = lk;
+        if (!c->has_sequ) continue;
+        switch (rnd(c, 6)) {
+        case 0: c->sequ[b] = 0; break;
+        case 1: case 2: c->sequ[b] = (int32_t)rnd(c, (uint32_t)lk + 1); break;
+        case 3: c->sequ[b] = lk; break;
+        case 4: c->sequ[b] = lk + 1 + (int32_t)rnd(c, 5); break;
+        default: c->sequ[b] = INT32_MAX; break;
+        }
+        if (c->sequ[b] < lk) c->used[b] = c->sequ[b];
+    }
+    if (c->paged) {
+        static const int ps_values[] = {1, 2, 3, 4, 5, 8, 16, 64};
+        c->ps = ps_values[rnd(c, 8)];
+        const int need = (int)cdiv(c->sk, c->ps);
+        c->mpps = need + (chance(c, 0.3) ? (int)rnd(c, 3) : 0);
+        c->npages = 1 + (int)rnd(c, (uint32_t)(c->batch * need + 2)); /* fewer than needed: shared pages */
+        const int garbage = chance(c, 0.3);
+        for (int b = 0; b < c->batch; b++)
+            for (int i = 0; i < c->mpps; i++) {
+                int32_t e = (int32_t)rnd(c, (uint32_t)c->npages);
+                if (garbage && i >= cdiv(c->used[b], c->ps)) { /* not read */
+                    static const int32_t g[] = {-1, INT32_MIN, INT32_MAX, 12345};
+                    e = chance(c, 0.2) ? c->npages : g[rnd(c, 4)];
+                }
+                c->table[b * c->mpps + i] = e;
+            }
+    }
+}
+
+static void say_serving(fcase *c) {
+    if (c->has_sequ) {
+        say(c, " seqused_k[");
+        for (int b = 0; b < c->batch; b++) say(c, "%s%d", b ? "," : "", (int)c->sequ[b]);
+        say(c, "]");
+    }
+    if (c->paged) {
+        say(c, " paged ps%d pages%d mpps%d table[", c->ps, c->npages, c->mpps);
+        for (int i = 0; i < c->batch * c->mpps; i++) say(c, "%s%d", i ? (i % c->mpps ? "," : "|") : "", (int)c->table[i]);
+        say(c, "]");
     }
 }
 
@@ -445,6 +533,7 @@ static void draw_problem(fcase *c) {
         c->dto = c->dt == FATTN_DTYPE_E4M3 ? draw_float_dtype(c) : c->dt;
         if (c->dt == FATTN_DTYPE_E4M3)
             for (int i = 0; i < 3; i++) c->blk[i] = draw_block(c);
+        draw_serving(c);
         break;
     }
     case API_BWD: c->dt = c->dto = draw_float_dtype(c); break;
@@ -490,6 +579,13 @@ static void draw_problem(fcase *c) {
     }
     if (c->qkv_packed) say(c, " qkv-packed");
     if (c->kv_shared) say(c, " k=v");
+    say_serving(c);
+}
+
+static int has_mut(const fcase *c, mkind k) {
+    for (int i = 0; i < c->nmut; i++)
+        if (c->mut[i] == k) return 1;
+    return 0;
 }
 
 static void make_bufs(fcase *c) {
@@ -502,8 +598,9 @@ static void make_bufs(fcase *c) {
     }
     const int64_t nb = c->varlen ? 1 : c->batch;
     tensor_buf(&c->b[BQ], "q", 0, c->dt, nb, c->tq, c->hq, c->d);
-    tensor_buf(&c->b[BK], "k", 0, c->dt, nb, c->tk, c->hkv, c->d);
-    tensor_buf(&c->b[BV], "v", 0, c->dt, nb, c->tk, c->hkv, c->dv);
+    const int64_t kb = c->paged ? c->npages : nb, kt = c->paged ? c->ps : c->tk; /* page pools */
+    tensor_buf(&c->b[BK], "k", 0, c->dt, kb, kt, c->hkv, c->d);
+    tensor_buf(&c->b[BV], "v", 0, c->dt, kb, kt, c->hkv, c->dv);
     tensor_buf(&c->b[BO], "o", c->api != API_BWD, c->dto, nb, c->tq, c->hq, c->dv);
     if (c->want_lse) array_buf(&c->b[BLSE], "lse", c->api != API_BWD, 4, nb * c->hq * c->tq);
     if (c->api == API_BWD) {
@@ -514,9 +611,15 @@ static void make_bufs(fcase *c) {
     }
     if (c->api == API_FWD && c->dt == FATTN_DTYPE_E4M3) {
         array_buf(&c->b[BQS], "q.scale", 0, 4, nb * c->hq * cdiv(c->tq, c->blk[0]));
-        array_buf(&c->b[BKS], "k.scale", 0, 4, nb * c->hkv * cdiv(c->tk, c->blk[1]));
-        array_buf(&c->b[BVS], "v.scale", 0, 4, nb * c->hkv * cdiv(c->tk, c->blk[2]));
+        array_buf(&c->b[BKS], "k.scale", 0, 4, kb * c->hkv * cdiv(kt, c->blk[1]));
+        array_buf(&c->b[BVS], "v.scale", 0, 4, kb * c->hkv * cdiv(kt, c->blk[2]));
     }
+    if (c->api == API_FP8 && has_mut(c, M_FP8_SERVING)) {
+        c->has_sequ = 1;
+        for (int b = 0; b < c->batch; b++) c->sequ[b] = c->varlen ? c->lens_k[b] : c->sk;
+    }
+    if (c->has_sequ) array_buf(&c->b[BSEQU], "seqused_k", 0, 4, c->batch);
+    if (c->paged) array_buf(&c->b[BTABLE], "block_table", 0, 4, (int64_t)c->batch * c->mpps);
     /* always there: a fixed-length call may be given one of them (M_CU_ONE_NULL) */
     array_buf(&c->b[BCUQ], "cu_seqlens_q", 0, 4, c->batch + 1);
     array_buf(&c->b[BCUK], "cu_seqlens_k", 0, 4, c->batch + 1);
@@ -712,6 +815,61 @@ static void fill_tensor(fcase *c, int id) {
 
 static void put_f32(fcase *c, const buf *x, int64_t i, float f) { memcpy(c->arena + x->off + 4 * (size_t)i, &f, 4); }
 
+/* Row s of batch entry (page) b of k / v that key j of sequence bb reads. */
+static void key_row(const fcase *c, int bb, int j, int64_t *b, int64_t *s) {
+    if (c->paged) *b = c->table[bb * c->mpps + j / c->ps], *s = j % c->ps;
+    else if (c->varlen) *b = 0, *s = c->cuk[bb] + j;
+    else *b = bb, *s = j;
+}
+
+/* NaN (0xFF in every dtype) in the rows of k and v that no sequence uses:
+ * keys past seqused_k, pages no used key reads.  They must not reach o
+ * (fattn_fwd_args: "whatever they hold, NaN included").  Bytes that a used
+ * row or q also holds (k = v, packed qkv, rows aliased by their strides)
+ * stay. */
+static void poison_unused_keys(fcase *c) {
+    const buf *q = &c->b[BQ], *k = &c->b[BK], *v = &c->b[BV];
+    if (q->bad_stride || k->bad_stride || v->bad_stride) return;
+    const int64_t rows = k->n[0] * k->n[1];
+    uint8_t *used = (uint8_t *)calloc((size_t)rows + 1, 1), *keep = (uint8_t *)calloc(c->arena_bytes, 1);
+    if (!used || !keep) exit(1);
+    for (int bb = 0; bb < c->batch; bb++)
+        for (int j = 0; j < c->used[bb]; j++) {
+            int64_t b, s;
+            key_row(c, bb, j, &b, &s);
+            used[b * k->n[1] + s] = 1;
+        }
+    int64_t qst[3], kst[3], vst[3], n = 0;
+    strides_of(q, qst);
+    strides_of(k, kst);
+    strides_of(v, vst);
+    for (int64_t b = 0; b < q->n[0]; b++)
+        for (int64_t s = 0; s < q->n[1]; s++)
+            for (int64_t h = 0; h < q->n[2]; h++) memset(keep + elem_off(q, qst, b, s, h, 0), 1, (size_t)q->n[3] * q->es);
+    for (int pass = 0; pass < 2; pass++)
+        for (int64_t b = 0; b < k->n[0]; b++)
+            for (int64_t s = 0; s < k->n[1]; s++) {
+                if (used[b * k->n[1] + s] != !pass) continue; /* pass 0: mark the used rows; 1: poison the others */
+                n += pass;
+                for (int64_t h = 0; h < k->n[2]; h++) {
+                    const size_t ko = elem_off(k, kst, b, s, h, 0), vo = elem_off(v, vst, b, s, h, 0);
+                    const size_t kn = (size_t)k->n[3] * k->es, vn = (size_t)v->n[3] * v->es;
+                    if (!pass) {
+                        memset(keep + ko, 1, kn), memset(keep + vo, 1, vn);
+                        continue;
+                    }
+                    for (size_t i = 0; i < kn; i++)
+                        if (!keep[ko + i]) c->arena[ko + i] = 0xFF;
+                    for (size_t i = 0; i < vn; i++)
+                        if (!keep[vo + i]) c->arena[vo + i] = 0xFF;
+                }
+            }
+    free(used);
+    free(keep);
+    c->poisoned = n > 0;
+    if (n) say(c, " | %lld unused key rows NaN", (long long)n);
+}
+
 static void fill(fcase *c) {
     memset(c->arena, 0xFF, c->arena_bytes);
     for (int i = 0; i < NBUF; i++) {
@@ -726,6 +884,8 @@ static void fill(fcase *c) {
                 const int32_t v = c->varlen ? cu[b] : b * (i == BCUQ ? c->sq : c->sk);
                 memcpy(c->arena + x->off + 4 * (size_t)b, &v, 4);
             }
+        } else if (i == BSEQU || i == BTABLE) {
+            memcpy(c->arena + x->off, i == BSEQU ? c->sequ : c->table, (size_t)x->count * 4);
         } else if (i == BLSE) {
             for (int64_t k = 0; k < x->count; k++) put_f32(c, x, k, (float)(2.0 + tu_rng_normal(&c->rng)));
         } else { /* e4m3 scales */
@@ -733,6 +893,7 @@ static void fill(fcase *c) {
                 put_f32(c, x, k, (float)(ldexp(1.0 + tu_rng_uniform(&c->rng), -2 - (int)rnd(c, 5))));
         }
     }
+    if (c->api == API_FWD && (c->has_sequ || c->paged) && chance(c, 0.3)) poison_unused_keys(c);
     if (chance(c, 0.04)) {
         /* one non-finite input element: only the write checks apply */
         static const int in_ids[] = {BQ, BK, BV, BDOUT, BQS, BKS, BVS};
@@ -856,6 +1017,14 @@ static void build_args(fcase *c) {
     PASS(BQ), PASS(BK), PASS(BV), PASS(BO);
     if (c->want_lse) PASS(BLSE);
     if (e4m3) PASS(BQS), PASS(BKS), PASS(BVS);
+    if (c->api == API_FWD && c->has_sequ) a->seqused_k = (const int32_t *)ptr(c, BSEQU), PASS(BSEQU);
+    if (c->paged) {
+        a->block_table = (const int32_t *)ptr(c, BTABLE);
+        a->page_size = c->ps;
+        a->num_pages = c->npages;
+        a->max_pages_per_seq = c->mpps;
+        PASS(BTABLE);
+    }
 #undef PASS
 }
 
@@ -961,7 +1130,11 @@ static unsigned mutate(fcase *c, mkind k) {
             return ALLOW_INV;
         }
         fattn_problem *p = problem(c);
-        if (c->varlen) { /* rows = total * heads */
+        if (c->has_sequ || c->paged) {
+            /* int32[batch] arrays: the batch stays (a larger one would make
+             * the call read past them, the caller's fault) */
+            p->seqlen_q = big, p->heads_q = p->heads_kv = big;
+        } else if (c->varlen) { /* rows = total * heads */
             p->heads_q = p->heads_kv = chance(c, 0.5) ? INT32_MAX : big;
         } else {
             switch (rnd(c, 4)) {
@@ -1199,6 +1372,116 @@ static unsigned mutate(fcase *c, mkind k) {
         }
         return ALLOW_INV;
     }
+    case M_SEQU_NEG: {
+        static const int32_t v[] = {-1, -2, -1000, INT32_MIN};
+        const int b = (int)rnd(c, (uint32_t)c->batch);
+        const int32_t x = v[rnd(c, 4)];
+        memcpy((uint8_t *)ptr(c, BSEQU) + 4 * b, &x, 4);
+        say(c, " seqused_k[%d] %d", b, (int)x);
+        return ALLOW_INV;
+    }
+    case M_SERV_PTR: {
+        fattn_fwd_args *a = &c->fa;
+        const size_t by = 1 + rnd(c, 3);
+        const uint32_t r = rnd(c, 3);
+        if (r == 0 && a->seqused_k) {
+            a->seqused_k = (const int32_t *)((const uint8_t *)a->seqused_k + by);
+            say(c, " seqused_k +%zu B", by);
+        } else if (r == 1 && a->block_table) {
+            a->block_table = (const int32_t *)((const uint8_t *)a->block_table + by);
+            say(c, " block_table +%zu B", by);
+        } else if (a->block_table) {
+            a->block_table = NULL; /* without a table the three sizes must be 0 */
+            say(c, " block_table NULL (sizes kept)");
+        } else {
+            a->seqused_k = (const int32_t *)((const uint8_t *)a->seqused_k + by);
+            say(c, " seqused_k +%zu B", by);
+        }
+        return ALLOW_INV;
+    }
+    case M_PAGE_FIELD: {
+        fattn_fwd_args *a = &c->fa;
+        int32_t *f[3] = {&a->page_size, &a->num_pages, &a->max_pages_per_seq};
+        static const char *fn[3] = {"page_size", "num_pages", "max_pages_per_seq"};
+        const int i = (int)rnd(c, 3);
+        if (c->paged) {
+            *f[i] = bad_size(c, 1);
+        } else {
+            static const int32_t v[] = {1, 16, -1, INT32_MAX};
+            *f[i] = v[rnd(c, 4)]; /* no table: all three must be 0 */
+        }
+        say(c, " %s %d%s", fn[i], (int)*f[i], c->paged ? "" : " without a table");
+        return ALLOW_INV;
+    }
+    case M_PAGE_HUGE: {
+        fattn_fwd_args *a = &c->fa;
+        /* (the valid batch-1 variant only on fields no other fault changed) */
+        const int clean = a->max_pages_per_seq == c->mpps && a->page_size == c->ps && a->num_pages == c->npages &&
+                          a->p.seqlen_k == c->sk_arg;
+        const uint32_t r = rnd(c, c->batch == 1 && clean ? 3 : 2);
+        if (r == 0) { /* pool rows num_pages * page_size * heads_kv >= 2^31 */
+            a->page_size = chance(c, 0.5) ? INT32_MAX : (int32_t)(((int64_t)1 << 31) / c->hkv / c->npages + 1);
+        } else if (r == 1) {
+            a->num_pages = chance(c, 0.5) ? INT32_MAX : (int32_t)(((int64_t)1 << 31) / c->hkv / c->ps + 1);
+        } else {
+            /* batch 1: a table of up to INT32_MAX entries, only the first
+             * read (row b starts at b * max_pages_per_seq, so a larger batch
+             * would read past the arena: the caller's fault).  Valid where
+             * the table's declared span meets no output (layout_ok). */
+            a->max_pages_per_seq = chance(c, 0.5) ? INT32_MAX : (1 << 30) + (int32_t)rnd(c, 1000);
+            c->b[BTABLE].count = a->max_pages_per_seq;
+            say(c, " max_pages_per_seq %d (batch 1)", (int)a->max_pages_per_seq);
+            return 0;
+        }
+        say(c, " page_size %d num_pages %d", (int)a->page_size, (int)a->num_pages);
+        return ALLOW_INV;
+    }
+    case M_PAGE_SHORT: {
+        fattn_fwd_args *a = &c->fa;
+        const int need = (int)cdiv(c->sk, c->ps);
+        if (need >= 2 && chance(c, 0.7)) {
+            a->max_pages_per_seq = 1 + (int32_t)rnd(c, (uint32_t)need - 1);
+        } else { /* more keys than the table maps */
+            const int64_t lim = (int64_t)c->mpps * c->ps;
+            a->p.seqlen_k = (int32_t)(lim + 1 + rnd(c, 3));
+        }
+        say(c, " seqlen_k %d > max_pages_per_seq %d * page_size %d", (int)a->p.seqlen_k, (int)a->max_pages_per_seq,
+            c->ps);
+        return ALLOW_INV;
+    }
+    case M_PAGE_ENTRY: {
+        int cand[MAX_BATCH], nc = 0;
+        for (int b = 0; b < c->batch; b++)
+            if (c->used[b] > 0) cand[nc++] = b;
+        if (!nc) {
+            say(c, " (no sequence uses a key)");
+            return 0;
+        }
+        const int b = cand[rnd(c, (uint32_t)nc)];
+        const int i = (int)rnd(c, (uint32_t)cdiv(c->used[b], c->ps));
+        static const int32_t v[] = {-1, INT32_MIN, INT32_MAX};
+        const int32_t x = chance(c, 0.4) ? c->npages : v[rnd(c, 3)];
+        memcpy((uint8_t *)ptr(c, BTABLE) + 4 * (size_t)(b * c->mpps + i), &x, 4);
+        say(c, " block_table[%d][%d] %d (used, %d pages)", b, i, (int)x, c->npages);
+        return ALLOW_INV;
+    }
+    case M_PAGE_VARLEN: {
+        /* valid prefix sums for the fixed-length batch (the arena holds
+         * them): the call may still be refused as INVALID_ARGUMENT, k and
+         * v being pools, not packed [total_k, heads, dim] tensors */
+        fattn_problem *p = &c->fa.p;
+        p->cu_seqlens_q = cu_in_arena(c, BCUQ);
+        p->cu_seqlens_k = cu_in_arena(c, BCUK);
+        c->b[BCUQ].passed = c->b[BCUK].passed = 1;
+        say(c, " cu_seqlens with a table");
+        return ALLOW_UNSUP;
+    }
+    case M_FP8_SERVING: {
+        c->fa.seqused_k = (const int32_t *)ptr(c, BSEQU);
+        c->b[BSEQU].passed = 1;
+        say(c, " fwd_fp8 with seqused_k");
+        return ALLOW_UNSUP;
+    }
     case M_ROTATE: {
         const int32_t r = chance(c, 0.5) ? 1 : -1;
         if (c->api == API_QUANT) c->qa.rotate = r;
@@ -1336,7 +1619,8 @@ static void fail(fcase *c, const char *fmt, ...) {
 
 /* Row r (packed index in varlen mode) of batch entry b: does it see a key? */
 static int sees_key(const fcase *c, int b, int r) {
-    const int lq = c->varlen ? c->lens_q[b] : c->sq, lk = c->varlen ? c->lens_k[b] : c->sk;
+    const int lq = c->varlen ? c->lens_q[b] : c->sq;
+    const int lk = c->api == API_FWD ? c->used[b] : c->varlen ? c->lens_k[b] : c->sk; /* causal: the used count */
     if (lk == 0) return 0;
     return !c->causal || r + lk - lq >= 0;
 }
@@ -1393,6 +1677,92 @@ static void check_fwd_values(fcase *c) {
     }
 }
 
+/* An input element as the library reads it (e4m3: code * scale). */
+static double in_val(const fcase *c, int id, int scale_id, int32_t blk, int64_t b, int64_t s, int64_t h, int64_t e) {
+    const buf *x = &c->b[id];
+    int64_t st[3];
+    strides_of(x, st);
+    double v = get(c->arena + elem_off(x, st, b, s, h, e), c->dt);
+    if (c->dt == FATTN_DTYPE_E4M3) {
+        float sc;
+        const int64_t nbl = cdiv(x->n[1], blk);
+        memcpy(&sc, c->arena + c->b[scale_id].off + 4 * (size_t)((b * x->n[2] + h) * nbl + s / blk), 4);
+        v *= sc;
+    }
+    return v;
+}
+
+/* The serving fields against an FP64 reference that gathers each
+ * sequence's used keys itself (through the table for a paged K/V): o within
+ * a few roundings of o's dtype relative to max |v|, lse within 1e-4. */
+static void check_fwd_reference(fcase *c) {
+    const buf *o = &c->b[BO];
+    const int e4m3 = c->dt == FATTN_DTYPE_E4M3;
+    const double scale = c->softmax_scale == 0.0f ? 1.0 / sqrt((double)c->d) : (double)c->softmax_scale;
+    const double tol = c->dto == FATTN_DTYPE_F32 ? (e4m3 ? 1e-4 : 2e-5) : c->dto == FATTN_DTYPE_F16 ? 3e-3 : 2e-2;
+    int64_t ost[3];
+    strides_of(o, ost);
+    double sc[64], acc[64];
+    int bad = 0;
+    for (int b = 0; b < c->batch && bad < 3; b++) {
+        const int lq = c->varlen ? c->lens_q[b] : c->sq, u = c->used[b];
+        for (int i = 0; i < lq && bad < 3; i++) {
+            const int64_t qb = c->varlen ? 0 : b, qs = c->varlen ? c->cuq[b] + i : i;
+            for (int h = 0; h < c->hq && bad < 3; h++) {
+                const int hk = h / (c->hq / c->hkv);
+                double m = -INFINITY, vmax = 0;
+                int nk = 0;
+                for (int j = 0; j < u; j++) {
+                    sc[j] = -INFINITY;
+                    if (c->causal && j > i + u - lq) continue;
+                    int64_t kb, ks;
+                    key_row(c, b, j, &kb, &ks);
+                    double dot = 0;
+                    for (int e = 0; e < c->d; e++)
+                        dot += in_val(c, BQ, BQS, c->blk[0], qb, qs, h, e) * in_val(c, BK, BKS, c->blk[1], kb, ks, hk, e);
+                    sc[j] = dot * scale;
+                    if (sc[j] > m) m = sc[j];
+                    nk++;
+                }
+                if (!nk) continue; /* check_fwd_values: o 0, lse -inf */
+                double sum = 0;
+                for (int e = 0; e < c->dv; e++) acc[e] = 0;
+                for (int j = 0; j < u; j++) {
+                    if (sc[j] == -INFINITY) continue;
+                    const double w = exp(sc[j] - m);
+                    int64_t kb, ks;
+                    key_row(c, b, j, &kb, &ks);
+                    sum += w;
+                    for (int e = 0; e < c->dv; e++) {
+                        const double v = in_val(c, BV, BVS, c->blk[2], kb, ks, hk, e);
+                        acc[e] += w * v;
+                        if (fabs(v) > vmax) vmax = fabs(v);
+                    }
+                }
+                for (int e = 0; e < c->dv; e++) {
+                    const double ref = acc[e] / sum, x = get(c->arena + elem_off(o, ost, qb, qs, h, e), c->dto);
+                    if (!(fabs(x - ref) <= tol * vmax + 1e-30)) {
+                        fail(c, "o[%d, %lld, %d, %d] = %.9g, the FP64 reference over the %d used keys %.9g (tol %g)", b,
+                             (long long)qs, h, e, x, u, ref, tol * vmax);
+                        bad++;
+                        break;
+                    }
+                }
+                if (c->want_lse) {
+                    float l;
+                    const int64_t li = c->varlen ? h * c->tq + qs : ((int64_t)b * c->hq + h) * c->tq + i;
+                    memcpy(&l, c->arena + c->b[BLSE].off + 4 * (size_t)li, 4);
+                    const double ref = m + log(sum);
+                    if (!(fabs(l - ref) <= 1e-4 * (1 + fabs(ref)))) {
+                        fail(c, "lse (batch %d, head %d, row %d) = %.9g, the FP64 reference %.9g", b, h, i, (double)l, ref);
+                        bad++;
+                    }
+                }
+            }
+        }
+    }
+}
+
 static void check_tensor_finite(fcase *c, int id) {
     const buf *x = &c->b[id];
     const fattn_dtype dt = dtype_of(c, id);
@@ -1414,6 +1784,9 @@ static void check_tensor_finite(fcase *c, int id) {
 static void check_values(fcase *c) {
     switch (c->api) {
     case API_FWD:
+        check_fwd_values(c);
+        if (c->has_sequ || c->paged) check_fwd_reference(c), g_ref_checked[c->api]++;
+        break;
     case API_FP8: check_fwd_values(c); break;
     case API_BWD:
         check_tensor_finite(c, BDQ);
@@ -1646,7 +2019,8 @@ int main(int argc, char **argv) {
     fattn_ctx_free(ctx);
 
     for (int a = 0; a < API_N; a++)
-        printf("  %-9s %6ld calls, %6ld valid, %6ld accepted\n", api_name[a], g_calls[a], g_valid[a], g_ok[a]);
+        printf("  %-9s %6ld calls, %6ld valid, %6ld accepted, %6ld checked against a reference\n", api_name[a],
+               g_calls[a], g_valid[a], g_ok[a], g_ref_checked[a]);
     printf("  faults (cases with it / refused):");
     for (int k = 0; k < M_N; k++) printf("%s %s %ld/%ld", k % 6 ? "," : "\n   ", mkind_name[k], g_mut_count[k], g_mut_refused[k]);
     printf("\n");
