@@ -100,6 +100,17 @@ static void bwd_d_task(void *arg, int64_t task, int worker) {
 
 /* ---- shared pieces ----------------------------------------------------- */
 
+/* Rows r0 .. r0 + n - 1 of head h into L2, len elements each.  The rows are
+ * heads * d apart, which the hardware prefetchers do not follow: the next
+ * block's rows are asked for while this block computes. */
+static void prefetch_rows(const fattn_tensor *t, int64_t tb, int64_t r0, int64_t n, int64_t h, int64_t len) {
+    const size_t es = fattn_dtype_size(t->dtype);
+    for (int64_t r = 0; r < n; r++) {
+        const char *row = (const char *)t->data + (size_t)fattn_row_offset(t, tb, r0 + r, h) * es;
+        for (size_t b = 0; b < (size_t)len * es; b += 64) __builtin_prefetch(row + b, 0, 2);
+    }
+}
+
 /* Load a query block of head h: q, dO, lse, D; zero the padding rows. */
 static void load_q_block(const bwd_job *j, bwd_scratch *w, const fattn_seq *sq, int64_t b,
                          int64_t h, int64_t i0, int64_t rows) {
@@ -268,6 +279,15 @@ static void bwd_kv_task(void *arg, int64_t task, int worker) {
         for (int64_t i0 = ifirst / BM * BM; i0 < sq.qlen; i0 += BM) {
             const int64_t rows = imin64(sq.qlen - i0, BM);
             load_q_block(j, &w, &sq, b, h, i0, rows);
+            {   /* the next query block: this head's, or the next head's first */
+                const int64_t ni = i0 + BM < sq.qlen ? i0 + BM : ifirst / BM * BM;
+                const int64_t nh = i0 + BM < sq.qlen ? h : h + 1;
+                if (nh < (hk + 1) * j->m.group) {
+                    const int64_t nr = imin64(sq.qlen - ni, BM);
+                    prefetch_rows(&a->q, sq.tb, sq.q0 + ni, nr, nh, j->m.d);
+                    prefetch_rows(&a->dout, sq.tb, sq.q0 + ni, nr, nh, j->m.dv);
+                }
+            }
             tile_ds(j, &w, &sq, i0, rows, j0, jn, 1);
             /* dV += P^T dO */
             j->kern.gemm((int)jn4, (int)j->m.dvp, (int)rows, w.pt, BM, w.dO, j->m.dvp, w.acc2, j->m.dvp, 1);
@@ -309,6 +329,11 @@ static void bwd_q_task(void *arg, int64_t task, int worker) {
     for (int64_t j0 = 0; j0 < kend; j0 += BN) {
         const int64_t jn = imin64(kend - j0, BN);
         load_k_block(j, &w, &sq, hk, j0, jn, 1);
+        if (j0 + BN < kend) {
+            const int64_t nn = imin64(kend - j0 - BN, BN);
+            prefetch_rows(&a->k, sq.tb, sq.k0 + j0 + BN, nn, hk, j->m.d);
+            prefetch_rows(&a->v, sq.tb, sq.k0 + j0 + BN, nn, hk, j->m.dv);
+        }
         tile_ds(j, &w, &sq, i0, rows, j0, jn, 0);
         /* dQ += dS K */
         j->kern.gemm((int)rows4, (int)j->m.dp, (int)jn, w.s, BN, w.k, j->m.dp, w.acc1, j->m.dp, 1);
