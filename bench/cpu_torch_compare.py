@@ -5,7 +5,7 @@ process, interleaved.
 
     python3 bench/cpu_torch_compare.py [--lib build/libfattn.so] [--tokens 2048]
         [--seqlens 256,512,1024,2048] [--head-dims 64,128,256] [--causal both]
-        [--rounds 7] [--threads N] [--isa avx2] [--json FILE]
+        [--rounds 7] [--threads N] [--isa avx2] [--bwd] [--json FILE]
 
 Per shape, fattn (through ctypes, python/fattn) and torch take turns for
 --rounds rounds, each round starting with the other backend than the last,
@@ -13,11 +13,14 @@ one call per turn after one warm-up call each; the table has each backend's
 median.  Both see the same numbers: fattn in its [batch, seqlen, heads, dim]
 layout, torch in its [batch, heads, seqlen, dim] (each contiguous), and the
 outputs are compared.  FLOPs = 4 * batch * heads * seqlen^2 * head_dim (halved
-when causal).  Interleaving matters on a shared machine: load from other
+when causal).  --bwd times the backward instead: fattn_bwd on the forward's O
+and LSE against torch.autograd.grad through SDPA's graph (its CPU flash
+backward), dO ~ N(0, 1), FLOPs 2.5x the forward's.  Interleaving matters on a shared machine: load from other
 processes then hits both backends alike.  Needs torch (the CPU wheel is
 enough).
 """
 import argparse
+import contextlib
 import ctypes
 import json
 import math
@@ -60,6 +63,7 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--isa", help="fattn's forward instance (FATTN_CPU_ISA: scalar, generic, avx2, "
                                   "avx2w16, avx512); default: the best this CPU runs")
+    ap.add_argument("--bwd", action="store_true", help="time the backward (dQ, dK, dV) instead")
     ap.add_argument("--json", help="also write the rows as JSON")
     args = ap.parse_args()
 
@@ -72,6 +76,9 @@ def main():
         os.environ["FATTN_CPU_ISA"] = args.isa
     sys.path.insert(0, os.path.join(HERE, "..", "python"))
     import fattn
+    if args.bwd:
+        sys.path.insert(0, HERE)
+        from compare import bwd_args
 
     torch.set_num_threads(args.threads)
     ctx = fattn.Context(fattn.BACKEND_CPU)
@@ -83,9 +90,9 @@ def main():
     hdims = [int(x) for x in args.head_dims.split(",")]
     causals = [0, 1] if args.causal == "both" else [int(args.causal)]
 
-    print("CPU forward, fp32: %s; %d threads each; %d tokens, hidden %d; fattn %s (%s), "
+    print("CPU %s, fp32: %s; %d threads each; %d tokens, hidden %d; fattn %s (%s), "
           "torch %s; median of %d interleaved rounds"
-          % (cpu_model(), args.threads, args.tokens, args.hidden, fattn.__version__,
+          % ("backward" if args.bwd else "forward", cpu_model(), args.threads, args.tokens, args.hidden, fattn.__version__,
              os.path.basename(args.lib), torch.__version__, args.rounds))
     if os.environ.get("FATTN_CPU_ISA"):
         print("FATTN_CPU_ISA=%s" % os.environ["FATTN_CPU_ISA"])
@@ -102,18 +109,37 @@ def main():
                 q, k, v = (torch.randn(shape, generator=g) for _ in range(3))
                 o = torch.empty(shape)
                 tq, tk, tv = (x.transpose(1, 2).contiguous() for x in (q, k, v))
-                fa = ctx.fwd_args(q, k, v, o, causal=bool(causal))
+                lse = torch.empty(batch, heads, seqlen)
+                fa = ctx.fwd_args(q, k, v, o, lse, causal=bool(causal))
 
-                def run_fattn():
+                if args.bwd:
                     ctx.fwd_raw(fa)
+                    dout = torch.randn(shape, generator=g)
+                    dq, dk, dv = (torch.empty(shape) for _ in range(3))
+                    ba = bwd_args(q, k, v, o, dout, dq, dk, dv, lse, bool(causal))
+                    gq, gk, gv = (x.detach().requires_grad_() for x in (tq, tk, tv))
+                    to = F.scaled_dot_product_attention(gq, gk, gv, is_causal=bool(causal))
+                    tdo = dout.transpose(1, 2).contiguous()
 
-                def run_torch():
-                    return F.scaled_dot_product_attention(tq, tk, tv, is_causal=bool(causal))
+                    def run_fattn():
+                        ctx.bwd_raw(ba)
 
-                with torch.no_grad():
+                    def run_torch():
+                        return torch.autograd.grad(to, (gq, gk, gv), tdo, retain_graph=True)
+                else:
+                    def run_fattn():
+                        ctx.fwd_raw(fa)
+
+                    def run_torch():
+                        return F.scaled_dot_product_attention(tq, tk, tv, is_causal=bool(causal))
+
+                with torch.no_grad() if not args.bwd else contextlib.nullcontext():
                     run_fattn()
                     ref = run_torch()
-                    err = (o - ref.transpose(1, 2)).abs().max().item()
+                    if args.bwd:
+                        err = max((a - b.transpose(1, 2)).abs().max().item() for a, b in zip((dq, dk, dv), ref))
+                    else:
+                        err = (o - ref.transpose(1, 2)).abs().max().item()
                     times = {"fattn": [], "torch": []}
                     for r in range(args.rounds):
                         order = (("fattn", run_fattn), ("torch", run_torch))
@@ -122,6 +148,7 @@ def main():
                             fn()
                             times[name].append(time.perf_counter() - t0)
                 flops = 4.0 * batch * heads * seqlen * seqlen * hdim / (2 if causal else 1)
+                flops *= 2.5 if args.bwd else 1.0
                 fg = flops / median(times["fattn"]) * 1e-9
                 tg = flops / median(times["torch"]) * 1e-9
                 rows.append({"causal": causal, "head_dim": hdim, "seqlen": seqlen, "batch": batch,
@@ -136,7 +163,7 @@ def main():
     print("\ngeometric mean fattn / torch: %.2f" % geo)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"cpu": cpu_model(), "threads": args.threads, "torch": torch.__version__,
+            json.dump({"pass": "backward" if args.bwd else "forward", "cpu": cpu_model(), "threads": args.threads, "torch": torch.__version__,
                        "rounds": args.rounds, "rows": rows, "geomean": geo}, f, indent=1)
 
 
