@@ -41,7 +41,6 @@ typedef struct bwd_scratch {
     float *vt;  /* [dv x BN] */
     float *s;   /* [BM x BN] S, then P, then dS */
     float *dP;  /* [BM x BN] */
-    float *pt;  /* [BN x BM] P^T, then dS^T (pass 1) */
     float *acc1; /* pass 1: dK [BN x dp]; pass 2: dQ [BM x dp] */
     float *acc2; /* pass 1: dV [BN x dvp] */
     float *lse; /* [BM] */
@@ -61,7 +60,6 @@ static size_t bwd_scratch_layout(const bwd_job *j, float *base, bwd_scratch *s) 
     TAKE(vt, j->m.dv * BN);
     TAKE(s, BM * BN);
     TAKE(dP, BM * BN);
-    TAKE(pt, BN * BM);
     TAKE(acc1, BX * j->m.dp);
     TAKE(acc2, BN * j->m.dvp);
     TAKE(lse, BM);
@@ -159,17 +157,8 @@ static void load_k_block(const bwd_job *j, bwd_scratch *w, const fattn_seq *sq, 
     }
 }
 
-/* w->pt = (the first `rows` rows and jn16 columns of w->s)^T: pt is BN x BM
- * (row stride BM), s is BM x BN; the left operand of the dV and dK GEMMs. */
-static void transpose_s(bwd_scratch *w, int64_t rows, int64_t jn16) {
-    const int64_t BM = FATTN_CPU_BM, BN = FATTN_CPU_BN;
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < jn16; c++) w->pt[c * BM + r] = w->s[r * BN + c];
-}
-
-/* S, P, dP, dS for the loaded (query block i0.., key block j0..) tile.
- * Leaves P in w->s (pass 1 needs it, copied to pt by the caller first) and
- * dS * scale in w->s on return; P^T is written to w->pt when want_pt. */
+/* S, P and dP for the loaded (query block i0.., key block j0..) tile: P in
+ * w->s, dP in w->dP, and in vis[r] the keys row r sees. */
 static void tile_p(const bwd_job *j, bwd_scratch *w, const fattn_seq *sq, int64_t i0,
                    int64_t rows, int64_t j0, int64_t jn, int64_t *vis) {
     const fattn_problem *p = &j->a->p;
@@ -193,17 +182,12 @@ static void tile_p(const bwd_job *j, bwd_scratch *w, const fattn_seq *sq, int64_
     }
 }
 
-/* S, P, dP, dS for the loaded (query block i0.., key block j0..) tile:
- * dS * scale in w->s on return; P^T is written to w->pt first when want_pt. */
-static void tile_ds(const bwd_job *j, bwd_scratch *w, const fattn_seq *sq, int64_t i0,
-                    int64_t rows, int64_t j0, int64_t jn, int want_pt) {
+/* w->s = dS * scale = P * (dP - D) * scale over the keys each row sees (tile_p
+ * left P in w->s and dP in w->dP; the other entries stay 0). */
+static void tile_ds_from_p(const bwd_job *j, bwd_scratch *w, int64_t rows, const int64_t *vis) {
     const int64_t BN = FATTN_CPU_BN;
     const int64_t rows4 = fattn_round_up(rows, 4);
-    const int64_t jn16 = fattn_round_up(jn, 16);
     const float scale = j->a->p.softmax_scale;
-    int64_t vis[FATTN_CPU_BM];
-    tile_p(j, w, sq, i0, rows, j0, jn, vis);
-    if (want_pt) transpose_s(w, rows4, jn16);
     for (int64_t r = 0; r < rows4; r++) {
         float *srow = w->s + r * BN;
         const float *dprow = w->dP + r * BN;
@@ -266,7 +250,6 @@ static void bwd_kv_task(void *arg, int64_t task, int worker) {
     const int64_t j0 = kb * BN;
     const int64_t jn = imin64(sq.klen - j0, BN);
     const int64_t jn4 = fattn_round_up(jn, 4);
-    const int64_t jn16 = fattn_round_up(jn, 16);
 
     memset(w.acc1, 0, sizeof(float) * (size_t)(jn4 * j->m.dp));
     memset(w.acc2, 0, sizeof(float) * (size_t)(jn4 * j->m.dvp));
@@ -288,12 +271,12 @@ static void bwd_kv_task(void *arg, int64_t task, int worker) {
                     prefetch_rows(&a->dout, sq.tb, sq.q0 + ni, nr, nh, j->m.dv);
                 }
             }
-            tile_ds(j, &w, &sq, i0, rows, j0, jn, 1);
-            /* dV += P^T dO */
-            j->kern.gemm((int)jn4, (int)j->m.dvp, (int)rows, w.pt, BM, w.dO, j->m.dvp, w.acc2, j->m.dvp, 1);
-            /* dK += dS^T Q */
-            transpose_s(&w, rows, jn16);
-            j->kern.gemm((int)jn4, (int)j->m.dp, (int)rows, w.pt, BM, w.q, j->m.dp, w.acc1, j->m.dp, 1);
+            int64_t vis[FATTN_CPU_BM];
+            tile_p(j, &w, &sq, i0, rows, j0, jn, vis);
+            /* dV += P^T dO, then dK += dS^T Q: P and dS read transposed in place */
+            j->kern.gemm_tn((int)jn4, (int)j->m.dvp, (int)rows, w.s, BN, w.dO, j->m.dvp, w.acc2, j->m.dvp, 1);
+            tile_ds_from_p(j, &w, rows, vis);
+            j->kern.gemm_tn((int)jn4, (int)j->m.dp, (int)rows, w.s, BN, w.q, j->m.dp, w.acc1, j->m.dp, 1);
         }
     }
     for (int64_t c = 0; c < jn; c++) {
@@ -334,7 +317,9 @@ static void bwd_q_task(void *arg, int64_t task, int worker) {
             prefetch_rows(&a->k, sq.tb, sq.k0 + j0 + BN, nn, hk, j->m.d);
             prefetch_rows(&a->v, sq.tb, sq.k0 + j0 + BN, nn, hk, j->m.dv);
         }
-        tile_ds(j, &w, &sq, i0, rows, j0, jn, 0);
+        int64_t vis[FATTN_CPU_BM];
+        tile_p(j, &w, &sq, i0, rows, j0, jn, vis);
+        tile_ds_from_p(j, &w, rows, vis);
         /* dQ += dS K */
         j->kern.gemm((int)rows4, (int)j->m.dp, (int)jn, w.s, BN, w.k, j->m.dp, w.acc1, j->m.dp, 1);
     }

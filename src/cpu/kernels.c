@@ -145,6 +145,7 @@ int fattn_cpu_fwd_kernel_named(const char *isa, fattn_fwd_kernel *out) {
 fattn_cpu_kernels fattn_cpu_kernels_get(void) {
     fattn_cpu_kernels k;
     k.gemm = gemm_generic_gemm;
+    k.gemm_tn = gemm_generic_gemm_tn;
     k.exp_sub = exp_generic;
     k.isa = "generic";
     k.fwd = fattn_fwd_kernel_generic;
@@ -152,10 +153,12 @@ fattn_cpu_kernels fattn_cpu_kernels_get(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f")) {
         k.gemm = gemm_avx512_gemm;
+        k.gemm_tn = gemm_avx512_gemm_tn;
         k.exp_sub = exp_avx512;
         k.isa = "avx512";
     } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
         k.gemm = gemm_avx2_gemm;
+        k.gemm_tn = gemm_avx2_gemm_tn;
         k.exp_sub = exp_avx2;
         k.isa = "avx2";
     }

@@ -22,6 +22,7 @@ typedef float (*fattn_exp_fn)(float *x, int n, float sub);
 
 typedef struct fattn_cpu_kernels {
     fattn_gemm_fn gemm;
+    fattn_gemm_fn gemm_tn; /* the same, A given transposed: k x m, row stride lda */
     fattn_exp_fn exp_sub;
     const char *isa;      /* of gemm and exp_sub: "avx512", "avx2", "generic" */
     fattn_fwd_kernel fwd; /* the forward's inner loop (fwd_block.h) */
