@@ -1,6 +1,6 @@
 /* test_fuzz.c - random-argument fuzz of the public API on a CPU context
  * (issue 27): fattn_fwd (with its serving fields), fattn_bwd,
- * fattn_quantize and fattn_fwd_fp8.
+ * fattn_quantize, fattn_fwd_fp8 and fattn_merge.
  *
  * Each case draws a tiny valid call (batch <= 3, seqlens <= 40, head dims
  * <= 64; every dtype; packed, explicit, permuted and padded layouts; GQA,
@@ -11,7 +11,10 @@
  * K/V: page pools of 1..64-row pages in any layout, tables with pages in
  * any order, shared between sequences, garbage in the entries no used key
  * reads, with GQA, causal, e4m3 pools; NaN in every key row no sequence
- * uses) and then, in two cases out of three, breaks it in one to three
+ * uses; fattn_merge of 1..4 parts, or FATTN_MERGE_MAX_PARTS repeating
+ * up to 4, each part its own dtype and layout, -inf lse entries whose o
+ * rows are NaN, rows -inf in every part, lse optional) and then, in two
+ * cases out of three, breaks it in one to three
  * ways: sizes zero, negative or whose
  * products overflow the limits, head dims the CPU engine lacks, heads_q %
  * heads_kv != 0, softmax_scale NaN / Inf / negative, NULL or misaligned
@@ -27,7 +30,9 @@
  * num_pages / max_pages_per_seq zero, negative or making a pool of >= 2^31
  * rows, seqlen_k > max_pages_per_seq * page_size, a used table entry
  * outside [0, num_pages), a table with cu_seqlens (UNSUPPORTED), fwd_fp8
- * with seqused_k (UNSUPPORTED), NULL ctx or args.  Whether the call is valid is decided from the header's rules
+ * with seqused_k (UNSUPPORTED), merge's num_parts 0, negative or past
+ * FATTN_MERGE_MAX_PARTS, parts NULL, a part's o or lse NULL, an e4m3 part
+ * or o, NULL ctx or args.  Whether the call is valid is decided from the header's rules
  * (fattn.h, docs/design.md section 3), not from src/api.c.
  *
  * All buffers of a case live in one arena: 0xFF bytes (NaN in every float
@@ -45,7 +50,8 @@
  *     O 0 and LSE -inf exactly on rows that see no key, |O| within the range
  *     of V, e4m3 codes never NaN, scales finite and positive, dq / dk / dv
  *     finite; with seqused_k or a table, O and LSE match an FP64 reference
- *     that gathers each sequence's used keys itself (through the table).
+ *     that gathers each sequence's used keys itself (through the table);
+ *     merge's o and lse match a double-precision merge of the parts.
  *
  * Environment: FATTN_TEST_SEED (testutil.h: fixed default), FATTN_FUZZ_CASES
  * (default 10000: 3 s, 5 s under `make sanitize`, on 2 cores),
@@ -83,11 +89,15 @@
 /* One case                                                                 */
 /* ------------------------------------------------------------------------ */
 
-typedef enum api_kind { API_FWD, API_BWD, API_QUANT, API_FP8, API_N } api_kind;
-static const char *const api_name[API_N] = {"fwd", "bwd", "quantize", "fwd_fp8"};
+typedef enum api_kind { API_FWD, API_BWD, API_QUANT, API_FP8, API_MERGE, API_N } api_kind;
+static const char *const api_name[API_N] = {"fwd", "bwd", "quantize", "fwd_fp8", "merge"};
 
-/* Pointer arguments.  fattn_quantize uses BQ (in), BO (out), BQS (out.scale). */
-enum { BQ, BK, BV, BO, BDOUT, BDQ, BDK, BDV, BLSE, BQS, BKS, BVS, BCUQ, BCUK, BSEQU, BTABLE, NBUF };
+/* Pointer arguments.  fattn_quantize uses BQ (in), BO (out), BQS (out.scale);
+ * fattn_merge BO and BLSE (o, lse) and BP0.. / BPL0.. (the distinct parts'
+ * o and lse). */
+#define MERGE_DISTINCT 4 /* parts with storage of their own; more repeat them */
+enum { BQ, BK, BV, BO, BDOUT, BDQ, BDK, BDV, BLSE, BQS, BKS, BVS, BCUQ, BCUK, BSEQU, BTABLE,
+       BP0, BPL0 = BP0 + MERGE_DISTINCT, NBUF = BPL0 + MERGE_DISTINCT };
 
 typedef struct buf {
     const char *name;
@@ -141,6 +151,7 @@ typedef enum mkind {
     M_PAGE_ENTRY, /* a table entry that a used key reads outside [0, num_pages) */
     M_PAGE_VARLEN,/* a table with cu_seqlens: UNSUPPORTED */
     M_FP8_SERVING,/* fattn_fwd_fp8 with seqused_k: UNSUPPORTED */
+    M_MERGE_NPARTS, /* num_parts 0, negative, > FATTN_MERGE_MAX_PARTS */
     M_N
 } mkind;
 static const char *const mkind_name[M_N] = {
@@ -148,7 +159,8 @@ static const char *const mkind_name[M_N] = {
     "size_bad",   "size_huge",  "dim_big",     "gqa",       "scale_bad",  "dtype_enum",   "dtype_mix",
     "null_ptr",   "misalign",   "e4m3_noscale", "e4m3_block", "cu_one_null", "cu_start", "cu_decrease",
     "cu_too_long", "quant_gran", "quant_block", "rotate", "sequ_neg", "serv_ptr", "page_field",
-    "page_huge", "page_short", "page_entry", "page_varlen", "fp8_serving"};
+    "page_huge", "page_short", "page_entry", "page_varlen", "fp8_serving",
+    "merge_nparts"};
 
 #define ALLOW_INV (1u << FATTN_ERROR_INVALID_ARGUMENT)
 #define ALLOW_UNSUP (1u << FATTN_ERROR_UNSUPPORTED)
@@ -174,6 +186,12 @@ typedef struct fcase {
     int32_t sequ[MAX_BATCH];
     int used[MAX_BATCH]; /* keys sequence b attends to: min(seqused_k[b], its key count) */
     int32_t table[MAX_BATCH * MAX_PAGES];
+    /* fattn_merge: batch, sq (seqlen), hq (heads), d (head_dim), dto (o) */
+    int nparts, nd;              /* parts passed, parts with storage of their own (part i is i % nd) */
+    fattn_dtype pdt[MERGE_DISTINCT];
+    int lse_inf;                 /* -inf entries in the parts' lse (their o rows NaN) */
+    fattn_merge_part parts[FATTN_MERGE_MAX_PARTS + 1];
+    fattn_merge_args ma;
     buf b[NBUF];
     mkind mut[3];
     int nmut;
@@ -402,7 +420,7 @@ static int draw_huge_stride(fcase *c, buf *x) {
 /* Drawing a case                                                           */
 /* ------------------------------------------------------------------------ */
 
-static int attention(const fcase *c) { return c->api != API_QUANT; }
+static int attention(const fcase *c) { return c->api == API_FWD || c->api == API_BWD || c->api == API_FP8; }
 
 /* Whether fault k can be applied to the case as drawn so far. */
 static int applicable(const fcase *c, mkind k) {
@@ -428,6 +446,7 @@ static int applicable(const fcase *c, mkind k) {
     case M_PAGE_ENTRY:
     case M_PAGE_VARLEN: return c->api == API_FWD && c->paged;
     case M_FP8_SERVING: return c->api == API_FP8;
+    case M_MERGE_NPARTS: return c->api == API_MERGE;
     default: return 1;
     }
 }
@@ -484,6 +503,22 @@ static void say_serving(fcase *c) {
 }
 
 static void draw_problem(fcase *c) {
+    if (c->api == API_MERGE) {
+        c->batch = 1 + (int)rnd(c, MAX_BATCH);
+        c->sq = c->tq = draw_seq(c);
+        c->hq = 1 + (int)rnd(c, 4);
+        c->d = draw_dim(c);
+        c->dto = draw_float_dtype(c);
+        c->nparts = chance(c, 0.03) ? FATTN_MERGE_MAX_PARTS : 1 + (int)rnd(c, MERGE_DISTINCT);
+        c->nd = c->nparts <= MERGE_DISTINCT ? c->nparts : 1 + (int)rnd(c, MERGE_DISTINCT);
+        for (int i = 0; i < c->nd; i++) c->pdt[i] = draw_float_dtype(c);
+        c->want_lse = chance(c, 0.7);
+        c->lse_inf = chance(c, 0.4);
+        say(c, "merge b%d s%d h%d d%d parts %d (%d distinct:", c->batch, c->sq, c->hq, c->d, c->nparts, c->nd);
+        for (int i = 0; i < c->nd; i++) say(c, " %s", fattn_dtype_name(c->pdt[i]));
+        say(c, ") -> %s%s%s", fattn_dtype_name(c->dto), c->want_lse ? " lse" : "", c->lse_inf ? " -inf parts" : "");
+        return;
+    }
     if (c->api == API_QUANT) {
         c->batch = 1 + (int)rnd(c, MAX_BATCH);
         c->sq = c->tq = draw_seq(c);
@@ -588,8 +623,21 @@ static int has_mut(const fcase *c, mkind k) {
     return 0;
 }
 
+static const char *const part_names[2][MERGE_DISTINCT] = {{"parts[0].o", "parts[1].o", "parts[2].o", "parts[3].o"},
+                                                           {"parts[0].lse", "parts[1].lse", "parts[2].lse", "parts[3].lse"}};
+
 static void make_bufs(fcase *c) {
     memset(c->b, 0, sizeof c->b);
+    if (c->api == API_MERGE) {
+        const int64_t rows = (int64_t)c->batch * c->hq * c->sq;
+        for (int i = 0; i < c->nd; i++) {
+            tensor_buf(&c->b[BP0 + i], part_names[0][i], 0, c->pdt[i], c->batch, c->sq, c->hq, c->d);
+            array_buf(&c->b[BPL0 + i], part_names[1][i], 0, 4, rows);
+        }
+        tensor_buf(&c->b[BO], "o", 1, c->dto, c->batch, c->sq, c->hq, c->d);
+        if (c->want_lse) array_buf(&c->b[BLSE], "lse", 1, 4, rows);
+        return;
+    }
     if (c->api == API_QUANT) {
         tensor_buf(&c->b[BQ], "in", 0, c->dt, c->batch, c->sq, c->hq, c->d);
         tensor_buf(&c->b[BO], "out", 1, FATTN_DTYPE_E4M3, c->batch, c->sq, c->hq, c->d);
@@ -795,6 +843,7 @@ static double get(const uint8_t *p, fattn_dtype dt) {
 }
 
 static fattn_dtype dtype_of(const fcase *c, int id) {
+    if (c->api == API_MERGE) return id >= BP0 && id < BP0 + MERGE_DISTINCT ? c->pdt[id - BP0] : c->dto;
     if (c->api == API_QUANT) return id == BO ? FATTN_DTYPE_E4M3 : c->dt;
     return id == BO ? c->dto : c->dt;
 }
@@ -870,6 +919,34 @@ static void poison_unused_keys(fcase *c) {
     if (n) say(c, " | %lld unused key rows NaN", (long long)n);
 }
 
+/* fattn_merge: a part whose lse is -inf for a row "may hold anything, NaN
+ * included" there: its o row is NaN (bytes that a read row also holds, in a
+ * part whose strides alias its rows, stay). */
+static void poison_unread_parts(fcase *c) {
+    uint8_t *keep = (uint8_t *)calloc(c->arena_bytes, 1);
+    if (!keep) exit(1);
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < c->nd && i < MERGE_DISTINCT; i++) {
+            const buf *x = &c->b[BP0 + i], *l = &c->b[BPL0 + i];
+            if (x->bad_stride) continue;
+            int64_t st[3];
+            strides_of(x, st);
+            const size_t nb = (size_t)x->n[3] * x->es;
+            for (int64_t b = 0; b < x->n[0]; b++)
+                for (int64_t h = 0; h < x->n[2]; h++)
+                    for (int64_t s = 0; s < x->n[1]; s++) {
+                        float f;
+                        memcpy(&f, c->arena + l->off + 4 * (size_t)((b * x->n[2] + h) * x->n[1] + s), 4);
+                        const size_t off = elem_off(x, st, b, s, h, 0);
+                        if (!pass && f != -INFINITY) memset(keep + off, 1, nb);
+                        if (pass && f == -INFINITY)
+                            for (size_t k = 0; k < nb; k++)
+                                if (!keep[off + k]) c->arena[off + k] = 0xFF;
+                    }
+        }
+    free(keep);
+}
+
 static void fill(fcase *c) {
     memset(c->arena, 0xFF, c->arena_bytes);
     for (int i = 0; i < NBUF; i++) {
@@ -884,6 +961,9 @@ static void fill(fcase *c) {
                 const int32_t v = c->varlen ? cu[b] : b * (i == BCUQ ? c->sq : c->sk);
                 memcpy(c->arena + x->off + 4 * (size_t)b, &v, 4);
             }
+        } else if (i >= BPL0 && i < BPL0 + MERGE_DISTINCT) {
+            for (int64_t k = 0; k < x->count; k++)
+                put_f32(c, x, k, c->lse_inf && chance(c, 0.3) ? -INFINITY : (float)(3.0 * tu_rng_normal(&c->rng)));
         } else if (i == BSEQU || i == BTABLE) {
             memcpy(c->arena + x->off, i == BSEQU ? c->sequ : c->table, (size_t)x->count * 4);
         } else if (i == BLSE) {
@@ -894,6 +974,7 @@ static void fill(fcase *c) {
         }
     }
     if (c->api == API_FWD && (c->has_sequ || c->paged) && chance(c, 0.3)) poison_unused_keys(c);
+    if (c->api == API_MERGE && c->lse_inf) poison_unread_parts(c);
     if (chance(c, 0.04)) {
         /* one non-finite input element: only the write checks apply */
         static const int in_ids[] = {BQ, BK, BV, BDOUT, BQS, BKS, BVS};
@@ -953,6 +1034,28 @@ static fattn_tensor tensor_arg(fcase *c, int id, int scale_id, int32_t block) {
 static void build_args(fcase *c) {
     for (int i = 0; i < NBUF; i++) c->b[i].passed = 0;
 #define PASS(id) (c->b[id].passed = 1)
+    if (c->api == API_MERGE) {
+        fattn_merge_args *a = &c->ma;
+        memset(a, 0, sizeof *a);
+        memset(c->parts, 0, sizeof c->parts);
+        for (int i = 0; i < c->nd; i++) {
+            c->parts[i].o = tensor_arg(c, BP0 + i, -1, 0);
+            c->parts[i].lse = (const float *)ptr(c, BPL0 + i);
+            PASS(BP0 + i), PASS(BPL0 + i);
+        }
+        for (int i = c->nd; i <= FATTN_MERGE_MAX_PARTS; i++) c->parts[i] = c->parts[i % c->nd]; /* [max]: for M_MERGE_NPARTS */
+        a->batch = c->batch;
+        a->seqlen = c->sq;
+        a->heads = c->hq;
+        a->head_dim = c->d;
+        a->num_parts = c->nparts;
+        a->parts = c->parts;
+        a->o = tensor_arg(c, BO, -1, 0);
+        a->lse = c->want_lse ? (float *)ptr(c, BLSE) : NULL;
+        PASS(BO);
+        if (c->want_lse) PASS(BLSE);
+        return;
+    }
     if (c->api == API_QUANT) {
         fattn_quantize_args *a = &c->qa;
         memset(a, 0, sizeof *a);
@@ -1059,6 +1162,10 @@ static int tensor_args(fcase *c, fattn_tensor **t, const char **names) {
         ADD(c->ba.q, "q"), ADD(c->ba.k, "k"), ADD(c->ba.v, "v"), ADD(c->ba.o, "o");
         ADD(c->ba.dout, "dout"), ADD(c->ba.dq, "dq"), ADD(c->ba.dk, "dk"), ADD(c->ba.dv, "dv");
         break;
+    case API_MERGE:
+        for (int i = 0; i < c->nd; i++) ADD(c->parts[i].o, part_names[0][i]);
+        ADD(c->ma.o, "o");
+        break;
     default: ADD(c->fa.q, "q"), ADD(c->fa.k, "k"), ADD(c->fa.v, "v"), ADD(c->fa.o, "o"); break;
     }
 #undef ADD
@@ -1089,14 +1196,22 @@ static int32_t *cu_in_arena(fcase *c, int id) { return (int32_t *)ptr(c, id); }
 /* Applies argument fault k; returns the statuses a refusal may then have
  * (0: not applied). */
 static unsigned mutate(fcase *c, mkind k) {
-    fattn_tensor *t[8];
-    const char *tn[8];
+    fattn_tensor *t[MERGE_DISTINCT + 8];
+    const char *tn[MERGE_DISTINCT + 8];
     const int nt = tensor_args(c, t, tn);
     say(c, " |");
     switch (k) {
     case M_CTX_NULL: c->ctx_null = 1; say(c, " ctx NULL"); return ALLOW_INV;
     case M_ARGS_NULL: c->args_null = 1; say(c, " args NULL"); return ALLOW_INV;
     case M_SIZE_BAD: {
+        if (c->api == API_MERGE) {
+            int32_t *f[4] = {&c->ma.batch, &c->ma.seqlen, &c->ma.heads, &c->ma.head_dim};
+            static const char *fn[4] = {"batch", "seqlen", "heads", "head_dim"};
+            const int i = (int)rnd(c, 4);
+            *f[i] = bad_size(c, 1);
+            say(c, " %s %d", fn[i], (int)*f[i]);
+            return ALLOW_INV;
+        }
         if (c->api == API_QUANT) {
             int32_t *f[4] = {&c->qa.batch, &c->qa.seqlen, &c->qa.heads, &c->qa.head_dim};
             static const char *fn[4] = {"batch", "seqlen", "heads", "head_dim"};
@@ -1116,6 +1231,17 @@ static unsigned mutate(fcase *c, mkind k) {
     }
     case M_SIZE_HUGE: {
         const int32_t big = (1 << 16) + (int32_t)rnd(c, 1 << 14);
+        if (c->api == API_MERGE) { /* batch * seqlen * heads >= 2^31 */
+            fattn_merge_args *a = &c->ma;
+            switch (rnd(c, 4)) {
+            case 0: a->batch = big, a->seqlen = big; break;
+            case 1: a->seqlen = big, a->heads = big; break;
+            case 2: a->batch = big, a->heads = big; break;
+            default: a->batch = INT32_MAX, a->seqlen = a->seqlen < 2 ? 2 : a->seqlen; break;
+            }
+            say(c, " batch %d seqlen %d heads %d", (int)a->batch, (int)a->seqlen, (int)a->heads);
+            return ALLOW_INV;
+        }
         if (c->api == API_QUANT) {
             fattn_quantize_args *a = &c->qa;
             switch (rnd(c, 5)) {
@@ -1188,6 +1314,12 @@ static unsigned mutate(fcase *c, mkind k) {
         return ALLOW_INV;
     }
     case M_DTYPE_MIX: {
+        if (c->api == API_MERGE) { /* float dtypes mix freely: e4m3 is the fault */
+            const int i = (int)rnd(c, (uint32_t)nt);
+            t[i]->dtype = FATTN_DTYPE_E4M3;
+            say(c, " %s.dtype e4m3", tn[i]);
+            return ALLOW_INV;
+        }
         if (c->api == API_QUANT) {
             if (chance(c, 0.5)) t[0]->dtype = FATTN_DTYPE_E4M3, say(c, " in.dtype e4m3");
             else t[1]->dtype = draw_float_dtype(c), say(c, " out.dtype %s", fattn_dtype_name(t[1]->dtype));
@@ -1230,6 +1362,15 @@ static unsigned mutate(fcase *c, mkind k) {
         return ALLOW_INV;
     }
     case M_NULL_PTR: {
+        if (c->api == API_MERGE) { /* the output lse is optional, a part's is required */
+            const uint32_t r = rnd(c, 4);
+            const int i = (int)rnd(c, (uint32_t)c->nd);
+            if (r == 0) c->ma.parts = NULL, say(c, " parts NULL");
+            else if (r == 1) c->parts[i].lse = NULL, say(c, " parts[%d].lse NULL", i);
+            else if (r == 2) c->parts[i].o.data = NULL, say(c, " parts[%d].o.data NULL", i);
+            else c->ma.o.data = NULL, say(c, " o.data NULL");
+            return ALLOW_INV;
+        }
         /* fattn_fwd's lse is optional: NULL there is valid */
         const int i = (int)rnd(c, (uint32_t)nt + (c->api == API_QUANT || c->api == API_BWD));
         if (i < nt) {
@@ -1257,6 +1398,14 @@ static unsigned mutate(fcase *c, mkind k) {
                 return ALLOW_INV;
             }
             const size_t by = 1 + rnd(c, 3);
+            if (i == nt && c->api == API_MERGE) {
+                const int j = (int)rnd(c, (uint32_t)c->nd + 1);
+                const float **l = j < c->nd ? &c->parts[j].lse : (const float **)&c->ma.lse;
+                if (!*l || ((uintptr_t)*l + by) % 4 == 0) continue;
+                *l = (const float *)((const uint8_t *)*l + by);
+                say(c, " %s +%zu B", j < c->nd ? part_names[1][j] : "lse", by);
+                return ALLOW_INV;
+            }
             const void *p4 = c->api == API_QUANT ? (const void *)c->qa.out.scale
                              : c->api == API_BWD ? (const void *)c->ba.lse : (const void *)c->fa.lse;
             if (i == nt) { /* lse / out.scale */
@@ -1475,6 +1624,12 @@ static unsigned mutate(fcase *c, mkind k) {
         c->b[BCUQ].passed = c->b[BCUK].passed = 1;
         say(c, " cu_seqlens with a table");
         return ALLOW_UNSUP;
+    }
+    case M_MERGE_NPARTS: {
+        static const int32_t v[] = {0, -1, INT32_MIN, FATTN_MERGE_MAX_PARTS + 1, INT32_MAX};
+        c->ma.num_parts = v[rnd(c, 5)];
+        say(c, " num_parts %d", (int)c->ma.num_parts);
+        return ALLOW_INV;
     }
     case M_FP8_SERVING: {
         c->fa.seqused_k = (const int32_t *)ptr(c, BSEQU);
@@ -1763,6 +1918,68 @@ static void check_fwd_reference(fcase *c) {
     }
 }
 
+/* fattn_merge against a double-precision merge of the parts (the CPU
+ * engine's own arithmetic, then rounded once to f32 and to o's dtype): o
+ * within an ulp or two of its dtype relative to max |O_i|, lse within 1e-6,
+ * rows -inf in every part o = 0 and lse = -inf exactly. */
+static void check_merge_reference(fcase *c) {
+    const buf *o = &c->b[BO];
+    const double tol = c->dto == FATTN_DTYPE_F32 ? 1e-6 : c->dto == FATTN_DTYPE_F16 ? 1.5e-3 : 1e-2;
+    int64_t ost[3], pst[MERGE_DISTINCT][3];
+    strides_of(o, ost);
+    if (c->nd > MERGE_DISTINCT) return;
+    for (int i = 0; i < c->nd; i++) strides_of(&c->b[BP0 + i], pst[i]);
+    double acc[64], w[MERGE_DISTINCT];
+    int bad = 0;
+    for (int b = 0; b < c->batch && bad < 3; b++)
+        for (int h = 0; h < c->hq && bad < 3; h++)
+            for (int s = 0; s < c->sq && bad < 3; s++) {
+                const size_t li = (size_t)((b * c->hq + h) * c->sq + s);
+                double lse[MERGE_DISTINCT], m = -INFINITY, sum = 0, omax = 0;
+                for (int i = 0; i < c->nd; i++) {
+                    float f;
+                    memcpy(&f, c->arena + c->b[BPL0 + i].off + 4 * li, 4);
+                    lse[i] = f;
+                    if (lse[i] > m) m = lse[i];
+                }
+                for (int e = 0; e < c->d; e++) acc[e] = 0;
+                for (int i = 0; i < c->nd; i++) {
+                    w[i] = m == -INFINITY ? 0 : exp(lse[i] - m);
+                    if (w[i] == 0) continue;
+                    sum += w[i] * (c->nparts / c->nd + (i < c->nparts % c->nd)); /* part i and its repeats */
+                }
+                for (int i = 0; i < c->nd && m != -INFINITY; i++) {
+                    if (w[i] == 0) continue;
+                    const double wi = w[i] * (c->nparts / c->nd + (i < c->nparts % c->nd)) / sum;
+                    for (int e = 0; e < c->d; e++) {
+                        const double x = get(c->arena + elem_off(&c->b[BP0 + i], pst[i], b, s, h, e), c->pdt[i]);
+                        acc[e] += wi * x;
+                        if (fabs(x) > omax) omax = fabs(x);
+                    }
+                }
+                for (int e = 0; e < c->d; e++) {
+                    const double x = get(c->arena + elem_off(o, ost, b, s, h, e), c->dto);
+                    const double ref = m == -INFINITY ? 0 : acc[e];
+                    if (m == -INFINITY ? x != 0 : !(fabs(x - ref) <= tol * omax + 1e-300)) {
+                        fail(c, "o[%d, %d, %d, %d] = %.9g, the FP64 merge %.9g (tol %g%s)", b, s, h, e, x, ref,
+                             tol * omax, m == -INFINITY ? "; -inf in every part: 0 exactly" : "");
+                        bad++;
+                        break;
+                    }
+                }
+                if (c->want_lse) {
+                    float l;
+                    memcpy(&l, c->arena + c->b[BLSE].off + 4 * li, 4);
+                    const double ref = m == -INFINITY ? -INFINITY : m + log(sum);
+                    if (m == -INFINITY ? !(isinf(l) && l < 0) : !(fabs(l - ref) <= 1e-6 * (1 + fabs(ref)))) {
+                        fail(c, "lse[%zu] (batch %d, head %d, row %d) = %.9g, the FP64 merge %.9g", li, b, h, s, (double)l,
+                             ref);
+                        bad++;
+                    }
+                }
+            }
+}
+
 static void check_tensor_finite(fcase *c, int id) {
     const buf *x = &c->b[id];
     const fattn_dtype dt = dtype_of(c, id);
@@ -1788,6 +2005,7 @@ static void check_values(fcase *c) {
         if (c->has_sequ || c->paged) check_fwd_reference(c), g_ref_checked[c->api]++;
         break;
     case API_FP8: check_fwd_values(c); break;
+    case API_MERGE: check_merge_reference(c), g_ref_checked[c->api]++; break;
     case API_BWD:
         check_tensor_finite(c, BDQ);
         check_tensor_finite(c, BDK);
@@ -1819,6 +2037,7 @@ static fattn_status call(fcase *c, fattn_ctx *ctx) {
     case API_FWD: return fattn_fwd(x, c->args_null ? NULL : &c->fa);
     case API_BWD: return fattn_bwd(x, c->args_null ? NULL : &c->ba);
     case API_QUANT: return fattn_quantize(x, c->args_null ? NULL : &c->qa);
+    case API_MERGE: return fattn_merge(x, c->args_null ? NULL : &c->ma);
     default: return fattn_fwd_fp8(x, c->args_null ? NULL : &c->fa, c->opt_null ? NULL : &c->opt);
     }
 }
@@ -1837,7 +2056,7 @@ static void run_case(fattn_ctx *ctx, int64_t index) {
              (long long)index, g_seed, (long long)index, g_prog);
 
     const uint32_t r = rnd(c, 100);
-    c->api = r < 35 ? API_FWD : r < 55 ? API_BWD : r < 75 ? API_QUANT : API_FP8;
+    c->api = r < 31 ? API_FWD : r < 49 ? API_BWD : r < 64 ? API_QUANT : r < 80 ? API_FP8 : API_MERGE;
     c->threads = (int)rnd(c, 4);
     draw_problem(c);
     say(c, " thr%d", c->threads);
@@ -1892,6 +2111,10 @@ static void run_case(fattn_ctx *ctx, int64_t index) {
     fattn_bwd_args ba;
     fattn_quantize_args qa;
     fattn_fp8_options opt;
+    fattn_merge_args ma;
+    static fattn_merge_part parts[FATTN_MERGE_MAX_PARTS + 1];
+    memcpy(&ma, &c->ma, sizeof ma);
+    memcpy(parts, c->parts, sizeof parts);
     memcpy(&fa, &c->fa, sizeof fa); /* padding included */
     memcpy(&ba, &c->ba, sizeof ba);
     memcpy(&qa, &c->qa, sizeof qa);
@@ -1921,7 +2144,7 @@ static void run_case(fattn_ctx *ctx, int64_t index) {
         fail(c, "refused with %s (%s), expected %s", fattn_status_string(st), msg,
              allow == ALLOW_UNSUP ? "UNSUPPORTED" : allow & ALLOW_UNSUP ? "INVALID_ARGUMENT or UNSUPPORTED" : "INVALID_ARGUMENT");
     if (memcmp(&fa, &c->fa, sizeof fa) || memcmp(&ba, &c->ba, sizeof ba) || memcmp(&qa, &c->qa, sizeof qa) ||
-        memcmp(&opt, &c->opt, sizeof opt))
+        memcmp(&opt, &c->opt, sizeof opt) || memcmp(&ma, &c->ma, sizeof ma) || memcmp(parts, c->parts, sizeof parts))
         fail(c, "the call wrote its argument struct");
 
     /* the arena */
