@@ -1,9 +1,12 @@
 /* test_cpu_kernels.c - the CPU engine's vectorised exp, in every forward
- * instance this CPU can run (fwd_block.h) and in the backward's kernels
- * (kernels.h): error against exp in double over [-87.3, 88] in ulps of the
- * result (the forward's reference role asks for fp32-level accuracy: at
- * most 2 ulps), exactly 0 below ln 2^-126 and for -inf, NaN for NaN,
- * exp(0) = 1. */
+ * instance this CPU can run (fwd_block.h) and in every instance of the
+ * backward's kernels (kernels.h): error against exp in double over
+ * [-87.3, 88] in ulps of the result (the forward's reference role asks for
+ * fp32-level accuracy: at most 2 ulps), exactly 0 below ln 2^-126 and for
+ * -inf, NaN for NaN, exp(0) = 1.  And the backward's GEMMs (gemm, gemm_tn)
+ * in every instance: against a double product within the f32 bound, gemm_tn
+ * on a transposed copy of A the same bits as gemm, nothing written outside
+ * C's m x n entries. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,6 +66,63 @@ static void via_bwd(float *x, int n, void *ctx) {
     k->exp_sub(x, n, 0.0f);
 }
 
+/* |C - ref| <= (k + 2) * 2^-24 * (sum_p |a_ip b_pj| + |C0_ij|) for a chain of k
+ * multiply-adds (fused or not) onto C0, plus a little slack for the last
+ * rounding of that bound's own value. */
+static void check_gemm(const fattn_cpu_kernels *kern, uint64_t seed) {
+    static const int ms[] = {4, 8, 12, 64, 68}, ns[] = {16, 32, 48, 64, 80}, ks[] = {0, 1, 7, 64, 129};
+    tu_rng rng;
+    tu_rng_init(&rng, seed);
+    double worst = 0.0;
+    int bits_differ = 0, outside = 0, cases = 0;
+    for (int mi = 0; mi < 5; mi++)
+        for (int ni = 0; ni < 5; ni++)
+            for (int ki = 0; ki < 5; ki++)
+                for (int acc = 0; acc < 2; acc++) {
+                    const int m = ms[mi], n = ns[ni], k = ks[ki];
+                    const int lda = k + 3, ldat = m + 5, ldb = n + 16, ldc = n + 16;
+                    float *A = (float *)tu_malloc(sizeof(float) * (size_t)(m * lda + 1));
+                    float *At = (float *)tu_malloc(sizeof(float) * (size_t)(k * ldat + 1));
+                    float *B = (float *)tu_malloc(sizeof(float) * (size_t)(k * ldb + 1));
+                    float *C = (float *)tu_malloc(sizeof(float) * (size_t)(m * ldc));
+                    float *C2 = (float *)tu_malloc(sizeof(float) * (size_t)(m * ldc));
+                    float *C0 = (float *)tu_malloc(sizeof(float) * (size_t)(m * ldc));
+                    for (int i = 0; i < m; i++)
+                        for (int p = 0; p < k; p++) A[i * lda + p] = At[p * ldat + i] = (float)tu_rng_normal(&rng);
+                    for (int i = 0; i < k * ldb; i++) B[i] = (float)tu_rng_normal(&rng);
+                    for (int i = 0; i < m * ldc; i++) C0[i] = (float)tu_rng_normal(&rng);
+                    memcpy(C, C0, sizeof(float) * (size_t)(m * ldc));
+                    memcpy(C2, C0, sizeof(float) * (size_t)(m * ldc));
+                    kern->gemm(m, n, k, A, lda, B, ldb, C, ldc, acc);
+                    kern->gemm_tn(m, n, k, At, ldat, B, ldb, C2, ldc, acc);
+                    for (int i = 0; i < m; i++)
+                        for (int j = 0; j < ldc; j++) {
+                            const float c = C[i * ldc + j];
+                            if (j >= n) {
+                                outside += memcmp(&c, &C0[i * ldc + j], sizeof c) != 0;
+                                continue;
+                            }
+                            double ref = acc ? C0[i * ldc + j] : 0.0, mag = fabs(ref);
+                            for (int p = 0; p < k; p++) {
+                                const double t = (double)A[i * lda + p] * B[p * ldb + j];
+                                ref += t;
+                                mag += fabs(t);
+                            }
+                            const double bound = (k + 2) * 0x1p-24 * mag + 1e-30;
+                            const double e = fabs((double)c - ref) / bound;
+                            if (!(e <= worst)) worst = e;
+                            bits_differ += memcmp(&c, &C2[i * ldc + j], sizeof c) != 0;
+                        }
+                    cases++;
+                    free(A); free(At); free(B); free(C); free(C2); free(C0);
+                }
+    printf("  backward gemm (%s)    %d shapes: worst error %.3f of the bound; gemm_tn != gemm in %d "
+           "elements; %d written outside C\n", kern->isa, cases, worst, bits_differ, outside);
+    TU_EXPECT_LE(worst, 1.0, "gemm error / bound");
+    TU_CHECK(bits_differ == 0, "%s: gemm_tn differs from gemm in %d elements", kern->isa, bits_differ);
+    TU_CHECK(outside == 0, "%s: %d entries outside C's m x n written", kern->isa, outside);
+}
+
 int main(void) {
     static const char *isas[] = {"scalar", "generic", "avx2", "avx2w16", "avx512"};
     for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
@@ -75,9 +135,18 @@ int main(void) {
         snprintf(name, sizeof name, "forward exp (%s)", isas[i]);
         check_exp(name, via_fwd, &k);
     }
-    fattn_cpu_kernels kb = fattn_cpu_kernels_get();
-    char name[64];
-    snprintf(name, sizeof name, "backward exp (%s)", kb.isa);
-    check_exp(name, via_bwd, &kb);
+    static const char *bwd_isas[] = {"generic", "avx2", "avx512"};
+    const uint64_t seed = (uint64_t)tu_seed();
+    for (size_t i = 0; i < sizeof bwd_isas / sizeof bwd_isas[0]; i++) {
+        fattn_cpu_kernels kb;
+        if (fattn_cpu_bwd_kernels_named(bwd_isas[i], &kb) != 0) {
+            printf("  backward %s: not on this CPU\n", bwd_isas[i]);
+            continue;
+        }
+        char name[64];
+        snprintf(name, sizeof name, "backward exp (%s)", kb.isa);
+        check_exp(name, via_bwd, &kb);
+        check_gemm(&kb, seed);
+    }
     return tu_finish("test_cpu_kernels");
 }

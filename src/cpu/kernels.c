@@ -142,6 +142,30 @@ int fattn_cpu_fwd_kernel_named(const char *isa, fattn_fwd_kernel *out) {
     return 0;
 }
 
+int fattn_cpu_bwd_kernels_named(const char *isa, fattn_cpu_kernels *out) {
+    fattn_cpu_kernels k = fattn_cpu_kernels_get();
+    if (!strcmp(isa, "generic")) {
+        k.gemm = gemm_generic_gemm;
+        k.gemm_tn = gemm_generic_gemm_tn;
+        k.exp_sub = exp_generic;
+#ifdef FATTN_X86_DISPATCH
+    } else if (!strcmp(isa, "avx2") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        k.gemm = gemm_avx2_gemm;
+        k.gemm_tn = gemm_avx2_gemm_tn;
+        k.exp_sub = exp_avx2;
+    } else if (!strcmp(isa, "avx512") && __builtin_cpu_supports("avx512f")) {
+        k.gemm = gemm_avx512_gemm;
+        k.gemm_tn = gemm_avx512_gemm_tn;
+        k.exp_sub = exp_avx512;
+#endif
+    } else {
+        return -1;
+    }
+    k.isa = isa;
+    *out = k;
+    return 0;
+}
+
 fattn_cpu_kernels fattn_cpu_kernels_get(void) {
     fattn_cpu_kernels k;
     k.gemm = gemm_generic_gemm;

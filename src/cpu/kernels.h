@@ -34,6 +34,11 @@ typedef struct fattn_cpu_kernels {
  * benchmarks; an unknown or unsupported name is ignored). */
 fattn_cpu_kernels fattn_cpu_kernels_get(void);
 
+/* The backward's kernels (gemm, gemm_tn, exp_sub) of instance `isa`
+ * (generic, avx2, avx512), the rest as fattn_cpu_kernels_get gives it, if
+ * this CPU can run it: 0 and *out set, else -1 (tests). */
+int fattn_cpu_bwd_kernels_named(const char *isa, fattn_cpu_kernels *out);
+
 /* The forward instance called `isa`, if this CPU can run it: 0 and *out set,
  * else -1. */
 int fattn_cpu_fwd_kernel_named(const char *isa, fattn_fwd_kernel *out);
