@@ -1,6 +1,6 @@
 /* test_fuzz.c - random-argument fuzz of the public API on a CPU context
  * (issue 27): fattn_fwd (with its serving fields), fattn_bwd,
- * fattn_quantize, fattn_fwd_fp8 and fattn_merge.
+ * fattn_quantize, fattn_fwd_fp8, fattn_merge and fattn_kv_append.
  *
  * Each case draws a tiny valid call (batch <= 3, seqlens <= 40, head dims
  * <= 64; every dtype; packed, explicit, permuted and padded layouts; GQA,
@@ -13,10 +13,13 @@
  * reads, with GQA, causal, e4m3 pools; NaN in every key row no sequence
  * uses; fattn_merge of 1..4 parts, or FATTN_MERGE_MAX_PARTS repeating
  * up to 4, each part its own dtype and layout, -inf lse entries whose o
- * rows are NaN, rows -inf in every part, lse optional) and then, in two
- * cases out of three, breaks it in one to three
- * ways: sizes zero, negative or whose
- * products overflow the limits, head dims the CPU engine lacks, heads_q %
+ * rows are NaN, rows -inf in every part, lse optional; fattn_kv_append
+ * into contiguous caches or page pools, pages shared between sequences
+ * where their rows do not collide, garbage in the table entries no new row
+ * reads and in a paged call's capacity, k_new = v_new, rows of random bits)
+ * and then, in two cases out of three, breaks it in one to three ways:
+ * sizes zero, negative or whose products overflow the limits, head dims
+ * the CPU engine lacks, heads_q %
  * heads_kv != 0, softmax_scale NaN / Inf / negative, NULL or misaligned
  * pointers, dtypes that are no fattn_dtype or do not match, e4m3 tensors
  * without scales or with scale_block <= 0, cu_seqlens given on one side only,
@@ -32,8 +35,14 @@
  * outside [0, num_pages), a table with cu_seqlens (UNSUPPORTED), fwd_fp8
  * with seqused_k (UNSUPPORTED), merge's num_parts 0, negative or past
  * FATTN_MERGE_MAX_PARTS, parts NULL, a part's o or lse NULL, an e4m3 part
- * or o, NULL ctx or args.  Whether the call is valid is decided from the header's rules
- * (fattn.h, docs/design.md section 3), not from src/api.c.
+ * or o, kv_append's cache_seqlens negative, one row past the cache or
+ * overflowing, two new rows into one cache row (a second sequence or a
+ * second table entry onto written rows: the rules decide), a written
+ * page's entry outside [0, num_pages), page sizes <= 0 or given without a
+ * table, capacity <= 0, caches of >= 2^31 rows, e4m3 or mixed dtypes,
+ * NULL cache_seqlens, NULL ctx or args.  Whether the call is valid is
+ * decided from the header's rules (fattn.h, docs/design.md section 3), not
+ * from src/api.c.
  *
  * All buffers of a case live in one arena: 0xFF bytes (NaN in every float
  * format) everywhere except the input views, guard bytes between buffers.
@@ -41,17 +50,21 @@
  *   - not crash (nor trip ASan / UBSan);
  *   - return FATTN_OK with fattn_last_error "" or an error status with a
  *     non-empty one-line message: OK for a valid call, INVALID_ARGUMENT for
- *     an invalid one (UNSUPPORTED where the only fault is a head dim over 512
- *     or a rotation of a non-power-of-two head dim);
+ *     an invalid one (UNSUPPORTED where the only fault is a head dim over 512,
+ *     a rotation of a non-power-of-two head dim, a block table with
+ *     cu_seqlens or fwd_fp8 with seqused_k);
  *   - if refused, leave every byte of the arena as it was; if accepted,
- *     change bytes inside its outputs' views only; never write its argument
- *     structs;
+ *     change bytes inside its outputs' views only (fattn_kv_append: the
+ *     appended rows only); never write its argument structs (nor merge's
+ *     parts array);
  *   - if accepted on finite inputs, write every output element, finite:
  *     O 0 and LSE -inf exactly on rows that see no key, |O| within the range
  *     of V, e4m3 codes never NaN, scales finite and positive, dq / dk / dv
  *     finite; with seqused_k or a table, O and LSE match an FP64 reference
  *     that gathers each sequence's used keys itself (through the table);
- *     merge's o and lse match a double-precision merge of the parts.
+ *     merge's o and lse match a double-precision merge of the parts;
+ *     kv_append's new rows are, byte for byte, in the cache rows the header
+ *     names (checked on any input bits).
  *
  * Environment: FATTN_TEST_SEED (testutil.h: fixed default), FATTN_FUZZ_CASES
  * (default 10000: 3 s, 5 s under `make sanitize`, on 2 cores),
@@ -83,20 +96,22 @@
 #define DEFAULT_CASES 10000
 #define MAX_BATCH 3
 #define MAX_FAILURES_SHOWN 20
-#define MAX_PAGES 48 /* table entries per sequence */
+#define MAX_PAGES 96 /* table entries per sequence */
+#define MAX_POOL 512 /* kv_append's pages */
 
 /* ------------------------------------------------------------------------ */
 /* One case                                                                 */
 /* ------------------------------------------------------------------------ */
 
-typedef enum api_kind { API_FWD, API_BWD, API_QUANT, API_FP8, API_MERGE, API_N } api_kind;
-static const char *const api_name[API_N] = {"fwd", "bwd", "quantize", "fwd_fp8", "merge"};
+typedef enum api_kind { API_FWD, API_BWD, API_QUANT, API_FP8, API_MERGE, API_KVA, API_N } api_kind;
+static const char *const api_name[API_N] = {"fwd", "bwd", "quantize", "fwd_fp8", "merge", "kv_append"};
 
 /* Pointer arguments.  fattn_quantize uses BQ (in), BO (out), BQS (out.scale);
  * fattn_merge BO and BLSE (o, lse) and BP0.. / BPL0.. (the distinct parts'
- * o and lse). */
+ * o and lse); fattn_kv_append BK, BV (k_new, v_new), BDK, BDV (k_cache,
+ * v_cache), BCSL (cache_seqlens) and BTABLE. */
 #define MERGE_DISTINCT 4 /* parts with storage of their own; more repeat them */
-enum { BQ, BK, BV, BO, BDOUT, BDQ, BDK, BDV, BLSE, BQS, BKS, BVS, BCUQ, BCUK, BSEQU, BTABLE,
+enum { BQ, BK, BV, BO, BDOUT, BDQ, BDK, BDV, BLSE, BQS, BKS, BVS, BCUQ, BCUK, BSEQU, BTABLE, BCSL,
        BP0, BPL0 = BP0 + MERGE_DISTINCT, NBUF = BPL0 + MERGE_DISTINCT };
 
 typedef struct buf {
@@ -152,6 +167,10 @@ typedef enum mkind {
     M_PAGE_VARLEN,/* a table with cu_seqlens: UNSUPPORTED */
     M_FP8_SERVING,/* fattn_fwd_fp8 with seqused_k: UNSUPPORTED */
     M_MERGE_NPARTS, /* num_parts 0, negative, > FATTN_MERGE_MAX_PARTS */
+    M_KVA_SEQLENS,  /* a cache_seqlens entry < 0 or running past the cache */
+    M_KVA_TWICE,    /* two new rows into one cache row (paged): the rules decide */
+    M_KVA_PAGE,     /* a written page's entry out of range, page sizes <= 0 / given without a table, capacity <= 0 */
+    M_KVA_HUGE,     /* a cache of >= 2^31 rows */
     M_N
 } mkind;
 static const char *const mkind_name[M_N] = {
@@ -160,7 +179,7 @@ static const char *const mkind_name[M_N] = {
     "null_ptr",   "misalign",   "e4m3_noscale", "e4m3_block", "cu_one_null", "cu_start", "cu_decrease",
     "cu_too_long", "quant_gran", "quant_block", "rotate", "sequ_neg", "serv_ptr", "page_field",
     "page_huge", "page_short", "page_entry", "page_varlen", "fp8_serving",
-    "merge_nparts"};
+    "merge_nparts", "kva_seqlens", "kva_twice", "kva_page", "kva_huge"};
 
 #define ALLOW_INV (1u << FATTN_ERROR_INVALID_ARGUMENT)
 #define ALLOW_UNSUP (1u << FATTN_ERROR_UNSUPPORTED)
@@ -192,6 +211,11 @@ typedef struct fcase {
     int lse_inf;                 /* -inf entries in the parts' lse (their o rows NaN) */
     fattn_merge_part parts[FATTN_MERGE_MAX_PARTS + 1];
     fattn_merge_args ma;
+    /* fattn_kv_append: batch, sq (seqlen_new), hkv, d, dt, paged, ps, npages,
+     * mpps, table; kv_shared: v_new is k_new's memory */
+    int32_t cs[MAX_BATCH]; /* cache_seqlens */
+    int32_t cap;           /* capacity as passed (paged: garbage, ignored) */
+    fattn_kv_append_args ka;
     buf b[NBUF];
     mkind mut[3];
     int nmut;
@@ -425,7 +449,7 @@ static int attention(const fcase *c) { return c->api == API_FWD || c->api == API
 /* Whether fault k can be applied to the case as drawn so far. */
 static int applicable(const fcase *c, mkind k) {
     switch (k) {
-    case M_DIM_BIG:
+    case M_DIM_BIG: return attention(c) || c->api == API_KVA;
     case M_GQA:
     case M_SCALE_BAD:
     case M_CU_ONE_NULL: return attention(c);
@@ -447,6 +471,10 @@ static int applicable(const fcase *c, mkind k) {
     case M_PAGE_VARLEN: return c->api == API_FWD && c->paged;
     case M_FP8_SERVING: return c->api == API_FP8;
     case M_MERGE_NPARTS: return c->api == API_MERGE;
+    case M_KVA_SEQLENS:
+    case M_KVA_PAGE: return c->api == API_KVA;
+    case M_KVA_TWICE: return c->api == API_KVA && c->paged;
+    case M_KVA_HUGE: return c->api == API_KVA && (c->paged || c->batch * c->hkv >= 2);
     default: return 1;
     }
 }
@@ -502,7 +530,73 @@ static void say_serving(fcase *c) {
     }
 }
 
+/* fattn_kv_append: cache_seqlens, the cache, the table.  Pages that new
+ * rows land in are drawn so that no cache row is written twice (shared
+ * pages included); entries no new row reads may hold anything. */
+static void draw_kv_append(fcase *c) {
+    c->batch = 1 + (int)rnd(c, MAX_BATCH);
+    c->sq = chance(c, 0.7) ? 1 + (int)rnd(c, 4) : draw_seq(c);
+    c->hkv = 1 + (int)rnd(c, 3);
+    c->d = draw_dim(c);
+    c->dt = c->dto = draw_float_dtype(c);
+    c->kv_shared = chance(c, 0.1);
+    int rows = 0;
+    for (int b = 0; b < c->batch; b++) {
+        c->cs[b] = chance(c, 0.2) ? 0 : (int32_t)rnd(c, 41);
+        if (c->cs[b] + c->sq > rows) rows = c->cs[b] + c->sq;
+    }
+    c->paged = chance(c, 0.5);
+    say(c, "kv_append %s b%d new%d hkv%d d%d cache_seqlens[", fattn_dtype_name(c->dt), c->batch, c->sq, c->hkv, c->d);
+    for (int b = 0; b < c->batch; b++) say(c, "%s%d", b ? "," : "", (int)c->cs[b]);
+    say(c, "]%s", c->kv_shared ? " k_new=v_new" : "");
+    if (!c->paged) {
+        c->cap = rows + (chance(c, 0.5) ? (int32_t)rnd(c, 4) : 0);
+        say(c, " capacity %d", (int)c->cap);
+        return;
+    }
+    static const int ps_values[] = {1, 2, 3, 4, 8, 16};
+    static uint8_t claimed[MAX_POOL][16];
+    memset(claimed, 0, sizeof claimed);
+    c->ps = ps_values[rnd(c, 6)];
+    const int need = (int)cdiv(rows, c->ps);
+    c->mpps = need + (chance(c, 0.3) ? (int)rnd(c, 3) : 0);
+    c->npages = 1 + (int)rnd(c, (uint32_t)(c->batch * need + 2));
+    const int garbage = chance(c, 0.3);
+    for (int b = 0; b < c->batch; b++)
+        for (int i = 0; i < c->mpps; i++) {
+            const int lo = i * c->ps > c->cs[b] ? i * c->ps : c->cs[b];
+            const int hi = (i + 1) * c->ps < c->cs[b] + c->sq ? (i + 1) * c->ps : c->cs[b] + c->sq;
+            int32_t e;
+            if (lo < hi) { /* new rows land in page i */
+                int tries = 0, ok = 0;
+                do {
+                    e = (int32_t)rnd(c, (uint32_t)c->npages);
+                    ok = 1;
+                    for (int r = lo; r < hi; r++) ok &= !claimed[e][r - i * c->ps];
+                } while (!ok && ++tries < 6);
+                if (!ok && c->npages < MAX_POOL) e = c->npages++;
+                for (int r = lo; r < hi; r++) claimed[e][r - i * c->ps] = 1;
+            } else if (garbage) {
+                static const int32_t g[] = {-1, INT32_MIN, INT32_MAX, 12345};
+                e = chance(c, 0.2) ? MAX_POOL : g[rnd(c, 4)];
+            } else {
+                e = (int32_t)rnd(c, (uint32_t)c->npages);
+            }
+            c->table[b * c->mpps + i] = e;
+        }
+    if (chance(c, 0.5)) {
+        static const int32_t g[] = {0, -1, INT32_MIN, 5, INT32_MAX};
+        c->cap = g[rnd(c, 5)]; /* ignored with a table */
+    }
+    say(c, " capacity %d", (int)c->cap);
+    say_serving(c);
+}
+
 static void draw_problem(fcase *c) {
+    if (c->api == API_KVA) {
+        draw_kv_append(c);
+        return;
+    }
     if (c->api == API_MERGE) {
         c->batch = 1 + (int)rnd(c, MAX_BATCH);
         c->sq = c->tq = draw_seq(c);
@@ -628,6 +722,16 @@ static const char *const part_names[2][MERGE_DISTINCT] = {{"parts[0].o", "parts[
 
 static void make_bufs(fcase *c) {
     memset(c->b, 0, sizeof c->b);
+    if (c->api == API_KVA) {
+        const int64_t cb = c->paged ? c->npages : c->batch, cr = c->paged ? c->ps : c->cap;
+        tensor_buf(&c->b[BK], "k_new", 0, c->dt, c->batch, c->sq, c->hkv, c->d);
+        tensor_buf(&c->b[BV], "v_new", 0, c->dt, c->batch, c->sq, c->hkv, c->d);
+        tensor_buf(&c->b[BDK], "k_cache", 1, c->dt, cb, cr, c->hkv, c->d);
+        tensor_buf(&c->b[BDV], "v_cache", 1, c->dt, cb, cr, c->hkv, c->d);
+        array_buf(&c->b[BCSL], "cache_seqlens", 0, 4, c->batch);
+        if (c->paged) array_buf(&c->b[BTABLE], "block_table", 0, 4, (int64_t)c->batch * c->mpps);
+        return;
+    }
     if (c->api == API_MERGE) {
         const int64_t rows = (int64_t)c->batch * c->hq * c->sq;
         for (int i = 0; i < c->nd; i++) {
@@ -964,8 +1068,8 @@ static void fill(fcase *c) {
         } else if (i >= BPL0 && i < BPL0 + MERGE_DISTINCT) {
             for (int64_t k = 0; k < x->count; k++)
                 put_f32(c, x, k, c->lse_inf && chance(c, 0.3) ? -INFINITY : (float)(3.0 * tu_rng_normal(&c->rng)));
-        } else if (i == BSEQU || i == BTABLE) {
-            memcpy(c->arena + x->off, i == BSEQU ? c->sequ : c->table, (size_t)x->count * 4);
+        } else if (i == BSEQU || i == BTABLE || i == BCSL) {
+            memcpy(c->arena + x->off, i == BSEQU ? c->sequ : i == BCSL ? c->cs : c->table, (size_t)x->count * 4);
         } else if (i == BLSE) {
             for (int64_t k = 0; k < x->count; k++) put_f32(c, x, k, (float)(2.0 + tu_rng_normal(&c->rng)));
         } else { /* e4m3 scales */
@@ -975,6 +1079,22 @@ static void fill(fcase *c) {
     }
     if (c->api == API_FWD && (c->has_sequ || c->paged) && chance(c, 0.3)) poison_unused_keys(c);
     if (c->api == API_MERGE && c->lse_inf) poison_unread_parts(c);
+    if (c->api == API_KVA) {
+        /* the caches' old rows: any finite values (the padding stays 0xFF) */
+        for (int i = BDK; i <= BDV; i++)
+            if (!c->b[i].bad_stride && c->b[i].off == c->b[i].region) fill_tensor(c, i);
+        if (chance(c, 0.15) && !c->b[BK].bad_stride) { /* any bits, NaN payloads included: copied as they are */
+            const buf *x = &c->b[BK];
+            int64_t st[3];
+            strides_of(x, st);
+            for (int64_t b = 0; b < x->n[0]; b++)
+                for (int64_t s = 0; s < x->n[1]; s++)
+                    for (int64_t h = 0; h < x->n[2]; h++)
+                        for (int64_t e = 0; e < x->n[3] * (int64_t)x->es; e++)
+                            c->arena[elem_off(x, st, b, s, h, 0) + (size_t)e] = (uint8_t)rnd(c, 256);
+            say(c, " | k_new random bits");
+        }
+    }
     if (chance(c, 0.04)) {
         /* one non-finite input element: only the write checks apply */
         static const int in_ids[] = {BQ, BK, BV, BDOUT, BQS, BKS, BVS};
@@ -1034,6 +1154,29 @@ static fattn_tensor tensor_arg(fcase *c, int id, int scale_id, int32_t block) {
 static void build_args(fcase *c) {
     for (int i = 0; i < NBUF; i++) c->b[i].passed = 0;
 #define PASS(id) (c->b[id].passed = 1)
+    if (c->api == API_KVA) {
+        fattn_kv_append_args *a = &c->ka;
+        memset(a, 0, sizeof *a);
+        a->batch = c->batch;
+        a->seqlen_new = c->sq;
+        a->heads_kv = c->hkv;
+        a->head_dim = c->d;
+        a->k_new = tensor_arg(c, BK, -1, 0);
+        a->v_new = tensor_arg(c, BV, -1, 0);
+        a->k_cache = tensor_arg(c, BDK, -1, 0);
+        a->v_cache = tensor_arg(c, BDV, -1, 0);
+        a->capacity = c->cap;
+        a->cache_seqlens = (const int32_t *)ptr(c, BCSL);
+        PASS(BK), PASS(BV), PASS(BDK), PASS(BDV), PASS(BCSL);
+        if (c->paged) {
+            a->block_table = (const int32_t *)ptr(c, BTABLE);
+            a->page_size = c->ps;
+            a->num_pages = c->npages;
+            a->max_pages_per_seq = c->mpps;
+            PASS(BTABLE);
+        }
+        return;
+    }
     if (c->api == API_MERGE) {
         fattn_merge_args *a = &c->ma;
         memset(a, 0, sizeof *a);
@@ -1162,6 +1305,9 @@ static int tensor_args(fcase *c, fattn_tensor **t, const char **names) {
         ADD(c->ba.q, "q"), ADD(c->ba.k, "k"), ADD(c->ba.v, "v"), ADD(c->ba.o, "o");
         ADD(c->ba.dout, "dout"), ADD(c->ba.dq, "dq"), ADD(c->ba.dk, "dk"), ADD(c->ba.dv, "dv");
         break;
+    case API_KVA:
+        ADD(c->ka.k_new, "k_new"), ADD(c->ka.v_new, "v_new"), ADD(c->ka.k_cache, "k_cache"), ADD(c->ka.v_cache, "v_cache");
+        break;
     case API_MERGE:
         for (int i = 0; i < c->nd; i++) ADD(c->parts[i].o, part_names[0][i]);
         ADD(c->ma.o, "o");
@@ -1204,6 +1350,14 @@ static unsigned mutate(fcase *c, mkind k) {
     case M_CTX_NULL: c->ctx_null = 1; say(c, " ctx NULL"); return ALLOW_INV;
     case M_ARGS_NULL: c->args_null = 1; say(c, " args NULL"); return ALLOW_INV;
     case M_SIZE_BAD: {
+        if (c->api == API_KVA) {
+            int32_t *f[4] = {&c->ka.batch, &c->ka.seqlen_new, &c->ka.heads_kv, &c->ka.head_dim};
+            static const char *fn[4] = {"batch", "seqlen_new", "heads_kv", "head_dim"};
+            const int i = (int)rnd(c, 4);
+            *f[i] = bad_size(c, 1);
+            say(c, " %s %d", fn[i], (int)*f[i]);
+            return ALLOW_INV;
+        }
         if (c->api == API_MERGE) {
             int32_t *f[4] = {&c->ma.batch, &c->ma.seqlen, &c->ma.heads, &c->ma.head_dim};
             static const char *fn[4] = {"batch", "seqlen", "heads", "head_dim"};
@@ -1231,6 +1385,11 @@ static unsigned mutate(fcase *c, mkind k) {
     }
     case M_SIZE_HUGE: {
         const int32_t big = (1 << 16) + (int32_t)rnd(c, 1 << 14);
+        if (c->api == API_KVA) { /* rows of k_new >= 2^31 (the batch stays: int32[batch] arrays) */
+            c->ka.seqlen_new = big, c->ka.heads_kv = chance(c, 0.5) ? INT32_MAX : big;
+            say(c, " seqlen_new %d heads_kv %d", (int)c->ka.seqlen_new, (int)c->ka.heads_kv);
+            return ALLOW_INV;
+        }
         if (c->api == API_MERGE) { /* batch * seqlen * heads >= 2^31 */
             fattn_merge_args *a = &c->ma;
             switch (rnd(c, 4)) {
@@ -1277,6 +1436,11 @@ static unsigned mutate(fcase *c, mkind k) {
     }
     case M_DIM_BIG: {
         static const int32_t v[] = {513, 1000, 4096, 1 << 20, INT32_MAX};
+        if (c->api == API_KVA) {
+            c->ka.head_dim = v[rnd(c, 5)];
+            say(c, " head_dim %d", (int)c->ka.head_dim);
+            return ALLOW_UNSUP | ALLOW_INV;
+        }
         fattn_problem *p = problem(c);
         if (chance(c, 0.5)) {
             p->head_dim = v[rnd(c, 5)];
@@ -1314,6 +1478,17 @@ static unsigned mutate(fcase *c, mkind k) {
         return ALLOW_INV;
     }
     case M_DTYPE_MIX: {
+        if (c->api == API_KVA) {
+            if (chance(c, 0.3)) { /* e4m3 caches: not yet */
+                for (int i = 0; i < nt; i++) t[i]->dtype = FATTN_DTYPE_E4M3;
+                say(c, " every dtype e4m3");
+            } else {
+                const int i = (int)rnd(c, (uint32_t)nt);
+                t[i]->dtype = chance(c, 0.3) ? FATTN_DTYPE_E4M3 : other_float(c, c->dt);
+                say(c, " %s.dtype %s", tn[i], fattn_dtype_name(t[i]->dtype));
+            }
+            return ALLOW_INV;
+        }
         if (c->api == API_MERGE) { /* float dtypes mix freely: e4m3 is the fault */
             const int i = (int)rnd(c, (uint32_t)nt);
             t[i]->dtype = FATTN_DTYPE_E4M3;
@@ -1362,6 +1537,12 @@ static unsigned mutate(fcase *c, mkind k) {
         return ALLOW_INV;
     }
     case M_NULL_PTR: {
+        if (c->api == API_KVA) {
+            const int i = (int)rnd(c, (uint32_t)nt + 1);
+            if (i < nt) t[i]->data = NULL, say(c, " %s.data NULL", tn[i]);
+            else c->ka.cache_seqlens = NULL, say(c, " cache_seqlens NULL");
+            return ALLOW_INV;
+        }
         if (c->api == API_MERGE) { /* the output lse is optional, a part's is required */
             const uint32_t r = rnd(c, 4);
             const int i = (int)rnd(c, (uint32_t)c->nd);
@@ -1398,6 +1579,13 @@ static unsigned mutate(fcase *c, mkind k) {
                 return ALLOW_INV;
             }
             const size_t by = 1 + rnd(c, 3);
+            if (i == nt && c->api == API_KVA) {
+                const int32_t **l = c->paged && chance(c, 0.5) ? &c->ka.block_table : &c->ka.cache_seqlens;
+                if (!*l || ((uintptr_t)*l + by) % 4 == 0) continue;
+                *l = (const int32_t *)((const uint8_t *)*l + by);
+                say(c, " %s +%zu B", l == &c->ka.block_table ? "block_table" : "cache_seqlens", by);
+                return ALLOW_INV;
+            }
             if (i == nt && c->api == API_MERGE) {
                 const int j = (int)rnd(c, (uint32_t)c->nd + 1);
                 const float **l = j < c->nd ? &c->parts[j].lse : (const float **)&c->ma.lse;
@@ -1531,8 +1719,11 @@ static unsigned mutate(fcase *c, mkind k) {
     }
     case M_SERV_PTR: {
         fattn_fwd_args *a = &c->fa;
-        const size_t by = 1 + rnd(c, 3);
+        size_t by = 1 + rnd(c, 3);
         const uint32_t r = rnd(c, 3);
+        /* misaligned whatever another fault did to the pointer first */
+        const uintptr_t cur = (uintptr_t)(r == 1 && a->block_table ? (const void *)a->block_table : (const void *)a->seqused_k);
+        if ((cur + by) % 4 == 0) by = by % 3 + 1;
         if (r == 0 && a->seqused_k) {
             a->seqused_k = (const int32_t *)((const uint8_t *)a->seqused_k + by);
             say(c, " seqused_k +%zu B", by);
@@ -1625,6 +1816,94 @@ static unsigned mutate(fcase *c, mkind k) {
         say(c, " cu_seqlens with a table");
         return ALLOW_UNSUP;
     }
+    case M_KVA_SEQLENS: {
+        const int b = (int)rnd(c, (uint32_t)c->batch);
+        const int64_t rows = c->paged ? (int64_t)c->mpps * c->ps : c->cap;
+        int32_t x;
+        switch (rnd(c, 4)) {
+        case 0: x = chance(c, 0.5) ? -1 : INT32_MIN; break;
+        case 1: x = (int32_t)(rows - c->sq + 1 + (int64_t)rnd(c, 3)); break; /* one row past the cache */
+        case 2: x = INT32_MAX - (int32_t)rnd(c, (uint32_t)c->sq); break;    /* cache_seqlens + seqlen_new overflows */
+        default: x = INT32_MAX; break;
+        }
+        memcpy((uint8_t *)ptr(c, BCSL) + 4 * b, &x, 4);
+        say(c, " cache_seqlens[%d] %d (%lld rows)", b, (int)x, (long long)rows);
+        return ALLOW_INV;
+    }
+    case M_KVA_TWICE: {
+        /* the rules decide (kv_append_rules_ok): a second table row, or a
+         * second page index of one row, mapped onto written rows */
+        int32_t *cs = (int32_t *)ptr(c, BCSL), *tb = (int32_t *)ptr(c, BTABLE);
+        const int b1 = (int)rnd(c, (uint32_t)c->batch);
+        int32_t c1;
+        memcpy(&c1, cs + b1, 4);
+        if (c1 < 0 || (int64_t)c1 + c->sq > (int64_t)c->mpps * c->ps) return 0; /* another fault got here first */
+        const int i1 = c1 / c->ps, i2 = (c1 + c->sq - 1) / c->ps;
+        if (c->batch >= 2) {
+            const int b2 = (b1 + 1 + (int)rnd(c, (uint32_t)c->batch - 1)) % c->batch;
+            memcpy(cs + b2, &c1, 4);
+            for (int i = i1; i <= i2; i++) memcpy(tb + b2 * c->mpps + i, tb + b1 * c->mpps + i, 4);
+            say(c, " sequence %d appends into sequence %d's rows (cache_seqlens %d, pages %d..%d)", b2, b1, (int)c1, i1, i2);
+        } else if (i2 > i1) {
+            memcpy(tb + b1 * c->mpps + i2, tb + b1 * c->mpps + i1, 4);
+            say(c, " block_table[%d][%d] = [%d][%d]", b1, i2, b1, i1);
+        } else {
+            say(c, " (one page written)");
+        }
+        return 0;
+    }
+    case M_KVA_PAGE: {
+        fattn_kv_append_args *a = &c->ka;
+        if (!c->paged) {
+            if (chance(c, 0.5)) {
+                a->capacity = bad_size(c, 1);
+                say(c, " capacity %d", (int)a->capacity);
+            } else {
+                static const int32_t v[] = {1, 16, -1, INT32_MAX};
+                int32_t *f[3] = {&a->page_size, &a->num_pages, &a->max_pages_per_seq};
+                const int i = (int)rnd(c, 3);
+                *f[i] = v[rnd(c, 4)];
+                say(c, " %s %d without a table", i == 0 ? "page_size" : i == 1 ? "num_pages" : "max_pages_per_seq",
+                    (int)*f[i]);
+            }
+            return ALLOW_INV;
+        }
+        switch (rnd(c, 3)) {
+        case 0: {
+            const int b = (int)rnd(c, (uint32_t)c->batch);
+            const int i = (c->cs[b] + (int)rnd(c, (uint32_t)c->sq)) / c->ps; /* a page new rows land in */
+            static const int32_t v[] = {-1, INT32_MIN, INT32_MAX};
+            const int32_t x = chance(c, 0.4) ? c->npages : v[rnd(c, 3)];
+            memcpy((uint8_t *)ptr(c, BTABLE) + 4 * (size_t)(b * c->mpps + i), &x, 4);
+            say(c, " block_table[%d][%d] %d (written, %d pages)", b, i, (int)x, c->npages);
+            break;
+        }
+        case 1: {
+            int32_t *f[3] = {&a->page_size, &a->num_pages, &a->max_pages_per_seq};
+            const int i = (int)rnd(c, 3);
+            *f[i] = bad_size(c, 1);
+            say(c, " %s %d", i == 0 ? "page_size" : i == 1 ? "num_pages" : "max_pages_per_seq", (int)*f[i]);
+            break;
+        }
+        default:
+            a->block_table = NULL;
+            say(c, " block_table NULL (sizes kept)");
+            break;
+        }
+        return ALLOW_INV;
+    }
+    case M_KVA_HUGE: {
+        fattn_kv_append_args *a = &c->ka;
+        if (c->paged) {
+            if (chance(c, 0.5)) a->page_size = chance(c, 0.5) ? INT32_MAX : (int32_t)(((int64_t)1 << 31) / c->hkv / c->npages + 1);
+            else a->num_pages = chance(c, 0.5) ? INT32_MAX : (int32_t)(((int64_t)1 << 31) / c->hkv / c->ps + 1);
+            say(c, " page_size %d num_pages %d", (int)a->page_size, (int)a->num_pages);
+        } else {
+            a->capacity = chance(c, 0.5) ? INT32_MAX : (int32_t)(((int64_t)1 << 31) / (c->batch * c->hkv) + 1);
+            say(c, " capacity %d (batch %d heads_kv %d)", (int)a->capacity, c->batch, c->hkv);
+        }
+        return ALLOW_INV;
+    }
     case M_MERGE_NPARTS: {
         static const int32_t v[] = {0, -1, INT32_MIN, FATTN_MERGE_MAX_PARTS + 1, INT32_MAX};
         c->ma.num_parts = v[rnd(c, 5)];
@@ -1714,7 +1993,71 @@ static int layout_ok(const fcase *c, char *why, size_t wn) {
 /* Checks of an accepted call                                               */
 /* ------------------------------------------------------------------------ */
 
+/* fattn_kv_append: cache row (batch entry or page, row) that new row t of
+ * sequence b lands in, from cache_seqlens and the table as the arena holds
+ * them (M_KVA_TWICE may have changed the drawn ones). */
+static void kva_dest(const fcase *c, int b, int t, int64_t *cb, int64_t *cr) {
+    int32_t cs, e;
+    memcpy(&cs, c->arena + c->b[BCSL].region + 4 * (size_t)b, 4);
+    const int64_t j = (int64_t)cs + t;
+    if (c->paged) {
+        memcpy(&e, c->arena + c->b[BTABLE].region + 4 * (size_t)(b * c->mpps + j / c->ps), 4);
+        *cb = e, *cr = j % c->ps;
+    } else {
+        *cb = b, *cr = j;
+    }
+}
+
+/* fattn_kv_append's rules on the entries of cache_seqlens and block_table
+ * as they are in the arena (fattn.h, fattn_kv_append): cache_seqlens[b] >=
+ * 0, cache_seqlens[b] + seqlen_new <= capacity (paged: max_pages_per_seq *
+ * page_size), the entries of the pages new rows land in inside [0,
+ * num_pages), no cache row written by two new rows. */
+static int kv_append_rules_ok(const fcase *c, char *why, size_t wn) {
+    const int64_t rows = c->paged ? (int64_t)c->mpps * c->ps : c->cap;
+    int32_t cs[MAX_BATCH];
+    memcpy(cs, c->arena + c->b[BCSL].region, 4 * (size_t)c->batch);
+    for (int b = 0; b < c->batch; b++)
+        if (cs[b] < 0 || (int64_t)cs[b] + c->sq > rows) {
+            snprintf(why, wn, "cache_seqlens[%d] %d + seqlen_new %d outside [0, %lld]", b, (int)cs[b], c->sq, (long long)rows);
+            return 0;
+        }
+    if (!c->paged) return 1;
+    static uint8_t claimed[MAX_POOL][16];
+    memset(claimed, 0, sizeof claimed);
+    const uint8_t *tb = c->arena + c->b[BTABLE].region;
+    for (int b = 0; b < c->batch; b++)
+        for (int t = 0; t < c->sq; t++) {
+            const int j = cs[b] + t;
+            int32_t e;
+            memcpy(&e, tb + 4 * (size_t)(b * c->mpps + j / c->ps), 4);
+            if (e < 0 || e >= c->npages) {
+                snprintf(why, wn, "block_table[%d][%d] %d outside [0, %d) (written)", b, j / c->ps, (int)e, c->npages);
+                return 0;
+            }
+            if (claimed[e][j % c->ps]++) {
+                snprintf(why, wn, "row %d of page %d written twice", j % c->ps, (int)e);
+                return 0;
+            }
+        }
+    return 1;
+}
+
 static void mark_outputs(const fcase *c, uint8_t *mask) {
+    if (c->api == API_KVA) { /* only the appended rows */
+        for (int i = BDK; i <= BDV; i++) {
+            const buf *x = &c->b[i];
+            int64_t st[3];
+            strides_of(x, st);
+            for (int b = 0; b < c->batch; b++)
+                for (int t = 0; t < c->sq; t++) {
+                    int64_t cb, cr;
+                    kva_dest(c, b, t, &cb, &cr);
+                    for (int64_t h = 0; h < x->n[2]; h++) memset(mask + elem_off(x, st, cb, cr, h, 0), 1, (size_t)x->n[3] * x->es);
+                }
+        }
+        return;
+    }
     for (int i = 0; i < NBUF; i++) {
         const buf *x = &c->b[i];
         if (!x->passed || !x->output) continue;
@@ -1980,6 +2323,28 @@ static void check_merge_reference(fcase *c) {
             }
 }
 
+/* fattn_kv_append: each new row's bytes in the cache row the header names. */
+static void check_kv_append(fcase *c) {
+    for (int i = 0; i < 2; i++) {
+        const buf *x = &c->b[i ? BV : BK], *y = &c->b[i ? BDV : BDK];
+        int64_t xs[3], ys[3];
+        strides_of(x, xs);
+        strides_of(y, ys);
+        const size_t nb = (size_t)x->n[3] * x->es;
+        for (int b = 0; b < c->batch; b++)
+            for (int t = 0; t < c->sq; t++) {
+                int64_t cb, cr;
+                kva_dest(c, b, t, &cb, &cr);
+                for (int64_t h = 0; h < x->n[2]; h++)
+                    if (memcmp(c->arena + elem_off(x, xs, b, t, h, 0), c->arena + elem_off(y, ys, cb, cr, h, 0), nb)) {
+                        fail(c, "%s row (%d, %d, head %lld) is not in %s row (%lld, %lld) as copied bytes", x->name, b, t,
+                             (long long)h, y->name, (long long)cb, (long long)cr);
+                        return;
+                    }
+            }
+    }
+}
+
 static void check_tensor_finite(fcase *c, int id) {
     const buf *x = &c->b[id];
     const fattn_dtype dt = dtype_of(c, id);
@@ -2006,6 +2371,7 @@ static void check_values(fcase *c) {
         break;
     case API_FP8: check_fwd_values(c); break;
     case API_MERGE: check_merge_reference(c), g_ref_checked[c->api]++; break;
+    case API_KVA: check_kv_append(c), g_ref_checked[c->api]++; break;
     case API_BWD:
         check_tensor_finite(c, BDQ);
         check_tensor_finite(c, BDK);
@@ -2038,6 +2404,7 @@ static fattn_status call(fcase *c, fattn_ctx *ctx) {
     case API_BWD: return fattn_bwd(x, c->args_null ? NULL : &c->ba);
     case API_QUANT: return fattn_quantize(x, c->args_null ? NULL : &c->qa);
     case API_MERGE: return fattn_merge(x, c->args_null ? NULL : &c->ma);
+    case API_KVA: return fattn_kv_append(x, c->args_null ? NULL : &c->ka);
     default: return fattn_fwd_fp8(x, c->args_null ? NULL : &c->fa, c->opt_null ? NULL : &c->opt);
     }
 }
@@ -2056,7 +2423,7 @@ static void run_case(fattn_ctx *ctx, int64_t index) {
              (long long)index, g_seed, (long long)index, g_prog);
 
     const uint32_t r = rnd(c, 100);
-    c->api = r < 31 ? API_FWD : r < 49 ? API_BWD : r < 64 ? API_QUANT : r < 80 ? API_FP8 : API_MERGE;
+    c->api = r < 29 ? API_FWD : r < 45 ? API_BWD : r < 58 ? API_QUANT : r < 72 ? API_FP8 : r < 86 ? API_MERGE : API_KVA;
     c->threads = (int)rnd(c, 4);
     draw_problem(c);
     say(c, " thr%d", c->threads);
@@ -2096,7 +2463,7 @@ static void run_case(fattn_ctx *ctx, int64_t index) {
         snprintf(why + strlen(why), sizeof why - strlen(why), "%s%s", why[0] ? ", " : "", mkind_name[k]);
     }
     char rule[192];
-    if (!layout_ok(c, rule, sizeof rule)) {
+    if (!layout_ok(c, rule, sizeof rule) || (c->api == API_KVA && !kv_append_rules_ok(c, rule, sizeof rule))) {
         allow |= ALLOW_INV;
         snprintf(why + strlen(why), sizeof why - strlen(why), "%s%s", why[0] ? ", " : "", rule);
     }
@@ -2112,8 +2479,10 @@ static void run_case(fattn_ctx *ctx, int64_t index) {
     fattn_quantize_args qa;
     fattn_fp8_options opt;
     fattn_merge_args ma;
+    fattn_kv_append_args ka;
     static fattn_merge_part parts[FATTN_MERGE_MAX_PARTS + 1];
     memcpy(&ma, &c->ma, sizeof ma);
+    memcpy(&ka, &c->ka, sizeof ka);
     memcpy(parts, c->parts, sizeof parts);
     memcpy(&fa, &c->fa, sizeof fa); /* padding included */
     memcpy(&ba, &c->ba, sizeof ba);
@@ -2144,7 +2513,8 @@ static void run_case(fattn_ctx *ctx, int64_t index) {
         fail(c, "refused with %s (%s), expected %s", fattn_status_string(st), msg,
              allow == ALLOW_UNSUP ? "UNSUPPORTED" : allow & ALLOW_UNSUP ? "INVALID_ARGUMENT or UNSUPPORTED" : "INVALID_ARGUMENT");
     if (memcmp(&fa, &c->fa, sizeof fa) || memcmp(&ba, &c->ba, sizeof ba) || memcmp(&qa, &c->qa, sizeof qa) ||
-        memcmp(&opt, &c->opt, sizeof opt) || memcmp(&ma, &c->ma, sizeof ma) || memcmp(parts, c->parts, sizeof parts))
+        memcmp(&opt, &c->opt, sizeof opt) || memcmp(&ma, &c->ma, sizeof ma) || memcmp(parts, c->parts, sizeof parts) ||
+        memcmp(&ka, &c->ka, sizeof ka))
         fail(c, "the call wrote its argument struct");
 
     /* the arena */
@@ -2177,7 +2547,7 @@ static void run_case(fattn_ctx *ctx, int64_t index) {
             }
         }
         free(mask);
-        if (valid && !c->nonfinite && !c->setup_failed) check_values(c);
+        if (valid && (!c->nonfinite || c->api == API_KVA) && !c->setup_failed) check_values(c); /* bytes are bytes */
     }
     free(c->arena);
     free(c->before);
