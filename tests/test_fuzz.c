@@ -13,8 +13,9 @@
  * reads, with GQA, causal, e4m3 pools; NaN in every key row no sequence
  * uses; fattn_merge of 1..4 parts, or FATTN_MERGE_MAX_PARTS repeating
  * up to 4, each part its own dtype and layout, -inf lse entries whose o
- * rows are NaN, rows -inf in every part, lse optional; fattn_kv_append
- * into contiguous caches or page pools, pages shared between sequences
+ * rows are NaN, rows -inf in every part, a NaN or +inf lse or a NaN in a
+ * participating o row (NaN expected where the header says), lse optional;
+ * fattn_kv_append into contiguous caches or page pools, pages shared between sequences
  * where their rows do not collide, garbage in the table entries no new row
  * reads and in a paged call's capacity, k_new = v_new, rows of random bits)
  * and then, in two cases out of three, breaks it in one to three ways:
@@ -67,7 +68,8 @@
  *     names (checked on any input bits).
  *
  * Environment: FATTN_TEST_SEED (testutil.h: fixed default), FATTN_FUZZ_CASES
- * (default 10000: 3 s, 5 s under `make sanitize`, on 2 cores),
+ * (default 10000: 3.5 s in a Release build, 8 s under ASan + UBSan, on 2
+ * cores),
  * FATTN_FUZZ_ONLY=n (case n alone, its call printed: every case draws from
  * its own stream, seeded by the seed and n), FATTN_FUZZ_VERBOSE=1 (print
  * every call before it is made).  A failure prints the case, its call in one
@@ -1079,6 +1081,24 @@ static void fill(fcase *c) {
     }
     if (c->api == API_FWD && (c->has_sequ || c->paged) && chance(c, 0.3)) poison_unused_keys(c);
     if (c->api == API_MERGE && c->lse_inf) poison_unread_parts(c);
+    if (c->api == API_MERGE && chance(c, 0.08) && c->nd <= MERGE_DISTINCT) {
+        /* NaN propagates as torch's would (fattn_merge): a NaN or +inf
+         * lse_i makes the row NaN, a NaN in a participating O_i its element;
+         * checked by check_merge_reference */
+        const int i = (int)rnd(c, (uint32_t)c->nd);
+        const buf *x = &c->b[BP0 + i], *l = &c->b[BPL0 + i];
+        const int64_t r = rnd(c, (uint32_t)l->count);
+        if (chance(c, 0.5)) {
+            put_f32(c, l, r, chance(c, 0.5) ? NAN : INFINITY);
+            say(c, " | %s[%lld] non-finite", l->name, (long long)r);
+        } else if (!x->bad_stride) {
+            int64_t st[3];
+            strides_of(x, st);
+            const int64_t h = r / x->n[1] % x->n[2], b = r / (x->n[1] * x->n[2]), sq = r % x->n[1];
+            put(c->arena + elem_off(x, st, b, sq, h, rnd(c, (uint32_t)x->n[3])), c->pdt[i], NAN);
+            say(c, " | %s row %lld holds NaN", x->name, (long long)r);
+        }
+    }
     if (c->api == API_KVA) {
         /* the caches' old rows: any finite values (the padding stays 0xFF) */
         for (int i = BDK; i <= BDV; i++)
@@ -2279,11 +2299,29 @@ static void check_merge_reference(fcase *c) {
             for (int s = 0; s < c->sq && bad < 3; s++) {
                 const size_t li = (size_t)((b * c->hq + h) * c->sq + s);
                 double lse[MERGE_DISTINCT], m = -INFINITY, sum = 0, omax = 0;
+                int nan_row = 0;
                 for (int i = 0; i < c->nd; i++) {
                     float f;
                     memcpy(&f, c->arena + c->b[BPL0 + i].off + 4 * li, 4);
                     lse[i] = f;
                     if (lse[i] > m) m = lse[i];
+                    nan_row |= isnan(f) || f == INFINITY;
+                }
+                if (nan_row) { /* every element of o and the lse NaN */
+                    for (int e = 0; e < c->d; e++) {
+                        const double x = get(c->arena + elem_off(o, ost, b, s, h, e), c->dto);
+                        if (!isnan(x)) {
+                            fail(c, "o[%d, %d, %d, %d] = %g, NaN expected (a part's lse is NaN or +inf)", b, s, h, e, x);
+                            bad++;
+                            break;
+                        }
+                    }
+                    float l;
+                    if (c->want_lse && (memcpy(&l, c->arena + c->b[BLSE].off + 4 * li, 4), !isnan(l))) {
+                        fail(c, "lse[%zu] = %g, NaN expected (a part's lse is NaN or +inf)", li, (double)l);
+                        bad++;
+                    }
+                    continue;
                 }
                 for (int e = 0; e < c->d; e++) acc[e] = 0;
                 for (int i = 0; i < c->nd; i++) {
@@ -2303,7 +2341,7 @@ static void check_merge_reference(fcase *c) {
                 for (int e = 0; e < c->d; e++) {
                     const double x = get(c->arena + elem_off(o, ost, b, s, h, e), c->dto);
                     const double ref = m == -INFINITY ? 0 : acc[e];
-                    if (m == -INFINITY ? x != 0 : !(fabs(x - ref) <= tol * omax + 1e-300)) {
+                    if (isnan(ref) ? !isnan(x) : m == -INFINITY ? x != 0 : !(fabs(x - ref) <= tol * omax + 1e-300)) {
                         fail(c, "o[%d, %d, %d, %d] = %.9g, the FP64 merge %.9g (tol %g%s)", b, s, h, e, x, ref,
                              tol * omax, m == -INFINITY ? "; -inf in every part: 0 exactly" : "");
                         bad++;
