@@ -25,6 +25,12 @@
  * - Sizes are int32_t, strides are int64_t and counted in ELEMENTS (not bytes).
  *   Index arithmetic inside the library is 64-bit; sizes whose products do not
  *   fit the engine's limits are rejected with FATTN_ERROR_INVALID_ARGUMENT.
+ *   On every call, every tensor (a page pool counted as num_pages x
+ *   page_size rows) must hold fewer than 2^31 (batch, token, head) rows.
+ *   Arrays indexed by sequence (cu_seqlens, seqused_k, cache_seqlens, the
+ *   batch x max_pages_per_seq block_table) have no limit of their own: the
+ *   library indexes them in 64 bits and reads only the entries the call
+ *   uses, so they must be as large as the sizes declare.
  * - Tensors are 4-D [batch, seqlen, heads, head_dim] ("BSHD") with the head
  *   dimension contiguous.  Any other layout whose head dim is contiguous
  *   (e.g. BHSD) is described through strides.
@@ -481,8 +487,10 @@ FATTN_API fattn_status fattn_merge(fattn_ctx *ctx, const fattn_merge_args *args)
  *     max_pages_per_seq * page_size), the table entries of the pages the
  *     new rows land in inside [0, num_pages) (the other entries are not
  *     read), and no cache row written by two new rows (two sequences
- *     appending into the same rows of a shared page, or a page twice in
- *     one row of the table).
+ *     appending into the same rows of a shared page, or one page listed
+ *     twice in a sequence's table row with new rows landing on the same
+ *     rows of it through both entries; a page listed twice whose written
+ *     rows do not coincide is accepted).
  *   CUDA: read on the device only.  A new row whose destination is out of
  *     range (cache_seqlens[b] + t negative or >= capacity, paged >=
  *     max_pages_per_seq * page_size, or its table entry outside
