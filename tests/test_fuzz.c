@@ -594,16 +594,21 @@ static void draw_kv_append(fcase *c) {
     say_serving(c);
 }
 
+/* batch, seqlen, heads and head_dim of a merge or quantize call */
+static void draw_bshd(fcase *c) {
+    c->batch = 1 + (int)rnd(c, MAX_BATCH);
+    c->sq = c->tq = draw_seq(c);
+    c->hq = 1 + (int)rnd(c, 4);
+    c->d = draw_dim(c);
+}
+
 static void draw_problem(fcase *c) {
     if (c->api == API_KVA) {
         draw_kv_append(c);
         return;
     }
     if (c->api == API_MERGE) {
-        c->batch = 1 + (int)rnd(c, MAX_BATCH);
-        c->sq = c->tq = draw_seq(c);
-        c->hq = 1 + (int)rnd(c, 4);
-        c->d = draw_dim(c);
+        draw_bshd(c);
         c->dto = draw_float_dtype(c);
         c->nparts = chance(c, 0.03) ? FATTN_MERGE_MAX_PARTS : 1 + (int)rnd(c, MERGE_DISTINCT);
         c->nd = c->nparts <= MERGE_DISTINCT ? c->nparts : 1 + (int)rnd(c, MERGE_DISTINCT);
@@ -616,10 +621,7 @@ static void draw_problem(fcase *c) {
         return;
     }
     if (c->api == API_QUANT) {
-        c->batch = 1 + (int)rnd(c, MAX_BATCH);
-        c->sq = c->tq = draw_seq(c);
-        c->hq = 1 + (int)rnd(c, 4);
-        c->d = draw_dim(c);
+        draw_bshd(c);
         c->dt = draw_float_dtype(c);
         c->blk[0] = draw_block(c);
         c->rotate = is_pow2(c->d) && chance(c, 0.4);
@@ -1361,6 +1363,15 @@ static int32_t *cu_in_arena(fcase *c, int id) { return (int32_t *)ptr(c, id); }
 
 /* Applies argument fault k; returns the statuses a refusal may then have
  * (0: not applied). */
+/* One of a call's four sizes (batch, a length, heads, head_dim) made zero,
+ * negative or too large for int32 products. */
+static unsigned break_a_size(fcase *c, int32_t *const f[4], const char *const fn[4]) {
+    const int i = (int)rnd(c, 4);
+    *f[i] = bad_size(c, 1);
+    say(c, " %s %d", fn[i], (int)*f[i]);
+    return ALLOW_INV;
+}
+
 static unsigned mutate(fcase *c, mkind k) {
     fattn_tensor *t[MERGE_DISTINCT + 8];
     const char *tn[MERGE_DISTINCT + 8];
@@ -1372,27 +1383,18 @@ static unsigned mutate(fcase *c, mkind k) {
     case M_SIZE_BAD: {
         if (c->api == API_KVA) {
             int32_t *f[4] = {&c->ka.batch, &c->ka.seqlen_new, &c->ka.heads_kv, &c->ka.head_dim};
-            static const char *fn[4] = {"batch", "seqlen_new", "heads_kv", "head_dim"};
-            const int i = (int)rnd(c, 4);
-            *f[i] = bad_size(c, 1);
-            say(c, " %s %d", fn[i], (int)*f[i]);
-            return ALLOW_INV;
+            static const char *const fn[4] = {"batch", "seqlen_new", "heads_kv", "head_dim"};
+            return break_a_size(c, f, fn);
         }
         if (c->api == API_MERGE) {
             int32_t *f[4] = {&c->ma.batch, &c->ma.seqlen, &c->ma.heads, &c->ma.head_dim};
-            static const char *fn[4] = {"batch", "seqlen", "heads", "head_dim"};
-            const int i = (int)rnd(c, 4);
-            *f[i] = bad_size(c, 1);
-            say(c, " %s %d", fn[i], (int)*f[i]);
-            return ALLOW_INV;
+            static const char *const fn[4] = {"batch", "seqlen", "heads", "head_dim"};
+            return break_a_size(c, f, fn);
         }
         if (c->api == API_QUANT) {
             int32_t *f[4] = {&c->qa.batch, &c->qa.seqlen, &c->qa.heads, &c->qa.head_dim};
-            static const char *fn[4] = {"batch", "seqlen", "heads", "head_dim"};
-            const int i = (int)rnd(c, 4);
-            *f[i] = bad_size(c, 1);
-            say(c, " %s %d", fn[i], (int)*f[i]);
-            return ALLOW_INV;
+            static const char *const fn[4] = {"batch", "seqlen", "heads", "head_dim"};
+            return break_a_size(c, f, fn);
         }
         fattn_problem *p = problem(c);
         int32_t *f[7] = {&p->batch, &p->seqlen_q, &p->seqlen_k, &p->heads_q, &p->heads_kv, &p->head_dim, &p->head_dim_v};
