@@ -260,10 +260,15 @@ typedef struct decode_opts {
     const char *csv, *json;
 } decode_opts;
 
-/* "32/8" (or "16" when as many kv heads as query heads, with same_as_one) */
-static void heads_text(char *buf, size_t size, int32_t heads_q, int32_t heads_kv, int same_as_one) {
-    if (same_as_one && heads_q == heads_kv) snprintf(buf, size, "%d", heads_q);
-    else snprintf(buf, size, "%d/%d", heads_q, heads_kv);
+/* The heads column, "32/8" (or "16" when as many kv heads as query heads, with
+ * same_as_one), and heads_q, heads_kv as the CSV/JSON fields. */
+static void put_heads(bench_fields *out, int32_t heads_q, int32_t heads_kv, int same_as_one) {
+    char text[32];
+    if (same_as_one && heads_q == heads_kv) snprintf(text, sizeof text, "%d", heads_q);
+    else snprintf(text, sizeof text, "%d/%d", heads_q, heads_kv);
+    put_text(out, "heads", NULL, 5, text, 0);
+    put(out, NULL, "heads_q", 0, 0, 0, heads_q);
+    put(out, NULL, "heads_kv", 0, 0, 0, heads_kv);
 }
 
 static void decode_fields(const void *rows, int i, int gpu, bench_fields *out) {
@@ -272,10 +277,7 @@ static void decode_fields(const void *rows, int i, int gpu, bench_fields *out) {
     out->n = 0;
     put(out, "batch", "batch", 5, 0, 0, r->batch);
     put(out, "seqlen_k", "seqlen_k", 8, 0, 0, r->seqlen_k);
-    heads_text(text, sizeof text, r->heads_q, r->heads_kv, 0);
-    put_text(out, "heads", NULL, 5, text, 0);
-    put(out, NULL, "heads_q", 0, 0, 0, r->heads_q);
-    put(out, NULL, "heads_kv", 0, 0, 0, r->heads_kv);
+    put_heads(out, r->heads_q, r->heads_kv, 0);
     put(out, "head dim", "head_dim", 8, 0, 0, r->head_dim);
     put(out, "seqlen_q", "seqlen_q", 8, 0, 0, r->seqlen_q);
     put_text(out, "causal", "causal", 6, r->causal ? "yes" : "no", r->causal);
@@ -368,10 +370,7 @@ static void varlen_fields(const void *rows, int i, int gpu, bench_fields *out) {
     out->n = 0;
     put_text(out, "causal", "causal", 6, r->causal ? "yes" : "no", r->causal);
     put(out, "head dim", "head_dim", 8, 0, 0, r->head_dim);
-    heads_text(text, sizeof text, r->heads_q, r->heads_kv, 1);
-    put_text(out, "heads", NULL, 5, text, 0);
-    put(out, NULL, "heads_q", 0, 0, 0, r->heads_q);
-    put(out, NULL, "heads_kv", 0, 0, 0, r->heads_kv);
+    put_heads(out, r->heads_q, r->heads_kv, 1);
     put(out, "seqs", "seqs", 4, 0, 0, r->seqs);
     if (r->tokens_q == r->tokens_k) snprintf(text, sizeof text, "%.0f", r->tokens_q);
     else snprintf(text, sizeof text, "%.0f/%.0f", r->tokens_q, r->tokens_k);

@@ -528,27 +528,22 @@ static double seq_pairs(int64_t ql, int64_t u, int causal) {
     return pairs;
 }
 
-double tool_problem_flops(const tool_problem *tp) {
+/* 4 heads_q head_dim x the (query, key) pairs; design: a causal sequence with
+ * as many keys as queries counted as half its square (the paper's count). */
+static double problem_flops(const tool_problem *tp, int design) {
     const fattn_problem *p = &tp->a.p;
     double pairs = 0;
     for (int64_t b = 0; b < p->batch; b++) {
         int64_t ql, kl, u;
         tool_problem_seq(tp, b, &ql, &kl, &u);
-        pairs += seq_pairs(ql, u, p->causal);
+        pairs += design && p->causal && ql == u ? 0.5 * (double)ql * (double)u : seq_pairs(ql, u, p->causal);
     }
     return 4.0 * p->heads_q * p->head_dim * pairs;
 }
 
-double tool_problem_design_flops(const tool_problem *tp) {
-    const fattn_problem *p = &tp->a.p;
-    double pairs = 0;
-    for (int64_t b = 0; b < p->batch; b++) {
-        int64_t ql, kl, u;
-        tool_problem_seq(tp, b, &ql, &kl, &u);
-        pairs += p->causal && ql == u ? 0.5 * (double)ql * (double)u : seq_pairs(ql, u, p->causal);
-    }
-    return 4.0 * p->heads_q * p->head_dim * pairs;
-}
+double tool_problem_flops(const tool_problem *tp) { return problem_flops(tp, 0); }
+
+double tool_problem_design_flops(const tool_problem *tp) { return problem_flops(tp, 1); }
 
 void tool_problem_seq_args(const char *cmd, const tool_problem *tp, int64_t b,
                            fattn_fwd_args *out) {
