@@ -1173,6 +1173,17 @@ static fattn_tensor tensor_arg(fcase *c, int id, int scale_id, int32_t block) {
     return t;
 }
 
+/* The page table fields of fattn_fwd_args and fattn_kv_append_args (the same
+ * names in both), the table passed. */
+static void pass_pages(fcase *c, const int32_t **table, int32_t *page_size, int32_t *num_pages,
+                       int32_t *max_pages_per_seq) {
+    *table = (const int32_t *)ptr(c, BTABLE);
+    *page_size = c->ps;
+    *num_pages = c->npages;
+    *max_pages_per_seq = c->mpps;
+    c->b[BTABLE].passed = 1;
+}
+
 static void build_args(fcase *c) {
     for (int i = 0; i < NBUF; i++) c->b[i].passed = 0;
 #define PASS(id) (c->b[id].passed = 1)
@@ -1190,13 +1201,7 @@ static void build_args(fcase *c) {
         a->capacity = c->cap;
         a->cache_seqlens = (const int32_t *)ptr(c, BCSL);
         PASS(BK), PASS(BV), PASS(BDK), PASS(BDV), PASS(BCSL);
-        if (c->paged) {
-            a->block_table = (const int32_t *)ptr(c, BTABLE);
-            a->page_size = c->ps;
-            a->num_pages = c->npages;
-            a->max_pages_per_seq = c->mpps;
-            PASS(BTABLE);
-        }
+        if (c->paged) pass_pages(c, &a->block_table, &a->page_size, &a->num_pages, &a->max_pages_per_seq);
         return;
     }
     if (c->api == API_MERGE) {
@@ -1286,13 +1291,7 @@ static void build_args(fcase *c) {
     if (c->want_lse) PASS(BLSE);
     if (e4m3) PASS(BQS), PASS(BKS), PASS(BVS);
     if (c->api == API_FWD && c->has_sequ) a->seqused_k = (const int32_t *)ptr(c, BSEQU), PASS(BSEQU);
-    if (c->paged) {
-        a->block_table = (const int32_t *)ptr(c, BTABLE);
-        a->page_size = c->ps;
-        a->num_pages = c->npages;
-        a->max_pages_per_seq = c->mpps;
-        PASS(BTABLE);
-    }
+    if (c->paged) pass_pages(c, &a->block_table, &a->page_size, &a->num_pages, &a->max_pages_per_seq);
 #undef PASS
 }
 
