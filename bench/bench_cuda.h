@@ -1,18 +1,12 @@
-/* bench_cuda.h - what the CUDA bench programs of bench/ share: a CUDA error
- * check that names the call and exits, and one call timed by events. */
+/* bench_cuda.h - what the CUDA bench programs of bench/ share: CK (the GPU
+ * tests' CUDA error check, which names the call and exits) and one call timed
+ * by events. */
 #pragma once
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-#define CK(x)                                                                                   \
-    do {                                                                                        \
-        cudaError_t e_ = (x);                                                                   \
-        if (e_ != cudaSuccess) {                                                                \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                            \
-        }                                                                                       \
-    } while (0)
+#include "../tests/gpu/cuda_check.h" /* CK */
 
 /* Microseconds that what fn() queues on `stream` takes, between events e0 and e1. */
 template <class F>

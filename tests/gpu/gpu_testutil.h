@@ -9,16 +9,8 @@
 #include <string.h>
 
 #include "common/testutil.h"
+#include "gpu/cuda_check.h"
 #include "fattn.h"
-
-#define CK(x)                                                                                     \
-    do {                                                                                          \
-        cudaError_t e_ = (x);                                                                     \
-        if (e_ != cudaSuccess) {                                                                  \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));   \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
 
 /* A GPU test that cannot run: exit 77 (ctest: skipped) with the reason, or,
  * when the environment sets FATTN_REQUIRE_GPU=1 (scripts/gpu-check.sh does, on
