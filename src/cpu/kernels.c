@@ -142,51 +142,46 @@ int fattn_cpu_fwd_kernel_named(const char *isa, fattn_fwd_kernel *out) {
     return 0;
 }
 
+/* The backward's kernels of instance `isa` into *k, if this CPU runs them. */
+static int bwd_instance(const char *isa, fattn_cpu_kernels *k) {
+    if (!strcmp(isa, "generic")) {
+        k->gemm = gemm_generic_gemm;
+        k->gemm_tn = gemm_generic_gemm_tn;
+        k->exp_sub = exp_generic;
+        k->isa = "generic";
+        return 0;
+    }
+#ifdef FATTN_X86_DISPATCH
+    __builtin_cpu_init();
+    if (!strcmp(isa, "avx2") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        k->gemm = gemm_avx2_gemm;
+        k->gemm_tn = gemm_avx2_gemm_tn;
+        k->exp_sub = exp_avx2;
+        k->isa = "avx2";
+        return 0;
+    }
+    if (!strcmp(isa, "avx512") && __builtin_cpu_supports("avx512f")) {
+        k->gemm = gemm_avx512_gemm;
+        k->gemm_tn = gemm_avx512_gemm_tn;
+        k->exp_sub = exp_avx512;
+        k->isa = "avx512";
+        return 0;
+    }
+#endif
+    return -1;
+}
+
 int fattn_cpu_bwd_kernels_named(const char *isa, fattn_cpu_kernels *out) {
     fattn_cpu_kernels k = fattn_cpu_kernels_get();
-    if (!strcmp(isa, "generic")) {
-        k.gemm = gemm_generic_gemm;
-        k.gemm_tn = gemm_generic_gemm_tn;
-        k.exp_sub = exp_generic;
-#ifdef FATTN_X86_DISPATCH
-    } else if (!strcmp(isa, "avx2") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-        k.gemm = gemm_avx2_gemm;
-        k.gemm_tn = gemm_avx2_gemm_tn;
-        k.exp_sub = exp_avx2;
-    } else if (!strcmp(isa, "avx512") && __builtin_cpu_supports("avx512f")) {
-        k.gemm = gemm_avx512_gemm;
-        k.gemm_tn = gemm_avx512_gemm_tn;
-        k.exp_sub = exp_avx512;
-#endif
-    } else {
-        return -1;
-    }
-    k.isa = isa;
+    if (bwd_instance(isa, &k) != 0) return -1;
     *out = k;
     return 0;
 }
 
 fattn_cpu_kernels fattn_cpu_kernels_get(void) {
     fattn_cpu_kernels k;
-    k.gemm = gemm_generic_gemm;
-    k.gemm_tn = gemm_generic_gemm_tn;
-    k.exp_sub = exp_generic;
-    k.isa = "generic";
+    if (bwd_instance("avx512", &k) != 0 && bwd_instance("avx2", &k) != 0) bwd_instance("generic", &k);
     k.fwd = fattn_fwd_kernel_generic;
-#ifdef FATTN_X86_DISPATCH
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) {
-        k.gemm = gemm_avx512_gemm;
-        k.gemm_tn = gemm_avx512_gemm_tn;
-        k.exp_sub = exp_avx512;
-        k.isa = "avx512";
-    } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-        k.gemm = gemm_avx2_gemm;
-        k.gemm_tn = gemm_avx2_gemm_tn;
-        k.exp_sub = exp_avx2;
-        k.isa = "avx2";
-    }
-#endif
 #ifdef FATTN_FWD_X86
     if (fattn_cpu_fwd_kernel_named("avx512", &k.fwd) != 0)
         fattn_cpu_fwd_kernel_named("avx2", &k.fwd);
