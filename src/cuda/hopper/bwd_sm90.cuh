@@ -75,6 +75,8 @@ struct BwdParams {
      * sequence b's row blocks from (cu_q[b] + 64 b) / 64 (bwd_varlen_seq) */
     const int *cu_q, *cu_k;
     int total_q, total_k, rb_total;
+    /* LPT: (kv head, batch) pairs a group, the grid 1-D; 0: the 3-D grid */
+    int lpt_group;
 };
 
 /* sequence b's first 64-row block of the dQ tiles, LSE and D (BM = 64): the
@@ -95,19 +97,37 @@ struct BwdOpts {
     int d = 128;
     bool causal = false, bf16 = true;
     /* the next iteration's S^T under the dQ GEMM (b3): -1 where it measured
-     * faster (d64), 0 off, 1 on (d64/d128) */
+     * faster (d64 with order 0), 0 off, 1 on (d64/d128) */
     int prefetch_s = -1;
-    /* the consumers' full_qdo waits with the suspend-time hint: -1 where it
-     * measured faster (d128 non-causal, with pingpong 1: run s20-1, b7), 0 off, 1 on */
+    /* the consumers' full_qdo waits with the suspend-time hint: 1 on (it
+     * helped pingpong 1 at d128 non-causal, b7), 0 or -1 off */
     int sleep = -1;
     bool psleep = true;  /* the producer's empty_qdo waits with the hint (today's: on) */
     /* d64/d128: the consumers take turns issuing their GEMMs, a token passed
      * round named barriers BAR_PP, BAR_PP + 1 (the forward's PINGPONG):
      * 1 turns around the S^T/dP^T issue and the dV/dK issue, 2 also the dQ
-     * issue (a prefetched S^T stays outside the token); -1 where each
-     * measured fastest (b7: 1 at d128 non-causal, 2 otherwise), 0 off */
+     * issue (a prefetched S^T stays outside the token); 0 or -1 off: with
+     * order 1 the consumers in lockstep measured 2-4% faster (b9) */
     int pingpong = -1;
     bool varlen = false; /* cu_seqlens (BwdParams' VARLEN fields) */
+    /* issue order after the exponentials: 1 dV, then (barrier) dQ and dK
+     * with dQ's hand-over under dK (FA3's order); 0 dV + dK, barrier, dQ,
+     * all drained together (sessions 20-22) */
+    int order = 1;
+    /* LSE and D by ld.shared issued under the S^T / dP^T GEMMs (1), or
+     * generic loads after the waits (0) */
+    bool early_stats = true;
+    bool stsm = true; /* dS^T to shared memory by stmatrix (1) or 4-byte stores (0) */
+    /* d64: K_w and V_w held in registers as the A operands of S^T and dP^T
+     * (saves 16 KB of shared-memory reads a warpgroup and iteration) */
+    int kreg = -1;
+    /* dQ split by columns between the consumers (one tile over all 128 keys,
+     * a barrier per iteration) rather than two partial tiles over 64 keys
+     * each; -1: every head dim */
+    int dq_split = -1;
+    /* causal: key blocks longest-first, heads grouped so that a group's Q,
+     * dO and dQ accumulator fit in L2 (FA3's LPT order); -1: causal only */
+    int lpt = -1;
 };
 
 template <BwdOpts O>
@@ -119,7 +139,11 @@ struct BwdCfg {
     static constexpr int BN = SPLIT_D ? 64 : 128, BM = 64, STAGES = 2;
     static constexpr bool CAUSAL = O.causal, BF16 = O.bf16, VARLEN = O.varlen;
     static constexpr int SLABS = D / 64;              /* 128-byte swizzled slabs of 64 columns */
-    static constexpr bool DQ_NSPLIT = D >= 128;
+    static constexpr bool DQ_NSPLIT = D >= 128 || (O.dq_split != 0 && !SPLIT_D);
+    static constexpr bool ORDER_FA3 = O.order != 0 && !SPLIT_D;
+    static constexpr bool EARLY_STATS = O.early_stats, STSM = O.stsm;
+    static constexpr bool KREG = O.kreg < 0 ? D == 64 : O.kreg != 0;
+    static constexpr bool LPT = !O.varlen && (O.lpt < 0 ? O.causal : O.lpt != 0);
     static constexpr int DQ_N = DQ_NSPLIT ? D / 2 : D; /* columns of each consumer's dQ tile */
     static constexpr int DKV_N = SPLIT_D ? D / 2 : D;  /* columns of each consumer's dK, dV */
     static constexpr int DQ_BUFS = DQ_NSPLIT ? 1 : 2;  /* d64: one partial tile per consumer */
@@ -129,9 +153,9 @@ struct BwdCfg {
     /* the next iteration's S^T issued right after the dQ GEMM: d64 +4%, d128
      * -6..-12% (it waits for the next Q before the dQ hand-over; run 145,
      * perf-notes b3) */
-    static constexpr bool PREFETCH_S = !SPLIT_D && (O.prefetch_s < 0 ? D < 128 : O.prefetch_s != 0);
-    static constexpr bool SLEEP = O.sleep < 0 ? D == 128 && !O.causal : O.sleep != 0, PSLEEP = O.psleep;
-    static constexpr int PINGPONG = SPLIT_D ? 0 : O.pingpong >= 0 ? O.pingpong : D == 128 && !O.causal ? 1 : 2;
+    static constexpr bool PREFETCH_S = !SPLIT_D && (O.prefetch_s < 0 ? D < 128 && O.order == 0 : O.prefetch_s != 0);
+    static constexpr bool SLEEP = O.sleep > 0, PSLEEP = O.psleep;
+    static constexpr int PINGPONG = SPLIT_D ? 0 : O.pingpong > 0 ? O.pingpong : 0;
     static constexpr int PP_TURNS = PINGPONG ? PINGPONG + 1 : 0; /* token turns per iteration */
     static constexpr int DQ_TILE_BYTES = BM * D * 4;   /* fp32, in bwd_dq_index's order */
     static constexpr int KV_BYTES = BN * D * 2, QT_BYTES = BM * D * 2, DS_BYTES = BN * BM * 2;
@@ -165,6 +189,7 @@ struct BwdCfg {
     static_assert(O.pingpong >= -1 && O.pingpong <= 2 && (!SPLIT_D || O.pingpong <= 0), "pingpong: 0-2, d64/d128");
     static_assert(!SPLIT_D || O.prefetch_s <= 0, "prefetch_s: d64/d128");
     static_assert(D == 64 || D == 128 || D == 256, "head dims of this tiling");
+    static_assert(!KREG || D == 64, "K_w, V_w in registers: d64 (16 registers each)");
     /* d256: K 32 + V 32 + 2 stages x (Q 32 + dO 32, then the dQ tile) + dS^T
      * 2 x 8 + P^T (fp32) 16 KB + LSE, D 1 KB + 5 mbarriers + 1 KB alignment
      * slack = 231,464 of 232,448 bytes */
@@ -272,6 +297,13 @@ __device__ __forceinline__ void st_shared_f32x4(void *p, float4 v) {
     asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_u32(p)), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
                  : "memory");
 }
+/* volatile, no memory clobber: stays where it is among the wgmma issues and
+ * waits (what it reads landed before the stage's mbarrier wait) */
+__device__ __forceinline__ float2 ld_shared_f32x2(const void *p) {
+    float2 v;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(smem_u32(p)));
+    return v;
+}
 __device__ __forceinline__ float4 ld_shared_f32x4(const void *p) {
     float4 v;
     asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
@@ -298,9 +330,8 @@ __device__ __forceinline__ int64_t bwd_kv_offset(int b, const BwdSeq &sq, int64_
  * exp2(S^T scale log2 e - LSE log2 e), 0 where the causal mask hides the key
  * and (VARLEN) for a key past the sequence's (the next sequence's rows). */
 template <class C>
-__device__ __forceinline__ void bwd_p_group(float (&acc)[32], int i, const float *lse, const BwdParams &p,
-                                            bool need_mask, int key_r, int query_c, int q4) {
-    const float2 l = *(const float2 *)(lse + 8 * i + 2 * q4);
+__device__ __forceinline__ void bwd_p_group(float (&acc)[32], int i, float2 l, const BwdParams &p, bool need_mask,
+                                            int key_r, int query_c) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
         float x = exp2f(fmaf(acc[4 * i + e], p.scale_log2, -((e & 1) ? l.y : l.x)));
@@ -350,7 +381,7 @@ __device__ __forceinline__ void bwd_consumer_split_d(const BwdSmem<C> &sm, const
                                    (C::VARLEN && key0 + BN > p.seqlen_k);
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
-                bwd_p_group<C>(acc, i, lse, p, need_mask, key0 + r0, m * BM + 2 * q4, q4);
+                bwd_p_group<C>(acc, i, *(const float2 *)(lse + 8 * i + 2 * q4), p, need_mask, key0 + r0, m * BM + 2 * q4);
                 st_shared_f32x4(pt + (i * 128 + t) * 16,
                                 make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
             }
@@ -433,7 +464,7 @@ __device__ __forceinline__ void bwd_consumer_split_d(const BwdSmem<C> &sm, const
         float4 *dqb = (float4 *)sm.dq(s, 0) + (cw * 4 + wq) * (DN / 8) * 32;
 #pragma unroll
         for (int i = 0; i < DN / 8; ++i)
-            dqb[i * 32 + lane] = make_float4(dq[4 * i], dq[4 * i + 1], dq[4 * i + 2], dq[4 * i + 3]);
+            st_shared_f32x4(dqb + i * 32 + lane, make_float4(dq[4 * i], dq[4 * i + 1], dq[4 * i + 2], dq[4 * i + 3]));
         fence_async_shared(); /* read by the bulk reduce (the async proxy) */
         named_bar_arrive(C::BAR_DQ_FULL + s, 288);
     }
@@ -448,6 +479,271 @@ __device__ __forceinline__ void bwd_consumer_split_d(const BwdSmem<C> &sm, const
 #pragma unroll
         for (int i = 0; i < DN / 8; ++i) {
             const int col = cw * DN + 8 * i + 2 * q4;
+            const float k0 = dk[4 * i + 2 * e2] * p.scale, k1 = dk[4 * i + 2 * e2 + 1] * p.scale;
+            const float v0 = dv[4 * i + 2 * e2], v1 = dv[4 * i + 2 * e2 + 1];
+            *(uint32_t *)(gk + key * p.dk_ss + col) = C::BF16 ? pack_bf16x2(k0, k1) : pack_f16x2(k0, k1);
+            *(uint32_t *)(gv + key * p.dv_ss + col) = C::BF16 ? pack_bf16x2(v0, v1) : pack_f16x2(v0, v1);
+        }
+    }
+}
+
+/* A consumer warpgroup at head dim 64 or 128: keys 64 cw .. 64 cw + 63 of
+ * the block (the tiling at the top of the file).  Per iteration, with
+ * ORDER_FA3: S^T and dP^T issued, LSE read under them; P^T; dV issued; D
+ * read; dP^T waited for (dV may run); dS^T to shared memory; the barrier;
+ * dQ and dK issued; dQ waited for and handed over while dK runs. */
+template <class C>
+__device__ __forceinline__ void bwd_consumer(const BwdSmem<C> &sm, const BwdParams &p, const BwdIter<C> &iter, int n,
+                                             int hk, int b, const BwdSeq &sq) {
+    constexpr int D = C::D, BN = C::BN, BM = C::BM, STAGES = C::STAGES;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int cw = threadIdx.x / 128 - 1, wq = warp % 4;
+    const int r0 = 16 * wq + lane / 4, q4 = lane % 4;
+    const int T = iter.total;
+    using WD = wgmma_op<D, C::BF16>;         /* dV, dK: m64 nD, B MN-major */
+    using WS = wgmma_op<64, C::BF16>;        /* S^T, dP^T with K_w, V_w in registers (KREG) */
+    using WQ = wgmma_tnsp<C::DQ_N, C::BF16>; /* dQ: A and B MN-major */
+    float dv[D / 2], dk[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) dv[i] = dk[i] = 0.f;
+    if (T > 0) mbar_wait(sm.full_kv, 0);
+    const uint64_t desc_k = smem_desc_sw128(sm.k() + cw * 64 * 128, 16, 1024);
+    const uint64_t desc_v = smem_desc_sw128(sm.v() + cw * 64 * 128, 16, 1024);
+    /* KREG: the A fragments of K_w and V_w, k step kk: matrices (rows 0-7,
+     * columns 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15) of the warp's 16 keys */
+    uint32_t kf[C::KREG ? 4 : 1][4], vf[C::KREG ? 4 : 1][4];
+    if constexpr (C::KREG) {
+        const int row = cw * 64 + 16 * wq + lane % 8 + 8 * ((lane / 8) & 1);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            const uint32_t off = row * 128 + (((2 * kk + lane / 16) ^ (row & 7)) << 4);
+            ldsm_x4(kf[kk], smem_u32(sm.k()) + off);
+            ldsm_x4(vf[kk], smem_u32(sm.v()) + off);
+        }
+    }
+    auto issue_sdp = [&](int s, bool dp, float(&acc)[32]) {
+        if constexpr (C::KREG) {
+            const uint64_t desc_b = smem_desc_sw128(dp ? sm.dout(s) : sm.q(s), 16, 1024);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) WS::rsk(acc, dp ? vf[kk] : kf[kk], desc_add(desc_b, kk * 32), kk > 0);
+            wgmma_commit();
+        } else {
+            bwd_issue_sdp<C>(sm, dp ? desc_v : desc_k, s, dp, acc);
+        }
+    };
+    const int key0 = n * BN + cw * 64; /* this warpgroup's first key */
+    float st[32], dpt[32];
+    /* PINGPONG: the GEMM issues of turns 1 (S^T, dP^T), 2 (dV; dK too
+     * without ORDER_FA3) and, with pingpong 2, 3 (dQ; dK too with ORDER_FA3)
+     * alternate between the consumers (0, 1, 0, ...), so that one's
+     * exponentials run under the other's GEMMs.  No deadlock with BAR_DS or
+     * the hand-overs: a consumer waiting for turn k of iteration i waits for
+     * the other's previous turn, and the other reaches it without waiting on
+     * the first: BAR_DS of i comes after both consumers' turns 1 and 2 of i
+     * (each has handed the token on before it syncs there), turn 3 after
+     * BAR_DS, which both have passed, and the producer's and the writer's
+     * hand-overs wait for arrivals of earlier iterations only, which both
+     * consumers made before their turns of i.  A consumer waits for its
+     * Q/dO before its turn, not holding the token.  The token starts at
+     * consumer 0 (consumer 1 hands it over once); consumer 0 takes the last
+     * hand-over after the loop, so no arrival is left pending at exit. */
+    const int bar_self = C::BAR_PP + cw, bar_next = C::BAR_PP + (cw ^ 1);
+    auto pp_sync = [&](int turn) {
+        if (turn <= C::PP_TURNS) named_bar_sync(bar_self, 256);
+    };
+    auto pp_arrive = [&](int turn) {
+        if (turn <= C::PP_TURNS) named_bar_arrive(bar_next, 256);
+    };
+    if (C::PINGPONG && cw == 1) named_bar_arrive(bar_next, 256);
+    for (int it = 0; it < T; ++it) {
+        int h, m;
+        iter.decode(it, hk, p, h, m);
+        (void)h;
+        const int s = it % STAGES;
+        /* with PREFETCH_S only the first iteration issues its own S^T, every
+         * later one finds it issued by the iteration before, under its dQ GEMM */
+        const bool own_s = it == 0 || !C::PREFETCH_S;
+        if (own_s) mbar_wait<C::SLEEP>(&sm.full_qdo[s], (it / STAGES) & 1);
+        pp_sync(1);
+        if (own_s) issue_sdp(s, false, st);
+        issue_sdp(s, true, dpt);
+        pp_arrive(1);
+        const float *lse = sm.lse(s), *dsum = sm.dsum(s);
+        float2 l2[8], d2[8];
+        if constexpr (C::EARLY_STATS)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) l2[i] = ld_shared_f32x2(lse + 8 * i + 2 * q4);
+        wgmma_wait<1>();
+        reg_fence(st);
+        if constexpr (!C::EARLY_STATS)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) l2[i] = *(const float2 *)(lse + 8 * i + 2 * q4);
+        /* P^T: element 4 i + e is key r0 + 8 (e / 2), query 8 i + 2 q4 + e % 2 */
+        const bool need_mask =
+            (C::CAUSAL && key0 + 63 > m * BM + p.causal_offset) || (C::VARLEN && key0 + 64 > p.seqlen_k);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) bwd_p_group<C>(st, i, l2[i], p, need_mask, key0 + r0, m * BM + 2 * q4);
+        uint32_t pf[4][4], df[4][4];
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                pf[ks][j] = C::BF16 ? pack_bf16x2(st[8 * ks + 2 * j], st[8 * ks + 2 * j + 1])
+                                    : pack_f16x2(st[8 * ks + 2 * j], st[8 * ks + 2 * j + 1]);
+        /* dV += P^T dO, dK += dS^T Q (B MN-major: rows of queries, k16 step 16 rows) */
+        const uint64_t desc_dot = smem_desc_sw128(sm.dout(s), BM * 128, 1024);
+        const uint64_t desc_qt = smem_desc_sw128(sm.q(s), BM * 128, 1024);
+        if constexpr (C::ORDER_FA3) {
+            /* dV under the dS^T below: its issue needs every exponential, so
+             * the dP^T wait cannot rise above them */
+            pp_sync(2);
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) WD::rs(dv, pf[ks], desc_add(desc_dot, ks * 2048), 1);
+            wgmma_commit();
+            pp_arrive(2);
+        }
+        if constexpr (C::EARLY_STATS)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) d2[i] = ld_shared_f32x2(dsum + 8 * i + 2 * q4);
+        if constexpr (C::ORDER_FA3)
+            wgmma_wait<1>(); /* dP^T; dV may run */
+        else
+            wgmma_wait<0>();
+        reg_fence(dpt);
+        if constexpr (!C::EARLY_STATS)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) d2[i] = *(const float2 *)(dsum + 8 * i + 2 * q4);
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dpt[4 * i + e] = st[4 * i + e] * (dpt[4 * i + e] - ((e & 1) ? d2[i].y : d2[i].x));
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                df[ks][j] = C::BF16 ? pack_bf16x2(dpt[8 * ks + 2 * j], dpt[8 * ks + 2 * j + 1])
+                                    : pack_f16x2(dpt[8 * ks + 2 * j], dpt[8 * ks + 2 * j + 1]);
+        if constexpr (!C::ORDER_FA3) {
+            pp_sync(2);
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) WD::rs(dv, pf[ks], desc_add(desc_dot, ks * 2048), 1);
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) WD::rs(dk, df[ks], desc_add(desc_qt, ks * 2048), 1);
+            wgmma_commit();
+            pp_arrive(2);
+        }
+        /* dS^T into shared memory: row = key (64 cw + ...), 128 bytes of 64
+         * queries, 128-byte swizzle; df[ks][j] holds queries 8 (2 ks + j / 2)
+         * + 2 q4, + 1 of key r0 + 8 (j % 2) */
+        uint8_t *dsb = sm.ds(it & 1);
+        if constexpr (C::STSM) {
+            /* lanes 8 j .. 8 j + 7 address the rows of matrix j = df[ks][j] */
+            const int mat = lane / 8, row = cw * 64 + 16 * wq + lane % 8 + 8 * (mat & 1);
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks)
+                stsm_x4(smem_u32(dsb) + row * 128 + (((2 * ks + (mat >> 1)) ^ (row & 7)) << 4), df[ks][0], df[ks][1],
+                        df[ks][2], df[ks][3]);
+        } else {
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const int row = cw * 64 + r0 + 8 * (j & 1), chunk = 2 * ks + (j >> 1);
+                    st_shared_u32(dsb + row * 128 + ((chunk ^ (row & 7)) << 4) + 4 * q4, df[ks][j]);
+                }
+        }
+        fence_async_shared(); /* read by wgmma (the async proxy) */
+        if (C::DQ_NSPLIT) named_bar_sync(C::BAR_DS, 256);
+        float dq[C::DQ_N / 2];
+        pp_sync(3);
+        wgmma_fence();
+        if constexpr (C::DQ_NSPLIT) {
+            /* columns DQ_N cw .. of dQ = dS K: A = dS (K rows = keys, 128
+             * bytes of queries), B = K's columns DQ_N cw .. (slab cw at d128,
+             * half of the one slab at d64) */
+            const uint64_t da = smem_desc_sw128(dsb, 16, 1024);
+            const uint64_t db = smem_desc_sw128(sm.k() + (D >= 128 ? cw * BN * 128 : cw * C::DQ_N * 2), 16, 1024);
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk) WQ::ss_tab(dq, desc_add(da, kk * 2048), desc_add(db, kk * 2048), kk > 0);
+        } else {
+            /* all of dQ over this warpgroup's own 64 keys */
+            const uint64_t da = smem_desc_sw128(dsb + cw * 64 * 128, 16, 1024);
+            const uint64_t db = smem_desc_sw128(sm.k() + cw * 64 * 128, 16, 1024);
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) WQ::ss_tab(dq, desc_add(da, kk * 2048), desc_add(db, kk * 2048), kk > 0);
+        }
+        wgmma_commit();
+        if constexpr (C::ORDER_FA3) {
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) WD::rs(dk, df[ks], desc_add(desc_qt, ks * 2048), 1);
+            wgmma_commit();
+        }
+        pp_arrive(3);
+        /* the next iteration's S^T under this dQ GEMM and the dQ hand-over */
+        const bool pf_next = C::PREFETCH_S && it + 1 < T;
+        if (pf_next) {
+            mbar_wait<C::SLEEP>(&sm.full_qdo[(it + 1) % STAGES], ((it + 1) / STAGES) & 1);
+            issue_sdp((it + 1) % STAGES, false, st);
+        }
+        /* dQ done: ORDER_FA3 leaves dK (and the prefetched S^T) running */
+        constexpr int AFTER_DQ = C::ORDER_FA3 ? 1 : 0;
+        if (pf_next)
+            wgmma_wait<AFTER_DQ + 1>();
+        else
+            wgmma_wait<AFTER_DQ>();
+        reg_fence(dq);
+        auto release_stage = [&]() {
+            reg_fence(dv);
+            reg_fence(dk);
+            /* the A fragments stay live until their GEMMs are done, so that
+             * ptxas does not reuse their registers and wait early */
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) {
+                reg_fence(pf[ks]);
+                reg_fence(df[ks]);
+            }
+            /* Q and dO of this stage are read by nobody now; the LSE and D
+             * reads (generic proxy) are ordered before the producer's next
+             * bulk copies into the stage (async proxy) */
+            fence_async_shared();
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&sm.empty_qdo[s]);
+        };
+        if constexpr (!C::ORDER_FA3) release_stage();
+        /* dQ to the writer's buffer */
+        const int dqs = it % C::DQ_STAGES;
+        named_bar_sync(C::BAR_DQ_EMPTY + dqs, 288);
+        /* float4 (rows r0, r0 + 8, columns 2 q4, + 1 of each 8-column group)
+         * at bwd_dq_index's place: part cw (nsplit) or this consumer's own
+         * tile (two partial tiles) */
+        float4 *dqb = (float4 *)sm.dq(dqs, C::DQ_NSPLIT ? 0 : cw) + ((C::DQ_NSPLIT ? cw * 4 : 0) + wq) * (C::DQ_N / 8) * 32;
+#pragma unroll
+        for (int i = 0; i < C::DQ_N / 8; ++i)
+            st_shared_f32x4(dqb + i * 32 + lane, make_float4(dq[4 * i], dq[4 * i + 1], dq[4 * i + 2], dq[4 * i + 3]));
+        fence_async_shared(); /* read by the bulk reduce (the async proxy) */
+        named_bar_arrive(C::BAR_DQ_FULL + dqs, 288);
+        if constexpr (C::ORDER_FA3) {
+            if (pf_next)
+                wgmma_wait<1>();
+            else
+                wgmma_wait<0>();
+            release_stage();
+        }
+    }
+    if (C::PINGPONG && cw == 0) named_bar_sync(bar_self, 256); /* the last hand-over */
+    /* dK (times softmax_scale) and dV: rows key0 + r0 (+ 8), 4-byte stores */
+    uint16_t *gk = (uint16_t *)p.dk + bwd_kv_offset<C>(b, sq, p.dk_sb, p.dk_ss) + (int64_t)hk * p.dk_sh;
+    uint16_t *gv = (uint16_t *)p.dv + bwd_kv_offset<C>(b, sq, p.dv_sb, p.dv_ss) + (int64_t)hk * p.dv_sh;
+#pragma unroll
+    for (int e2 = 0; e2 < 2; ++e2) {
+        const int key = key0 + r0 + 8 * e2;
+        if (key >= p.seqlen_k) continue;
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+            const int col = 8 * i + 2 * q4;
             const float k0 = dk[4 * i + 2 * e2] * p.scale, k1 = dk[4 * i + 2 * e2 + 1] * p.scale;
             const float v0 = dv[4 * i + 2 * e2], v1 = dv[4 * i + 2 * e2 + 1];
             *(uint32_t *)(gk + key * p.dk_ss + col) = C::BF16 ? pack_bf16x2(k0, k1) : pack_f16x2(k0, k1);
@@ -565,173 +861,7 @@ __device__ __forceinline__ void bwd_sm90_body(const CUtensorMap &tm_q, const CUt
     if constexpr (C::SPLIT_D) {
         bwd_consumer_split_d<C>(sm, p, iter, n, hk, b, sq);
     } else {
-        /* a consumer warpgroup: keys 64 cw .. 64 cw + 63 of the block */
-        const int cw = wg - 1, wq = warp % 4;
-        const int r0 = 16 * wq + lane / 4, q4 = lane % 4;
-        using WD = wgmma_op<D, C::BF16>;     /* dV, dK: m64 nD, B MN-major */
-        using WQ = wgmma_tnsp<C::DQ_N, C::BF16>; /* dQ: A and B MN-major */
-        float dv[D / 2], dk[D / 2];
-#pragma unroll
-        for (int i = 0; i < D / 2; ++i) dv[i] = dk[i] = 0.f;
-        if (T > 0) mbar_wait(sm.full_kv, 0);
-        const uint64_t desc_k = smem_desc_sw128(sm.k() + cw * 64 * 128, 16, 1024);
-        const uint64_t desc_v = smem_desc_sw128(sm.v() + cw * 64 * 128, 16, 1024);
-        const int key0 = n * BN + cw * 64; /* this warpgroup's first key */
-        float st[32], dpt[32];
-        /* PINGPONG: the GEMM issues of turns 1 (S^T, dP^T), 2 (dV, dK) and,
-         * with pingpong 2, 3 (dQ) alternate between the consumers (0, 1, 0,
-         * ...), so that one's exponentials run under the other's GEMMs.  No
-         * deadlock with BAR_DS (d128) or the hand-overs: a consumer waiting
-         * for turn k of iteration i waits for the other's previous turn, and
-         * the other reaches it without waiting on the first: BAR_DS of i
-         * comes after both consumers' turns 1 and 2 of i (each has handed the
-         * token on before it syncs there), turn 3 after BAR_DS, which both
-         * have passed, and the producer's and the writer's hand-overs wait
-         * for arrivals of earlier iterations only, which both consumers made
-         * before their turns of i.  A consumer waits for its Q/dO before its
-         * turn, not holding the token.  The token starts at consumer 0
-         * (consumer 1 hands it over once); consumer 0 takes the last
-         * hand-over after the loop, so no arrival is left pending at exit. */
-        const int bar_self = C::BAR_PP + cw, bar_next = C::BAR_PP + (cw ^ 1);
-        auto pp_sync = [&](int turn) {
-            if (turn <= C::PP_TURNS) named_bar_sync(bar_self, 256);
-        };
-        auto pp_arrive = [&](int turn) {
-            if (turn <= C::PP_TURNS) named_bar_arrive(bar_next, 256);
-        };
-        if (C::PINGPONG && cw == 1) named_bar_arrive(bar_next, 256);
-        for (int it = 0; it < T; ++it) {
-            int h, m;
-            iter.decode(it, hk, p, h, m);
-            (void)h;
-            const int s = it % STAGES;
-            /* S^T, then dP^T, which runs under the exponentials of P^T; with
-             * PREFETCH_S only the first iteration issues its own S^T, every later
-             * one finds it issued by the iteration before, under its dQ GEMM */
-            const bool own_s = it == 0 || !C::PREFETCH_S;
-            if (own_s) mbar_wait<C::SLEEP>(&sm.full_qdo[s], (it / STAGES) & 1);
-            pp_sync(1);
-            if (own_s) bwd_issue_sdp<C>(sm, desc_k, s, false, st);
-            bwd_issue_sdp<C>(sm, desc_v, s, true, dpt);
-            pp_arrive(1);
-            wgmma_wait<1>();
-            reg_fence(st);
-            /* P^T: element 4 i + e is key r0 + 8 (e / 2), query 8 i + 2 q4 + e % 2 */
-            const float *lse = sm.lse(s), *dsum = sm.dsum(s);
-            const bool need_mask =
-                (C::CAUSAL && key0 + 63 > m * BM + p.causal_offset) || (C::VARLEN && key0 + 64 > p.seqlen_k);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) bwd_p_group<C>(st, i, lse, p, need_mask, key0 + r0, m * BM + 2 * q4, q4);
-            uint32_t pf[4][4], df[4][4];
-#pragma unroll
-            for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-                for (int j = 0; j < 4; ++j)
-                    pf[ks][j] = C::BF16 ? pack_bf16x2(st[8 * ks + 2 * j], st[8 * ks + 2 * j + 1])
-                                        : pack_f16x2(st[8 * ks + 2 * j], st[8 * ks + 2 * j + 1]);
-            wgmma_wait<0>();
-            reg_fence(dpt);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                const float2 dd = *(const float2 *)(dsum + 8 * i + 2 * q4);
-#pragma unroll
-                for (int e = 0; e < 4; ++e) dpt[4 * i + e] = st[4 * i + e] * (dpt[4 * i + e] - ((e & 1) ? dd.y : dd.x));
-            }
-#pragma unroll
-            for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-                for (int j = 0; j < 4; ++j)
-                    df[ks][j] = C::BF16 ? pack_bf16x2(dpt[8 * ks + 2 * j], dpt[8 * ks + 2 * j + 1])
-                                        : pack_f16x2(dpt[8 * ks + 2 * j], dpt[8 * ks + 2 * j + 1]);
-            /* dV += P^T dO, dK += dS^T Q (B MN-major: rows of queries, k16 step 16 rows) */
-            const uint64_t desc_dot = smem_desc_sw128(sm.dout(s), BM * 128, 1024);
-            const uint64_t desc_qt = smem_desc_sw128(sm.q(s), BM * 128, 1024);
-            pp_sync(2);
-            wgmma_fence();
-#pragma unroll
-            for (int ks = 0; ks < 4; ++ks) WD::rs(dv, pf[ks], desc_add(desc_dot, ks * 2048), 1);
-#pragma unroll
-            for (int ks = 0; ks < 4; ++ks) WD::rs(dk, df[ks], desc_add(desc_qt, ks * 2048), 1);
-            wgmma_commit();
-            pp_arrive(2);
-            /* dS^T into shared memory: row = key (64 cw + ...), 128 bytes of 64
-             * queries, 128-byte swizzle; df[ks][j] holds queries 8 (2 ks + j / 2)
-             * + 2 q4, + 1 of key r0 + 8 (j % 2) */
-            uint8_t *dsb = sm.ds(it & 1);
-#pragma unroll
-            for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const int row = cw * 64 + r0 + 8 * (j & 1), chunk = 2 * ks + (j >> 1);
-                    st_shared_u32(dsb + row * 128 + ((chunk ^ (row & 7)) << 4) + 4 * q4, df[ks][j]);
-                }
-            fence_async_shared(); /* read by wgmma (the async proxy) */
-            if (C::DQ_NSPLIT) named_bar_sync(C::BAR_DS, 256);
-            float dq[C::DQ_N / 2];
-            pp_sync(3);
-            wgmma_fence();
-            if constexpr (C::DQ_NSPLIT) {
-                /* columns 64 cw .. of dQ = dS K: A = dS (K rows = keys, 128 bytes of queries), B = K's slab cw */
-                const uint64_t da = smem_desc_sw128(dsb, 16, 1024), db = smem_desc_sw128(sm.k() + cw * BN * 128, 16, 1024);
-#pragma unroll
-                for (int kk = 0; kk < BN / 16; ++kk) WQ::ss_tab(dq, desc_add(da, kk * 2048), desc_add(db, kk * 2048), kk > 0);
-            } else {
-                /* all of dQ over this warpgroup's own 64 keys */
-                const uint64_t da = smem_desc_sw128(dsb + cw * 64 * 128, 16, 1024);
-                const uint64_t db = smem_desc_sw128(sm.k() + cw * 64 * 128, 16, 1024);
-#pragma unroll
-                for (int kk = 0; kk < 4; ++kk) WQ::ss_tab(dq, desc_add(da, kk * 2048), desc_add(db, kk * 2048), kk > 0);
-            }
-            wgmma_commit();
-            pp_arrive(3);
-            /* the next iteration's S^T and dP^T under this dQ GEMM and the dQ
-             * hand-over below; then wait for all but those two groups */
-            if (C::PREFETCH_S && it + 1 < T) {
-                mbar_wait<C::SLEEP>(&sm.full_qdo[(it + 1) % STAGES], ((it + 1) / STAGES) & 1);
-                bwd_issue_sdp<C>(sm, desc_k, (it + 1) % STAGES, false, st);
-                wgmma_wait<1>();
-            } else {
-                wgmma_wait<0>();
-            }
-            reg_fence(dq);
-            reg_fence(dv);
-            reg_fence(dk);
-            /* Q and dO of this stage are read by nobody now; the LSE and D
-             * reads (generic proxy) are ordered before the producer's next bulk
-             * copies into the stage (async proxy) */
-            fence_async_shared();
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&sm.empty_qdo[s]);
-            /* dQ to the writer's buffer */
-            const int dqs = it % C::DQ_STAGES;
-            named_bar_sync(C::BAR_DQ_EMPTY + dqs, 288);
-            /* float4 (rows r0, r0 + 8, columns 2 q4, + 1 of each 8-column group)
-             * at bwd_dq_index's place: part cw (nsplit) or this consumer's own
-             * tile (d64) */
-            float4 *dqb = (float4 *)sm.dq(dqs, C::DQ_NSPLIT ? 0 : cw) + ((C::DQ_NSPLIT ? cw * 4 : 0) + wq) * (C::DQ_N / 8) * 32;
-#pragma unroll
-            for (int i = 0; i < C::DQ_N / 8; ++i)
-                dqb[i * 32 + lane] = make_float4(dq[4 * i], dq[4 * i + 1], dq[4 * i + 2], dq[4 * i + 3]);
-            fence_async_shared(); /* read by the bulk reduce (the async proxy) */
-            named_bar_arrive(C::BAR_DQ_FULL + dqs, 288);
-        }
-        if (C::PINGPONG && cw == 0) named_bar_sync(bar_self, 256); /* the last hand-over */
-        /* dK (times softmax_scale) and dV: rows key0 + r0 (+ 8), 4-byte stores */
-        uint16_t *gk = (uint16_t *)p.dk + bwd_kv_offset<C>(b, sq, p.dk_sb, p.dk_ss) + (int64_t)hk * p.dk_sh;
-        uint16_t *gv = (uint16_t *)p.dv + bwd_kv_offset<C>(b, sq, p.dv_sb, p.dv_ss) + (int64_t)hk * p.dv_sh;
-#pragma unroll
-        for (int e2 = 0; e2 < 2; ++e2) {
-            const int key = key0 + r0 + 8 * e2;
-            if (key >= p.seqlen_k) continue;
-#pragma unroll
-            for (int i = 0; i < D / 8; ++i) {
-                const int col = 8 * i + 2 * q4;
-                const float k0 = dk[4 * i + 2 * e2] * p.scale, k1 = dk[4 * i + 2 * e2 + 1] * p.scale;
-                const float v0 = dv[4 * i + 2 * e2], v1 = dv[4 * i + 2 * e2 + 1];
-                *(uint32_t *)(gk + key * p.dk_ss + col) = C::BF16 ? pack_bf16x2(k0, k1) : pack_f16x2(k0, k1);
-                *(uint32_t *)(gv + key * p.dv_ss + col) = C::BF16 ? pack_bf16x2(v0, v1) : pack_f16x2(v0, v1);
-            }
-        }
+        bwd_consumer<C>(sm, p, iter, n, hk, b, sq);
     }
 }
 
@@ -740,7 +870,16 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                     const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                     const __grid_constant__ CUtensorMap tm_stats, const __grid_constant__ BwdParams p) {
-    const int n = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+    int n = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+    if (C::LPT && p.lpt_group > 0) {
+        /* groups of lpt_group (kv head, batch) pairs; in a group the key
+         * block is the slowest index, so the longest CTAs (n = 0 sees every
+         * query block) start first and a group's CTAs share its Q and dO in L2 */
+        const int nblk = (p.seqlen_k + C::BN - 1) / C::BN, pairs = p.heads_kv * p.batch;
+        const int per_group = p.lpt_group * nblk, g = blockIdx.x / per_group, r = blockIdx.x - g * per_group;
+        const int gsize = min(p.lpt_group, pairs - g * p.lpt_group), hb = g * p.lpt_group + r % gsize;
+        n = r / gsize, hk = hb % p.heads_kv, b = hb / p.heads_kv;
+    }
     if constexpr (C::VARLEN) {
         /* the grid covers the longest sequence: a key block past this one's
          * has nothing to do (and its dK, dV rows are another sequence's) */

@@ -230,7 +230,16 @@ fattn_status bwd_sm90_run(fattn_ctx *ctx, const fattn_bwd_args *a) {
         (void)cudaGetLastError();
         return fattn_fail(ctx, FATTN_ERROR_CUDA, "backward: cudaFuncSetAttribute: %s", cudaGetErrorString(e));
     }
-    const dim3 grid((unsigned)((pr->seqlen_k + C::BN - 1) / C::BN), (unsigned)pr->heads_kv, (unsigned)pr->batch);
+    const unsigned nblk = (unsigned)((pr->seqlen_k + C::BN - 1) / C::BN);
+    dim3 grid(nblk, (unsigned)pr->heads_kv, (unsigned)pr->batch);
+    if (C::LPT && (uint64_t)nblk * pr->heads_kv * pr->batch <= 0x7FFFFFFFu) {
+        /* as many kv heads a group as keep their Q, dO (16-bit) and dQ
+         * accumulator (fp32) within 32 MiB of the 60 MB L2 */
+        const double head_bytes = (double)pr->seqlen_q * D * 8.0 * (pr->heads_q / pr->heads_kv);
+        const double g = (32.0 * 1024 * 1024) / (head_bytes > 1.0 ? head_bytes : 1.0);
+        p.lpt_group = g < 1.0 ? 1 : g > (double)pr->heads_kv * pr->batch ? pr->heads_kv * pr->batch : (int)g;
+        grid = dim3(nblk * (unsigned)pr->heads_kv * (unsigned)pr->batch, 1, 1);
+    }
     if (grid.x > 0) kern<<<grid, C::THREADS, C::SMEM_BYTES, stream>>>(tq, tk, tv, tdo, tstats, p);
     if ((s = bwd_launch_error(ctx, "main kernel")) != FATTN_OK) return s;
 
