@@ -965,6 +965,10 @@ int main(void) {
     const bcase det_cases[] = {
         {1, 1000, 1000, 4, 2, 128, 1, B, 0, V_PACKED},
         {1, 300, 300, 4, 1, 64, 0, H, 0, V_SLICE},
+        /* causal with unequal lengths: the shortest-first order's last key
+         * block of a query block depends on seqlen_k - seqlen_q */
+        {1, 700, 1500, 4, 2, 64, 1, B, 0, V_PACKED},
+        {2, 1500, 700, 4, 4, 256, 1, B, 0, V_PACKED},
     };
     for (const auto &c : det_cases) {
         if (small_only && (long)c.sq * c.sk > 100000) continue;

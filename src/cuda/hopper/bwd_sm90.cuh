@@ -77,6 +77,10 @@ struct BwdParams {
     int total_q, total_k, rb_total;
     /* LPT: (kv head, batch) pairs a group, the grid 1-D; 0: the 3-D grid */
     int lpt_group;
+    /* deterministic causal on the 1-D grid: key blocks shortest-first, and
+     * each query block's dQ added by its key blocks from the last down (the
+     * order in which they reach it; FA3's SPT) */
+    int spt;
 };
 
 /* sequence b's first 64-row block of the dQ tiles, LSE and D (BM = 64): the
@@ -102,7 +106,9 @@ struct BwdOpts {
     /* the consumers' full_qdo waits with the suspend-time hint: 1 on (it
      * helped pingpong 1 at d128 non-causal, b7), 0 or -1 off */
     int sleep = -1;
-    bool psleep = true;  /* the producer's empty_qdo waits with the hint (today's: on) */
+    /* the producer's empty_qdo waits with the suspend-time hint (on or off
+     * within the noise in lockstep, b9) */
+    bool psleep = false;
     /* d64/d128: the consumers take turns issuing their GEMMs, a token passed
      * round named barriers BAR_PP, BAR_PP + 1 (the forward's PINGPONG):
      * 1 turns around the S^T/dP^T issue and the dV/dK issue, 2 also the dQ
@@ -822,9 +828,16 @@ __device__ __forceinline__ void bwd_sm90_body(const CUtensorMap &tm_q, const CUt
                 int *sem = p.dq_sem + tile;
                 if (p.deterministic) {
                     /* key blocks add in order: 0 .. n - 1 (every block before
-                     * n sees query block m if n does) */
+                     * n sees query block m if n does); SPT: from the last
+                     * block that sees query block m down to n + 1, which
+                     * started before this CTA (shortest-first grid) */
+                    int turn = n;
+                    if (p.spt) {
+                        const int last = (m * BM + BM - 1 + p.causal_offset) / BN, nblk = (p.seqlen_k + BN - 1) / BN;
+                        turn = min(last, nblk - 1) - n;
+                    }
                     if (lane == 0)
-                        while (ld_acquire_gpu(sem) != n) {
+                        while (ld_acquire_gpu(sem) != turn) {
                         }
                     __syncwarp();
                 }
@@ -879,6 +892,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         const int per_group = p.lpt_group * nblk, g = blockIdx.x / per_group, r = blockIdx.x - g * per_group;
         const int gsize = min(p.lpt_group, pairs - g * p.lpt_group), hb = g * p.lpt_group + r % gsize;
         n = r / gsize, hk = hb % p.heads_kv, b = hb / p.heads_kv;
+        if (p.spt) n = nblk - 1 - n;
     }
     if constexpr (C::VARLEN) {
         /* the grid covers the longest sequence: a key block past this one's
