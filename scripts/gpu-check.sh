@@ -43,9 +43,16 @@ rm -f "$LOG/ptxas.txt"
   grep -oE "HGMMA\.[0-9x]+\.F32(\.BF16)?|QGMMA\.[0-9x]+\.F32\.E4M3\.E4M3|UTMALDG\.[0-9]D|UTMASTG\.[0-9]D|STSM\.[0-9A-Z.]+|USETMAXREG\.[A-Z.]+" "$LOG/lib.sass" | sort | uniq -c
   echo "key-block loops (scripts/sass_loops.py):"
   python3 scripts/sass_loops.py "$LOG/lib.sass"
+  echo "main-loop rules (scripts/sass_check.py):"
+  python3 scripts/sass_check.py "$LOG/lib.sass"; echo "sass_check rc=$?"
   rm -f "$LOG/lib.sass"
 } >"$LOG/sass.txt" 2>&1
 cat "$LOG/sass.txt" | tail -12
+# the backward's consumer loops: no generic loads or stores, dP^T's wait below the exponentials
+if ! grep -q "sass_check rc=0" "$LOG/sass.txt"; then
+  echo "sass_check: a backward main loop breaks a rule (see $LOG/sass.txt)" | tee -a "$LOG/summary.txt"
+  failed=1
+fi
 # the project's claim: no shipped kernel spills (issue 27 item 9)
 if grep -qE "[1-9][0-9]* bytes spill (stores|loads)" "$LOG/ptxas.txt"; then
   echo "ptxas: a shipped kernel spills (see $LOG/ptxas.txt)" | tee -a "$LOG/summary.txt"

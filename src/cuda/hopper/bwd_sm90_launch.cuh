@@ -1,132 +1,15 @@
 /* bwd_sm90_launch.cuh - host side of one Hopper 16-bit backward instance
- * (bwd_sm90.cuh): the preprocess (D = rowsum(dO O), the LSE in log2 units,
- * the dQ accumulator zeroed), the main kernel, the postprocess (dQ =
- * softmax_scale dQ_acc in the output dtype), and the context-owned workspace
- * they share. */
+ * (bwd_sm90.cuh): the dQ accumulator zeroed, the preprocess, the main
+ * kernel and the postprocess (bwd_prepost.cuh), and the context-owned
+ * workspace they share. */
 #pragma once
 #include <cuda_runtime.h>
 #include <math.h>
 #include <string.h>
 
 #include "../cuda_engine.h"
+#include "bwd_prepost.cuh"
 #include "bwd_sm90.cuh"
-
-template <bool BF16>
-__device__ __forceinline__ float bwd_load16(uint16_t x) {
-    return BF16 ? __bfloat162float(__ushort_as_bfloat16(x)) : __half2float(__ushort_as_half(x));
-}
-template <bool BF16>
-__device__ __forceinline__ void bwd_store16x2(uint16_t *dst, float x0, float x1) {
-    if (BF16) {
-        dst[0] = __bfloat16_as_ushort(__float2bfloat16_rn(x0));
-        dst[1] = __bfloat16_as_ushort(__float2bfloat16_rn(x1));
-    } else {
-        dst[0] = __half_as_ushort(__float2half_rn(x0));
-        dst[1] = __half_as_ushort(__float2half_rn(x1));
-    }
-}
-
-/* One warp per query row: D = sum(dO O) over the head dim, in fp32, and the
- * LSE in log2 units (+inf where the row saw no key or is padding: P = 0). */
-template <bool BF16>
-__global__ void __launch_bounds__(256) bwd_pre_kernel(const uint16_t *o, int64_t o_sb, int64_t o_ss, int64_t o_sh,
-                                                      const uint16_t *dout, int64_t d_sb, int64_t d_ss, int64_t d_sh,
-                                                      const float *lse, float *lse2, float *dsum, int heads, int seqlen_q,
-                                                      int sq_pad, int d, int64_t rows) {
-    const int64_t row = (int64_t)blockIdx.x * 8 + threadIdx.x / 32;
-    const int lane = threadIdx.x % 32;
-    if (row >= rows) return;
-    const int i = (int)(row % sq_pad);
-    const int64_t bh = row / sq_pad;
-    const int h = (int)(bh % heads), b = (int)(bh / heads);
-    float acc = 0.f, l2 = INFINITY;
-    if (i < seqlen_q) {
-        const uint16_t *po = o + b * o_sb + i * o_ss + h * o_sh, *pd = dout + b * d_sb + i * d_ss + h * d_sh;
-        for (int c = lane; c < d; c += 32) acc = fmaf(bwd_load16<BF16>(po[c]), bwd_load16<BF16>(pd[c]), acc);
-        const float l = lse[bh * seqlen_q + i];
-        l2 = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    if (lane == 0) {
-        dsum[row] = acc;
-        lse2[row] = l2;
-    }
-}
-
-/* dq = softmax_scale dq_acc (tiles in bwd_dq_index's order), two elements per thread. */
-template <bool BF16>
-__global__ void __launch_bounds__(256) bwd_post_kernel(const float *acc, uint16_t *dq, int64_t q_sb, int64_t q_ss,
-                                                       int64_t q_sh, int heads, int seqlen_q, int width, int d,
-                                                       float scale, int64_t pairs) {
-    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= pairs) return;
-    const int64_t e = 2 * t;
-    const int c = (int)(e % d);
-    const int64_t row = e / d; /* over [batch][heads][seqlen_q] */
-    const int i = (int)(row % seqlen_q);
-    const int64_t bh = row / seqlen_q;
-    const int h = (int)(bh % heads), b = (int)(bh / heads);
-    const float *tile = acc + (bh * ((seqlen_q + 63) / 64) + i / 64) * 64 * d;
-    const float2 x = *(const float2 *)(tile + bwd_dq_index(i % 64, c, width)); /* c even: c, c + 1 adjacent */
-    uint16_t *dst = dq + b * q_sb + i * q_ss + h * q_sh + c;
-    bwd_store16x2<BF16>(dst, x.x * scale, x.y * scale);
-}
-
-/* VARLEN preprocess: block (m, h, b) = query block m of head h, sequence b
- * (the grid covers the longest); 8 warps, 8 rows each: D and the LSE in log2
- * units at the row's place in the workspace ([2][heads][rb_total][64]),
- * the block's rows past the sequence as padding (D 0, LSE +inf: P = 0). */
-template <bool BF16>
-__global__ void __launch_bounds__(256) bwd_pre_varlen_kernel(const uint16_t *o, int64_t o_ss, int64_t o_sh,
-                                                             const uint16_t *dout, int64_t d_ss, int64_t d_sh,
-                                                             const float *lse, float *lse2, float *dsum,
-                                                             const int *cu_q, int total_q, int max_q, int rb_total,
-                                                             int d) {
-    const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-    int q0, lq;
-    varlen_rows(cu_q, b, total_q, max_q, q0, lq);
-    if (m * 64 >= lq) return;
-    const size_t tile = ((size_t)h * rb_total + bwd_varlen_rb(q0, b) + m) * 64;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (int r = warp; r < 64; r += 8) {
-        const int i = m * 64 + r;
-        float acc = 0.f, l2 = INFINITY;
-        if (i < lq) {
-            const int64_t row = (int64_t)q0 + i;
-            const uint16_t *po = o + row * o_ss + h * o_sh, *pd = dout + row * d_ss + h * d_sh;
-            for (int c = lane; c < d; c += 32) acc = fmaf(bwd_load16<BF16>(po[c]), bwd_load16<BF16>(pd[c]), acc);
-            const float l = lse[(int64_t)h * total_q + row];
-            l2 = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
-        }
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-        if (lane == 0) {
-            dsum[tile + r] = acc;
-            lse2[tile + r] = l2;
-        }
-    }
-}
-
-/* VARLEN postprocess: block (m, h, b) writes dq = softmax_scale dq_acc for
- * the rows of query block m of sequence b that exist. */
-template <bool BF16>
-__global__ void __launch_bounds__(256) bwd_post_varlen_kernel(const float *acc, uint16_t *dq, int64_t q_ss, int64_t q_sh,
-                                                              const int *cu_q, int total_q, int max_q, int rb_total,
-                                                              int width, int d, float scale) {
-    const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-    int q0, lq;
-    varlen_rows(cu_q, b, total_q, max_q, q0, lq);
-    if (m * 64 >= lq) return;
-    const float *tile = acc + ((size_t)h * rb_total + bwd_varlen_rb(q0, b) + m) * 64 * d;
-    const int rows = min(64, lq - m * 64);
-    for (int t = threadIdx.x; t < rows * d / 2; t += blockDim.x) {
-        const int r = 2 * t / d, c = 2 * t % d;
-        const float2 x = *(const float2 *)(tile + bwd_dq_index(r, c, width)); /* c even: c, c + 1 adjacent */
-        uint16_t *dst = dq + ((int64_t)q0 + m * 64 + r) * q_ss + h * q_sh + c;
-        bwd_store16x2<BF16>(dst, x.x * scale, x.y * scale);
-    }
-}
 
 static inline fattn_status bwd_launch_error(fattn_ctx *ctx, const char *what) {
     const cudaError_t e = cudaGetLastError();
@@ -230,17 +113,7 @@ fattn_status bwd_sm90_run(fattn_ctx *ctx, const fattn_bwd_args *a) {
         (void)cudaGetLastError();
         return fattn_fail(ctx, FATTN_ERROR_CUDA, "backward: cudaFuncSetAttribute: %s", cudaGetErrorString(e));
     }
-    const unsigned nblk = (unsigned)((pr->seqlen_k + C::BN - 1) / C::BN);
-    dim3 grid(nblk, (unsigned)pr->heads_kv, (unsigned)pr->batch);
-    if (C::LPT && (uint64_t)nblk * pr->heads_kv * pr->batch <= 0x7FFFFFFFu) {
-        /* as many kv heads a group as keep their Q, dO (16-bit) and dQ
-         * accumulator (fp32) within 32 MiB of the 60 MB L2 */
-        const double head_bytes = (double)pr->seqlen_q * D * 8.0 * (pr->heads_q / pr->heads_kv);
-        const double g = (32.0 * 1024 * 1024) / (head_bytes > 1.0 ? head_bytes : 1.0);
-        p.lpt_group = g < 1.0 ? 1 : g > (double)pr->heads_kv * pr->batch ? pr->heads_kv * pr->batch : (int)g;
-        grid = dim3(nblk * (unsigned)pr->heads_kv * (unsigned)pr->batch, 1, 1);
-        p.spt = C::CAUSAL && p.deterministic;
-    }
+    const dim3 grid = bwd_grid<C>(pr, p);
     if (grid.x > 0) kern<<<grid, C::THREADS, C::SMEM_BYTES, stream>>>(tq, tk, tv, tdo, tstats, p);
     if ((s = bwd_launch_error(ctx, "main kernel")) != FATTN_OK) return s;
 

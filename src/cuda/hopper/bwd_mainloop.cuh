@@ -1,0 +1,305 @@
+/* bwd_mainloop.cuh - the backward's consumer warpgroups at head dims 64 and
+ * 128 (bwd_consumer; the tiling in bwd_sm90.cuh) and the tile operations
+ * the head-dim-256 form (bwd_mainloop_split_d.cuh) shares with it: the
+ * S^T / dP^T GEMM issue, P^T from S^T, dS^T into shared memory, a dQ tile
+ * into its staging buffer. */
+#pragma once
+#include "../common/wgmma_gen.cuh"
+#include "../common/wgmma_tnsp.cuh"
+#include "bwd_epilogue.cuh"
+#include "bwd_scheduler.cuh"
+
+/* A consumer's S^T = K_w Q^T (or, dp, dP^T = V_w dO^T) for the iteration in
+ * stage s (issue only: one commit group). */
+template <class C>
+__device__ __forceinline__ void bwd_issue_sdp(const BwdSmem<C> &sm, uint64_t desc_kv, int s, bool dp, float (&acc)[32]) {
+    using WS = wgmma_op<64, C::BF16>; /* m64 (keys) n64 (queries) */
+    constexpr int D = C::D, BN = C::BN, BM = C::BM;
+    const uint64_t desc_b = smem_desc_sw128(dp ? sm.dout(s) : sm.q(s), 16, 1024);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+        WS::ss(acc, desc_add(desc_kv, (kk / 4) * BN * 128 + (kk % 4) * 32),
+               desc_add(desc_b, (kk / 4) * BM * 128 + (kk % 4) * 32), kk > 0);
+    wgmma_commit();
+}
+
+/* P^T in place for 8-column group i of a consumer's S^T accumulator: element
+ * 4 i + e is key key_r + 8 (e / 2), query query_c + 8 i + e % 2; P^T =
+ * exp2(S^T scale log2 e - LSE log2 e), 0 where the causal mask hides the key
+ * and (VARLEN) for a key past the sequence's (the next sequence's rows). */
+template <class C>
+__device__ __forceinline__ void bwd_p_group(float (&acc)[32], int i, float2 l, const BwdParams &p, bool need_mask,
+                                            int key_r, int query_c) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        float x = exp2f(fmaf(acc[4 * i + e], p.scale_log2, -((e & 1) ? l.y : l.x)));
+        if (need_mask) {
+            const int key = key_r + 8 * (e >> 1), q = query_c + 8 * i + (e & 1);
+            if ((C::CAUSAL && key > q + p.causal_offset) || (C::VARLEN && key >= p.seqlen_k)) x = 0.f;
+        }
+        acc[4 * i + e] = x;
+    }
+}
+
+/* dS^T (16-bit, fragment pairs) into shared memory: row = key (row0 + ...),
+ * 128 bytes of 64 queries, 128-byte swizzle; df[ks][j] holds queries 8 (2 ks
+ * + j / 2) + 2 q4, + 1 of key 16 wq + lane / 4 + 8 (j % 2), which is matrix j
+ * of a stmatrix (lanes 8 j .. 8 j + 7 address its rows) */
+template <class C>
+__device__ __forceinline__ void bwd_store_ds(uint8_t *dsb, int row0, int wq, int lane, const uint32_t (&df)[4][4]) {
+    if constexpr (C::STSM) {
+        const int mat = lane / 8, row = row0 + 16 * wq + lane % 8 + 8 * (mat & 1);
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+            stsm_x4(smem_u32(dsb) + row * 128 + (((2 * ks + (mat >> 1)) ^ (row & 7)) << 4), df[ks][0], df[ks][1],
+                    df[ks][2], df[ks][3]);
+    } else {
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int row = row0 + 16 * wq + lane / 4 + 8 * (j & 1), chunk = 2 * ks + (j >> 1);
+                st_shared_u32(dsb + row * 128 + ((chunk ^ (row & 7)) << 4) + 4 * (lane % 4), df[ks][j]);
+            }
+    }
+}
+
+/* N columns of a warp's dQ accumulator (rows r0, r0 + 8, columns 2 q4, + 1
+ * of each 8-column group) at their bwd_dq_index places from dqb */
+template <int N>
+__device__ __forceinline__ void bwd_put_dq(float4 *dqb, int lane, const float (&dq)[N / 2]) {
+#pragma unroll
+    for (int i = 0; i < N / 8; ++i)
+        st_shared_f32x4(dqb + i * 32 + lane, make_float4(dq[4 * i], dq[4 * i + 1], dq[4 * i + 2], dq[4 * i + 3]));
+}
+
+/* A consumer warpgroup at head dim 64 or 128: keys 64 cw .. 64 cw + 63 of
+ * the block (the tiling at the top of the file).  Per iteration, with
+ * ORDER_FA3: S^T and dP^T issued, LSE read under them; P^T; dV issued; D
+ * read; dP^T waited for (dV may run); dS^T to shared memory; the barrier;
+ * dQ and dK issued; dQ waited for and handed over while dK runs. */
+template <class C>
+__device__ __forceinline__ void bwd_consumer(const BwdSmem<C> &sm, const BwdParams &p, const BwdIter<C> &iter, int n,
+                                             int hk, int b, const BwdSeq &sq) {
+    constexpr int D = C::D, BN = C::BN, BM = C::BM, STAGES = C::STAGES;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int cw = threadIdx.x / 128 - 1, wq = warp % 4;
+    const int r0 = 16 * wq + lane / 4, q4 = lane % 4;
+    const int T = iter.total;
+    using WD = wgmma_op<D, C::BF16>;         /* dV, dK: m64 nD, B MN-major */
+    using WS = wgmma_op<64, C::BF16>;        /* S^T, dP^T with K_w, V_w in registers (KREG) */
+    using WQ = wgmma_tnsp<C::DQ_N, C::BF16>; /* dQ: A and B MN-major */
+    float dv[D / 2], dk[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) dv[i] = dk[i] = 0.f;
+    if (T > 0) mbar_wait(sm.full_kv, 0);
+    const uint64_t desc_k = smem_desc_sw128(sm.k() + cw * 64 * 128, 16, 1024);
+    const uint64_t desc_v = smem_desc_sw128(sm.v() + cw * 64 * 128, 16, 1024);
+    /* KREG: the A fragments of K_w and V_w, k step kk: matrices (rows 0-7,
+     * columns 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15) of the warp's 16 keys */
+    uint32_t kf[C::KREG ? 4 : 1][4], vf[C::KREG ? 4 : 1][4];
+    if constexpr (C::KREG) {
+        const int row = cw * 64 + 16 * wq + lane % 8 + 8 * ((lane / 8) & 1);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            const uint32_t off = row * 128 + (((2 * kk + lane / 16) ^ (row & 7)) << 4);
+            ldsm_x4(kf[kk], smem_u32(sm.k()) + off);
+            ldsm_x4(vf[kk], smem_u32(sm.v()) + off);
+        }
+    }
+    auto issue_sdp = [&](int s, bool dp, float(&acc)[32]) {
+        if constexpr (C::KREG) {
+            const uint64_t desc_b = smem_desc_sw128(dp ? sm.dout(s) : sm.q(s), 16, 1024);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) WS::rsk(acc, dp ? vf[kk] : kf[kk], desc_add(desc_b, kk * 32), kk > 0);
+            wgmma_commit();
+        } else {
+            bwd_issue_sdp<C>(sm, dp ? desc_v : desc_k, s, dp, acc);
+        }
+    };
+    const int key0 = n * BN + cw * 64; /* this warpgroup's first key */
+    float st[32], dpt[32];
+    /* PINGPONG: the GEMM issues of turns 1 (S^T, dP^T), 2 (dV; dK too
+     * without ORDER_FA3) and, with pingpong 2, 3 (dQ; dK too with ORDER_FA3)
+     * alternate between the consumers (0, 1, 0, ...), so that one's
+     * exponentials run under the other's GEMMs.  No deadlock with BAR_DS or
+     * the hand-overs: a consumer waiting for turn k of iteration i waits for
+     * the other's previous turn, and the other reaches it without waiting on
+     * the first: BAR_DS of i comes after both consumers' turns 1 and 2 of i
+     * (each has handed the token on before it syncs there), turn 3 after
+     * BAR_DS, which both have passed, and the producer's and the writer's
+     * hand-overs wait for arrivals of earlier iterations only, which both
+     * consumers made before their turns of i.  A consumer waits for its
+     * Q/dO before its turn, not holding the token.  The token starts at
+     * consumer 0 (consumer 1 hands it over once); consumer 0 takes the last
+     * hand-over after the loop, so no arrival is left pending at exit. */
+    const int bar_self = C::BAR_PP + cw, bar_next = C::BAR_PP + (cw ^ 1);
+    auto pp_sync = [&](int turn) {
+        if (turn <= C::PP_TURNS) named_bar_sync(bar_self, 256);
+    };
+    auto pp_arrive = [&](int turn) {
+        if (turn <= C::PP_TURNS) named_bar_arrive(bar_next, 256);
+    };
+    if (C::PINGPONG && cw == 1) named_bar_arrive(bar_next, 256);
+    for (int it = 0; it < T; ++it) {
+        int h, m;
+        iter.decode(it, hk, p, h, m);
+        (void)h;
+        const int s = it % STAGES;
+        /* with PREFETCH_S only the first iteration issues its own S^T, every
+         * later one finds it issued by the iteration before, under its dQ GEMM */
+        const bool own_s = it == 0 || !C::PREFETCH_S;
+        if (own_s) mbar_wait<C::SLEEP>(&sm.full_qdo[s], (it / STAGES) & 1);
+        pp_sync(1);
+        if (own_s) issue_sdp(s, false, st);
+        issue_sdp(s, true, dpt);
+        pp_arrive(1);
+        const float *lse = sm.lse(s), *dsum = sm.dsum(s);
+        float2 l2[8], d2[8];
+        if constexpr (C::EARLY_STATS)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) l2[i] = ld_shared_f32x2(lse + 8 * i + 2 * q4);
+        wgmma_wait<1>();
+        reg_fence(st);
+        if constexpr (!C::EARLY_STATS)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) l2[i] = *(const float2 *)(lse + 8 * i + 2 * q4);
+        /* P^T: element 4 i + e is key r0 + 8 (e / 2), query 8 i + 2 q4 + e % 2 */
+        const bool need_mask =
+            (C::CAUSAL && key0 + 63 > m * BM + p.causal_offset) || (C::VARLEN && key0 + 64 > p.seqlen_k);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) bwd_p_group<C>(st, i, l2[i], p, need_mask, key0 + r0, m * BM + 2 * q4);
+        uint32_t pf[4][4], df[4][4];
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                pf[ks][j] = C::BF16 ? pack_bf16x2(st[8 * ks + 2 * j], st[8 * ks + 2 * j + 1])
+                                    : pack_f16x2(st[8 * ks + 2 * j], st[8 * ks + 2 * j + 1]);
+        /* dV += P^T dO, dK += dS^T Q (B MN-major: rows of queries, k16 step 16 rows) */
+        const uint64_t desc_dot = smem_desc_sw128(sm.dout(s), BM * 128, 1024);
+        const uint64_t desc_qt = smem_desc_sw128(sm.q(s), BM * 128, 1024);
+        if constexpr (C::ORDER_FA3) {
+            /* dV under the dS^T below: its issue needs every exponential, so
+             * the dP^T wait cannot rise above them */
+            pp_sync(2);
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) WD::rs(dv, pf[ks], desc_add(desc_dot, ks * 2048), 1);
+            wgmma_commit();
+            pp_arrive(2);
+        }
+        if constexpr (C::EARLY_STATS)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) d2[i] = ld_shared_f32x2(dsum + 8 * i + 2 * q4);
+        if constexpr (C::ORDER_FA3)
+            wgmma_wait<1>(); /* dP^T; dV may run */
+        else
+            wgmma_wait<0>();
+        reg_fence(dpt);
+        if constexpr (!C::EARLY_STATS)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) d2[i] = *(const float2 *)(dsum + 8 * i + 2 * q4);
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dpt[4 * i + e] = st[4 * i + e] * (dpt[4 * i + e] - ((e & 1) ? d2[i].y : d2[i].x));
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                df[ks][j] = C::BF16 ? pack_bf16x2(dpt[8 * ks + 2 * j], dpt[8 * ks + 2 * j + 1])
+                                    : pack_f16x2(dpt[8 * ks + 2 * j], dpt[8 * ks + 2 * j + 1]);
+        if constexpr (!C::ORDER_FA3) {
+            pp_sync(2);
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) WD::rs(dv, pf[ks], desc_add(desc_dot, ks * 2048), 1);
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) WD::rs(dk, df[ks], desc_add(desc_qt, ks * 2048), 1);
+            wgmma_commit();
+            pp_arrive(2);
+        }
+        uint8_t *dsb = sm.ds(it & 1);
+        bwd_store_ds<C>(dsb, cw * 64, wq, lane, df);
+        fence_async_shared(); /* read by wgmma (the async proxy) */
+        if (C::DQ_NSPLIT) named_bar_sync(C::BAR_DS, 256);
+        float dq[C::DQ_N / 2];
+        pp_sync(3);
+        wgmma_fence();
+        if constexpr (C::DQ_NSPLIT) {
+            /* columns DQ_N cw .. of dQ = dS K: A = dS (K rows = keys, 128
+             * bytes of queries), B = K's columns DQ_N cw .. (slab cw at d128,
+             * half of the one slab at d64) */
+            const uint64_t da = smem_desc_sw128(dsb, 16, 1024);
+            const uint64_t db = smem_desc_sw128(sm.k() + (D >= 128 ? cw * BN * 128 : cw * C::DQ_N * 2), 16, 1024);
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk) WQ::ss_tab(dq, desc_add(da, kk * 2048), desc_add(db, kk * 2048), kk > 0);
+        } else {
+            /* all of dQ over this warpgroup's own 64 keys */
+            const uint64_t da = smem_desc_sw128(dsb + cw * 64 * 128, 16, 1024);
+            const uint64_t db = smem_desc_sw128(sm.k() + cw * 64 * 128, 16, 1024);
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) WQ::ss_tab(dq, desc_add(da, kk * 2048), desc_add(db, kk * 2048), kk > 0);
+        }
+        wgmma_commit();
+        if constexpr (C::ORDER_FA3) {
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) WD::rs(dk, df[ks], desc_add(desc_qt, ks * 2048), 1);
+            wgmma_commit();
+        }
+        pp_arrive(3);
+        /* the next iteration's S^T under this dQ GEMM and the dQ hand-over */
+        const bool pf_next = C::PREFETCH_S && it + 1 < T;
+        if (pf_next) {
+            mbar_wait<C::SLEEP>(&sm.full_qdo[(it + 1) % STAGES], ((it + 1) / STAGES) & 1);
+            issue_sdp((it + 1) % STAGES, false, st);
+        }
+        /* dQ done: ORDER_FA3 leaves dK (and the prefetched S^T) running */
+        constexpr int AFTER_DQ = C::ORDER_FA3 ? 1 : 0;
+        if (pf_next)
+            wgmma_wait<AFTER_DQ + 1>();
+        else
+            wgmma_wait<AFTER_DQ>();
+        reg_fence(dq);
+        auto release_stage = [&]() {
+            reg_fence(dv);
+            reg_fence(dk);
+            /* the A fragments stay live until their GEMMs are done, so that
+             * ptxas does not reuse their registers and wait early */
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) {
+                reg_fence(pf[ks]);
+                reg_fence(df[ks]);
+            }
+            /* Q and dO of this stage are read by nobody now; the LSE and D
+             * reads (generic proxy) are ordered before the producer's next
+             * bulk copies into the stage (async proxy) */
+            fence_async_shared();
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&sm.empty_qdo[s]);
+        };
+        if constexpr (!C::ORDER_FA3) release_stage();
+        /* dQ to the writer's buffer */
+        const int dqs = it % C::DQ_STAGES;
+        named_bar_sync(C::BAR_DQ_EMPTY + dqs, 288);
+        /* float4 (rows r0, r0 + 8, columns 2 q4, + 1 of each 8-column group)
+         * at bwd_dq_index's place: part cw (nsplit) or this consumer's own
+         * tile (two partial tiles) */
+        float4 *dqb = (float4 *)sm.dq(dqs, C::DQ_NSPLIT ? 0 : cw) + ((C::DQ_NSPLIT ? cw * 4 : 0) + wq) * (C::DQ_N / 8) * 32;
+        bwd_put_dq<C::DQ_N>(dqb, lane, dq);
+        fence_async_shared(); /* read by the bulk reduce (the async proxy) */
+        named_bar_arrive(C::BAR_DQ_FULL + dqs, 288);
+        if constexpr (C::ORDER_FA3) {
+            if (pf_next)
+                wgmma_wait<1>();
+            else
+                wgmma_wait<0>();
+            release_stage();
+        }
+    }
+    if (C::PINGPONG && cw == 0) named_bar_sync(bar_self, 256); /* the last hand-over */
+    bwd_store_dkdv<C, D>(p, sq, b, hk, key0 + r0, 0, q4, dk, dv);
+}
