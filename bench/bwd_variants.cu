@@ -47,32 +47,22 @@ constexpr variant mk(const char *name) {
 
 /* the first of each mask is the shipped kernel (BwdOpts' defaults) */
 static const variant variants[] = {
-/* "s22": the kernel shipped until session 23 (order 0, generic LSE/D loads,
- * 4-byte dS^T stores, d64: two partial dQ tiles and the prefetched S^T,
- * causal: n-fastest grid) */
-#define S22 .order = 0, .early_stats = false, .stsm = false, .kreg = 0, .dq_split = 0, .lpt = 0
 #if BV_D == 64
     V("d64 shipped", .d = 64),
-    V("d64 s22", .d = 64, .prefetch_s = 1, .pingpong = 2, S22),
-    V("d64 pp2", .d = 64, .pingpong = 2),
-    V("d64 prefetch", .d = 64, .prefetch_s = 1),
-    V("d64 sleep", .d = 64, .sleep = 1),
-    V("d64 psleep 1", .d = 64, .psleep = true),
+    V("d64 lag_dq", .d = 64, .lag_dq = true),
+    V("d64 kreg 0", .d = 64, .kreg = 0),
+    V("d64 sleep", .d = 64, .sleep = true),
     V("d64 causal shipped", .d = 64, .causal = true),
-    V("d64 causal s22", .d = 64, .causal = true, .prefetch_s = 1, .pingpong = 2, S22),
-    V("d64 causal pp2", .d = 64, .causal = true, .pingpong = 2),
-    V("d64 causal prefetch", .d = 64, .causal = true, .prefetch_s = 1),
+    V("d64 causal lag_dq", .d = 64, .causal = true, .lag_dq = true),
+    V("d64 causal lpt 0", .d = 64, .causal = true, .lpt = 0),
 #elif BV_D == 128
     V("d128 shipped", .d = 128),
-    V("d128 s22", .d = 128, .sleep = 1, .pingpong = 1, S22),
-    V("d128 pp1 sleep", .d = 128, .sleep = 1, .pingpong = 1),
-    V("d128 sleep", .d = 128, .sleep = 1),
-    V("d128 prefetch", .d = 128, .prefetch_s = 1),
-    V("d128 psleep 1", .d = 128, .psleep = true),
+    V("d128 lag_dq", .d = 128, .lag_dq = true),
+    V("d128 sleep", .d = 128, .sleep = true),
+    V("d128 psleep", .d = 128, .psleep = true),
     V("d128 causal shipped", .d = 128, .causal = true),
-    V("d128 causal s22", .d = 128, .causal = true, .pingpong = 2, S22),
-    V("d128 causal pp2", .d = 128, .causal = true, .pingpong = 2),
-    V("d128 causal prefetch", .d = 128, .causal = true, .prefetch_s = 1),
+    V("d128 causal lag_dq", .d = 128, .causal = true, .lag_dq = true),
+    V("d128 causal lpt 0", .d = 128, .causal = true, .lpt = 0),
 #else
     V("d256 shipped", .d = 256),
     V("d256 causal shipped", .d = 256, .causal = true),

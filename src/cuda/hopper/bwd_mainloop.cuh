@@ -4,6 +4,8 @@
  * S^T / dP^T GEMM issue, P^T from S^T, dS^T into shared memory, a dQ tile
  * into its staging buffer. */
 #pragma once
+#include <type_traits>
+
 #include "../common/wgmma_gen.cuh"
 #include "../common/wgmma_tnsp.cuh"
 #include "bwd_epilogue.cuh"
@@ -46,23 +48,12 @@ __device__ __forceinline__ void bwd_p_group(float (&acc)[32], int i, float2 l, c
  * 128 bytes of 64 queries, 128-byte swizzle; df[ks][j] holds queries 8 (2 ks
  * + j / 2) + 2 q4, + 1 of key 16 wq + lane / 4 + 8 (j % 2), which is matrix j
  * of a stmatrix (lanes 8 j .. 8 j + 7 address its rows) */
-template <class C>
 __device__ __forceinline__ void bwd_store_ds(uint8_t *dsb, int row0, int wq, int lane, const uint32_t (&df)[4][4]) {
-    if constexpr (C::STSM) {
-        const int mat = lane / 8, row = row0 + 16 * wq + lane % 8 + 8 * (mat & 1);
+    const int mat = lane / 8, row = row0 + 16 * wq + lane % 8 + 8 * (mat & 1);
 #pragma unroll
-        for (int ks = 0; ks < 4; ++ks)
-            stsm_x4(smem_u32(dsb) + row * 128 + (((2 * ks + (mat >> 1)) ^ (row & 7)) << 4), df[ks][0], df[ks][1],
-                    df[ks][2], df[ks][3]);
-    } else {
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int row = row0 + 16 * wq + lane / 4 + 8 * (j & 1), chunk = 2 * ks + (j >> 1);
-                st_shared_u32(dsb + row * 128 + ((chunk ^ (row & 7)) << 4) + 4 * (lane % 4), df[ks][j]);
-            }
-    }
+    for (int ks = 0; ks < 4; ++ks)
+        stsm_x4(smem_u32(dsb) + row * 128 + (((2 * ks + (mat >> 1)) ^ (row & 7)) << 4), df[ks][0], df[ks][1], df[ks][2],
+                df[ks][3]);
 }
 
 /* N columns of a warp's dQ accumulator (rows r0, r0 + 8, columns 2 q4, + 1
@@ -75,21 +66,18 @@ __device__ __forceinline__ void bwd_put_dq(float4 *dqb, int lane, const float (&
 }
 
 /* A consumer warpgroup at head dim 64 or 128: keys 64 cw .. 64 cw + 63 of
- * the block (the tiling at the top of the file).  Per iteration, with
- * ORDER_FA3: S^T and dP^T issued, LSE read under them; P^T; dV issued; D
- * read; dP^T waited for (dV may run); dS^T to shared memory; the barrier;
- * dQ and dK issued; dQ waited for and handed over while dK runs. */
+ * the block (the tiling and the issue order in bwd_sm90.cuh). */
 template <class C>
 __device__ __forceinline__ void bwd_consumer(const BwdSmem<C> &sm, const BwdParams &p, const BwdIter<C> &iter, int n,
                                              int hk, int b, const BwdSeq &sq) {
-    constexpr int D = C::D, BN = C::BN, BM = C::BM, STAGES = C::STAGES;
+    constexpr int D = C::D, BN = C::BN, BM = C::BM, STAGES = C::STAGES, DQ_N = C::DQ_N;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int cw = threadIdx.x / 128 - 1, wq = warp % 4;
     const int r0 = 16 * wq + lane / 4, q4 = lane % 4;
     const int T = iter.total;
-    using WD = wgmma_op<D, C::BF16>;         /* dV, dK: m64 nD, B MN-major */
-    using WS = wgmma_op<64, C::BF16>;        /* S^T, dP^T with K_w, V_w in registers (KREG) */
-    using WQ = wgmma_tnsp<C::DQ_N, C::BF16>; /* dQ: A and B MN-major */
+    using WD = wgmma_op<D, C::BF16>;  /* dV, dK: m64 nD, B MN-major */
+    using WS = wgmma_op<64, C::BF16>; /* S^T, dP^T with K_w, V_w in registers (KREG) */
+    using WQ = wgmma_tnsp<DQ_N, C::BF16>; /* dQ: A and B MN-major */
     float dv[D / 2], dk[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) dv[i] = dk[i] = 0.f;
@@ -119,53 +107,45 @@ __device__ __forceinline__ void bwd_consumer(const BwdSmem<C> &sm, const BwdPara
             bwd_issue_sdp<C>(sm, dp ? desc_v : desc_k, s, dp, acc);
         }
     };
+    /* columns DQ_N cw .. of dQ = dS K over all BN keys: A = dS (K rows =
+     * keys, 128 bytes of queries: both consumers' halves), B = K's columns
+     * DQ_N cw .. (slab cw at d128, half of the one slab at d64) */
+    auto issue_dq = [&](const uint8_t *dsb, float(&dq)[DQ_N / 2]) {
+        const uint64_t da = smem_desc_sw128(dsb, 16, 1024);
+        const uint64_t db = smem_desc_sw128(sm.k() + (D >= 128 ? cw * BN * 128 : cw * DQ_N * 2), 16, 1024);
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) WQ::ss_tab(dq, desc_add(da, kk * 2048), desc_add(db, kk * 2048), kk > 0);
+        wgmma_commit();
+    };
+    /* iteration q's dQ to the writer's buffer: part cw of the tile */
+    auto stage_dq = [&](int q, const float(&dq)[DQ_N / 2]) {
+        const int dqs = q % C::DQ_STAGES;
+        named_bar_sync(C::BAR_DQ_EMPTY + dqs, 288);
+        bwd_put_dq<DQ_N>((float4 *)sm.dq(dqs) + (cw * 4 + wq) * (DQ_N / 8) * 32, lane, dq);
+        fence_async_shared(); /* read by the bulk reduce (the async proxy) */
+        named_bar_arrive(C::BAR_DQ_FULL + dqs, 288);
+    };
+    /* LAG_DQ: consumer w's "dS^T of iteration i stored" barrier */
+    auto lag_bar = [&](int i, int w) { return C::BAR_LAG + 2 * (i & 1) + w; };
     const int key0 = n * BN + cw * 64; /* this warpgroup's first key */
     float st[32], dpt[32];
-    /* PINGPONG: the GEMM issues of turns 1 (S^T, dP^T), 2 (dV; dK too
-     * without ORDER_FA3) and, with pingpong 2, 3 (dQ; dK too with ORDER_FA3)
-     * alternate between the consumers (0, 1, 0, ...), so that one's
-     * exponentials run under the other's GEMMs.  No deadlock with BAR_DS or
-     * the hand-overs: a consumer waiting for turn k of iteration i waits for
-     * the other's previous turn, and the other reaches it without waiting on
-     * the first: BAR_DS of i comes after both consumers' turns 1 and 2 of i
-     * (each has handed the token on before it syncs there), turn 3 after
-     * BAR_DS, which both have passed, and the producer's and the writer's
-     * hand-overs wait for arrivals of earlier iterations only, which both
-     * consumers made before their turns of i.  A consumer waits for its
-     * Q/dO before its turn, not holding the token.  The token starts at
-     * consumer 0 (consumer 1 hands it over once); consumer 0 takes the last
-     * hand-over after the loop, so no arrival is left pending at exit. */
-    const int bar_self = C::BAR_PP + cw, bar_next = C::BAR_PP + (cw ^ 1);
-    auto pp_sync = [&](int turn) {
-        if (turn <= C::PP_TURNS) named_bar_sync(bar_self, 256);
-    };
-    auto pp_arrive = [&](int turn) {
-        if (turn <= C::PP_TURNS) named_bar_arrive(bar_next, 256);
-    };
-    if (C::PINGPONG && cw == 1) named_bar_arrive(bar_next, 256);
-    for (int it = 0; it < T; ++it) {
+    /* one iteration; PREV (LAG_DQ): iteration it - 1 exists (the first is
+     * peeled, so that no dQ GEMM is issued under a branch) */
+    auto step = [&](int it, auto prev) {
+        constexpr bool PREV = decltype(prev)::value;
         int h, m;
         iter.decode(it, hk, p, h, m);
         (void)h;
         const int s = it % STAGES;
-        /* with PREFETCH_S only the first iteration issues its own S^T, every
-         * later one finds it issued by the iteration before, under its dQ GEMM */
-        const bool own_s = it == 0 || !C::PREFETCH_S;
-        if (own_s) mbar_wait<C::SLEEP>(&sm.full_qdo[s], (it / STAGES) & 1);
-        pp_sync(1);
-        if (own_s) issue_sdp(s, false, st);
+        mbar_wait<C::SLEEP>(&sm.full_qdo[s], (it / STAGES) & 1);
+        issue_sdp(s, false, st);
         issue_sdp(s, true, dpt);
-        pp_arrive(1);
         const float *lse = sm.lse(s), *dsum = sm.dsum(s);
         float2 l2[8], d2[8];
-        if constexpr (C::EARLY_STATS)
 #pragma unroll
-            for (int i = 0; i < 8; ++i) l2[i] = ld_shared_f32x2(lse + 8 * i + 2 * q4);
+        for (int i = 0; i < 8; ++i) l2[i] = ld_shared_f32x2(lse + 8 * i + 2 * q4);
         wgmma_wait<1>();
         reg_fence(st);
-        if constexpr (!C::EARLY_STATS)
-#pragma unroll
-            for (int i = 0; i < 8; ++i) l2[i] = *(const float2 *)(lse + 8 * i + 2 * q4);
         /* P^T: element 4 i + e is key r0 + 8 (e / 2), query 8 i + 2 q4 + e % 2 */
         const bool need_mask =
             (C::CAUSAL && key0 + 63 > m * BM + p.causal_offset) || (C::VARLEN && key0 + 64 > p.seqlen_k);
@@ -181,27 +161,16 @@ __device__ __forceinline__ void bwd_consumer(const BwdSmem<C> &sm, const BwdPara
         /* dV += P^T dO, dK += dS^T Q (B MN-major: rows of queries, k16 step 16 rows) */
         const uint64_t desc_dot = smem_desc_sw128(sm.dout(s), BM * 128, 1024);
         const uint64_t desc_qt = smem_desc_sw128(sm.q(s), BM * 128, 1024);
-        if constexpr (C::ORDER_FA3) {
-            /* dV under the dS^T below: its issue needs every exponential, so
-             * the dP^T wait cannot rise above them */
-            pp_sync(2);
-            wgmma_fence();
+        /* dV under the dS^T below: its issue needs every exponential, so the
+         * dP^T wait cannot rise above them */
+        wgmma_fence();
 #pragma unroll
-            for (int ks = 0; ks < 4; ++ks) WD::rs(dv, pf[ks], desc_add(desc_dot, ks * 2048), 1);
-            wgmma_commit();
-            pp_arrive(2);
-        }
-        if constexpr (C::EARLY_STATS)
+        for (int ks = 0; ks < 4; ++ks) WD::rs(dv, pf[ks], desc_add(desc_dot, ks * 2048), 1);
+        wgmma_commit();
 #pragma unroll
-            for (int i = 0; i < 8; ++i) d2[i] = ld_shared_f32x2(dsum + 8 * i + 2 * q4);
-        if constexpr (C::ORDER_FA3)
-            wgmma_wait<1>(); /* dP^T; dV may run */
-        else
-            wgmma_wait<0>();
+        for (int i = 0; i < 8; ++i) d2[i] = ld_shared_f32x2(dsum + 8 * i + 2 * q4);
+        wgmma_wait<1>(); /* dP^T; dV may run */
         reg_fence(dpt);
-        if constexpr (!C::EARLY_STATS)
-#pragma unroll
-            for (int i = 0; i < 8; ++i) d2[i] = *(const float2 *)(dsum + 8 * i + 2 * q4);
 #pragma unroll
         for (int i = 0; i < 8; ++i)
 #pragma unroll
@@ -212,94 +181,74 @@ __device__ __forceinline__ void bwd_consumer(const BwdSmem<C> &sm, const BwdPara
             for (int j = 0; j < 4; ++j)
                 df[ks][j] = C::BF16 ? pack_bf16x2(dpt[8 * ks + 2 * j], dpt[8 * ks + 2 * j + 1])
                                     : pack_f16x2(dpt[8 * ks + 2 * j], dpt[8 * ks + 2 * j + 1]);
-        if constexpr (!C::ORDER_FA3) {
-            pp_sync(2);
-            wgmma_fence();
-#pragma unroll
-            for (int ks = 0; ks < 4; ++ks) WD::rs(dv, pf[ks], desc_add(desc_dot, ks * 2048), 1);
-#pragma unroll
-            for (int ks = 0; ks < 4; ++ks) WD::rs(dk, df[ks], desc_add(desc_qt, ks * 2048), 1);
-            wgmma_commit();
-            pp_arrive(2);
-        }
-        uint8_t *dsb = sm.ds(it & 1);
-        bwd_store_ds<C>(dsb, cw * 64, wq, lane, df);
+        uint8_t *dsb = sm.ds(it % C::DS_BUFS);
+        bwd_store_ds(dsb, cw * 64, wq, lane, df);
         fence_async_shared(); /* read by wgmma (the async proxy) */
-        if (C::DQ_NSPLIT) named_bar_sync(C::BAR_DS, 256);
-        float dq[C::DQ_N / 2];
-        pp_sync(3);
-        wgmma_fence();
-        if constexpr (C::DQ_NSPLIT) {
-            /* columns DQ_N cw .. of dQ = dS K: A = dS (K rows = keys, 128
-             * bytes of queries), B = K's columns DQ_N cw .. (slab cw at d128,
-             * half of the one slab at d64) */
-            const uint64_t da = smem_desc_sw128(dsb, 16, 1024);
-            const uint64_t db = smem_desc_sw128(sm.k() + (D >= 128 ? cw * BN * 128 : cw * C::DQ_N * 2), 16, 1024);
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk) WQ::ss_tab(dq, desc_add(da, kk * 2048), desc_add(db, kk * 2048), kk > 0);
-        } else {
-            /* all of dQ over this warpgroup's own 64 keys */
-            const uint64_t da = smem_desc_sw128(dsb + cw * 64 * 128, 16, 1024);
-            const uint64_t db = smem_desc_sw128(sm.k() + cw * 64 * 128, 16, 1024);
-#pragma unroll
-            for (int kk = 0; kk < 4; ++kk) WQ::ss_tab(dq, desc_add(da, kk * 2048), desc_add(db, kk * 2048), kk > 0);
-        }
-        wgmma_commit();
-        if constexpr (C::ORDER_FA3) {
+        float dq[DQ_N / 2];
+        if constexpr (!C::LAG_DQ) {
+            /* both consumers' dS^T stored; dQ, then dK; dQ's hand-over while dK runs */
+            named_bar_sync(C::BAR_DS, 256);
+            wgmma_fence();
+            issue_dq(dsb, dq);
 #pragma unroll
             for (int ks = 0; ks < 4; ++ks) WD::rs(dk, df[ks], desc_add(desc_qt, ks * 2048), 1);
             wgmma_commit();
-        }
-        pp_arrive(3);
-        /* the next iteration's S^T under this dQ GEMM and the dQ hand-over */
-        const bool pf_next = C::PREFETCH_S && it + 1 < T;
-        if (pf_next) {
-            mbar_wait<C::SLEEP>(&sm.full_qdo[(it + 1) % STAGES], ((it + 1) / STAGES) & 1);
-            issue_sdp((it + 1) % STAGES, false, st);
-        }
-        /* dQ done: ORDER_FA3 leaves dK (and the prefetched S^T) running */
-        constexpr int AFTER_DQ = C::ORDER_FA3 ? 1 : 0;
-        if (pf_next)
-            wgmma_wait<AFTER_DQ + 1>();
-        else
-            wgmma_wait<AFTER_DQ>();
-        reg_fence(dq);
-        auto release_stage = [&]() {
-            reg_fence(dv);
-            reg_fence(dk);
-            /* the A fragments stay live until their GEMMs are done, so that
-             * ptxas does not reuse their registers and wait early */
-#pragma unroll
-            for (int ks = 0; ks < 4; ++ks) {
-                reg_fence(pf[ks]);
-                reg_fence(df[ks]);
+            wgmma_wait<1>(); /* dV, dQ */
+            reg_fence(dq);
+            stage_dq(it, dq);
+        } else {
+            /* the previous iteration's dQ: the partner stored its dS^T an
+             * iteration ago; then dK */
+            wgmma_fence();
+            if constexpr (PREV) {
+                named_bar_sync(lag_bar(it - 1, cw ^ 1), 256);
+                issue_dq(sm.ds((it - 1) % C::DS_BUFS), dq);
             }
-            /* Q and dO of this stage are read by nobody now; the LSE and D
-             * reads (generic proxy) are ordered before the producer's next
-             * bulk copies into the stage (async proxy) */
-            fence_async_shared();
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&sm.empty_qdo[s]);
-        };
-        if constexpr (!C::ORDER_FA3) release_stage();
-        /* dQ to the writer's buffer */
-        const int dqs = it % C::DQ_STAGES;
-        named_bar_sync(C::BAR_DQ_EMPTY + dqs, 288);
-        /* float4 (rows r0, r0 + 8, columns 2 q4, + 1 of each 8-column group)
-         * at bwd_dq_index's place: part cw (nsplit) or this consumer's own
-         * tile (two partial tiles) */
-        float4 *dqb = (float4 *)sm.dq(dqs, C::DQ_NSPLIT ? 0 : cw) + ((C::DQ_NSPLIT ? cw * 4 : 0) + wq) * (C::DQ_N / 8) * 32;
-        bwd_put_dq<C::DQ_N>(dqb, lane, dq);
-        fence_async_shared(); /* read by the bulk reduce (the async proxy) */
-        named_bar_arrive(C::BAR_DQ_FULL + dqs, 288);
-        if constexpr (C::ORDER_FA3) {
-            if (pf_next)
-                wgmma_wait<1>();
-            else
-                wgmma_wait<0>();
-            release_stage();
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) WD::rs(dk, df[ks], desc_add(desc_qt, ks * 2048), 1);
+            wgmma_commit();
+            if constexpr (PREV) {
+                wgmma_wait<1>(); /* dV, the previous dQ */
+                reg_fence(dq);
+            }
+            /* this dS^T stored, and the dQ that read the buffer the partner
+             * writes next done (three buffers) */
+            named_bar_arrive(lag_bar(it, cw), 256);
+            if constexpr (PREV) stage_dq(it - 1, dq);
+        }
+        wgmma_wait<0>(); /* dK */
+        reg_fence(dv);
+        reg_fence(dk);
+        /* the A fragments stay live until their GEMMs are done, so that ptxas
+         * does not reuse their registers and wait early */
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+            reg_fence(pf[ks]);
+            reg_fence(df[ks]);
+        }
+        /* Q and dO of this stage are read by nobody now; the LSE and D reads
+         * (generic proxy) are ordered before the producer's next bulk copies
+         * into the stage (async proxy) */
+        fence_async_shared();
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&sm.empty_qdo[s]);
+    };
+    if constexpr (C::LAG_DQ) {
+        if (T > 0) step(0, std::false_type{});
+        for (int it = 1; it < T; ++it) step(it, std::true_type{});
+    } else {
+        for (int it = 0; it < T; ++it) step(it, std::true_type{});
+    }
+    if constexpr (C::LAG_DQ) {
+        if (T > 0) { /* the last iteration's dQ */
+            float dq[DQ_N / 2];
+            named_bar_sync(lag_bar(T - 1, cw ^ 1), 256);
+            wgmma_fence();
+            issue_dq(sm.ds((T - 1) % C::DS_BUFS), dq);
+            wgmma_wait<0>();
+            reg_fence(dq);
+            stage_dq(T - 1, dq);
         }
     }
-    if (C::PINGPONG && cw == 0) named_bar_sync(bar_self, 256); /* the last hand-over */
     bwd_store_dkdv<C, D>(p, sq, b, hk, key0 + r0, 0, q4, dk, dv);
 }

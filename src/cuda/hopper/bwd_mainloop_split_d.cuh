@@ -92,7 +92,7 @@ __device__ __forceinline__ void bwd_consumer_split_d(const BwdSmem<C> &sm, const
                 for (int j = 0; j < 4; ++j)
                     df[ks][j] = C::BF16 ? pack_bf16x2(acc[8 * ks + 2 * j], acc[8 * ks + 2 * j + 1])
                                         : pack_f16x2(acc[8 * ks + 2 * j], acc[8 * ks + 2 * j + 1]);
-            bwd_store_ds<C>(dsb, 0, wq, lane, df);
+            bwd_store_ds(dsb, 0, wq, lane, df);
             fence_async_shared(); /* read by wgmma (the async proxy) */
         }
         /* all 128 threads of consumer 1 have stored (and fenced) dS^T: its own
@@ -125,7 +125,7 @@ __device__ __forceinline__ void bwd_consumer_split_d(const BwdSmem<C> &sm, const
         named_bar_sync(C::BAR_FREE, 256);
         /* float4 (rows r0, r0 + 8, columns 2 q4, + 1 of each 8-column group)
          * at bwd_dq_index's place (width DQ_N = 128): part cw of the tile */
-        float4 *dqb = (float4 *)sm.dq(s, 0) + (cw * 4 + wq) * (DN / 8) * 32;
+        float4 *dqb = (float4 *)sm.dq(s) + (cw * 4 + wq) * (DN / 8) * 32;
         bwd_put_dq<DN>(dqb, lane, dq);
         fence_async_shared(); /* read by the bulk reduce (the async proxy) */
         named_bar_arrive(C::BAR_DQ_FULL + s, 288);

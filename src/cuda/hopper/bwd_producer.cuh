@@ -44,7 +44,7 @@ __device__ __forceinline__ void bwd_producer(const BwdSmem<C> &sm, const CUtenso
 }
 
 /* The dQ writer warp: per iteration, once the consumers have staged the
- * tile (BAR_DQ_FULL), one bulk reduce-add a partial tile; in deterministic
+ * tile (BAR_DQ_FULL), one bulk reduce-add of it; in deterministic
  * mode it first waits for its turn (bwd_dq_turn) on the query block's
  * counter, and adds one after its add has landed. */
 template <class C>
@@ -70,13 +70,11 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdSmem<C> &sm, const BwdPar
                 }
             __syncwarp();
         }
-        if (lane == 0)
-            for (int buf = 0; buf < C::DQ_BUFS; ++buf) {
-                bulk_reduce_add_f32(dst, sm.dq(dqs, buf), C::DQ_TILE_BYTES);
-                bulk_commit_group();
-                /* deterministic: two partial tiles one after the other */
-                if (p.deterministic) bulk_wait_all();
-            }
+        if (lane == 0) {
+            bulk_reduce_add_f32(dst, sm.dq(dqs), C::DQ_TILE_BYTES);
+            bulk_commit_group();
+            if (p.deterministic) bulk_wait_all(); /* landed before the counter moves */
+        }
         if (p.deterministic) {
             __syncwarp();
             if (lane == 0) {

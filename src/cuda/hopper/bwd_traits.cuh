@@ -43,44 +43,31 @@ struct BwdSeq {
 /* The named options of a backward kernel, as FwdOpts names the forward's: an
  * instance is BwdCfg<BwdOpts{.d = 128, .causal = true}>, options left out
  * take the defaults, which are the shipped kernels (bwd_sm90.cu); the others
- * are experiments for bench/bwd_variants.cu (perf-notes b6). */
+ * are experiments for bench/bwd_variants.cu.  Options that lost are in git
+ * history with their measurements (perf-notes b3, b7, b9): the next S^T
+ * prefetched under dQ, the pingpong token, dV + dK before the barrier, two
+ * partial dQ tiles at d64, generic LSE/D loads, 4-byte dS^T stores. */
 struct BwdOpts {
     int d = 128;
     bool causal = false, bf16 = true;
-    /* the next iteration's S^T under the dQ GEMM (b3): -1 where it measured
-     * faster (d64 with order 0), 0 off, 1 on (d64/d128) */
-    int prefetch_s = -1;
-    /* the consumers' full_qdo waits with the suspend-time hint: 1 on (it
-     * helped pingpong 1 at d128 non-causal, b7), 0 or -1 off */
-    int sleep = -1;
-    /* the producer's empty_qdo waits with the suspend-time hint (on or off
-     * within the noise in lockstep, b9) */
+    /* the consumers' full_qdo waits with the suspend-time hint (within the
+     * noise in lockstep, b9) */
+    bool sleep = false;
+    /* the producer's empty_qdo waits with the suspend-time hint (within the
+     * noise, b9) */
     bool psleep = false;
-    /* d64/d128: the consumers take turns issuing their GEMMs, a token passed
-     * round named barriers BAR_PP, BAR_PP + 1 (the forward's PINGPONG):
-     * 1 turns around the S^T/dP^T issue and the dV/dK issue, 2 also the dQ
-     * issue (a prefetched S^T stays outside the token); 0 or -1 off: with
-     * order 1 the consumers in lockstep measured 2-4% faster (b9) */
-    int pingpong = -1;
     bool varlen = false; /* cu_seqlens (BwdParams' VARLEN fields) */
-    /* issue order after the exponentials: 1 dV, then (barrier) dQ and dK
-     * with dQ's hand-over under dK (FA3's order); 0 dV + dK, barrier, dQ,
-     * all drained together (sessions 20-22) */
-    int order = 1;
-    /* LSE and D by ld.shared issued under the S^T / dP^T GEMMs (1), or
-     * generic loads after the waits (0) */
-    bool early_stats = true;
-    bool stsm = true; /* dS^T to shared memory by stmatrix (1) or 4-byte stores (0) */
     /* d64: K_w and V_w held in registers as the A operands of S^T and dP^T
-     * (saves 16 KB of shared-memory reads a warpgroup and iteration) */
+     * (16 KB less shared-memory reading a warpgroup and iteration: +8%, b9) */
     int kreg = -1;
-    /* dQ split by columns between the consumers (one tile over all 128 keys,
-     * a barrier per iteration) rather than two partial tiles over 64 keys
-     * each; -1: every head dim */
-    int dq_split = -1;
     /* causal: key blocks longest-first, heads grouped so that a group's Q,
      * dO and dQ accumulator fit in L2 (FA3's LPT order); -1: causal only */
     int lpt = -1;
+    /* d64/d128: dQ of iteration i issued in iteration i + 1, after the
+     * partner's dS^T of i, which it stored an iteration before (issue 35
+     * item 4: the consumers stop meeting at a barrier every iteration; three
+     * dS^T buffers, one dQ stage) */
+    bool lag_dq = false;
 };
 
 template <BwdOpts O>
@@ -92,24 +79,18 @@ struct BwdCfg {
     static constexpr int BN = SPLIT_D ? 64 : 128, BM = 64, STAGES = 2;
     static constexpr bool CAUSAL = O.causal, BF16 = O.bf16, VARLEN = O.varlen;
     static constexpr int SLABS = D / 64;              /* 128-byte swizzled slabs of 64 columns */
-    static constexpr bool DQ_NSPLIT = D >= 128 || (O.dq_split != 0 && !SPLIT_D);
-    static constexpr bool ORDER_FA3 = O.order != 0 && !SPLIT_D;
-    static constexpr bool EARLY_STATS = O.early_stats, STSM = O.stsm;
     static constexpr bool KREG = O.kreg < 0 ? D == 64 : O.kreg != 0;
     static constexpr bool LPT = !O.varlen && (O.lpt < 0 ? O.causal : O.lpt != 0);
-    static constexpr int DQ_N = DQ_NSPLIT ? D / 2 : D; /* columns of each consumer's dQ tile */
-    static constexpr int DKV_N = SPLIT_D ? D / 2 : D;  /* columns of each consumer's dK, dV */
-    static constexpr int DQ_BUFS = DQ_NSPLIT ? 1 : 2;  /* d64: one partial tile per consumer */
+    static constexpr bool LAG_DQ = O.lag_dq;
+    /* each consumer's dQ tile: D / 2 columns over all the block's keys (d256:
+     * over the 64 keys both consumers share) */
+    static constexpr int DQ_N = D / 2;
+    static constexpr int DKV_N = SPLIT_D ? D / 2 : D; /* columns of each consumer's dK, dV */
     /* the writer may lag an iteration; SPLIT_D: the dQ tile of stage s is the
-     * Q/dO stage s itself (STAGES of them) */
-    static constexpr int DQ_STAGES = 2;
-    /* the next iteration's S^T issued right after the dQ GEMM: d64 +4%, d128
-     * -6..-12% (it waits for the next Q before the dQ hand-over; run 145,
-     * perf-notes b3) */
-    static constexpr bool PREFETCH_S = !SPLIT_D && (O.prefetch_s < 0 ? D < 128 && O.order == 0 : O.prefetch_s != 0);
-    static constexpr bool SLEEP = O.sleep > 0, PSLEEP = O.psleep;
-    static constexpr int PINGPONG = SPLIT_D ? 0 : O.pingpong > 0 ? O.pingpong : 0;
-    static constexpr int PP_TURNS = PINGPONG ? PINGPONG + 1 : 0; /* token turns per iteration */
+     * Q/dO stage s itself (STAGES of them); LAG_DQ: one (shared memory) */
+    static constexpr int DQ_STAGES = LAG_DQ ? 1 : 2;
+    static constexpr int DS_BUFS = LAG_DQ ? 3 : 2;
+    static constexpr bool SLEEP = O.sleep, PSLEEP = O.psleep;
     static constexpr int DQ_TILE_BYTES = BM * D * 4;   /* fp32, in bwd_dq_index's order */
     static constexpr int KV_BYTES = BN * D * 2, QT_BYTES = BM * D * 2, DS_BYTES = BN * BM * 2;
     /* SPLIT_D: stage s = Q(s), dO(s) adjacent (64 KB, then the dQ tile);
@@ -119,9 +100,9 @@ struct BwdCfg {
     static constexpr int OFF_DO = SPLIT_D ? OFF_Q + QT_BYTES : OFF_Q + STAGES * QT_BYTES;
     static constexpr int OFF_DS = OFF_Q + 2 * STAGES * QT_BYTES;
     static constexpr int PT_BYTES = SPLIT_D ? BN * BM * 4 : 0; /* SPLIT_D: P^T in fp32, consumer 0 -> 1 */
-    static constexpr int OFF_PT = OFF_DS + 2 * DS_BYTES;
+    static constexpr int OFF_PT = OFF_DS + DS_BUFS * DS_BYTES;
     static constexpr int OFF_DQ = OFF_PT + PT_BYTES;
-    static constexpr int DQ_SMEM = SPLIT_D ? 0 : DQ_STAGES * DQ_BUFS * DQ_TILE_BYTES;
+    static constexpr int DQ_SMEM = SPLIT_D ? 0 : DQ_STAGES * DQ_TILE_BYTES;
     static constexpr int OFF_LSE = OFF_DQ + DQ_SMEM, OFF_DSUM = OFF_LSE + STAGES * BM * 4;
     static constexpr int OFF_BAR = OFF_DSUM + STAGES * BM * 4;
     static constexpr int NUM_BARS = 1 + 2 * STAGES;
@@ -130,25 +111,24 @@ struct BwdCfg {
     static constexpr int REGS_PRODUCER = 24, REGS_CONSUMER = 240;
     /* arrivals that free a Q/dO stage: one per consumer warp; SPLIT_D: the writer */
     static constexpr int EMPTY_ARRIVALS = SPLIT_D ? 1 : 8;
-    /* named barriers (0 is __syncthreads; the forward's pingpong uses 8..) */
+    /* named barriers (0 is __syncthreads) */
     /* dQ stage q: BAR_DQ_FULL + q, BAR_DQ_EMPTY + q (SPLIT_D: FULL only) */
     static constexpr int BAR_DS = 1, BAR_DQ_FULL = 2, BAR_DQ_EMPTY = 2 + DQ_STAGES;
     /* SPLIT_D: P^T written (consumer 0 arrives, 1 syncs); the stage read by both */
     static constexpr int BAR_P = BAR_DQ_EMPTY + DQ_STAGES, BAR_FREE = BAR_P + 1;
-    /* PINGPONG: consumer w waits for its turn on BAR_PP + w */
-    static constexpr int BAR_PP = 8;
+    /* LAG_DQ: consumer w's dS^T of an iteration of parity r stored and its
+     * previous dQ done: BAR_LAG + 2 r + w (w arrives, the partner syncs) */
+    static constexpr int BAR_LAG = 8;
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
-    static_assert(BAR_FREE < BAR_PP && BAR_PP + 1 < 16, "named barriers");
-    static_assert(O.pingpong >= -1 && O.pingpong <= 2 && (!SPLIT_D || O.pingpong <= 0), "pingpong: 0-2, d64/d128");
-    static_assert(!SPLIT_D || O.prefetch_s <= 0, "prefetch_s: d64/d128");
+    static_assert(BAR_FREE < BAR_LAG && BAR_LAG + 3 < 16, "named barriers");
     static_assert(D == 64 || D == 128 || D == 256, "head dims of this tiling");
     static_assert(!KREG || D == 64, "K_w, V_w in registers: d64 (16 registers each)");
+    static_assert(!LAG_DQ || !SPLIT_D, "lag_dq: d64/d128");
     /* d256: K 32 + V 32 + 2 stages x (Q 32 + dO 32, then the dQ tile) + dS^T
      * 2 x 8 + P^T (fp32) 16 KB + LSE, D 1 KB + 5 mbarriers + 1 KB alignment
      * slack = 231,464 of 232,448 bytes */
     static_assert(!SPLIT_D || SMEM_BYTES == 231464, "d256 shared-memory budget");
-    static_assert(!SPLIT_D || (DQ_TILE_BYTES == STAGE_STRIDE && DQ_STAGES == STAGES && DQ_BUFS == 1 &&
-                               DQ_N == DKV_N && BN == BM),
+    static_assert(!SPLIT_D || (DQ_TILE_BYTES == STAGE_STRIDE && DQ_STAGES == STAGES && DQ_N == DKV_N && BN == BM),
                   "d256: the dQ tile of 64 queries x 256 fills a Q/dO stage; 64 x 64 P^T and dS^T");
 };
 
@@ -183,12 +163,9 @@ struct BwdSmem {
     __device__ __forceinline__ uint8_t *dout(int s) const { return base + C::OFF_DO + s * C::STAGE_STRIDE; }
     __device__ __forceinline__ uint8_t *ds(int i) const { return base + C::OFF_DS + i * C::DS_BYTES; }
     __device__ __forceinline__ uint8_t *pt() const { return base + C::OFF_PT; }
-    __device__ __forceinline__ uint8_t *dq(int q, int buf) const {
-        if constexpr (C::SPLIT_D) {
-            (void)buf;
-            return base + C::OFF_Q + q * C::STAGE_STRIDE; /* the Q/dO stage q */
-        }
-        return base + C::OFF_DQ + (q * C::DQ_BUFS + buf) * C::DQ_TILE_BYTES;
+    __device__ __forceinline__ uint8_t *dq(int q) const {
+        if constexpr (C::SPLIT_D) return base + C::OFF_Q + q * C::STAGE_STRIDE; /* the Q/dO stage q */
+        return base + C::OFF_DQ + q * C::DQ_TILE_BYTES;
     }
     __device__ __forceinline__ float *lse(int s) const { return (float *)(base + C::OFF_LSE) + s * C::BM; }
     __device__ __forceinline__ float *dsum(int s) const { return (float *)(base + C::OFF_DSUM) + s * C::BM; }
