@@ -15,8 +15,12 @@ build:
 	$(CMAKE) -S . -B $(BUILD) $(CMAKE_ARGS)
 	$(CMAKE) --build $(BUILD) -j $(JOBS)
 
-# One attention forward on the GPU when one is present, else on the CPU.
-run: build
+# One attention forward on the GPU when one is present, else on the CPU.  It
+# builds only what it runs (libfattn.so and the fattn program); `make test`
+# builds the rest (the static library, the tests, the example, the bench programs).
+run:
+	$(CMAKE) -S . -B $(BUILD) $(CMAKE_ARGS)
+	$(CMAKE) --build $(BUILD) -j $(JOBS) --target fattn_cli
 	./$(BUILD)/tools/fattn run
 
 # Every test; GPU tests report "skipped" on machines without a Hopper GPU.

@@ -2,8 +2,8 @@
  * fattn_bwd on the same bf16 inputs (o and lse from the GPU forward, copied),
  * and its speed at 16k tokens.  An experiment, not a test: tests/gpu/
  * test_bwd.cu is the test.
- *   nvcc -std=c++17 -O2 -Iinclude bench/bwd_smoke.cu build-gpu/libfattn.a -cudart static -lcuda -o bwd_smoke
- *   ./bwd_smoke [check|time|both] */
+ * Built as build/bench/bench_bwd_smoke in a CUDA build (bench/CMakeLists.txt).
+ *   build/bench/bench_bwd_smoke [check|time|both] */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>

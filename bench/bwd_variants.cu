@@ -6,8 +6,9 @@
  * and dv should agree exactly, dq to the rounding of the unordered fp32
  * reduce-adds) and all are timed interleaved (median of 7 rounds, CUDA
  * events), TFLOPs/s counting 2.5x the forward's FLOPs.
- * Build one head dim per binary (they compile in parallel), from the repo
- * root after `cmake --build build-fp8 --target fattn_static`:
+ * Built per head dim as build/bench/bench_bwd_variants_d{64,128,256} in a
+ * CUDA build (bench/CMakeLists.txt); by hand, one head dim per binary, from
+ * the repo root after `cmake --build build-fp8 --target fattn_static`:
  *   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++20 -O3 --use_fast_math -DFATTN_WITH_CUDA=1 \
  *        -Iinclude -Isrc -Xptxas=--warn-on-spills -DBV_D=128 bench/bwd_variants.cu build-fp8/libfattn.a \
  *        -cudart static -o bwdv128

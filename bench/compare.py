@@ -21,7 +21,7 @@ it allows depends on the draw of whatever ran just before: without the settling,
 that followed the low-power FA2 turn ran its samples at up to 270 MHz more (perf-notes, run 28).
 16k tokens in total (batch = 16384 / seqlen), hidden 2048 (heads = 2048 / d),
 so every input tensor is 64 MiB, larger than the 60 MB L2.
---rows table is the README's 60 rows (seqlen 1024-16384); all (the default) adds seqlen 512.
+--rows table is the forward table's 60 rows (docs/benchmarks.md) (seqlen 1024-16384); all (the default) adds seqlen 512.
 Backends: fattn (the library `fattn` loads: FATTN_LIBRARY, else build/), fattn-b (the library
 given by --fattn-lib-b, e.g. the previous commit's build: a column new/old = fattn / fattn-b),
 cudnn and fa2 (torch SDPA), fa3 (`from fa3_fwd_interface import flash_attn_func`, the fa3-fwd
@@ -82,7 +82,7 @@ LABEL = {"fattn": "fattn", "fattn-b": "fattn-b", "cudnn": "cuDNN", "fa2": "FA2",
 # ratio columns: (header, denominator); the numerator is always fattn
 RATIOS = (("x cuDNN", "cudnn"), ("x FA3", "fa3"), ("x FA2", "fa2"), ("new/old", "fattn-b"))
 ROWS = {"all": ("bf16,fp16", "64,128,256", "512,1024,2048,4096,8192,16384", "both"),
-        "table": ("bf16,fp16", "64,128,256", "1024,2048,4096,8192,16384", "both"),  # the README's 60 rows
+        "table": ("bf16,fp16", "64,128,256", "1024,2048,4096,8192,16384", "both"),  # the forward table's 60 rows (docs/benchmarks.md)
         "smoke": ("bf16,fp16", "64,128,256", "1024", "both"),
         "fp8": ("bf16", "64,128,256", "1024,4096,16384", "both"),  # with --fp8 (dtypes unused there)
         "bwd": ("bf16", "64,128,256", "1024,2048,4096,8192,16384", "both")}  # with --bwd
@@ -1148,7 +1148,7 @@ def summary(results, ratios, names):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", choices=sorted(ROWS),
-                    help="preset of dtypes, head dims, seqlens and masks (all, the default; table: the README's 60 "
+                    help="preset of dtypes, head dims, seqlens and masks (all, the default; table: the forward table's 60 "
                          "rows; smoke: seqlen 1024 only; fp8, the default with --fp8: seqlen 1024, 4096, 16384; "
                          "bwd, the default with --bwd: the table's bf16 rows); "
                          "--dtypes, --head-dims, --seqlens, --causal override it")

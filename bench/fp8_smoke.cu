@@ -3,8 +3,8 @@
  * f32; the GPU also rounds P to e4m3, so ~1e-2 relative differences are
  * expected), and its speed.  An experiment, not a test: tests/gpu/
  * test_fwd_fp8.cu is the test.
- *   nvcc -std=c++17 -O2 -Iinclude bench/fp8_smoke.cu -Lbuild -lfattn -o fp8_smoke
- *   ./fp8_smoke [time] */
+ * Built as build/bench/bench_fp8_smoke in a CUDA build (bench/CMakeLists.txt).
+ *   build/bench/bench_fp8_smoke [time] */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>

@@ -5,8 +5,9 @@
  * 16k tokens, hidden 2048, scales per 13440 keys (a multiple of every key
  * block tried here, 128 to 224; the codes are random, so only the timing and the
  * agreement between variants mean anything).
- * Build one head dim per binary (they compile in parallel), from the repo
- * root after the library is built into build-gpu/:
+ * Built per head dim as build/bench/bench_fp8_variants_d{64,128,256} in a
+ * CUDA build (bench/CMakeLists.txt); by hand, one head dim per binary, from
+ * the repo root after the library is built into build-gpu/:
  *   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++20 -O3 --use_fast_math -Iinclude -Isrc \
  *        -DFV_D=128 bench/fp8_variants.cu build-gpu/libfattn.a -cudart static -o fp8v128
  * Run: ./fp8v128 [seqlen ...]  (default 4096 16384).

@@ -1,5 +1,7 @@
 /* fwd_trace.cu - timeline of one CTA of the Hopper forward (experiments only).
- * Build (from the repo root, after the library is built into build-bench/):
+ * Built as build/bench/bench_fwd_trace (CTA 5) in a CUDA build
+ * (bench/CMakeLists.txt); by hand, from the repo root after the library is
+ * built into build-bench/:
  *   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++20 -O3 --use_fast_math -Iinclude -Isrc \
  *        -DFATTN_FWD_TRACE=5 bench/fwd_trace.cu build-bench/libfattn.a -cudart static -o build-bench/fwd_trace
  * Prints, per traced kernel, lines "wg clock event" for thread 0 of each

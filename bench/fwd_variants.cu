@@ -3,7 +3,8 @@
  * dim, causal) group are checked against the group's first and timed
  * interleaved, 5 rounds, each starting at the next variant, so that drift of
  * the machine and the clock a slower predecessor leaves hit them alike).
- * Build (from the repo root, after the library is built into build-bench/):
+ * Built as build/bench/bench_fwd_variants in a CUDA build (bench/CMakeLists.txt);
+ * by hand, from the repo root after the library is built into build-bench/:
  *   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++20 -O3 --use_fast_math -Iinclude -Isrc \
  *        bench/fwd_variants.cu build-bench/libfattn.a -cudart static -o build-bench/fwd_variants
  * Run: [FV_LIST=shipped|ablation|exp] [FV_NORMAL=1] [FV_SEED=n] [FV_SETTLE_MS=ms] \
@@ -85,15 +86,29 @@ constexpr variant kernel_variant(const char *name) {
 #include FATTN_AB_SNAPSHOT
 #endif
 
-/* The shipped kernels, one variant per fwd_kernel (fwd_kernel_opts, bf16),
- * in the enum's order, which keeps each (d, causal) group together. */
+/* The shipped 16-bit kernels, one variant per fwd_kernel (fwd_kernel_opts,
+ * bf16), in the enum's order, which keeps each (d, causal) group together.
+ * The FP8 kernels follow them in the enum; they take e4m3 inputs, which this
+ * harness does not make (bench/fp8_variants.cu times them). */
 constexpr const char *kernel_names[] = {
     "d64 causal 192x128",  "d64 causal 128x128", "d64 192x128",       "d128 causal 128x128",
     "d128 causal 128x176", "d128 128x160",       "d128 128x176",      "d128 128x192",
     "d256 causal 128x80",  "d256 pairs 128x80",  "d256 single 128x80",
 };
-constexpr int NUM_KERNELS = FWD_KERNEL_COUNT_;
-static_assert(sizeof kernel_names / sizeof kernel_names[0] == NUM_KERNELS, "a name per fwd_kernel");
+/* The number of 16-bit kernels: the enum's entries before the first FP8 one. */
+constexpr int count_16bit_kernels() {
+    int n = 0;
+    while (n < FWD_KERNEL_COUNT_ && !fwd_kernel_opts((fwd_kernel)n).fp8) n++;
+    return n;
+}
+constexpr bool fp8_kernels_last() {
+    for (int k = count_16bit_kernels(); k < FWD_KERNEL_COUNT_; k++)
+        if (!fwd_kernel_opts((fwd_kernel)k).fp8) return false;
+    return true;
+}
+constexpr int NUM_KERNELS = count_16bit_kernels();
+static_assert(fp8_kernels_last(), "the 16-bit kernels come first in the fwd_kernel enum");
+static_assert(sizeof kernel_names / sizeof kernel_names[0] == NUM_KERNELS, "a name per 16-bit fwd_kernel");
 template <size_t... K>
 constexpr std::array<variant, sizeof...(K)> shipped_list(std::index_sequence<K...>) {
     return {kernel_variant<(fwd_kernel)K>(kernel_names[K])...};

@@ -11,7 +11,8 @@
  * Rows: by default the sweep below (the target: 8 parts of [1, 4096, 32,
  * 128] bf16 -> bf16, > 70% of the copy's bandwidth); --parts/--dim/--pdt/
  * --odt/--tokens/--heads/--batch pick one row instead.
- * Build (from the repo root, after the library is built into build-gpu/):
+ * Built as build/bench/bench_merge_bw in a CUDA build (bench/CMakeLists.txt);
+ * by hand, from the repo root after the library is built into build-gpu/:
  *   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++20 -O3 -Iinclude \
  *        bench/merge_bw.cu build-gpu/libfattn.a -cudart static -o build-gpu/merge_bw
  * Run: build-gpu/merge_bw [--parts N] [--dim D] [--pdt bf16|f16|f32]

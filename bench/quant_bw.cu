@@ -11,7 +11,8 @@
  * and per-tensor scales, rotation off and on; input bf16 [batch 4, 16384
  * tokens, 16 heads, d] (268 MB at d 128, several times the 50 MB L2), codes
  * packed BSHD.
- * Build (from the repo root, after the library is built into build-gpu/):
+ * Built as build/bench/bench_quant_bw in a CUDA build (bench/CMakeLists.txt);
+ * by hand, from the repo root after the library is built into build-gpu/:
  *   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++20 -O3 -Iinclude -Isrc \
  *        bench/quant_bw.cu build-gpu/libfattn.a -cudart static -o build-gpu/quant_bw
  * Run: build-gpu/quant_bw [--dtype bf16|f16|f32] [--block N] [--tokens N]

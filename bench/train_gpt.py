@@ -6,9 +6,9 @@ measured bf16-noise reference, and the step time and the attention's share of it
 
     # H200 (one 10-minute device call; nothing downloads: config built in code, corpus on disk)
     FATTN_LIBRARY=build/libfattn.so python3 bench/train_gpt.py --impl both --noise-reference \\
-        --out bench/train-gpt-run --steps 300
+        --out bench/results/train-gpt --steps 300
     # then, wherever matplotlib is (the plot step needs no GPU and no torch run):
-    python3 bench/train_gpt.py --out bench/train-gpt-run --plot docs/img/train-gpt.png
+    python3 bench/train_gpt.py --out bench/results/train-gpt --plot docs/img/train-gpt.png
 
     # CPU smoke test (fattn's CPU engine, fp32; measured: the two runs' losses equal to the
     # last bit at every step of 5, ~10 s)
@@ -552,7 +552,7 @@ def main():
     p.add_argument("--val-batches", type=int, default=8)
     p.add_argument("--attn-steps", type=int, default=10, help="steps timed for the attention's share")
     p.add_argument("--log-every", type=int, default=25)
-    p.add_argument("--out", default="bench/train-gpt-run", help="directory of the runs' JSONs")
+    p.add_argument("--out", default="bench/results/train-gpt", help="directory of the runs' JSONs")
     p.add_argument("--plot", metavar="PNG", help="plot OUT's sdpa.json and fattn.json (and sdpa_ref.json) to PNG")
     if "--tiny" in sys.argv[1:]:  # the preset's values as defaults: options given beside it still count
         p.set_defaults(layers=2, dim=64, heads=4, seq=128, batch=2, val_batches=2)

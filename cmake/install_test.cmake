@@ -35,6 +35,20 @@ function(run_fails)
 endfunction()
 
 run(${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${prefix}")
+# the license travels with every install: its text, and its name in the package files
+if(NOT EXISTS "${prefix}/share/doc/fattn/LICENSE")
+  message(FATAL_ERROR "the install lacks share/doc/fattn/LICENSE")
+endif()
+file(GLOB pc "${prefix}/lib*/pkgconfig/fattn.pc")
+file(STRINGS "${pc}" pc_license REGEX "^License: BSD-3-Clause$")
+file(GLOB cfg "${prefix}/lib*/cmake/fattn/fattnConfig.cmake")
+file(STRINGS "${cfg}" cfg_license REGEX "set\\(fattn_LICENSE \"BSD-3-Clause\"\\)")
+if(NOT pc_license OR NOT cfg_license)
+  message(FATAL_ERROR "fattn.pc or fattnConfig.cmake does not name the license BSD-3-Clause")
+endif()
+# the installed program finds the installed libfattn.so by itself (its RPATH)
+unset(ENV{LD_LIBRARY_PATH})
+run("${prefix}/bin/fattn" run --backend cpu --seqlen 64 --iters 1)
 
 run(${CMAKE_COMMAND} -S "${SOURCE_DIR}/tests/consumer" -B "${WORK_DIR}/consumer"
     "-DCMAKE_PREFIX_PATH=${prefix}" "-DFATTN_EXAMPLE=${SOURCE_DIR}/examples/minimal.c")

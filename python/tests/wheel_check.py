@@ -38,7 +38,7 @@ def main():
     names = zipfile.ZipFile(os.path.join(dist, wheels[0])).namelist()
     print(wheels[0], sorted(names))
     for want in ("fattn/__init__.py", "fattn/_capi.py", "fattn/_torch.py", "fattn/hf.py", "fattn/libfattn.so",
-                 "fattn/_build_config.py"):
+                 "fattn/_build_config.py", "fattn/LICENSE"):
         assert want in names, "the wheel lacks %s" % want
     stray = [n for n in names if not (n.startswith("fattn/") or ".dist-info/" in n)]
     assert not stray, "files outside the package: %s" % stray
