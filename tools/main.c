@@ -1,4 +1,4 @@
-/* fattn.c - the `fattn` program: runs, benchmarks and checks the library.
+/* main.c - the `fattn` program: runs, benchmarks and checks the library.
  * The library never prints; this program does. */
 #include <stdio.h>
 #include <string.h>
