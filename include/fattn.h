@@ -571,7 +571,12 @@ typedef enum fattn_quant_granularity {
  *   in:  f32 | f16 | bf16, any strides (head_dim contiguous)
  *   out: e4m3; out.scale must point to float32
  *        [batch, heads, ceil(seqlen / block_rows)] which receives
- *        scale = amax / 448 of each block (1 for an all-zero block);
+ *        scale = max(amax / 448, 2^-126) of each block (1 for an all-zero
+ *        block).  The floor (FLT_MIN) serves blocks whose amax is an f32
+ *        subnormal or barely above (< 448 x 2^-126 ~ 5.3e-36): their
+ *        entries below 2^-135 code as zeros, never as NaN, and the scale
+ *        stays a normal float whose reciprocal the attention kernels can
+ *        take;
  *        out.scale_block is ignored on input (block_rows is used).
  *   rotate: nonzero first multiplies each row by M = diag(signs) H / sqrt(d)
  *        (the incoherent processing of FlashAttention-3): signs are +-1 drawn

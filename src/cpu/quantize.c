@@ -2,7 +2,8 @@
  * scale per block of rows of each (batch, head), or one per tensor, after the
  * optional incoherent-processing rotation (hadamard.c).
  *
- * scale = amax / 448 of the (rotated) block, 1 for an all-zero block, and
+ * scale = max(amax / 448, FLT_MIN) of the (rotated) block, 1 for an
+ * all-zero block, and
  * code = fattn_f32_to_e4m3(x / scale): the division, not a multiplication by
  * a rounded reciprocal, so that the CUDA quantiser can reproduce it exactly.
  * Work is split over (batch, head) pairs across ctx->threads threads. */
@@ -64,7 +65,10 @@ static float row_amax(const float *x, int32_t d) {
     return m;
 }
 
-static float scale_of(float amax) { return amax > 0.0f ? amax / FATTN_E4M3_MAX : 1.0f; }
+/* amax / 448, floored at FLT_MIN: below amax ~ 3.1e-43 the quotient rounds to
+ * 0 (every 0 would code NaN, 0 / 0), and a subnormal scale has no reciprocal
+ * in f32 for the attention kernels to fold in (issue 43). */
+static float scale_of(float amax) { return amax > 0.0f ? fattn_e4m3_scale(amax) : 1.0f; }
 
 static void store_row(const fattn_quantize_args *a, int32_t b, int32_t s, int32_t h,
                       const float *buf, float scale) {
