@@ -330,6 +330,35 @@ typedef struct fattn_problem {
  *          16 bytes.  Variable-length batches (cu_seqlens, with total_q and
  *          total_k): f16/bf16 only (e4m3 UNSUPPORTED), seqused_k allowed
  *          (below), batch x ceil(seqlen_q / 64) x heads_q < 2^31.
+ * NaN and Inf in the inputs reach O and LSE as in torch's SDPA, through
+ * the keys a row sees and nothing else:
+ *   - a NaN in q makes its row's O and LSE NaN; a NaN (or a +inf score) in
+ *     k makes every row that sees that key NaN; a NaN or Inf in v[j][t]
+ *     makes column t of O non-finite in every row that sees key j;
+ *   - a row whose scores are all -inf because of the inputs (e.g. a +Inf
+ *     element of k against a negative element of q, for every key it
+ *     sees) gets O = 0 and LSE = -inf, as a row that sees no key, and as
+ *     torch >= 2.5 does;
+ *   - CPU engine: a key a row does not see (causal mask, past seqused_k,
+ *     another sequence) contributes nothing to that row, whatever k and v
+ *     hold there, in every instance (FATTN_CPU_ISA).
+ *   - CUDA engine: q and k cannot cross the mask (it applies to the
+ *     scores), but P V runs on the tensor cores over whole key blocks, and
+ *     a hidden key's P = 0 still multiplies its v (0 x NaN = 0 x Inf =
+ *     NaN).  So a NaN or Inf in v[j][t] can also make column t NaN in rows
+ *     that do not see key j but load its block: causal rows i with
+ *     j - (i + seqlen_k - seqlen_q) < 384 (query tiles of at most 192
+ *     rows visit key blocks of at most 192 keys up to their diagonal; the
+ *     decoding kernel: every row of the step, seqlen_q <= 16), the
+ *     neighbour sequence's rows of a variable-length batch (fattn_problem)
+ *     and, with cu_seqlens, v rows past seqused_k in the block of the last
+ *     used key (below).  Finite values never cross.  Rows farther from the
+ *     poisoned key, other heads and other batch entries are exact.
+ * The backward (either engine) follows the same rule for the rows and keys
+ * that see each other; a NaN or Inf in a q, k or v row can in addition make
+ * NaN the dq of other rows and the dk of other keys of the same head (the
+ * exact zeros of dS multiply it: dQ = dS K, dK = dS^T Q), as torch's math
+ * backward does.
  */
 typedef struct fattn_fwd_args {
     fattn_problem p;

@@ -119,9 +119,14 @@ KT_INLINE void KT(qk_tile)(const int mr, int k, const float *A, int64_t lda, con
 
 /* C[r][0..NR) = (alpha ? C[r] * alpha : 0) + sum_j A[j * lda + r] * B[j][0..NR),
  * r < mr: the O^T tile of value columns r (A = V + t0) against one P^T panel,
- * with the online softmax's rescale folded into the load of C. */
+ * with the online softmax's rescale folded into the load of C.  Keys j >= jm
+ * (only on a causal diagonal) are hidden from the lanes c < thr + j: there
+ * the lane keeps its accumulator instead of adding 0 * v, so that a NaN or
+ * Inf in a value row that a query does not see never reaches its O (issue
+ * 43); the other lanes compute the same expression as below jm, so the bits
+ * are those of the unmasked loop. */
 KT_INLINE void KT(pv_tile)(const int mr, int k, const float *A, int64_t lda, const float *B,
-                           float *C, const float *alpha) {
+                           float *C, const float *alpha, int jm, int64_t thr) {
     VT acc[KT_MR][KT_NV];
     if (alpha) {
         VT al[KT_NV];
@@ -132,13 +137,30 @@ KT_INLINE void KT(pv_tile)(const int mr, int k, const float *A, int64_t lda, con
         for (int r = 0; r < mr; r++)
             for (int v = 0; v < KT_NV; v++) acc[r][v] = (VT){0};
     }
-    for (int j = 0; j < k; j++) {
+    for (int j = 0; j < jm; j++) {
         VT b[KT_NV];
         const float *a = A + (int64_t)j * lda;
         for (int v = 0; v < KT_NV; v++) b[v] = KT(load)(B + (int64_t)j * KT_NR + v * KT_W);
         for (int r = 0; r < mr; r++) {
             const VT x = KT(splat)(a[r]);
             for (int v = 0; v < KT_NV; v++) acc[r][v] = x * b[v] + acc[r][v];
+        }
+    }
+    for (int j = jm; j < k; j++) {
+        VT b[KT_NV];
+        VI hide[KT_NV];
+        const float *a = A + (int64_t)j * lda;
+        const int32_t t = thr + j > KT_NR ? KT_NR : (int32_t)(thr + j);
+        for (int v = 0; v < KT_NV; v++) {
+            VI lane;
+            for (int c = 0; c < KT_W; c++) lane[c] = v * KT_W + c;
+            hide[v] = lane < t;
+            b[v] = KT(load)(B + (int64_t)j * KT_NR + v * KT_W);
+        }
+        for (int r = 0; r < mr; r++) {
+            const VT x = KT(splat)(a[r]);
+            for (int v = 0; v < KT_NV; v++)
+                acc[r][v] = KT_SELECT(hide[v], acc[r][v], x * b[v] + acc[r][v]);
         }
     }
     for (int r = 0; r < mr; r++)
@@ -156,9 +178,9 @@ KT_INLINE void KT(pv_tile)(const int mr, int k, const float *A, int64_t lda, con
         KT(qk_tile)(n, k, A, lda, B, C, thr, bmax);                                            \
     }                                                                                          \
     KT_ATTR static void KT(pv_##n)(int k, const float *A, int64_t lda, const float *B,         \
-                                   float *C, const float *alpha) {                             \
-        if (alpha) KT(pv_tile)(n, k, A, lda, B, C, alpha);                                     \
-        else KT(pv_tile)(n, k, A, lda, B, C, NULL);                                            \
+                                   float *C, const float *alpha, int jm, int64_t thr) {        \
+        if (alpha) KT(pv_tile)(n, k, A, lda, B, C, alpha, jm, thr);                            \
+        else KT(pv_tile)(n, k, A, lda, B, C, NULL, jm, thr);                                   \
     }
 KT_TILE_FN(1)
 KT_TILE_FN(2)
@@ -197,19 +219,19 @@ KT_ATTR static void KT(qk)(int mr, int k, const float *A, int64_t lda, const flo
 }
 
 KT_ATTR static void KT(pv)(int mr, int k, const float *A, int64_t lda, const float *B, float *C,
-                           const float *alpha) {
+                           const float *alpha, int jm, int64_t thr) {
     switch (mr) {
-    case 1: KT(pv_1)(k, A, lda, B, C, alpha); break;
-    case 2: KT(pv_2)(k, A, lda, B, C, alpha); break;
-    case 3: KT(pv_3)(k, A, lda, B, C, alpha); break;
-    case 4: KT(pv_4)(k, A, lda, B, C, alpha); break;
+    case 1: KT(pv_1)(k, A, lda, B, C, alpha, jm, thr); break;
+    case 2: KT(pv_2)(k, A, lda, B, C, alpha, jm, thr); break;
+    case 3: KT(pv_3)(k, A, lda, B, C, alpha, jm, thr); break;
+    case 4: KT(pv_4)(k, A, lda, B, C, alpha, jm, thr); break;
 #if KT_MR >= 5
-    case 5: KT(pv_5)(k, A, lda, B, C, alpha); break;
-    case 6: KT(pv_6)(k, A, lda, B, C, alpha); break;
+    case 5: KT(pv_5)(k, A, lda, B, C, alpha, jm, thr); break;
+    case 6: KT(pv_6)(k, A, lda, B, C, alpha, jm, thr); break;
 #endif
 #if KT_MR >= 7
-    case 7: KT(pv_7)(k, A, lda, B, C, alpha); break;
-    case 8: KT(pv_8)(k, A, lda, B, C, alpha); break;
+    case 7: KT(pv_7)(k, A, lda, B, C, alpha, jm, thr); break;
+    case 8: KT(pv_8)(k, A, lda, B, C, alpha, jm, thr); break;
 #endif
     default: break;
     }
@@ -265,9 +287,11 @@ KT_ATTR static void KT(run)(const fattn_fwd_block *b) {
         KT(softmax)(b->s, (int)jn, b->m + (int64_t)pi * KT_NR, b->l + (int64_t)pi * KT_NR,
                     b->alpha);
         const float *alpha = b->j0 == 0 ? NULL : b->alpha;
+        /* keys from jm on are hidden from some lanes (thr0 + j > 0) */
+        const int jm = thr0 >= 1 ? 0 : 1 - thr0 < jn ? (int)(1 - thr0) : (int)jn;
         for (int t0 = 0; t0 < dv; t0 += KT_MR)
             KT(pv)(dv - t0 < KT_MR ? dv - t0 : KT_MR, (int)jn, b->v + t0, b->ldv, b->s,
-                   ot + (int64_t)t0 * KT_NR, alpha);
+                   ot + (int64_t)t0 * KT_NR, alpha, jm, thr0);
     }
 }
 
