@@ -113,7 +113,11 @@ typedef enum fattn_status {
     FATTN_ERROR_OUT_OF_MEMORY = 4,
     /* The CUDA runtime or driver reported an error; see fattn_last_error. */
     FATTN_ERROR_CUDA = 5,
-    FATTN_ERROR_INTERNAL = 6
+    FATTN_ERROR_INTERNAL = 6,
+    /* The context is in use by a call on another thread (see Context);
+     * nothing was done.  The message is in fattn_last_error(NULL) of the
+     * refused thread: the context's own belongs to the call in flight. */
+    FATTN_ERROR_BUSY = 7
 } fattn_status;
 
 /* Static text for a status ("invalid argument", ...). Never NULL. */
@@ -130,6 +134,22 @@ typedef enum fattn_backend {
 } fattn_backend;
 
 typedef struct fattn_ctx fattn_ctx;
+
+/*
+ * Threads.  A context serves one call at a time.  Every call that takes a
+ * context (fattn_fwd, fattn_fwd_fp8, fattn_bwd, fattn_quantize, fattn_merge,
+ * fattn_kv_append, fattn_ctx_set_stream, fattn_ctx_set_threads,
+ * fattn_ctx_set_option) holds it, through an atomic in-use flag, from its
+ * first check to its return; a call made on a context while another
+ * thread's call holds it is refused with FATTN_ERROR_BUSY, without waiting
+ * and without writing anything (outputs, the context's workspace and error
+ * message stay as they were).  Use one context per thread, or serialise the
+ * calls yourself.  fattn_ctx_free must not race with any call on the
+ * context, and fattn_last_error(ctx) is the last call's message only while
+ * no other call runs on it.  Different contexts are independent: calls on
+ * them may run concurrently from any threads (a CPU context's calls then
+ * share the library's worker pool, see fattn_ctx_set_threads).
+ */
 
 /*
  * Create a context.  `device` is the CUDA device ordinal (ignored for the CPU

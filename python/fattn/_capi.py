@@ -20,6 +20,7 @@ ENUMS = {
         "FATTN_ERROR_OUT_OF_MEMORY": 4,
         "FATTN_ERROR_CUDA": 5,
         "FATTN_ERROR_INTERNAL": 6,
+        "FATTN_ERROR_BUSY": 7,
     },
     "fattn_backend": {
         "FATTN_BACKEND_AUTO": 0,
