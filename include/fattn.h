@@ -189,8 +189,16 @@ FATTN_API fattn_backend fattn_ctx_backend(const fattn_ctx *ctx);
  * CPU contexts: INVALID_ARGUMENT unless stream is NULL. */
 FATTN_API fattn_status fattn_ctx_set_stream(fattn_ctx *ctx, void *stream);
 
-/* CPU contexts: number of worker threads (0 = number of online CPUs, the
- * default).  CUDA contexts: ignored, returns FATTN_OK. */
+/* CPU contexts: number of worker threads a call uses (0 = the number of
+ * online CPUs, the default; INVALID_ARGUMENT below 0).  A call uses at most
+ * 4 x the online CPUs (and 1024) whatever was asked: more threads than that
+ * would only wait for cores.  The workers form one pool per process, shared
+ * by every CPU context: started on first need and kept asleep between
+ * calls, so the process holds at most 4 x online CPUs - 1 of them.  One
+ * call uses the pool at a time; a call that finds it busy with another
+ * thread's call (another context) waits for it rather than starting
+ * threads.  Results do not depend on the count.  CUDA contexts: ignored,
+ * returns FATTN_OK. */
 FATTN_API fattn_status fattn_ctx_set_threads(fattn_ctx *ctx, int threads);
 
 /* EXPERIMENTAL: kernel knobs for experiments such as the paper's ablation.
