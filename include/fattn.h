@@ -160,6 +160,27 @@ typedef struct fattn_ctx fattn_ctx;
  * GPU other than sm_90), OUT_OF_MEMORY.
  * *ctx is set to NULL on failure.  Failure details of ctx creation are
  * available through fattn_last_error(NULL) (thread-local).
+ *
+ * FATTN_CPU_ISA: a CPU context (asked for, or AUTO without a GPU) reads this
+ * environment variable once, here, and keeps what it names for its life;
+ * calls never read it.  Unset or empty: the best forward instance this CPU
+ * runs (avx512, else avx2, else generic).  scalar | generic | avx2 |
+ * avx2w16 | avx512 picks the CPU forward's inner loop (tests, benchmarks;
+ * avx2w16 is avx512's code on AVX2 hardware, the same bits).  Any other
+ * value: INVALID_ARGUMENT naming the value; an instance this CPU or build
+ * cannot run: UNSUPPORTED.  The backward's kernels are always the best the
+ * CPU has.
+ *
+ * Determinism.  On one machine, a call repeated with the same inputs and
+ * the same context settings gives the same bits:
+ *   - CPU engine: every call, for any thread count and any run; the forward
+ *     additionally for any FATTN_CPU_ISA instance of the same tile family
+ *     (avx512 = avx2w16).  Instances differ in vector width and FMA use, so
+ *     two CPUs (or two values of FATTN_CPU_ISA) agree to rounding, not to
+ *     the bit; results are not bit-identical across machines.
+ *   - CUDA engine: see fattn_ctx_set_stream (the forward, split and
+ *     captured calls) and fattn_bwd (deterministic); same GPU model and
+ *     library build.
  */
 FATTN_API fattn_status fattn_ctx_create(fattn_ctx **ctx, fattn_backend backend, int device);
 

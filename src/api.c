@@ -8,6 +8,7 @@
  * in the copy (packed strides, head_dim_v, softmax_scale) and the caller's
  * structs and buffers are never written until every check has passed. */
 #include "internal.h"
+#include "cpu/kernels.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -67,6 +68,22 @@ fattn_status fattn_ctx_create(fattn_ctx **out, fattn_backend backend, int device
                           sizeof *ctx);
     ctx->backend = chosen;
     ctx->device = device;
+    if (chosen == FATTN_BACKEND_CPU) {
+        /* FATTN_CPU_ISA is read here, once per context, never during a call */
+        const char *want = getenv("FATTN_CPU_ISA");
+        if (want && *want) {
+            const int r = fattn_cpu_isa_lookup(want, &ctx->cpu_isa);
+            if (r != 0) {
+                free(ctx);
+                if (r == 1)
+                    return fattn_fail(NULL, FATTN_ERROR_INVALID_ARGUMENT,
+                                      "FATTN_CPU_ISA=%.64s is not a CPU forward instance (one of %s, or unset)",
+                                      want, fattn_cpu_isa_names);
+                return fattn_fail(NULL, FATTN_ERROR_UNSUPPORTED,
+                                  "FATTN_CPU_ISA=%.64s: this CPU (or build) cannot run that instance", want);
+            }
+        }
+    }
     if (chosen == FATTN_BACKEND_CUDA) {
         fattn_status st = fattn_cuda_ctx_init(ctx);
         if (st != FATTN_OK) {

@@ -14,6 +14,7 @@ struct fattn_ctx {
     int device;            /* CUDA device ordinal */
     void *stream;          /* cudaStream_t */
     int threads;           /* CPU worker threads, 0 = all online CPUs */
+    const char *cpu_isa;   /* CPU contexts: FATTN_CPU_ISA's forward instance, read at creation (NULL: the best) */
     void *cuda;            /* engine state owned by src/cuda (NULL on CPU) */
     int options[FATTN_OPTION_COUNT_]; /* fattn_ctx_set_option, 0 = default; read by the engine's entry point */
     void *fp8_ws;          /* CPU contexts: fattn_fwd_fp8's host workspace (CUDA: in ctx->cuda) */

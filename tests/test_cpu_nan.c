@@ -507,7 +507,7 @@ int main(void) {
         {"f32 200x90 causal d16",                 1, 200,  90, 1, 1,  16, 1, F32},
     };
     const int ncases = (int)(sizeof cases / sizeof cases[0]);
-    for (int isa = 0; cpu_isa_next(&isa);) {
+    for (int isa = 0; cpu_isa_next(&isa, &ctx);) {
         for (int ci = 0; ci < ncases; ci++) {
             const ncase *c = &cases[ci];
             printf("%s\n", c->name);
