@@ -33,7 +33,11 @@
  *   uses, so they must be as large as the sizes declare.
  * - Tensors are 4-D [batch, seqlen, heads, head_dim] ("BSHD") with the head
  *   dimension contiguous.  Any other layout whose head dim is contiguous
- *   (e.g. BHSD) is described through strides.
+ *   (e.g. BHSD) is described through strides.  Inputs do not broadcast:
+ *   along every dimension of size > 1 the stride must be at least head_dim
+ *   (INVALID_ARGUMENT otherwise), so a view expanded with stride 0 (torch's
+ *   expand()) must be materialised first; GQA and MQA are heads_kv, not a
+ *   broadcast of k and v over the query heads.
  * - Every pointer is aligned for its elements, on every engine: f32 data,
  *   lse and e4m3 scales 4 bytes, f16/bf16 data 2 bytes, cu_seqlens,
  *   seqused_k, block_table and cache_seqlens 4 bytes (INVALID_ARGUMENT otherwise; the CUDA engine asks for more, see
@@ -288,6 +292,13 @@ FATTN_API const char *fattn_dtype_name(fattn_dtype dtype);
  * as every stride).
  *
  * e4m3 tensors carry dequantisation scales: real value = code * scale.
+ * Every scale must be > 0; +Inf is allowed (it is what fattn_quantize
+ * writes for a block holding Inf, and makes the block's values NaN).  A CPU
+ * context reads the whole scale array on the host before any work and
+ * refuses a NaN, zero or negative entry (INVALID_ARGUMENT naming it).  A
+ * CUDA context reads scales on the device only: there a NaN, zero,
+ * negative or subnormal (< 2^-126: its kernels flush it to zero) scale
+ * gives unspecified values, NaN included.
  * `scale` points to float32 [batch, heads, ceil(seqlen / scale_block)]
  * (varlen: [1, heads, ceil(total_tokens / scale_block)], blocks counted over
  * the packed token index).  Row r of batch b, head h uses
@@ -726,7 +737,11 @@ FATTN_API fattn_status fattn_fwd_fp8(fattn_ctx *ctx, const fattn_fwd_args *args,
 FATTN_API uint8_t fattn_f32_to_e4m3(float x);
 FATTN_API float fattn_e4m3_to_f32(uint8_t code);
 
-/* The +-1 signs of the rotation for a seed: signs[i] = +1 or -1, i < n. */
+/* The +-1 signs of the rotation for a seed: signs[i] = +1 or -1, i < n.
+ * n >= 1 and signs non-NULL, INVALID_ARGUMENT otherwise with nothing
+ * written (a request for no signs is taken as a caller's mistake, as every
+ * size <= 0 in fattn; the quantiser asks for n = head_dim >= 1).  It takes
+ * no context, so no message is recorded. */
 FATTN_API fattn_status fattn_rotation_signs(uint64_t seed, int32_t n, float *signs);
 
 #ifdef __cplusplus

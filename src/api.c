@@ -308,6 +308,23 @@ static span scale_span(const char *name, const fattn_tensor *t, const shape4 *s)
     return array_span(name, t->scale, b * s->heads * blocks, sizeof(float));
 }
 
+/* Every entry of an e4m3 tensor's scale array (host memory: CPU contexts
+ * only) > 0: NaN, zero and negative scales are refused (fattn.h, fattn_tensor);
+ * +Inf is a scale like the quantiser's of an Inf block. */
+static fattn_status check_e4m3_scale_values(fattn_ctx *ctx, const fattn_tensor *t, const shape4 *s,
+                                            const char *name) {
+    if (t->dtype != FATTN_DTYPE_E4M3) return FATTN_OK;
+    const span sp = scale_span(name, t, s);
+    const int64_t n = (int64_t)((sp.hi - sp.lo) / sizeof(float));
+    for (int64_t i = 0; i < n; i++)
+        if (!(t->scale[i] > 0.0f))
+            return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                              "%s[%lld] = %g: e4m3 dequantisation scales must be > 0 (NaN, zero and negative "
+                              "scales are refused)",
+                              name, (long long)i, (double)t->scale[i]);
+    return FATTN_OK;
+}
+
 /* An output's own elements are distinct: with its dimensions of size > 1
  * sorted by stride (head_dim, contiguous, innermost), each stride is at least
  * the extent in elements of the dimensions inside it.  This is sufficient,
@@ -648,6 +665,12 @@ fattn_status fattn_fwd_prepare(fattn_ctx *ctx, fattn_fwd_args *args, const int32
         const span out[] = {tensor_span(&a.o, &ts.o),
                             array_span("lse", a.lse, nb * a.p.heads_q * ts.total_q, sizeof(float))};
         CHECK(check_disjoint(ctx, out, 2, in, (int)(sizeof in / sizeof in[0])));
+    }
+    /* e4m3 scales: host memory on a CPU context, read after every other check */
+    if (!fp8_blocks && ctx->backend == FATTN_BACKEND_CPU) {
+        CHECK(check_e4m3_scale_values(ctx, &a.q, &ts.q, "q.scale"));
+        CHECK(check_e4m3_scale_values(ctx, &a.k, &ts.k, "k.scale"));
+        CHECK(check_e4m3_scale_values(ctx, &a.v, &ts.v, "v.scale"));
     }
     if (total_q) *total_q = ts.total_q;
     if (total_k) *total_k = ts.total_k;

@@ -32,7 +32,8 @@
  * negative seqused_k entry, seqused_k / block_table misaligned, the table
  * NULL with its sizes given or sizes given without it, page_size /
  * num_pages / max_pages_per_seq zero, negative or making a pool of >= 2^31
- * rows, seqlen_k > max_pages_per_seq * page_size, a used table entry
+ * rows, seqlen_k > max_pages_per_seq * page_size, an e4m3 scale entry
+ * NaN, -inf, zero or negative, a used table entry
  * outside [0, num_pages), a table with cu_seqlens (UNSUPPORTED), fwd_fp8
  * with seqused_k (UNSUPPORTED), merge's num_parts 0, negative or past
  * FATTN_MERGE_MAX_PARTS, parts NULL, a part's o or lse NULL, an e4m3 part
@@ -246,6 +247,7 @@ typedef struct fcase {
     int mutated_args; /* an argument-level fault was applied */
     int nonfinite;    /* an input holds NaN / Inf: no finiteness checks */
     int setup_failed; /* bwd: the forward that makes o and lse refused the layout */
+    int bad_scale;    /* an e4m3 scale entry NaN, zero or negative: INVALID_ARGUMENT */
 } fcase;
 
 static int g_seed;
@@ -1154,6 +1156,18 @@ static void fill(fcase *c) {
                 kind == 0 && f32 ? "units of 2^-149" : kind == 1 ? "~1e-39" : "~1e-36");
         }
     }
+    if (c->api == API_FWD && c->dt == FATTN_DTYPE_E4M3 && chance(c, 0.03)) {
+        /* a zero or negative e4m3 scale: refused on a CPU context (issue 43 item 8) */
+        const int id = BQS + (int)rnd(c, 3);
+        const buf *x = &c->b[id];
+        if (x->name && x->count > 0) {
+            const int64_t i = rnd(c, (uint32_t)x->count);
+            const float bad = chance(c, 0.5) ? 0.0f : -(float)ldexp(1.0, -(int)rnd(c, 8));
+            put_f32(c, x, i, bad);
+            c->bad_scale = 1;
+            say(c, " | %s[%lld] = %g", x->name, (long long)i, (double)bad);
+        }
+    }
     if (chance(c, 0.04)) {
         /* one non-finite input element: only the write checks apply */
         static const int in_ids[] = {BQ, BK, BV, BDOUT, BQS, BKS, BVS};
@@ -1170,6 +1184,8 @@ static void fill(fcase *c) {
                 put(c->arena + elem_off(x, st, b, s, h, e), dtype_of(c, id), bad);
             } else {
                 put_f32(c, x, rnd(c, (uint32_t)x->count), (float)bad);
+                /* an e4m3 scale NaN or -inf: a CPU context refuses it (fattn.h) */
+                if (c->api == API_FWD && !(bad > 0)) c->bad_scale = 1;
             }
             c->nonfinite = 1;
             say(c, " | %s holds %g", x->name, bad);
@@ -2796,6 +2812,10 @@ static void run_case(fattn_ctx *ctx, int64_t index) {
     if (!layout_ok(c, rule, sizeof rule) || (c->api == API_KVA && !kv_append_rules_ok(c, rule, sizeof rule))) {
         allow |= ALLOW_INV;
         snprintf(why + strlen(why), sizeof why - strlen(why), "%s%s", why[0] ? ", " : "", rule);
+    }
+    if (c->bad_scale) {
+        allow |= ALLOW_INV;
+        snprintf(why + strlen(why), sizeof why - strlen(why), "%san e4m3 scale NaN or <= 0", why[0] ? ", " : "");
     }
     const int valid = allow == 0;
     if (g_verbose) {
