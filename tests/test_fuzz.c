@@ -2849,7 +2849,8 @@ static void run_case(fattn_ctx *ctx, int64_t index) {
         if (st != FATTN_OK) g_mut_refused[c->mut[i]]++;
     }
 
-    if ((int)st < 0 || (int)st > FATTN_ERROR_INTERNAL) fail(c, "status %d is no fattn_status", (int)st);
+    if ((int)st < 0 || (int)st > FATTN_ERROR_BUSY) fail(c, "status %d is no fattn_status", (int)st);
+    if (st == FATTN_ERROR_BUSY) fail(c, "BUSY from a context no other thread uses");
     if (!msg) {
         fail(c, "fattn_last_error returned NULL");
         msg = "";
