@@ -82,8 +82,9 @@
  *     issue 43 item 1).
  *
  * Environment: FATTN_TEST_SEED (testutil.h: fixed default), FATTN_FUZZ_CASES
- * (default 10000: 3.5 s in a Release build, 8 s under ASan + UBSan, on 2
- * cores),
+ * (default 10000: 4.6-5.3 s in a Release build, 10 s of CPU / 14 s wall
+ * under ASan + UBSan, on 2 cores shared with a CUDA build; 3.3 s and 8 s
+ * before the references of issue 43),
  * FATTN_FUZZ_ONLY=n (case n alone, its call printed: every case draws from
  * its own stream, seeded by the seed and n), FATTN_FUZZ_VERBOSE=1 (print
  * every call before it is made).  A failure prints the case, its call in one
