@@ -385,7 +385,12 @@ typedef struct fattn_problem {
  *          blocks any size, k's 1 or a multiple of 128, v's a multiple of 128,
  *          or at head_dim 128 both multiples of 192 (then 192-key kernels
  *          run); the scales in device memory; P is rounded to e4m3 before the PV
- *          product, as in FlashAttention-3); head_dim == head_dim_v in
+ *          product, as in FlashAttention-3; O is accumulated in units of
+ *          the current key block's v scale, so v scales that fall by more
+ *          than about 2^100 from one key block of a row to the next (a
+ *          block of subnormal-range values, scale 2^-126, after a block of
+ *          ordinary nonzero ones) can overflow O to Inf / NaN there; the
+ *          CPU engine has no such limit); head_dim == head_dim_v in
  *          {64, 128, 256}, data pointers 16-byte aligned, strides multiples of
  *          16 bytes.  Variable-length batches (cu_seqlens, with total_q and
  *          total_k): f16/bf16 only (e4m3 UNSUPPORTED), seqused_k allowed
