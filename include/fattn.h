@@ -177,11 +177,11 @@ typedef struct fattn_ctx fattn_ctx;
  *
  * Determinism.  On one machine, a call repeated with the same inputs and
  * the same context settings gives the same bits:
- *   - CPU engine: every call, for any thread count and any run; the forward
- *     additionally for any FATTN_CPU_ISA instance of the same tile family
- *     (avx512 = avx2w16).  Instances differ in vector width and FMA use, so
- *     two CPUs (or two values of FATTN_CPU_ISA) agree to rounding, not to
- *     the bit; results are not bit-identical across machines.
+ *   - CPU engine: every call, for any thread count and any run, with the
+ *     same FATTN_CPU_ISA instance (avx512 and avx2w16 give the same bits).
+ *     Instances differ in vector width and FMA use, so two CPUs (or two
+ *     values of FATTN_CPU_ISA) agree to rounding, not to the bit: results
+ *     are not promised bit-identical across machines.
  *   - CUDA engine: see fattn_ctx_set_stream (the forward, split and
  *     captured calls) and fattn_bwd (deterministic); same GPU model and
  *     library build.
@@ -668,7 +668,7 @@ typedef enum fattn_quant_granularity {
  *        scale = max(amax / 448, 2^-126) of each block (1 for an all-zero
  *        block).  The floor (FLT_MIN) serves blocks whose amax is an f32
  *        subnormal or barely above (< 448 x 2^-126 ~ 5.3e-36): their
- *        entries below 2^-135 code as zeros, never as NaN, and the scale
+ *        entries of magnitude <= 2^-136 code as zeros, never NaN, and the scale
  *        stays a normal float whose reciprocal the attention kernels can
  *        take;
  *        out.scale_block is ignored on input (block_rows is used).
