@@ -296,7 +296,9 @@ static void run_case(fattn_ctx *gpu, fattn_ctx *cpu, tu_rng *rng, const qcase &c
 /* fattn_fwd_fp8 with a V of zeros and f32 subnormals (issue 43 item 1: v of
  * zeros and 1e-44 gave every output NaN, through a 0 scale; with bf16 a
  * subnormal scale that the kernels, built with fast math, flush to 0), and
- * then with K the same: every output finite and |O| <= max |v|. */
+ * then with K the same: every output finite and |O| <= 1.25 max |v| (O is
+ * a convex combination of v's rows; e4m3 codes of v and P round by up to
+ * 2^-4, and O to bf16). */
 static void fwd_fp8_tiny(fattn_ctx *gpu, tu_rng *rng, fattn_dtype dt, double mag, int tiny_k) {
     const int B = 1, S = 512, H = 2, D = 128;
     const size_t n = (size_t)B * S * H * D, esz = fattn_dtype_size(dt);
@@ -341,11 +343,11 @@ static void fwd_fp8_tiny(fattn_ctx *gpu, tu_rng *rng, fattn_dtype dt, double mag
             uint32_t u = (uint32_t)h[i] << 16;
             float f;
             memcpy(&f, &u, 4);
-            big += fabsf(f) > (float)mag;
+            big += fabsf(f) > (float)(1.25 * mag);
         }
         const int ok = st == FATTN_OK && nonfinite == 0 && big == 0;
         if (!ok) tu_failures++;
-        printf("  [%s] %s: %zu of %zu outputs not finite, %zu above max |v|\n", ok ? "ok" : "FAIL", what, nonfinite, n,
+        printf("  [%s] %s: %zu of %zu outputs not finite, %zu above 1.25 max |v|\n", ok ? "ok" : "FAIL", what, nonfinite, n,
                big);
         free(h);
     }
