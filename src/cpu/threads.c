@@ -19,11 +19,19 @@
 
 #define POOL_MAX 1024
 
-static int online_cpus(void) {
+/* The online CPUs, read once per process: sysconf reads a /sys file, tens of
+ * microseconds that a small call would pay twice. */
+static int g_online_cpus;
+static void read_online_cpus(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     if (n < 1) n = 1;
     if (n > POOL_MAX) n = POOL_MAX;
-    return (int)n;
+    g_online_cpus = (int)n;
+}
+static int online_cpus(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, read_online_cpus);
+    return g_online_cpus;
 }
 
 static int thread_bound(void) {
