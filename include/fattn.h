@@ -215,8 +215,9 @@ FATTN_API fattn_backend fattn_ctx_backend(const fattn_ctx *ctx);
 FATTN_API fattn_status fattn_ctx_set_stream(fattn_ctx *ctx, void *stream);
 
 /* CPU contexts: number of worker threads a call uses (0 = the number of
- * online CPUs, the default; INVALID_ARGUMENT below 0).  A call uses at most
- * 4 x the online CPUs (and 1024) whatever was asked: more threads than that
+ * online CPUs, the default, counted once per process; INVALID_ARGUMENT
+ * below 0).  A call uses at most 4 x the online CPUs (and 1024) whatever
+ * was asked: more threads than that
  * would only wait for cores.  The workers form one pool per process, shared
  * by every CPU context: started on first need and kept asleep between
  * calls, so the process holds at most 4 x online CPUs - 1 of them.  One
