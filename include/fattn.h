@@ -33,7 +33,11 @@
  *   uses, so they must be as large as the sizes declare.
  * - Tensors are 4-D [batch, seqlen, heads, head_dim] ("BSHD") with the head
  *   dimension contiguous.  Any other layout whose head dim is contiguous
- *   (e.g. BHSD) is described through strides.
+ *   (e.g. BHSD) is described through strides.  Inputs do not broadcast:
+ *   along every dimension of size > 1 the stride must be at least head_dim
+ *   (INVALID_ARGUMENT otherwise), so a view expanded with stride 0 (torch's
+ *   expand()) must be materialised first; GQA and MQA are heads_kv, not a
+ *   broadcast of k and v over the query heads.
  * - Every pointer is aligned for its elements, on every engine: f32 data,
  *   lse and e4m3 scales 4 bytes, f16/bf16 data 2 bytes, cu_seqlens,
  *   seqused_k, block_table and cache_seqlens 4 bytes (INVALID_ARGUMENT otherwise; the CUDA engine asks for more, see
@@ -113,7 +117,11 @@ typedef enum fattn_status {
     FATTN_ERROR_OUT_OF_MEMORY = 4,
     /* The CUDA runtime or driver reported an error; see fattn_last_error. */
     FATTN_ERROR_CUDA = 5,
-    FATTN_ERROR_INTERNAL = 6
+    FATTN_ERROR_INTERNAL = 6,
+    /* The context is in use by a call on another thread (see Context);
+     * nothing was done.  The message is in fattn_last_error(NULL) of the
+     * refused thread: the context's own belongs to the call in flight. */
+    FATTN_ERROR_BUSY = 7
 } fattn_status;
 
 /* Static text for a status ("invalid argument", ...). Never NULL. */
@@ -132,6 +140,22 @@ typedef enum fattn_backend {
 typedef struct fattn_ctx fattn_ctx;
 
 /*
+ * Threads.  A context serves one call at a time.  Every call that takes a
+ * context (fattn_fwd, fattn_fwd_fp8, fattn_bwd, fattn_quantize, fattn_merge,
+ * fattn_kv_append, fattn_ctx_set_stream, fattn_ctx_set_threads,
+ * fattn_ctx_set_option) holds it, through an atomic in-use flag, from its
+ * first check to its return; a call made on a context while another
+ * thread's call holds it is refused with FATTN_ERROR_BUSY, without waiting
+ * and without writing anything (outputs, the context's workspace and error
+ * message stay as they were).  Use one context per thread, or serialise the
+ * calls yourself.  fattn_ctx_free must not race with any call on the
+ * context, and fattn_last_error(ctx) is the last call's message only while
+ * no other call runs on it.  Different contexts are independent: calls on
+ * them may run concurrently from any threads (a CPU context's calls then
+ * share the library's worker pool, see fattn_ctx_set_threads).
+ */
+
+/*
  * Create a context.  `device` is the CUDA device ordinal (ignored for the CPU
  * backend).  AUTO picks CUDA when the library was built with CUDA and device
  * `device` is a Hopper GPU (sm_90), otherwise the CPU.
@@ -140,6 +164,27 @@ typedef struct fattn_ctx fattn_ctx;
  * GPU other than sm_90), OUT_OF_MEMORY.
  * *ctx is set to NULL on failure.  Failure details of ctx creation are
  * available through fattn_last_error(NULL) (thread-local).
+ *
+ * FATTN_CPU_ISA: a CPU context (asked for, or AUTO without a GPU) reads this
+ * environment variable once, here, and keeps what it names for its life;
+ * calls never read it.  Unset or empty: the best forward instance this CPU
+ * runs (avx512, else avx2, else generic).  scalar | generic | avx2 |
+ * avx2w16 | avx512 picks the CPU forward's inner loop (tests, benchmarks;
+ * avx2w16 is avx512's code on AVX2 hardware, the same bits).  Any other
+ * value: INVALID_ARGUMENT naming the value; an instance this CPU or build
+ * cannot run: UNSUPPORTED.  The backward's kernels are always the best the
+ * CPU has.
+ *
+ * Determinism.  On one machine, a call repeated with the same inputs and
+ * the same context settings gives the same bits:
+ *   - CPU engine: every call, for any thread count and any run, with the
+ *     same FATTN_CPU_ISA instance (avx512 and avx2w16 give the same bits).
+ *     Instances differ in vector width and FMA use, so two CPUs (or two
+ *     values of FATTN_CPU_ISA) agree to rounding, not to the bit: results
+ *     are not promised bit-identical across machines.
+ *   - CUDA engine: see fattn_ctx_set_stream (the forward, split and
+ *     captured calls) and fattn_bwd (deterministic); same GPU model and
+ *     library build.
  */
 FATTN_API fattn_status fattn_ctx_create(fattn_ctx **ctx, fattn_backend backend, int device);
 
@@ -169,8 +214,17 @@ FATTN_API fattn_backend fattn_ctx_backend(const fattn_ctx *ctx);
  * CPU contexts: INVALID_ARGUMENT unless stream is NULL. */
 FATTN_API fattn_status fattn_ctx_set_stream(fattn_ctx *ctx, void *stream);
 
-/* CPU contexts: number of worker threads (0 = number of online CPUs, the
- * default).  CUDA contexts: ignored, returns FATTN_OK. */
+/* CPU contexts: number of worker threads a call uses (0 = the number of
+ * online CPUs, the default, counted once per process; INVALID_ARGUMENT
+ * below 0).  A call uses at most 4 x the online CPUs (and 1024) whatever
+ * was asked: more threads than that
+ * would only wait for cores.  The workers form one pool per process, shared
+ * by every CPU context: started on first need and kept asleep between
+ * calls, so the process holds at most 4 x online CPUs - 1 of them.  One
+ * call uses the pool at a time; a call that finds it busy with another
+ * thread's call (another context) waits for it rather than starting
+ * threads.  Results do not depend on the count.  CUDA contexts: ignored,
+ * returns FATTN_OK. */
 FATTN_API fattn_status fattn_ctx_set_threads(fattn_ctx *ctx, int threads);
 
 /* EXPERIMENTAL: kernel knobs for experiments such as the paper's ablation.
@@ -239,6 +293,13 @@ FATTN_API const char *fattn_dtype_name(fattn_dtype dtype);
  * as every stride).
  *
  * e4m3 tensors carry dequantisation scales: real value = code * scale.
+ * Every scale must be > 0; +Inf is allowed (it is what fattn_quantize
+ * writes for a block holding Inf, and makes the block's values NaN).  A CPU
+ * context reads the whole scale array on the host before any work and
+ * refuses a NaN, zero or negative entry (INVALID_ARGUMENT naming it).  A
+ * CUDA context reads scales on the device only: there a NaN, zero,
+ * negative or subnormal (< 2^-126: its kernels flush it to zero) scale
+ * gives unspecified values, NaN included.
  * `scale` points to float32 [batch, heads, ceil(seqlen / scale_block)]
  * (varlen: [1, heads, ceil(total_tokens / scale_block)], blocks counted over
  * the packed token index).  Row r of batch b, head h uses
@@ -325,11 +386,45 @@ typedef struct fattn_problem {
  *          blocks any size, k's 1 or a multiple of 128, v's a multiple of 128,
  *          or at head_dim 128 both multiples of 192 (then 192-key kernels
  *          run); the scales in device memory; P is rounded to e4m3 before the PV
- *          product, as in FlashAttention-3); head_dim == head_dim_v in
+ *          product, as in FlashAttention-3; O is accumulated in units of
+ *          the current key block's v scale, so v scales that fall by more
+ *          than about 2^100 from one key block of a row to the next (a
+ *          block of subnormal-range values, scale 2^-126, after a block of
+ *          ordinary nonzero ones) can overflow O to Inf / NaN there; the
+ *          CPU engine has no such limit); head_dim == head_dim_v in
  *          {64, 128, 256}, data pointers 16-byte aligned, strides multiples of
  *          16 bytes.  Variable-length batches (cu_seqlens, with total_q and
  *          total_k): f16/bf16 only (e4m3 UNSUPPORTED), seqused_k allowed
  *          (below), batch x ceil(seqlen_q / 64) x heads_q < 2^31.
+ * NaN and Inf in the inputs reach O and LSE as in torch's SDPA, through
+ * the keys a row sees and nothing else:
+ *   - a NaN in q makes its row's O and LSE NaN; a NaN (or a +inf score) in
+ *     k makes every row that sees that key NaN; a NaN or Inf in v[j][t]
+ *     makes column t of O non-finite in every row that sees key j;
+ *   - a row whose scores are all -inf because of the inputs (e.g. a +Inf
+ *     element of k against a negative element of q, for every key it
+ *     sees) gets O = 0 and LSE = -inf, as a row that sees no key, and as
+ *     torch >= 2.5 does;
+ *   - CPU engine: a key a row does not see (causal mask, past seqused_k,
+ *     another sequence) contributes nothing to that row, whatever k and v
+ *     hold there, in every instance (FATTN_CPU_ISA).
+ *   - CUDA engine: q and k cannot cross the mask (it applies to the
+ *     scores), but P V runs on the tensor cores over whole key blocks, and
+ *     a hidden key's P = 0 still multiplies its v (0 x NaN = 0 x Inf =
+ *     NaN).  So a NaN or Inf in v[j][t] can also make column t NaN in rows
+ *     that do not see key j but load its block: causal rows i with
+ *     j - (i + seqlen_k - seqlen_q) < 384 (query tiles of at most 192
+ *     rows visit key blocks of at most 192 keys up to their diagonal; the
+ *     decoding kernel: every row of the step, seqlen_q <= 16), the
+ *     neighbour sequence's rows of a variable-length batch (fattn_problem)
+ *     and, with cu_seqlens, v rows past seqused_k in the block of the last
+ *     used key (below).  Finite values never cross.  Rows farther from the
+ *     poisoned key, other heads and other batch entries are exact.
+ * The backward (either engine) follows the same rule for the rows and keys
+ * that see each other; a NaN or Inf in a q, k or v row can in addition make
+ * NaN the dq of other rows and the dk of other keys of the same head (the
+ * exact zeros of dS multiply it: dQ = dS K, dK = dS^T Q), as torch's math
+ * backward does.
  */
 typedef struct fattn_fwd_args {
     fattn_problem p;
@@ -571,7 +666,12 @@ typedef enum fattn_quant_granularity {
  *   in:  f32 | f16 | bf16, any strides (head_dim contiguous)
  *   out: e4m3; out.scale must point to float32
  *        [batch, heads, ceil(seqlen / block_rows)] which receives
- *        scale = amax / 448 of each block (1 for an all-zero block);
+ *        scale = max(amax / 448, 2^-126) of each block (1 for an all-zero
+ *        block).  The floor (FLT_MIN) serves blocks whose amax is an f32
+ *        subnormal or barely above (< 448 x 2^-126 ~ 5.3e-36): their
+ *        entries of magnitude <= 2^-136 code as zeros, never NaN, and the scale
+ *        stays a normal float whose reciprocal the attention kernels can
+ *        take;
  *        out.scale_block is ignored on input (block_rows is used).
  *   rotate: nonzero first multiplies each row by M = diag(signs) H / sqrt(d)
  *        (the incoherent processing of FlashAttention-3): signs are +-1 drawn
@@ -643,7 +743,11 @@ FATTN_API fattn_status fattn_fwd_fp8(fattn_ctx *ctx, const fattn_fwd_args *args,
 FATTN_API uint8_t fattn_f32_to_e4m3(float x);
 FATTN_API float fattn_e4m3_to_f32(uint8_t code);
 
-/* The +-1 signs of the rotation for a seed: signs[i] = +1 or -1, i < n. */
+/* The +-1 signs of the rotation for a seed: signs[i] = +1 or -1, i < n.
+ * n >= 1 and signs non-NULL, INVALID_ARGUMENT otherwise with nothing
+ * written (a request for no signs is taken as a caller's mistake, as every
+ * size <= 0 in fattn; the quantiser asks for n = head_dim >= 1).  It takes
+ * no context, so no message is recorded. */
 FATTN_API fattn_status fattn_rotation_signs(uint64_t seed, int32_t n, float *signs);
 
 #ifdef __cplusplus

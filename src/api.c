@@ -8,6 +8,7 @@
  * in the copy (packed strides, head_dim_v, softmax_scale) and the caller's
  * structs and buffers are never written until every check has passed. */
 #include "internal.h"
+#include "cpu/kernels.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -67,6 +68,22 @@ fattn_status fattn_ctx_create(fattn_ctx **out, fattn_backend backend, int device
                           sizeof *ctx);
     ctx->backend = chosen;
     ctx->device = device;
+    if (chosen == FATTN_BACKEND_CPU) {
+        /* FATTN_CPU_ISA is read here, once per context, never during a call */
+        const char *want = getenv("FATTN_CPU_ISA");
+        if (want && *want) {
+            const int r = fattn_cpu_isa_lookup(want, &ctx->cpu_isa);
+            if (r != 0) {
+                free(ctx);
+                if (r == 1)
+                    return fattn_fail(NULL, FATTN_ERROR_INVALID_ARGUMENT,
+                                      "FATTN_CPU_ISA=%.64s is not a CPU forward instance (one of %s, or unset)",
+                                      want, fattn_cpu_isa_names);
+                return fattn_fail(NULL, FATTN_ERROR_UNSUPPORTED,
+                                  "FATTN_CPU_ISA=%.64s: this CPU (or build) cannot run that instance", want);
+            }
+        }
+    }
     if (chosen == FATTN_BACKEND_CUDA) {
         fattn_status st = fattn_cuda_ctx_init(ctx);
         if (st != FATTN_OK) {
@@ -83,6 +100,20 @@ fattn_status fattn_ctx_create(fattn_ctx **out, fattn_backend backend, int device
     return FATTN_OK;
 }
 
+fattn_status fattn_ctx_acquire(fattn_ctx *ctx, const char *fn) {
+    if (!ctx) return fattn_fail(NULL, FATTN_ERROR_INVALID_ARGUMENT, "ctx is NULL");
+    int idle = 0;
+    if (!__atomic_compare_exchange_n(&ctx->in_use, &idle, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+        return fattn_fail(NULL, FATTN_ERROR_BUSY,
+                          "%s: the context is in use by a call on another thread (a context serves one "
+                          "call at a time: use one context per thread)",
+                          fn);
+    fattn_clear_error(ctx);
+    return FATTN_OK;
+}
+
+void fattn_ctx_release(fattn_ctx *ctx) { __atomic_store_n(&ctx->in_use, 0, __ATOMIC_RELEASE); }
+
 void fattn_ctx_free(fattn_ctx *ctx) {
     if (!ctx) return;
     if (ctx->backend == FATTN_BACKEND_CUDA) fattn_cuda_ctx_free(ctx);
@@ -94,9 +125,7 @@ fattn_backend fattn_ctx_backend(const fattn_ctx *ctx) {
     return ctx ? ctx->backend : FATTN_BACKEND_AUTO;
 }
 
-fattn_status fattn_ctx_set_stream(fattn_ctx *ctx, void *stream) {
-    if (!ctx) return fattn_fail(NULL, FATTN_ERROR_INVALID_ARGUMENT, "ctx is NULL");
-    fattn_clear_error(ctx);
+static fattn_status fattn_ctx_set_stream_held(fattn_ctx *ctx, void *stream) {
     if (ctx->backend == FATTN_BACKEND_CPU && stream != NULL)
         return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
                           "stream %p given to a CPU context (only NULL is allowed)", stream);
@@ -104,9 +133,7 @@ fattn_status fattn_ctx_set_stream(fattn_ctx *ctx, void *stream) {
     return FATTN_OK;
 }
 
-fattn_status fattn_ctx_set_threads(fattn_ctx *ctx, int threads) {
-    if (!ctx) return fattn_fail(NULL, FATTN_ERROR_INVALID_ARGUMENT, "ctx is NULL");
-    fattn_clear_error(ctx);
+static fattn_status fattn_ctx_set_threads_held(fattn_ctx *ctx, int threads) {
     if (threads < 0)
         return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "threads %d must be >= 0", threads);
     ctx->threads = threads;
@@ -279,6 +306,23 @@ static span scale_span(const char *name, const fattn_tensor *t, const shape4 *s)
     int64_t b = s->varlen ? 1 : s->batch;
     int64_t blocks = (s->seqlen + t->scale_block - 1) / t->scale_block;
     return array_span(name, t->scale, b * s->heads * blocks, sizeof(float));
+}
+
+/* Every entry of an e4m3 tensor's scale array (host memory: CPU contexts
+ * only) > 0: NaN, zero and negative scales are refused (fattn.h, fattn_tensor);
+ * +Inf is a scale like the quantiser's of an Inf block. */
+static fattn_status check_e4m3_scale_values(fattn_ctx *ctx, const fattn_tensor *t, const shape4 *s,
+                                            const char *name) {
+    if (t->dtype != FATTN_DTYPE_E4M3) return FATTN_OK;
+    const span sp = scale_span(name, t, s);
+    const int64_t n = (int64_t)((sp.hi - sp.lo) / sizeof(float));
+    for (int64_t i = 0; i < n; i++)
+        if (!(t->scale[i] > 0.0f))
+            return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                              "%s[%lld] = %g: e4m3 dequantisation scales must be > 0 (NaN, zero and negative "
+                              "scales are refused)",
+                              name, (long long)i, (double)t->scale[i]);
+    return FATTN_OK;
 }
 
 /* An output's own elements are distinct: with its dimensions of size > 1
@@ -622,15 +666,19 @@ fattn_status fattn_fwd_prepare(fattn_ctx *ctx, fattn_fwd_args *args, const int32
                             array_span("lse", a.lse, nb * a.p.heads_q * ts.total_q, sizeof(float))};
         CHECK(check_disjoint(ctx, out, 2, in, (int)(sizeof in / sizeof in[0])));
     }
+    /* e4m3 scales: host memory on a CPU context, read after every other check */
+    if (!fp8_blocks && ctx->backend == FATTN_BACKEND_CPU) {
+        CHECK(check_e4m3_scale_values(ctx, &a.q, &ts.q, "q.scale"));
+        CHECK(check_e4m3_scale_values(ctx, &a.k, &ts.k, "k.scale"));
+        CHECK(check_e4m3_scale_values(ctx, &a.v, &ts.v, "v.scale"));
+    }
     if (total_q) *total_q = ts.total_q;
     if (total_k) *total_k = ts.total_k;
     *args = a;
     return FATTN_OK;
 }
 
-fattn_status fattn_fwd(fattn_ctx *ctx, const fattn_fwd_args *args) {
-    if (!ctx) return fattn_fail(NULL, FATTN_ERROR_INVALID_ARGUMENT, "ctx is NULL");
-    fattn_clear_error(ctx);
+static fattn_status fattn_fwd_held(fattn_ctx *ctx, const fattn_fwd_args *args) {
     if (!args) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "args is NULL");
     fattn_fwd_args a = *args;
     CHECK(fattn_fwd_prepare(ctx, &a, NULL, NULL, NULL));
@@ -646,9 +694,7 @@ fattn_status fattn_fwd_run(fattn_ctx *ctx, const fattn_fwd_args *a) {
 /* Backward                                                                 */
 /* ------------------------------------------------------------------------ */
 
-fattn_status fattn_bwd(fattn_ctx *ctx, const fattn_bwd_args *args) {
-    if (!ctx) return fattn_fail(NULL, FATTN_ERROR_INVALID_ARGUMENT, "ctx is NULL");
-    fattn_clear_error(ctx);
+static fattn_status fattn_bwd_held(fattn_ctx *ctx, const fattn_bwd_args *args) {
     if (!args) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "args is NULL");
     fattn_bwd_args a = *args;
 
@@ -731,9 +777,7 @@ static fattn_status check_dense_sizes(fattn_ctx *ctx, int32_t batch, int32_t seq
     return FATTN_OK;
 }
 
-fattn_status fattn_quantize(fattn_ctx *ctx, const fattn_quantize_args *args) {
-    if (!ctx) return fattn_fail(NULL, FATTN_ERROR_INVALID_ARGUMENT, "ctx is NULL");
-    fattn_clear_error(ctx);
+static fattn_status fattn_quantize_held(fattn_ctx *ctx, const fattn_quantize_args *args) {
     if (!args) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "args is NULL");
     fattn_quantize_args a = *args;
 
@@ -846,9 +890,7 @@ static fattn_status merge_prepare(fattn_ctx *ctx, fattn_merge_args *a, fattn_mer
     return FATTN_OK;
 }
 
-fattn_status fattn_merge(fattn_ctx *ctx, const fattn_merge_args *args) {
-    if (!ctx) return fattn_fail(NULL, FATTN_ERROR_INVALID_ARGUMENT, "ctx is NULL");
-    fattn_clear_error(ctx);
+static fattn_status fattn_merge_held(fattn_ctx *ctx, const fattn_merge_args *args) {
     if (!args) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "args is NULL");
     fattn_merge_args a = *args;
 
@@ -899,9 +941,7 @@ static fattn_status check_kv_append_dtype(fattn_ctx *ctx, const fattn_kv_append_
     return FATTN_OK;
 }
 
-fattn_status fattn_kv_append(fattn_ctx *ctx, const fattn_kv_append_args *args) {
-    if (!ctx) return fattn_fail(NULL, FATTN_ERROR_INVALID_ARGUMENT, "ctx is NULL");
-    fattn_clear_error(ctx);
+static fattn_status fattn_kv_append_held(fattn_ctx *ctx, const fattn_kv_append_args *args) {
     if (!args) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "args is NULL");
     fattn_kv_append_args a = *args;
 
@@ -982,4 +1022,64 @@ fattn_status fattn_kv_append(fattn_ctx *ctx, const fattn_kv_append_args *args) {
 
     if (ctx->backend == FATTN_BACKEND_CUDA) return fattn_cuda_kv_append(ctx, &a);
     return fattn_cpu_kv_append(ctx, &a);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Entry points: the context's in-use flag around each call                 */
+/* ------------------------------------------------------------------------ */
+
+fattn_status fattn_ctx_set_stream(fattn_ctx *ctx, void *stream) {
+    fattn_status st = fattn_ctx_acquire(ctx, "fattn_ctx_set_stream");
+    if (st != FATTN_OK) return st;
+    st = fattn_ctx_set_stream_held(ctx, stream);
+    fattn_ctx_release(ctx);
+    return st;
+}
+
+fattn_status fattn_ctx_set_threads(fattn_ctx *ctx, int threads) {
+    fattn_status st = fattn_ctx_acquire(ctx, "fattn_ctx_set_threads");
+    if (st != FATTN_OK) return st;
+    st = fattn_ctx_set_threads_held(ctx, threads);
+    fattn_ctx_release(ctx);
+    return st;
+}
+
+fattn_status fattn_fwd(fattn_ctx *ctx, const fattn_fwd_args *args) {
+    fattn_status st = fattn_ctx_acquire(ctx, "fattn_fwd");
+    if (st != FATTN_OK) return st;
+    st = fattn_fwd_held(ctx, args);
+    fattn_ctx_release(ctx);
+    return st;
+}
+
+fattn_status fattn_bwd(fattn_ctx *ctx, const fattn_bwd_args *args) {
+    fattn_status st = fattn_ctx_acquire(ctx, "fattn_bwd");
+    if (st != FATTN_OK) return st;
+    st = fattn_bwd_held(ctx, args);
+    fattn_ctx_release(ctx);
+    return st;
+}
+
+fattn_status fattn_quantize(fattn_ctx *ctx, const fattn_quantize_args *args) {
+    fattn_status st = fattn_ctx_acquire(ctx, "fattn_quantize");
+    if (st != FATTN_OK) return st;
+    st = fattn_quantize_held(ctx, args);
+    fattn_ctx_release(ctx);
+    return st;
+}
+
+fattn_status fattn_merge(fattn_ctx *ctx, const fattn_merge_args *args) {
+    fattn_status st = fattn_ctx_acquire(ctx, "fattn_merge");
+    if (st != FATTN_OK) return st;
+    st = fattn_merge_held(ctx, args);
+    fattn_ctx_release(ctx);
+    return st;
+}
+
+fattn_status fattn_kv_append(fattn_ctx *ctx, const fattn_kv_append_args *args) {
+    fattn_status st = fattn_ctx_acquire(ctx, "fattn_kv_append");
+    if (st != FATTN_OK) return st;
+    st = fattn_kv_append_held(ctx, args);
+    fattn_ctx_release(ctx);
+    return st;
 }

@@ -15,6 +15,7 @@ const char *fattn_status_string(fattn_status status) {
     case FATTN_ERROR_OUT_OF_MEMORY: return "out of memory";
     case FATTN_ERROR_CUDA: return "CUDA error";
     case FATTN_ERROR_INTERNAL: return "internal error";
+    case FATTN_ERROR_BUSY: return "context busy";
     }
     return "unknown status";
 }

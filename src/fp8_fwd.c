@@ -28,9 +28,7 @@ static fattn_status check_block(fattn_ctx *ctx, int32_t rows, const char *name) 
     return FATTN_OK;
 }
 
-fattn_status fattn_fwd_fp8(fattn_ctx *ctx, const fattn_fwd_args *args, const fattn_fp8_options *opt) {
-    if (!ctx) return fattn_fail(NULL, FATTN_ERROR_INVALID_ARGUMENT, "ctx is NULL");
-    fattn_clear_error(ctx);
+static fattn_status fattn_fwd_fp8_held(fattn_ctx *ctx, const fattn_fwd_args *args, const fattn_fp8_options *opt) {
     if (!args) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "args is NULL");
     fattn_fp8_options o;
     if (opt) o = *opt;
@@ -137,5 +135,13 @@ fattn_status fattn_fwd_fp8(fattn_ctx *ctx, const fattn_fwd_args *args, const fat
         fattn_status done = fattn_cuda_fp8_workspace_done(ctx);
         if (st == FATTN_OK) st = done;
     }
+    return st;
+}
+
+fattn_status fattn_fwd_fp8(fattn_ctx *ctx, const fattn_fwd_args *args, const fattn_fp8_options *opt) {
+    fattn_status st = fattn_ctx_acquire(ctx, "fattn_fwd_fp8");
+    if (st != FATTN_OK) return st;
+    st = fattn_fwd_fp8_held(ctx, args, opt);
+    fattn_ctx_release(ctx);
     return st;
 }

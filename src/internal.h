@@ -14,12 +14,22 @@ struct fattn_ctx {
     int device;            /* CUDA device ordinal */
     void *stream;          /* cudaStream_t */
     int threads;           /* CPU worker threads, 0 = all online CPUs */
+    const char *cpu_isa;   /* CPU contexts: FATTN_CPU_ISA's forward instance, read at creation (NULL: the best) */
     void *cuda;            /* engine state owned by src/cuda (NULL on CPU) */
     int options[FATTN_OPTION_COUNT_]; /* fattn_ctx_set_option, 0 = default; read by the engine's entry point */
     void *fp8_ws;          /* CPU contexts: fattn_fwd_fp8's host workspace (CUDA: in ctx->cuda) */
     size_t fp8_ws_bytes;
     char err[FATTN_ERRMSG_LEN];
+    int in_use;            /* 1 while a call holds the context (fattn_ctx_acquire); atomic builtins only */
 };
+
+/* The context's in-use flag (fattn.h, Context): every public call that takes
+ * a context starts with fattn_ctx_acquire and ends with fattn_ctx_release.
+ * Acquire fails with INVALID_ARGUMENT for a NULL ctx and with BUSY when
+ * another call holds it (message in the thread-local buffer, nothing of the
+ * context touched); on success it clears the context's message. */
+fattn_status fattn_ctx_acquire(fattn_ctx *ctx, const char *fn);
+void fattn_ctx_release(fattn_ctx *ctx);
 
 /* Each call passes through three steps.  api.c checks what holds for every
  * engine (sizes, dtype rules of the header, null pointers), then asks the

@@ -180,7 +180,8 @@ static void test_status_and_version(void) {
                                 FATTN_ERROR_NO_DEVICE,
                                 FATTN_ERROR_OUT_OF_MEMORY,
                                 FATTN_ERROR_CUDA,
-                                FATTN_ERROR_INTERNAL};
+                                FATTN_ERROR_INTERNAL,
+                                FATTN_ERROR_BUSY};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         const char *s = fattn_status_string(all[i]);
         EXPECT(s && s[0], "status %d has no text", (int)all[i]);

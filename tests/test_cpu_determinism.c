@@ -159,12 +159,14 @@ static void instances_agree(tu_rng *rng) {
         const size_t nlse = (size_t)cs[i].b * cs[i].hq * cs[i].sq;
         float *lse[2];
         fattn_ctx *ctx = NULL;
-        TU_EXPECT_OK(fattn_ctx_create(&ctx, FATTN_BACKEND_CPU, 0));
         for (int t = 0; t < 2; t++) {
             tu_tensor_alloc(&o[t], cs[i].dt, cs[i].b, cs[i].sq, cs[i].hq, cs[i].d, TU_BSHD, 1);
             tu_tensor_poison(&o[t]);
             lse[t] = (float *)tu_malloc(sizeof(float) * nlse);
-            setenv("FATTN_CPU_ISA", t ? "avx2w16" : "avx512", 1);
+            setenv("FATTN_CPU_ISA", t ? "avx2w16" : "avx512", 1); /* read by fattn_ctx_create */
+            fattn_ctx_free(ctx);
+            ctx = NULL;
+            TU_EXPECT_OK(fattn_ctx_create(&ctx, FATTN_BACKEND_CPU, 0));
             fattn_fwd_args fa;
             memset(&fa, 0, sizeof fa);
             fa.p = tu_problem(cs[i].b, cs[i].sq, cs[i].sk, cs[i].hq, cs[i].hkv, cs[i].d, 0,
@@ -202,7 +204,8 @@ int main(void) {
         {"f32 q1000 k1000 causal one head d64", 1, 1000, 1000, 1, 1, 64, 1, FATTN_DTYPE_F32, 0, 0},
         {"f32 q1000 k700 one head d96", 1, 1000, 700, 1, 1, 96, 0, FATTN_DTYPE_F32, 0, 0},
     };
-    for (int isa = 0; cpu_isa_next(&isa);)
+    fattn_ctx *isa_ctx = NULL; /* run_case makes its own contexts under the variable */
+    for (int isa = 0; cpu_isa_next(&isa, &isa_ctx);)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         dcase c = cases[i];
         if (c.cuq) { /* max lengths */
@@ -214,6 +217,7 @@ int main(void) {
         }
         run_case(&rng, &c);
     }
+    fattn_ctx_free(isa_ctx);
     instances_agree(&rng);
     return tu_finish("test_cpu_determinism");
 }

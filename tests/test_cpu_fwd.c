@@ -150,7 +150,7 @@ int main(void) {
         {"e4m3->bf16 BHSD block 32 d64",           2,  50,   70, 2, 1,  64,  0, 1, E4M3, BF16, TU_BHSD, 0, 0, 32, TOL_BF16},
         {"e4m3->f32 varlen block 8 causal",        3,   0,    0, 2, 1,  64,  0, 1, E4M3, F32, TU_BSHD, cuq, cuk, 8, TOL_F32},
     };
-    for (int isa = 0; cpu_isa_next(&isa);)
+    for (int isa = 0; cpu_isa_next(&isa, &ctx);)
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(ctx, &rng, &cases[i]);
     fattn_ctx_free(ctx);
     return tu_finish("test_cpu_fwd");

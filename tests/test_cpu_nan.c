@@ -6,11 +6,10 @@
  *     key drops out, as in torch);
  *   - one +Inf element k[j][t] gives the score +inf (NaN row) where q[i][t] > 0
  *     and -inf (key j dropped, row finite) where q[i][t] < 0;
- *   - a NaN v[j][t] (non-causal) makes column t of every row of its head
- *     group NaN, and nothing else (causal
- *     cases leave v alone: a NaN v of a key that a row does not see may still
- *     reach that row through 0 * NaN in the P V product, as in torch's math
- *     path, so which rows it reaches is not specified);
+ *   - a NaN (or +Inf) v[j][t] makes column t of every row that sees key j
+ *     NaN (non-finite), and nothing else: a row that the causal mask hides
+ *     key j from stays the oracle's (issue 43 item 2: P = 0 of a masked key
+ *     used to multiply the NaN, which made whole query panels NaN);
  *   - a row that sees no key (causal, seqlen_q > seqlen_k) stays O = 0,
  *     LSE = -inf even when its own q is NaN;
  *   - every other row equals the FP64 oracle of the clean inputs.
@@ -39,10 +38,11 @@ typedef enum poison {
     P_K_NAN,      /* k[b][j][hk][5 % d] = NaN */
     P_K_INF_ROW,  /* k[b][j][hk][:] = +Inf */
     P_K_INF_ELEM, /* k[b][j][hk][2 % d] = +Inf */
-    P_V_NAN,      /* v[b][j][hk][1] = NaN (non-causal cases only) */
+    P_V_NAN,      /* v[b][j][hk][1] = NaN */
+    P_V_INF,      /* v[b][j][hk][1] = +Inf */
 } poison;
 
-static const char *poison_name[] = {"q NaN", "k NaN", "k row +Inf", "k element +Inf", "v NaN"};
+static const char *poison_name[] = {"q NaN", "k NaN", "k row +Inf", "k element +Inf", "v NaN", "v +Inf"};
 
 typedef struct ncase {
     const char *name;
@@ -159,6 +159,7 @@ static void fwd_case(fattn_ctx *ctx, tu_rng *rng, const ncase *c, poison what) {
         hk_[bshd(c->sk, c->hkv, d, s.b, s.j, s.hk, 2 % d)] = INFINITY;
         break;
     case P_V_NAN: put(&v, s.b, s.j, s.hk, 1, NAN); break;
+    case P_V_INF: put(&v, s.b, s.j, s.hk, 1, INFINITY); break;
     }
     oracle_problem op = {c->batch, c->sq, c->sk, c->hq, c->hkv, d, d, 0.0, c->causal, NULL, NULL};
     oracle_fwd(&op, hq_, hk_, hv_, oref, lref);
@@ -186,7 +187,7 @@ static void fwd_case(fattn_ctx *ctx, tu_rng *rng, const ncase *c, poison what) {
                     if (last >= 0 && same) {
                         if (what == P_Q_NAN) expect_nan = i == s.i && h == s.h;
                         else if (what == P_K_NAN) expect_nan = s.j <= last;
-                        else if (what == P_V_NAN) expect_nan = s.j <= last;
+                        else if (what == P_V_NAN || what == P_V_INF) expect_nan = s.j <= last;
                         else expect_nan = isnan(oref[oi]); /* +Inf: the oracle says */
                     }
                     if (last < 0) { /* sees no key: exactly 0 and -inf */
@@ -196,8 +197,9 @@ static void fwd_case(fattn_ctx *ctx, tu_rng *rng, const ncase *c, poison what) {
                         bad_masked += !ok;
                     } else if (expect_nan) {
                         n_nan++;
-                        if (what == P_V_NAN) { /* only column 1 of O; LSE unaffected */
-                            int ok = isnan(ogot[oi + 1]) && fabs((double)lse[li] - lref[li]) <= 1e-4;
+                        if (what == P_V_NAN || what == P_V_INF) { /* only column 1 of O; LSE unaffected */
+                            int ok = (what == P_V_NAN ? isnan(ogot[oi + 1]) : !isfinite(ogot[oi + 1])) &&
+                                     fabs((double)lse[li] - lref[li]) <= 1e-4;
                             for (int t = 0; t < d; t++) ok &= t == 1 || isfinite(ogot[oi + t]);
                             bad_nan += !ok;
                         } else {
@@ -500,16 +502,16 @@ int main(void) {
         {"f32 40x33 causal d5",                   1,  40,  33, 2, 2,   5, 1, F32},
         {"bf16 37x45 causal d64",                 2,  37,  45, 4, 2,  64, 1, BF16},
         {"bf16 100x150 d128",                     1, 100, 150, 2, 1, 128, 0, BF16},
+        {"f32 16x16 causal d8 (issue 43)",        1,  16,  16, 1, 1,   8, 1, F32},
+        {"f32 64x64 causal d32",                  1,  64,  64, 2, 2,  32, 1, F32},
+        {"f32 200x90 causal d16",                 1, 200,  90, 1, 1,  16, 1, F32},
     };
     const int ncases = (int)(sizeof cases / sizeof cases[0]);
-    for (int isa = 0; cpu_isa_next(&isa);) {
+    for (int isa = 0; cpu_isa_next(&isa, &ctx);) {
         for (int ci = 0; ci < ncases; ci++) {
             const ncase *c = &cases[ci];
             printf("%s\n", c->name);
-            for (int w = P_Q_NAN; w <= P_V_NAN; w++) {
-                if (w == P_V_NAN && c->causal) continue; /* see the header */
-                fwd_case(ctx, &rng, c, (poison)w);
-            }
+            for (int w = P_Q_NAN; w <= P_V_INF; w++) fwd_case(ctx, &rng, c, (poison)w);
             bwd_case(ctx, &rng, c, P_Q_NAN);
             bwd_case(ctx, &rng, c, P_K_NAN);
         }

@@ -1,8 +1,8 @@
 /* test_cpu_threads.c - the CPU engine's thread pool (src/cpu/threads.c):
  * every task runs exactly once with worker ids below the thread count, for
  * thread counts 1..5 called in turn, from three user threads at once (the
- * pool is held by one, the others run threads of their own), and in a child
- * after fork() (which starts from an empty pool). */
+ * pool is held by one, the others wait for it: test_cpu_pool.c counts the
+ * threads), and in a child after fork() (which starts from an empty pool). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>

@@ -32,7 +32,8 @@
  * negative seqused_k entry, seqused_k / block_table misaligned, the table
  * NULL with its sizes given or sizes given without it, page_size /
  * num_pages / max_pages_per_seq zero, negative or making a pool of >= 2^31
- * rows, seqlen_k > max_pages_per_seq * page_size, a used table entry
+ * rows, seqlen_k > max_pages_per_seq * page_size, an e4m3 scale entry
+ * NaN, -inf, zero or negative, a used table entry
  * outside [0, num_pages), a table with cu_seqlens (UNSUPPORTED), fwd_fp8
  * with seqused_k (UNSUPPORTED), merge's num_parts 0, negative or past
  * FATTN_MERGE_MAX_PARTS, parts NULL, a part's o or lse NULL, an e4m3 part
@@ -61,15 +62,29 @@
  *   - if accepted on finite inputs, write every output element, finite:
  *     O 0 and LSE -inf exactly on rows that see no key, |O| within the range
  *     of V, e4m3 codes never NaN, scales finite and positive, dq / dk / dv
- *     finite; with seqused_k or a table, O and LSE match an FP64 reference
- *     that gathers each sequence's used keys itself (through the table);
- *     merge's o and lse match a double-precision merge of the parts;
- *     kv_append's new rows are, byte for byte, in the cache rows the header
- *     names (checked on any input bits).
+ *     finite; and match a reference (issue 43 item 10):
+ *     . fattn_fwd: O and LSE an FP64 attention that gathers each sequence's
+ *       used keys itself (seqused_k, through the table for paged K/V);
+ *     . fattn_bwd: dq, dk, dv an FP64 backward from the same o, dout and
+ *       lse, each element within a bound made of the same sums over
+ *       absolute values (exactly 0 where nothing contributes);
+ *     . fattn_quantize: every code byte and scale bit of the header's
+ *       definition, written out here (rotation, amax, the 2^-126 floor of
+ *       the scale, fattn_f32_to_e4m3(x / scale));
+ *     . fattn_fwd_fp8: that definition applied to q, k, v with the
+ *       options' blocks, then the FP64 attention over the dequantised
+ *       values;
+ *     . merge's o and lse a double-precision merge of the parts;
+ *       kv_append's new rows, byte for byte, in the cache rows the header
+ *       names (checked on any input bits).
+ *     Quantize and fwd_fp8 inputs get rows of f32 / bf16 subnormals in one
+ *     case in five (blocks whose amax / 448 is under FLT_MIN or rounds to 0:
+ *     issue 43 item 1).
  *
  * Environment: FATTN_TEST_SEED (testutil.h: fixed default), FATTN_FUZZ_CASES
- * (default 10000: 3.5 s in a Release build, 8 s under ASan + UBSan, on 2
- * cores),
+ * (default 10000: 4.6-5.3 s in a Release build, 10 s of CPU / 14 s wall
+ * under ASan + UBSan, on 2 cores shared with a CUDA build; 3.3 s and 8 s
+ * before the references of issue 43),
  * FATTN_FUZZ_ONLY=n (case n alone, its call printed: every case draws from
  * its own stream, seeded by the seed and n), FATTN_FUZZ_VERBOSE=1 (print
  * every call before it is made).  A failure prints the case, its call in one
@@ -233,6 +248,7 @@ typedef struct fcase {
     int mutated_args; /* an argument-level fault was applied */
     int nonfinite;    /* an input holds NaN / Inf: no finiteness checks */
     int setup_failed; /* bwd: the forward that makes o and lse refused the layout */
+    int bad_scale;    /* an e4m3 scale entry NaN, zero or negative: INVALID_ARGUMENT */
 } fcase;
 
 static int g_seed;
@@ -1117,6 +1133,42 @@ static void fill(fcase *c) {
             say(c, " | k_new random bits");
         }
     }
+    if ((c->api == API_QUANT || c->api == API_FP8) && c->dt != FATTN_DTYPE_F16 && chance(c, 0.2)) {
+        /* rows of f32 / bf16 subnormals (issue 43 item 1): a block's amax
+         * / 448 under FLT_MIN, down to amax / 448 rounding to 0 in f32 */
+        const int id = c->api == API_QUANT ? BQ : (int)(BQ + rnd(c, 3));
+        const buf *x = &c->b[id];
+        if (!x->bad_stride && x->n[1] > 0) {
+            int64_t st[3];
+            strides_of(x, st);
+            const int64_t s0 = rnd(c, (uint32_t)x->n[1]), s1 = s0 + 1 + rnd(c, (uint32_t)(x->n[1] - s0));
+            const int f32 = c->dt == FATTN_DTYPE_F32, kind = (int)rnd(c, 3);
+            for (int64_t b = 0; b < x->n[0]; b++)
+                for (int64_t sr = s0; sr < s1; sr++)
+                    for (int64_t h = 0; h < x->n[2]; h++)
+                        for (int64_t e = 0; e < x->n[3]; e++) {
+                            const double g = tu_rng_normal(&c->rng);
+                            const double v = kind == 0 && f32 ? floor(g * 3.0) * 0x1p-149 /* amax / 448 -> 0 */
+                                             : kind == 1     ? g * 1e-39
+                                                             : g * 1e-36; /* amax / 448 a subnormal */
+                            put(c->arena + elem_off(x, st, b, sr, h, e), c->dt, v);
+                        }
+            say(c, " | %s rows %lld..%lld tiny (%s)", x->name, (long long)s0, (long long)s1 - 1,
+                kind == 0 && f32 ? "units of 2^-149" : kind == 1 ? "~1e-39" : "~1e-36");
+        }
+    }
+    if (c->api == API_FWD && c->dt == FATTN_DTYPE_E4M3 && chance(c, 0.03)) {
+        /* a zero or negative e4m3 scale: refused on a CPU context (issue 43 item 8) */
+        const int id = BQS + (int)rnd(c, 3);
+        const buf *x = &c->b[id];
+        if (x->name && x->count > 0) {
+            const int64_t i = rnd(c, (uint32_t)x->count);
+            const float bad = chance(c, 0.5) ? 0.0f : -(float)ldexp(1.0, -(int)rnd(c, 8));
+            put_f32(c, x, i, bad);
+            c->bad_scale = 1;
+            say(c, " | %s[%lld] = %g", x->name, (long long)i, (double)bad);
+        }
+    }
     if (chance(c, 0.04)) {
         /* one non-finite input element: only the write checks apply */
         static const int in_ids[] = {BQ, BK, BV, BDOUT, BQS, BKS, BVS};
@@ -1133,6 +1185,8 @@ static void fill(fcase *c) {
                 put(c->arena + elem_off(x, st, b, s, h, e), dtype_of(c, id), bad);
             } else {
                 put_f32(c, x, rnd(c, (uint32_t)x->count), (float)bad);
+                /* an e4m3 scale NaN or -inf: a CPU context refuses it (fattn.h) */
+                if (c->api == API_FWD && !(bad > 0)) c->bad_scale = 1;
             }
             c->nonfinite = 1;
             say(c, " | %s holds %g", x->name, bad);
@@ -1853,7 +1907,14 @@ static unsigned mutate(fcase *c, mkind k) {
     }
     case M_KVA_TWICE: {
         /* the rules decide (kv_append_rules_ok): a second table row, or a
-         * second page index of one row, mapped onto written rows */
+         * second page index of one row, mapped onto written rows.  Not with
+         * kva_page's bad entry: copying a good entry over it would make the
+         * call valid again while kva_page expects a refusal (seed 4343003,
+         * case 18696: block_table[0][1] INT32_MAX, then = [0][0]) */
+        if (has_mut(c, M_KVA_PAGE)) {
+            say(c, " (kva_twice left out: a table entry is broken)");
+            return 0;
+        }
         int32_t *cs = (int32_t *)ptr(c, BCSL), *tb = (int32_t *)ptr(c, BTABLE);
         const int b1 = (int)rnd(c, (uint32_t)c->batch);
         int32_t c1;
@@ -2214,9 +2275,13 @@ static double in_val(const fcase *c, int id, int scale_id, int32_t blk, int64_t 
 /* The serving fields against an FP64 reference that gathers each
  * sequence's used keys itself (through the table for a paged K/V): o within
  * a few roundings of o's dtype relative to max |v|, lse within 1e-4. */
-static void check_fwd_reference(fcase *c) {
+static double arena_val(const fcase *c, int which, int64_t b, int64_t s, int64_t h, int64_t e);
+static void check_fwd_reference_with(fcase *c, double (*val)(const fcase *, int, int64_t, int64_t, int64_t, int64_t));
+static void check_fwd_reference(fcase *c) { check_fwd_reference_with(c, arena_val); }
+
+static void check_fwd_reference_with(fcase *c, double (*val)(const fcase *, int, int64_t, int64_t, int64_t, int64_t)) {
     const buf *o = &c->b[BO];
-    const int e4m3 = c->dt == FATTN_DTYPE_E4M3;
+    const int e4m3 = c->dt == FATTN_DTYPE_E4M3 || c->api == API_FP8;
     const double scale = c->softmax_scale == 0.0f ? 1.0 / sqrt((double)c->d) : (double)c->softmax_scale;
     const double tol = c->dto == FATTN_DTYPE_F32 ? (e4m3 ? 1e-4 : 2e-5) : c->dto == FATTN_DTYPE_F16 ? 3e-3 : 2e-2;
     int64_t ost[3];
@@ -2237,8 +2302,7 @@ static void check_fwd_reference(fcase *c) {
                     int64_t kb, ks;
                     key_row(c, b, j, &kb, &ks);
                     double dot = 0;
-                    for (int e = 0; e < c->d; e++)
-                        dot += in_val(c, BQ, BQS, c->blk[0], qb, qs, h, e) * in_val(c, BK, BKS, c->blk[1], kb, ks, hk, e);
+                    for (int e = 0; e < c->d; e++) dot += val(c, 0, qb, qs, h, e) * val(c, 1, kb, ks, hk, e);
                     sc[j] = dot * scale;
                     if (sc[j] > m) m = sc[j];
                     nk++;
@@ -2253,7 +2317,7 @@ static void check_fwd_reference(fcase *c) {
                     key_row(c, b, j, &kb, &ks);
                     sum += w;
                     for (int e = 0; e < c->dv; e++) {
-                        const double v = in_val(c, BV, BVS, c->blk[2], kb, ks, hk, e);
+                        const double v = val(c, 2, kb, ks, hk, e);
                         acc[e] += w * v;
                         if (fabs(v) > vmax) vmax = fabs(v);
                     }
@@ -2402,22 +2466,273 @@ static void check_tensor_finite(fcase *c, int id) {
                 }
 }
 
+/* fattn_quantize's definition (fattn.h), written out independently of
+ * src/cpu/quantize.c: x packed [nb][ns][nh][d] (the input as f32), each row
+ * rotated when asked (x * signs of fattn_rotation_signs, then the
+ * Walsh-Hadamard butterflies h = 1, 2, 4, ...: x[j] = a + b, x[j + h] =
+ * a - b, then times (float)(1 / sqrt(d))), amax over the block skipping NaN,
+ * scale max(amax / 448, 2^-126) (1 for an all-zero block; per tensor one
+ * amax), code fattn_f32_to_e4m3(x / scale).  codes packed like x, scales
+ * [nb][nh][ceil(ns / br)]. */
+static void quantize_ref(float *x, int64_t nb, int64_t ns, int64_t nh, int64_t d, int tensor, int64_t br, int rotate,
+                         uint64_t seed, uint8_t *codes, float *scales) {
+    if (rotate) {
+        float signs[64];
+        fattn_rotation_signs(seed, (int32_t)d, signs);
+        for (int64_t r = 0; r < nb * ns * nh; r++) {
+            float *row = x + r * d;
+            for (int64_t i = 0; i < d; i++) row[i] *= signs[i];
+            for (int64_t hh = 1; hh < d; hh <<= 1)
+                for (int64_t i = 0; i < d; i += hh << 1)
+                    for (int64_t j = i; j < i + hh; j++) {
+                        const float a = row[j], b = row[j + hh];
+                        row[j] = a + b;
+                        row[j + hh] = a - b;
+                    }
+            const float norm = (float)(1.0 / sqrt((double)d));
+            for (int64_t i = 0; i < d; i++) row[i] *= norm;
+        }
+    }
+    const int64_t nbl = cdiv(ns, br);
+    float tamax = 0.0f;
+    if (tensor)
+        for (int64_t i = 0; i < nb * ns * nh * d; i++) tamax = fmaxf(tamax, fabsf(x[i]));
+    for (int64_t b = 0; b < nb; b++)
+        for (int64_t h = 0; h < nh; h++)
+            for (int64_t blk = 0; blk < nbl; blk++) {
+                const int64_t r0 = blk * br, r1 = r0 + br < ns ? r0 + br : ns;
+                float amax = tamax;
+                if (!tensor)
+                    for (int64_t r = r0; r < r1; r++)
+                        for (int64_t e = 0; e < d; e++) amax = fmaxf(amax, fabsf(x[((b * ns + r) * nh + h) * d + e]));
+                float sc = 1.0f;
+                if (amax > 0.0f) {
+                    sc = amax / 448.0f;
+                    if (!(sc > 0x1p-126f)) sc = 0x1p-126f;
+                }
+                scales[(b * nh + h) * nbl + blk] = sc;
+                for (int64_t r = r0; r < r1; r++)
+                    for (int64_t e = 0; e < d; e++) {
+                        const int64_t k = ((b * ns + r) * nh + h) * d + e;
+                        codes[k] = fattn_f32_to_e4m3(x[k] / sc);
+                    }
+            }
+}
+
+/* Input id of the case, packed [n0][n1][n2][n3] as f32 (as the library reads
+ * it). */
+static float *load_f32(const fcase *c, int id) {
+    const buf *x = &c->b[id];
+    int64_t st[3];
+    strides_of(x, st);
+    float *out = (float *)malloc(sizeof(float) * (size_t)(x->n[0] * x->n[1] * x->n[2] * x->n[3]) + 1);
+    if (!out) exit(1);
+    size_t k = 0;
+    for (int64_t b = 0; b < x->n[0]; b++)
+        for (int64_t sr = 0; sr < x->n[1]; sr++)
+            for (int64_t h = 0; h < x->n[2]; h++)
+                for (int64_t e = 0; e < x->n[3]; e++) out[k++] = (float)get(c->arena + elem_off(x, st, b, sr, h, e), dtype_of(c, id));
+    return out;
+}
+
+/* fattn_quantize against quantize_ref: every code byte and scale bit. */
+static void check_quantize_reference(fcase *c) {
+    const buf *in = &c->b[BQ], *out = &c->b[BO], *sb = &c->b[BQS];
+    const int64_t nb = in->n[0], ns = in->n[1], nh = in->n[2], d = in->n[3];
+    float *x = load_f32(c, BQ);
+    uint8_t *codes = (uint8_t *)malloc((size_t)(nb * ns * nh * d) + 1);
+    float *scales = (float *)malloc(sizeof(float) * (size_t)sb->count + 1);
+    if (!codes || !scales) exit(1);
+    quantize_ref(x, nb, ns, nh, d, c->qa.granularity == FATTN_QUANT_TENSOR, c->qa.block_rows, c->qa.rotate != 0,
+                 c->qa.seed, codes, scales);
+    for (int64_t i = 0; i < sb->count; i++) {
+        float f;
+        memcpy(&f, c->arena + sb->off + 4 * (size_t)i, 4);
+        if (memcmp(&f, &scales[i], 4) != 0) {
+            fail(c, "out.scale[%lld] = %a, the definition's %a", (long long)i, (double)f, (double)scales[i]);
+            break;
+        }
+    }
+    int64_t st[3];
+    strides_of(out, st);
+    size_t k = 0;
+    int bad = 0;
+    for (int64_t b = 0; b < nb && !bad; b++)
+        for (int64_t sr = 0; sr < ns && !bad; sr++)
+            for (int64_t h = 0; h < nh && !bad; h++)
+                for (int64_t e = 0; e < d; e++, k++) {
+                    const uint8_t got = c->arena[elem_off(out, st, b, sr, h, e)];
+                    if (got != codes[k]) {
+                        fail(c, "out[%lld, %lld, %lld, %lld] = 0x%02x, the definition's 0x%02x (x / scale = %a)",
+                             (long long)b, (long long)sr, (long long)h, (long long)e, got, codes[k],
+                             (double)(x[k] / scales[(b * nh + h) * cdiv(ns, c->qa.block_rows) + sr / c->qa.block_rows]));
+                        bad = 1;
+                        break;
+                    }
+                }
+    free(x); free(codes); free(scales);
+}
+
+/* fattn_fwd_fp8 = quantize_ref on q, k (rotated when asked) and v (blocks
+ * of the options, 128 by default and per tensor; varlen: over the packed
+ * tokens), then an FP64 attention over the dequantised values: O within the
+ * e4m3 fattn_fwd's tolerance, LSE within 1e-4. */
+static double *g_deq[3]; /* q, k, v dequantised, packed like their buffers */
+static double deq_val(const fcase *c, int which, int64_t b, int64_t s, int64_t h, int64_t e) {
+    const buf *x = &c->b[which == 0 ? BQ : which == 1 ? BK : BV];
+    return g_deq[which][((b * x->n[1] + s) * x->n[2] + h) * x->n[3] + e];
+}
+static double arena_val(const fcase *c, int which, int64_t b, int64_t s, int64_t h, int64_t e) {
+    return which == 0 ? in_val(c, BQ, BQS, c->blk[0], b, s, h, e)
+           : which == 1 ? in_val(c, BK, BKS, c->blk[1], b, s, h, e)
+                        : in_val(c, BV, BVS, c->blk[2], b, s, h, e);
+}
+
+static void check_fp8_reference(fcase *c) {
+    const int tensor = !c->opt_null && c->opt.granularity == FATTN_QUANT_TENSOR;
+    const int32_t want[3] = {c->opt_null ? 0 : c->opt.block_rows_q, c->opt_null ? 0 : c->opt.block_rows_k,
+                             c->opt_null ? 0 : c->opt.block_rows_v};
+    const int rotate = !c->opt_null && c->opt.rotate != 0;
+    int ok = 1;
+    for (int t = 0; t < 3; t++) {
+        const int id = BQ + t;
+        const buf *x = &c->b[id];
+        const int64_t nb = x->n[0], ns = x->n[1], nh = x->n[2], d = x->n[3], n = nb * ns * nh * d;
+        const int64_t br = tensor || want[t] == 0 ? 128 : want[t];
+        float *v = load_f32(c, id);
+        uint8_t *codes = (uint8_t *)malloc((size_t)n + 1);
+        float *scales = (float *)malloc(sizeof(float) * (size_t)(nb * nh * cdiv(ns > 0 ? ns : 1, br)) + 1);
+        g_deq[t] = (double *)malloc(sizeof(double) * (size_t)n + 1);
+        if (!codes || !scales || !g_deq[t]) exit(1);
+        if (ns > 0) quantize_ref(v, nb, ns, nh, d, tensor, br, rotate && t < 2, c->opt.seed, codes, scales);
+        for (int64_t k = 0; k < n; k++) {
+            const int64_t r = k / d, h = r % nh, sr = r / nh % ns, b = r / (nh * ns);
+            g_deq[t][k] = (double)fattn_e4m3_to_f32(codes[k]) * scales[(b * nh + h) * cdiv(ns, br) + sr / br];
+            if (!isfinite(g_deq[t][k])) ok = 0;
+        }
+        free(v); free(codes); free(scales);
+    }
+    if (ok) {
+        for (int b = 0; b < c->batch; b++) c->used[b] = c->varlen ? c->lens_k[b] : c->sk;
+        check_fwd_reference_with(c, deq_val);
+    } else {
+        fail(c, "the definition's dequantised q, k or v is not finite on finite inputs");
+    }
+    for (int t = 0; t < 3; t++) free(g_deq[t]), g_deq[t] = NULL;
+}
+
+/* fattn_bwd against an FP64 backward from the same q, k, v, o, dout and lse
+ * (P = exp(scale q.k - lse), D = dout.o, dS = P (dP - D)): each element of
+ * dq, dk, dv within tol x the same sums taken over absolute values (an
+ * error bound that holds through dS's cancellation), tol 1e-4 for f32 and
+ * the output's rounding for f16 (2e-3) / bf16 (2e-2), plus the f32 (and
+ * output) subnormal steps for a subnormal softmax_scale; rows with lse -inf
+ * give dq = 0 and add nothing, and so keys no row sees get dk = dv = 0
+ * exactly. */
+static void check_bwd_reference(fcase *c) {
+    const double scale = c->softmax_scale == 0.0f ? 1.0 / sqrt((double)c->d) : (double)c->softmax_scale;
+    const double tol = c->dt == FATTN_DTYPE_F32 ? 1e-4 : c->dt == FATTN_DTYPE_F16 ? 2e-3 : 2e-2;
+    const double floor_abs = (double)(c->sq + c->sk + c->d + c->dv + 8) * 0x1p-149 +
+                             (c->dt == FATTN_DTYPE_F16 ? 0x1p-25 : c->dt == FATTN_DTYPE_BF16 ? 0x1p-134 : 0.0);
+    const buf *q = &c->b[BQ], *k = &c->b[BK];
+    const int64_t nq = q->n[0] * q->n[1] * q->n[2], nk = k->n[0] * k->n[1] * k->n[2];
+    double *dq = (double *)calloc((size_t)(nq * c->d) + 1, sizeof(double));
+    double *dqa = (double *)calloc((size_t)(nq * c->d) + 1, sizeof(double));
+    double *dk = (double *)calloc((size_t)(nk * c->d) + 1, sizeof(double));
+    double *dka = (double *)calloc((size_t)(nk * c->d) + 1, sizeof(double));
+    double *dv = (double *)calloc((size_t)(nk * c->dv) + 1, sizeof(double));
+    double *dva = (double *)calloc((size_t)(nk * c->dv) + 1, sizeof(double));
+    float *fq = load_f32(c, BQ), *fk = load_f32(c, BK), *fv = load_f32(c, BV), *fo = load_f32(c, BO);
+    float *fdo = load_f32(c, BDOUT);
+    if (!dq || !dqa || !dk || !dka || !dv || !dva) exit(1);
+    const int group = c->hq / c->hkv, d = c->d, dvv = c->dv;
+    for (int b = 0; b < c->batch; b++) {
+        const int lq = c->varlen ? c->lens_q[b] : c->sq, lk = c->varlen ? c->lens_k[b] : c->sk;
+        const int64_t qb = c->varlen ? 0 : b, q0 = c->varlen ? c->cuq[b] : 0, k0 = c->varlen ? c->cuk[b] : 0;
+        for (int h = 0; h < c->hq; h++) {
+            const int hk = h / group;
+            for (int i = 0; i < lq; i++) {
+                float l;
+                const int64_t li = c->varlen ? h * c->tq + q0 + i : ((int64_t)b * c->hq + h) * c->tq + i;
+                memcpy(&l, c->arena + c->b[BLSE].off + 4 * (size_t)li, 4);
+                if (l == -INFINITY) continue;
+                const int64_t qr = (qb * q->n[1] + q0 + i) * c->hq + h; /* row of q, o, dout, dq */
+                double D = 0, Da = 0;
+                for (int e = 0; e < dvv; e++) {
+                    D += (double)fdo[qr * dvv + e] * fo[qr * dvv + e];
+                    Da += fabs((double)fdo[qr * dvv + e] * fo[qr * dvv + e]);
+                }
+                for (int j = 0; j < lk; j++) {
+                    if (c->causal && j > i + lk - lq) continue;
+                    const int64_t kr = (qb * k->n[1] + k0 + j) * c->hkv + hk; /* row of k, v, dk, dv */
+                    double sdot = 0, dp = 0, dpa = 0;
+                    for (int e = 0; e < d; e++) sdot += (double)fq[qr * d + e] * fk[kr * d + e];
+                    for (int e = 0; e < dvv; e++) {
+                        dp += (double)fdo[qr * dvv + e] * fv[kr * dvv + e];
+                        dpa += fabs((double)fdo[qr * dvv + e] * fv[kr * dvv + e]);
+                    }
+                    const double P = exp(sdot * scale - (double)l), dS = P * (dp - D), dSa = P * (dpa + Da);
+                    for (int e = 0; e < d; e++) {
+                        dq[qr * d + e] += scale * dS * fk[kr * d + e];
+                        dqa[qr * d + e] += scale * dSa * fabs((double)fk[kr * d + e]);
+                        dk[kr * d + e] += scale * dS * fq[qr * d + e];
+                        dka[kr * d + e] += scale * dSa * fabs((double)fq[qr * d + e]);
+                    }
+                    for (int e = 0; e < dvv; e++) {
+                        dv[kr * dvv + e] += P * fdo[qr * dvv + e];
+                        dva[kr * dvv + e] += P * fabs((double)fdo[qr * dvv + e]);
+                    }
+                }
+            }
+        }
+    }
+    const int ids[3] = {BDQ, BDK, BDV};
+    const double *ref[3] = {dq, dk, dv}, *abs_[3] = {dqa, dka, dva};
+    for (int t = 0; t < 3; t++) {
+        const buf *x = &c->b[ids[t]];
+        int64_t st[3];
+        strides_of(x, st);
+        size_t kk = 0;
+        int bad = 0;
+        for (int64_t b = 0; b < x->n[0] && !bad; b++)
+            for (int64_t sr = 0; sr < x->n[1] && !bad; sr++)
+                for (int64_t h = 0; h < x->n[2] && !bad; h++)
+                    for (int64_t e = 0; e < x->n[3]; e++, kk++) {
+                        const double got = get(c->arena + elem_off(x, st, b, sr, h, e), c->dt);
+                        const double lim = abs_[t][kk] == 0.0 ? 0.0 : tol * abs_[t][kk] + floor_abs;
+                        if (!(fabs(got - ref[t][kk]) <= lim)) {
+                            fail(c, "%s[%lld, %lld, %lld, %lld] = %.9g, the FP64 backward %.9g (bound %.3g)", x->name,
+                                 (long long)b, (long long)sr, (long long)h, (long long)e, got, ref[t][kk], lim);
+                            bad = 1;
+                            break;
+                        }
+                    }
+    }
+    free(dq); free(dqa); free(dk); free(dka); free(dv); free(dva);
+    free(fq); free(fk); free(fv); free(fo); free(fdo);
+}
+
 static void check_values(fcase *c) {
     switch (c->api) {
     case API_FWD:
         check_fwd_values(c);
-        if (c->has_sequ || c->paged) check_fwd_reference(c), g_ref_checked[c->api]++;
+        check_fwd_reference(c), g_ref_checked[c->api]++;
         break;
-    case API_FP8: check_fwd_values(c); break;
+    case API_FP8:
+        check_fwd_values(c);
+        check_fp8_reference(c), g_ref_checked[c->api]++;
+        break;
     case API_MERGE: check_merge_reference(c), g_ref_checked[c->api]++; break;
     case API_KVA: check_kv_append(c), g_ref_checked[c->api]++; break;
     case API_BWD:
         check_tensor_finite(c, BDQ);
         check_tensor_finite(c, BDK);
         check_tensor_finite(c, BDV);
+        check_bwd_reference(c), g_ref_checked[c->api]++;
         break;
     default: {
         check_tensor_finite(c, BO); /* NaN codes are the only non-finite e4m3 */
+        check_quantize_reference(c), g_ref_checked[c->api]++;
         const buf *s = &c->b[BQS];
         for (int64_t i = 0; i < s->count; i++) {
             float f;
@@ -2506,6 +2821,10 @@ static void run_case(fattn_ctx *ctx, int64_t index) {
         allow |= ALLOW_INV;
         snprintf(why + strlen(why), sizeof why - strlen(why), "%s%s", why[0] ? ", " : "", rule);
     }
+    if (c->bad_scale) {
+        allow |= ALLOW_INV;
+        snprintf(why + strlen(why), sizeof why - strlen(why), "%san e4m3 scale NaN or <= 0", why[0] ? ", " : "");
+    }
     const int valid = allow == 0;
     if (g_verbose) {
         printf("case %lld: %s%s%s\n", (long long)index, c->desc, valid ? "" : " => refuse: ", why);
@@ -2538,7 +2857,8 @@ static void run_case(fattn_ctx *ctx, int64_t index) {
         if (st != FATTN_OK) g_mut_refused[c->mut[i]]++;
     }
 
-    if ((int)st < 0 || (int)st > FATTN_ERROR_INTERNAL) fail(c, "status %d is no fattn_status", (int)st);
+    if ((int)st < 0 || (int)st > FATTN_ERROR_BUSY) fail(c, "status %d is no fattn_status", (int)st);
+    if (st == FATTN_ERROR_BUSY) fail(c, "BUSY from a context no other thread uses");
     if (!msg) {
         fail(c, "fattn_last_error returned NULL");
         msg = "";

@@ -29,7 +29,7 @@ int main(void) {
     /* The stable numeric values of the status codes. */
     ok &= FATTN_OK == 0 && FATTN_ERROR_INVALID_ARGUMENT == 1 && FATTN_ERROR_UNSUPPORTED == 2 &&
           FATTN_ERROR_NO_DEVICE == 3 && FATTN_ERROR_OUT_OF_MEMORY == 4 && FATTN_ERROR_CUDA == 5 &&
-          FATTN_ERROR_INTERNAL == 6;
+          FATTN_ERROR_INTERNAL == 6 && FATTN_ERROR_BUSY == 7;
     ok &= FATTN_VERSION_NUMBER == fattn_version_number();
     ok &= fa.q.stride_seq == 0 && fa.q.dtype == FATTN_DTYPE_BF16;
     printf("test_header: fattn %s, %s\n", fattn_version_string(), ok ? "ok" : "FAILED");

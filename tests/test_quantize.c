@@ -2,7 +2,10 @@
  * scales (exactly amax / 448), dequantisation error within half an e4m3 ulp,
  * bit-exact codes (fattn_f32_to_e4m3(x / scale)), rotation = manual rotation
  * then quantisation, tail blocks, f16/bf16 inputs, strided input, all-zero
- * blocks, thread-count independence.  FATTN_TEST_SEED=<n> reproduces. */
+ * blocks, thread-count independence, blocks of f32 subnormals (issue 43
+ * item 1: the scale's floor FLT_MIN, never a 0 scale that codes every 0 as
+ * NaN) and fattn_fwd_fp8 over them.  FATTN_TEST_SEED=<n> reproduces. */
+#include <float.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdint.h>
@@ -96,7 +99,7 @@ static void check_against_definition(const shape *sh, const float *xv, fattn_qua
                     for (int i = 0; i < sh->d; i++)
                         amax = fmaxf(amax, fabsf(xv[bshd(sh, b, s, h, i)]));
                 if (g == FATTN_QUANT_TENSOR) amax = tensor_amax;
-                float want = amax > 0 ? amax / 448.0f : 1.0f;
+                float want = amax > 0 ? fmaxf(amax / 448.0f, FLT_MIN) : 1.0f;
                 float got = scales[((size_t)b * sh->heads + h) * nb + blk];
                 if (got != want) bad_scale++;
                 for (int s = r0; s < r1; s++)
@@ -267,6 +270,97 @@ static void case_strided_threads(fattn_ctx *ctx) {
     free(x); free(xs); free(c0); free(c1); free(c2); free(s0); free(s1); free(s2);
 }
 
+/* Blocks whose amax is an f32 subnormal or just above (amax / 448 would round
+ * to 0 below ~3.1e-43, and be a subnormal up to 448 FLT_MIN): the scale is
+ * max(amax / 448, FLT_MIN), so no finite entry codes NaN, and
+ * fattn_fwd_fp8 with such a V (or K, Q) returns finite rows (issue 43 item 1:
+ * before the floor, v of zeros and 1e-44 gave 1152 of 1152 outputs NaN). */
+static void case_subnormal(fattn_ctx *ctx) {
+    static const float amaxes[] = {0x1p-149f, 1e-44f, 3e-43f, 1e-40f, 0x1p-127f, 1e-37f, 5e-36f, 1e-35f};
+    const int nam = (int)(sizeof amaxes / sizeof amaxes[0]);
+    shape sh = {1, 16 * nam, 2, 64};
+    const int32_t br = 16;
+    size_t n = (size_t)sh.batch * sh.seqlen * sh.heads * sh.d;
+    int64_t nb = nblocks_of(&sh, br);
+    float *x = malloc(n * 4), *scales = malloc(sizeof(float) * sh.heads * nb);
+    uint8_t *codes = malloc(n);
+    for (int s = 0; s < sh.seqlen; s++)
+        for (int h = 0; h < sh.heads; h++)
+            for (int i = 0; i < sh.d; i++) {
+                /* block s / 16 holds zeros (half), +-amax and amax times (0, 1) */
+                const float am = amaxes[s / br];
+                const uint64_t r = rng_next();
+                float v = (r & 1) ? 0.0f : (r & 2) ? am : am * (float)rng_uniform();
+                x[bshd(&sh, 0, s, h, i)] = (r & 4) ? -v : v;
+            }
+    printf("subnormal amax blocks (%d amaxes from 2^-149 to 1e-35), f32, block rows %d\n", nam, (int)br);
+    for (int g = 0; g < 2; g++) {
+        fattn_status st = quantize(ctx, &sh, x, FATTN_DTYPE_F32, g ? FATTN_QUANT_TENSOR : FATTN_QUANT_BLOCK, br,
+                                   0, 0, codes, scales);
+        if (st != FATTN_OK) {
+            printf("  fattn_quantize failed: %s FAIL\n", fattn_last_error(ctx));
+            g_fail++;
+            continue;
+        }
+        long nan_codes = 0;
+        for (size_t i = 0; i < n; i++) nan_codes += (codes[i] & 0x7F) == 0x7F;
+        report_count(g ? "per tensor: no NaN code from finite input" : "block: no NaN code from finite input",
+                     nan_codes);
+        check_against_definition(&sh, x, g ? FATTN_QUANT_TENSOR : FATTN_QUANT_BLOCK, br, codes, scales,
+                                 g ? "subnormal, tensor" : "subnormal, block");
+    }
+    /* fattn_fwd_fp8: v (and then q, k) of these values; every output finite */
+    const int sk = sh.seqlen, sq = 24, d = sh.d;
+    float *q = malloc(sizeof(float) * sq * d), *k = malloc(sizeof(float) * sk * d);
+    float *v = malloc(sizeof(float) * sk * d), *o = malloc(sizeof(float) * sq * d);
+    for (int i = 0; i < sq * d; i++) q[i] = (float)rng_normal();
+    for (int i = 0; i < sk * d; i++) {
+        k[i] = (float)rng_normal();
+        v[i] = x[bshd(&sh, 0, i / d, 0, i % d)]; /* head 0 of the blocks above */
+    }
+    for (int which = 0; which < 3; which++) {
+        float *src = which == 0 ? v : which == 1 ? k : q;
+        float *saved = NULL;
+        if (which > 0) { /* q or k tiny too (v stays tiny) */
+            const int cnt = which == 1 ? sk * d : sq * d;
+            saved = malloc(sizeof(float) * cnt);
+            memcpy(saved, src, sizeof(float) * cnt);
+            for (int i = 0; i < cnt; i++) src[i] = x[(size_t)i % n];
+        }
+        fattn_fwd_args a;
+        memset(&a, 0, sizeof a);
+        a.p.batch = 1; a.p.seqlen_q = sq; a.p.seqlen_k = sk; a.p.heads_q = 1; a.p.heads_kv = 1;
+        a.p.head_dim = d;
+        a.q = fattn_tensor_bshd(q, FATTN_DTYPE_F32);
+        a.k = fattn_tensor_bshd(k, FATTN_DTYPE_F32);
+        a.v = fattn_tensor_bshd(v, FATTN_DTYPE_F32);
+        a.o = fattn_tensor_bshd(o, FATTN_DTYPE_F32);
+        fattn_fp8_options opt;
+        memset(&opt, 0, sizeof opt);
+        opt.block_rows_q = opt.block_rows_k = opt.block_rows_v = br;
+        fattn_status st = fattn_fwd_fp8(ctx, &a, &opt);
+        long bad = st != FATTN_OK;
+        double worst = 0;
+        for (int i = 0; st == FATTN_OK && i < sq * d; i++) {
+            bad += !isfinite(o[i]);
+            worst = fmax(worst, fabs(o[i]));
+        }
+        char what[120];
+        snprintf(what, sizeof what, "fattn_fwd_fp8, %s tiny: every output finite",
+                 which == 0 ? "v" : which == 1 ? "k and v" : "q and v");
+        report_count(what, bad);
+        /* |o| <= max |v| = 1e-35 (a convex combination of dequantised rows) */
+        snprintf(what, sizeof what, "fattn_fwd_fp8, %s tiny: max |o| / 1e-35", which == 0 ? "v" : which == 1 ? "k and v" : "q and v");
+        report(what, worst / 1e-35, 1.0);
+        if (saved) {
+            memcpy(src, saved, sizeof(float) * (which == 1 ? sk * d : sq * d));
+            free(saved);
+        }
+    }
+    free(q); free(k); free(v); free(o);
+    free(x); free(scales); free(codes);
+}
+
 static void case_unsupported(fattn_ctx *ctx) {
     shape sh = {1, 4, 1, 96};
     float x[4 * 96] = {0}, scales[1];
@@ -294,6 +388,7 @@ int main(void) {
     case_rotate(ctx, FATTN_QUANT_BLOCK, 128);
     case_rotate(ctx, FATTN_QUANT_TENSOR, 256);
     case_strided_threads(ctx);
+    case_subnormal(ctx);
     case_unsupported(ctx);
     fattn_ctx_free(ctx);
     printf("test_quantize: %d failed -> %s\n", g_fail, g_fail ? "FAIL" : "PASS");

@@ -551,10 +551,10 @@ int fattn_cmd_bench(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--varlen") && (i + 1 == argc || argv[i + 1][0] == '-')) {
             varlen = 1; /* the default lengths */
         } else if ((v = tool_opt(cmd, argc, argv, &i, "--varlen"))) {
-            nvar = tool_parse_list(cmd, "--varlen", v, lens_q, TOOL_MAX_SEQS);
+            nvar = tool_parse_list(cmd, "--varlen", v, lens_q, TOOL_MAX_SEQS, 1);
             varlen = 1;
         } else if ((v = tool_opt(cmd, argc, argv, &i, "--varlen-k"))) {
-            nvar_k = tool_parse_list(cmd, "--varlen-k", v, lens_k, TOOL_MAX_SEQS);
+            nvar_k = tool_parse_list(cmd, "--varlen-k", v, lens_k, TOOL_MAX_SEQS, 1);
             only_in(&only, "--varlen-k", SWEEP_VARLEN);
         } else if ((v = tool_opt(cmd, argc, argv, &i, "--decode-shapes"))) {
             dopt.nshapes = parse_shapes(cmd, v, dopt.batch, dopt.seqlen_k);
@@ -577,10 +577,10 @@ int fattn_cmd_bench(int argc, char **argv) {
             only_in(&only, "--hidden", SWEEP_PREFILL | SWEEP_VARLEN);
             hidden_set = 1;
         } else if ((v = tool_opt(cmd, argc, argv, &i, "--seqlens"))) {
-            nseq = tool_parse_list(cmd, "--seqlens", v, seqlens, 32);
+            nseq = tool_parse_list(cmd, "--seqlens", v, seqlens, 32, 1);
             only_in(&only, "--seqlens", SWEEP_PREFILL);
         } else if ((v = tool_opt(cmd, argc, argv, &i, "--head-dims"))) {
-            nhd = tool_parse_list(cmd, "--head-dims", v, hdims, 16);
+            nhd = tool_parse_list(cmd, "--head-dims", v, hdims, 16, 1);
         } else if ((v = tool_opt(cmd, argc, argv, &i, "--causal"))) {
             if (!strcmp(v, "both")) causal_lo = 0, causal_hi = 1;
             else if (!strcmp(v, "0")) causal_lo = causal_hi = 0;

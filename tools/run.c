@@ -20,7 +20,8 @@ static const char *RUN_HELP =
     "options:\n"
     "  --backend auto|cpu|cuda   where to compute (default auto)\n"
     "  --batch N                 batch size\n"
-    "  --seqlen N                query and key length (--seqlen-q / --seqlen-k apart)\n"
+    "  --seqlen N                query and key length (--seqlen-q / --seqlen-k apart; one\n"
+    "                            of them alone leaves the other at the default seqlen)\n"
     "  --heads N|Q/KV            query heads, or query/kv heads (GQA/MQA, e.g. 32/8); also\n"
     "                            --heads-kv N (default = heads)\n"
     "  --head-dim N              head dimension\n"
@@ -36,7 +37,8 @@ static const char *RUN_HELP =
     "                            order, one block table (0 = contiguous, the default)\n"
     "  --seqused-k N             every sequence uses its first N keys only (seqused_k)\n"
     "  --varlen LENS             a variable-length batch: comma-separated sequence lengths\n"
-    "                            (cu_seqlens for q and k; the batch is their count)\n"
+    "                            (cu_seqlens for q and k; the batch is their count; 0 is an\n"
+    "                            empty sequence, as the library allows)\n"
     "  --varlen-k LENS           with --varlen: other key lengths (default those of --varlen)\n"
     "A call the library refuses prints the library's message and exits 1 (so does a wrong\n"
     "result).  The serving options add lines to the report; the error is checked against\n"
@@ -100,9 +102,9 @@ int fattn_cmd_run(int argc, char **argv) {
         } else if ((v = tool_opt(cmd, argc, argv, &i, "--seqused-k"))) {
             seqused = tool_parse_int(cmd, "--seqused-k", v, 0, BIG);
         } else if ((v = tool_opt(cmd, argc, argv, &i, "--varlen-k"))) {
-            nvar_k = tool_parse_list(cmd, "--varlen-k", v, lens_k, TOOL_MAX_SEQS);
+            nvar_k = tool_parse_list(cmd, "--varlen-k", v, lens_k, TOOL_MAX_SEQS, 0);
         } else if ((v = tool_opt(cmd, argc, argv, &i, "--varlen"))) {
-            nvar = tool_parse_list(cmd, "--varlen", v, lens_q, TOOL_MAX_SEQS);
+            nvar = tool_parse_list(cmd, "--varlen", v, lens_q, TOOL_MAX_SEQS, 0);
         } else {
             tool_usage_error(cmd, "unknown option '%s'", argv[i]);
         }
@@ -129,8 +131,10 @@ int fattn_cmd_run(int argc, char **argv) {
     fattn_ctx *ctx = tool_ctx(cmd, backend, threads);
     int gpu = fattn_ctx_backend(ctx) == FATTN_BACKEND_CUDA;
     if (!batch) batch = gpu ? 4 : 1;
+    /* --seqlen-q alone (a decoding step, say) keeps the default key length,
+     * not a 1 x 1 problem */
     if (!sq) sq = gpu ? 4096 : 1024;
-    if (!sk) sk = sq;
+    if (!sk) sk = gpu ? 4096 : 1024;
     if (!heads) heads = gpu ? 16 : 8;
     if (!heads_kv) heads_kv = heads;
     if (!hd) hd = 128;

@@ -82,7 +82,7 @@ fattn_backend tool_parse_backend(const char *cmd, const char *s) {
     tool_usage_error(cmd, "--backend: '%s' is not one of auto, cpu, cuda", s);
 }
 
-int tool_parse_list(const char *cmd, const char *opt, const char *s, int32_t *out, int max) {
+int tool_parse_list(const char *cmd, const char *opt, const char *s, int32_t *out, int max, int32_t min) {
     int n = 0;
     const char *p = s;
     char item[32];
@@ -93,7 +93,7 @@ int tool_parse_list(const char *cmd, const char *opt, const char *s, int32_t *ou
         if (n == max) tool_usage_error(cmd, "%s: more than %d values", opt, max);
         memcpy(item, p, len);
         item[len] = '\0';
-        out[n++] = tool_parse_int(cmd, opt, item, 1, INT32_MAX);
+        out[n++] = tool_parse_int(cmd, opt, item, min, INT32_MAX);
         p += len;
         if (*p == ',') p++;
     }

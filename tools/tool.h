@@ -32,7 +32,7 @@ uint64_t tool_parse_u64(const char *cmd, const char *opt, const char *s);
 fattn_dtype tool_parse_dtype(const char *cmd, const char *s);
 fattn_backend tool_parse_backend(const char *cmd, const char *s);
 /* Comma-separated list of ints; returns the count (at most max). */
-int tool_parse_list(const char *cmd, const char *opt, const char *s, int32_t *out, int max);
+int tool_parse_list(const char *cmd, const char *opt, const char *s, int32_t *out, int max, int32_t min);
 /* "Q" (heads_kv = Q) or "Q/KV" (GQA / MQA); Q a multiple of KV. */
 void tool_parse_heads(const char *cmd, const char *opt, const char *s, int32_t *heads_q,
                       int32_t *heads_kv);

@@ -123,7 +123,15 @@ def attention(q, k, v, causal=False, softmax_scale=None, fp8=None, return_lse=Fa
     q [b, sq, hq, d], k [b, sk, hkv, d], v [b, sk, hkv, dv] (hq % hkv == 0):
     torch tensors (CUDA or CPU) or NumPy arrays (CPU), float32, float16 or
     bfloat16, one dtype.  Any strides; a layout fattn cannot read as it is
-    (head dim not contiguous, expanded dimensions) is copied first.
+    (head dim not contiguous, expanded dimensions) is copied first; NumPy
+    arrays in non-native byte order ('>f4') are converted first (an out= in
+    that order is refused).
+
+    Layout: [batch, seqlen, heads, head_dim], FlashAttention's, NOT
+    torch.nn.functional.scaled_dot_product_attention's [batch, heads, seqlen,
+    head_dim].  Both are 4-D, so a tensor in SDPA's layout cannot be told
+    apart and is computed with heads and tokens swapped, silently: pass
+    q.transpose(1, 2) (a view, no copy) and transpose the output back.
     causal: bottom-right aligned, as FlashAttention (rows that see no key give
     0 and lse -inf).  softmax_scale: None = 1/sqrt(d).
     fp8: None (or False) = off; True = quantise q, k, v to e4m3 first with one
@@ -221,9 +229,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     causal: bottom-right aligned per sequence, as FlashAttention's (key j seen
     by query i iff j <= i + len_k - len_q; a row that sees no key gives 0 and
     lse -inf).  seqused_k (int32 [batch], optional): sequence b uses its first
-    seqused_k[b] keys only (forward only: inputs that require grad with grad
-    mode on raise NotImplementedError; the CUDA engine has no varlen forward
-    with seqused_k and raises FattnUnsupportedError).  Returns out [total_q,
+    seqused_k[b] keys only; both engines serve it (the CUDA engine's
+    variable-length kernels; fattn.h says which unused rows of v must be
+    finite there).  Forward only: inputs that require grad with grad mode on
+    raise NotImplementedError (fattn_bwd has no seqused_k).  Returns out [total_q,
     hq, dv], or (out, softmax_lse [hq, total_q] float32) with
     return_attn_probs=True.  Differentiable (torch.ops.fattn.fwd_varlen, with
     fattn_bwd on the same cu_seqlens); deterministic is passed to the backward.

@@ -20,6 +20,7 @@ ENUMS = {
         "FATTN_ERROR_OUT_OF_MEMORY": 4,
         "FATTN_ERROR_CUDA": 5,
         "FATTN_ERROR_INTERNAL": 6,
+        "FATTN_ERROR_BUSY": 7,
     },
     "fattn_backend": {
         "FATTN_BACKEND_AUTO": 0,
@@ -51,15 +52,45 @@ ENUMS = {
 # (a tensor's data_ptr()) can be assigned as an int; the layout is the same.
 c_enum = ctypes.c_int
 
+# Integer fields and their ranges: ctypes stores a Python int into a c_int32
+# field modulo 2**32 without a word (2**32 + 3 becomes 3), so every store is
+# checked here and a value that does not fit raises ValueError naming the
+# field (issue 43).
+_INT_RANGES = {ctypes.c_int32: (-2**31, 2**31), ctypes.c_int64: (-2**63, 2**63), ctypes.c_uint64: (0, 2**64)}
+_INT_NAMES = {ctypes.c_int32: "int32", ctypes.c_int64: "int64", ctypes.c_uint64: "uint64"}
 
-class Tensor(ctypes.Structure):
+
+def check_int(name, value, ctype=ctypes.c_int32):
+    """value as an int, ValueError when it does not fit ctype (named `name`)."""
+    lo, hi = _INT_RANGES[ctype]
+    v = int(value)
+    if not lo <= v < hi:
+        raise ValueError("fattn: %s = %d does not fit the C API's %s (must be in [%d, %d))"
+                         % (name, v, _INT_NAMES[ctype], lo, hi))
+    return v
+
+
+class _Struct(ctypes.Structure):
+    """A C struct whose integer fields refuse values that would wrap."""
+
+    def __setattr__(self, name, value):
+        t = _FIELD_TYPES.get((type(self), name))
+        if t is not None and not isinstance(value, ctypes._SimpleCData):
+            value = check_int("%s.%s" % (type(self)._c_name_, name), value, t)
+        super().__setattr__(name, value)
+
+
+_FIELD_TYPES = {}  # (struct class, field) -> ctype, for the integer fields; filled below
+
+
+class Tensor(_Struct):
     _c_name_ = "fattn_tensor"
     _fields_ = [("data", ctypes.c_void_p), ("dtype", c_enum), ("stride_batch", ctypes.c_int64),
                 ("stride_seq", ctypes.c_int64), ("stride_head", ctypes.c_int64),
                 ("scale", ctypes.c_void_p), ("scale_block", ctypes.c_int32)]
 
 
-class Problem(ctypes.Structure):
+class Problem(_Struct):
     _c_name_ = "fattn_problem"
     _fields_ = [("batch", ctypes.c_int32), ("seqlen_q", ctypes.c_int32), ("seqlen_k", ctypes.c_int32),
                 ("heads_q", ctypes.c_int32), ("heads_kv", ctypes.c_int32), ("head_dim", ctypes.c_int32),
@@ -68,7 +99,7 @@ class Problem(ctypes.Structure):
                 ("total_k", ctypes.c_int32)]
 
 
-class FwdArgs(ctypes.Structure):
+class FwdArgs(_Struct):
     _c_name_ = "fattn_fwd_args"
     _fields_ = [("p", Problem), ("q", Tensor), ("k", Tensor), ("v", Tensor), ("o", Tensor),
                 ("lse", ctypes.c_void_p), ("seqused_k", ctypes.c_void_p), ("block_table", ctypes.c_void_p),
@@ -76,39 +107,39 @@ class FwdArgs(ctypes.Structure):
                 ("max_pages_per_seq", ctypes.c_int32)]
 
 
-class BwdArgs(ctypes.Structure):
+class BwdArgs(_Struct):
     _c_name_ = "fattn_bwd_args"
     _fields_ = [("p", Problem), ("q", Tensor), ("k", Tensor), ("v", Tensor), ("o", Tensor),
                 ("dout", Tensor), ("dq", Tensor), ("dk", Tensor), ("dv", Tensor),
                 ("lse", ctypes.c_void_p), ("deterministic", ctypes.c_int32)]
 
 
-class QuantizeArgs(ctypes.Structure):
+class QuantizeArgs(_Struct):
     _c_name_ = "fattn_quantize_args"
     _fields_ = [("in", Tensor), ("out", Tensor), ("batch", ctypes.c_int32), ("seqlen", ctypes.c_int32),
                 ("heads", ctypes.c_int32), ("head_dim", ctypes.c_int32), ("granularity", c_enum),
                 ("block_rows", ctypes.c_int32), ("rotate", ctypes.c_int32), ("seed", ctypes.c_uint64)]
 
 
-class Fp8Options(ctypes.Structure):
+class Fp8Options(_Struct):
     _c_name_ = "fattn_fp8_options"
     _fields_ = [("granularity", c_enum), ("block_rows_q", ctypes.c_int32), ("block_rows_k", ctypes.c_int32),
                 ("block_rows_v", ctypes.c_int32), ("rotate", ctypes.c_int32), ("seed", ctypes.c_uint64)]
 
 
-class MergePart(ctypes.Structure):
+class MergePart(_Struct):
     _c_name_ = "fattn_merge_part"
     _fields_ = [("o", Tensor), ("lse", ctypes.c_void_p)]
 
 
-class MergeArgs(ctypes.Structure):
+class MergeArgs(_Struct):
     _c_name_ = "fattn_merge_args"
     _fields_ = [("batch", ctypes.c_int32), ("seqlen", ctypes.c_int32), ("heads", ctypes.c_int32),
                 ("head_dim", ctypes.c_int32), ("num_parts", ctypes.c_int32), ("parts", ctypes.c_void_p),
                 ("o", Tensor), ("lse", ctypes.c_void_p)]
 
 
-class KvAppendArgs(ctypes.Structure):
+class KvAppendArgs(_Struct):
     _c_name_ = "fattn_kv_append_args"
     _fields_ = [("batch", ctypes.c_int32), ("seqlen_new", ctypes.c_int32), ("heads_kv", ctypes.c_int32),
                 ("head_dim", ctypes.c_int32), ("k_new", Tensor), ("v_new", Tensor), ("k_cache", Tensor),
@@ -118,6 +149,10 @@ class KvAppendArgs(ctypes.Structure):
 
 
 STRUCTS = [Tensor, Problem, FwdArgs, BwdArgs, QuantizeArgs, Fp8Options, MergePart, MergeArgs, KvAppendArgs]
+for _s in STRUCTS:
+    for _name, _t in _s._fields_:
+        if _t in _INT_RANGES:
+            _FIELD_TYPES[(_s, _name)] = _t
 
 _ctx = ctypes.c_void_p  # fattn_ctx * (opaque)
 _P = ctypes.POINTER

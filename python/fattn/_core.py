@@ -122,7 +122,7 @@ class Context:
 
     def __init__(self, backend=BACKEND_CUDA, device=0):
         h = ctypes.c_void_p()
-        st = lib.fattn_ctx_create(ctypes.byref(h), backend, device)
+        st = lib.fattn_ctx_create(ctypes.byref(h), _capi.check_int("backend", backend), _capi.check_int("device", device))
         if st != OK:
             raise error(st, lib.fattn_last_error(None).decode(), "fattn_ctx_create")
         self._h = h
@@ -155,7 +155,8 @@ class Context:
 
     def set_option(self, option, value):
         with self._lock:
-            self._check(lib.fattn_ctx_set_option(self._handle(), option, int(value)), "fattn_ctx_set_option")
+            self._check(lib.fattn_ctx_set_option(self._handle(), _capi.check_int("option", option),
+                                                 _capi.check_int("value", value)), "fattn_ctx_set_option")
             self._options[option] = int(value)
 
     @contextlib.contextmanager
@@ -175,7 +176,8 @@ class Context:
 
     def set_threads(self, threads):
         with self._lock:
-            self._check(lib.fattn_ctx_set_threads(self._handle(), int(threads)), "fattn_ctx_set_threads")
+            self._check(lib.fattn_ctx_set_threads(self._handle(), _capi.check_int("threads", threads)),
+                        "fattn_ctx_set_threads")
 
     def set_stream(self, stream_ptr):
         with self._lock:
@@ -335,6 +337,9 @@ def describe(x, name, allow=(F32, F16, BF16, E4M3)):
         raise TypeError("fattn: %s has dtype %s; fattn takes %s" % (
             name, x.dtype, ", ".join(DTYPE_NAMES[a] for a in allow)))
     if is_numpy(x):
+        if not x.dtype.isnative:  # '>f4' on a little-endian machine: the C library reads native words
+            raise TypeError("fattn: %s has dtype %s in non-native byte order; convert it first with "
+                            "x.astype(x.dtype.newbyteorder('='))" % (name, x.dtype.str))
         item = x.dtype.itemsize
         if any(st % item for st in x.strides):
             strides = None

@@ -12,10 +12,20 @@ def _readable(x, name):
     return x, d
 
 
+def _native(x):
+    """x in the machine's byte order: arrays such as '>f4' are read through a
+    converted copy (the library reads native words)."""
+    return x if x.dtype.isnative else x.astype(x.dtype.newbyteorder("="))
+
+
 def attention(q, k, v, causal, softmax_scale, fp8, return_lse, out, ctx):
     for n, x in (("k", k), ("v", v)):
         if not isinstance(x, np.ndarray):
             raise TypeError("fattn: q is a NumPy array but %s is a %s" % (n, type(x).__name__))
+    q, k, v = _native(q), _native(k), _native(v)
+    if out is not None and isinstance(out, np.ndarray) and not out.dtype.isnative:
+        raise ValueError("fattn: out has dtype %s in non-native byte order; fattn writes native words "
+                         "(pass an array of dtype %s)" % (out.dtype.str, out.dtype.newbyteorder("=").str))
     dims = _core.check_shapes(q.shape, k.shape, v.shape)
     allow = (_core.F32, _core.F16, _core.BF16)
     qd, kd, vd = (_core.describe(x, n, allow) for x, n in ((q, "q"), (k, "k"), (v, "v")))

@@ -200,6 +200,29 @@ class BadArguments(unittest.TestCase):
         with self.assertRaises(TypeError):
             fattn.attention(q, k.tolist(), v)
 
+    def test_non_native_byte_order(self):
+        # issue 43 item 4: '>f4' and '>f2' were read as native words
+        other = ">" if np.little_endian else "<"
+        for dtype, tol in ((np.float32, 1e-5), (np.float16, 3e-3)):
+            q, k, v = inputs(dtype=dtype)
+            ro = reference(q, k, v, causal=True)[0]
+            swapped = [x.astype(x.dtype.newbyteorder(other)) for x in (q, k, v)]
+            self.assertFalse(swapped[0].dtype.isnative)
+            o = fattn.attention(*swapped, causal=True)
+            self.assertTrue(o.dtype.isnative)
+            self.assertEqual(o.dtype, np.dtype(dtype))
+            self.assertLess(rel(o, ro), tol)
+            o2 = fattn.attention(q, swapped[1], v, causal=True)  # mixed orders
+            self.assertLess(rel(o2, ro), tol)
+            with self.assertRaises(ValueError) as cm:  # the library cannot write swapped words
+                fattn.attention(q, k, v, out=np.empty(q.shape, dtype=np.dtype(dtype).newbyteorder(other)))
+            self.assertIn("byte order", str(cm.exception))
+        q, k, v = inputs()
+        ctx = fattn.Context(fattn.BACKEND_CPU)
+        with self.assertRaises(TypeError) as cm:  # the raw path refuses them
+            ctx.fwd_args(q.astype(">f4" if np.little_endian else "<f4"), k, v, np.empty_like(q))
+        self.assertIn("byte order", str(cm.exception))
+
     def test_shapes(self):
         q, k, v = inputs()
         for args in ((q[0], k, v), (q, k[:1], v), (q, k, v[:, :5]), (q, k[..., :8], v),

@@ -108,6 +108,37 @@ class Package(unittest.TestCase):
         with self.assertRaises(ValueError):
             c.set_threads(1)
 
+    def test_sizes_that_do_not_fit_int32_are_refused(self):
+        # issue 43 item 3: ctypes stored 2**32 + 3 into an int32 field as 3
+        p = fattn._capi.Problem()
+        for field, value in (("seqlen_q", 2**32 + 3), ("head_dim", 2**32 + 1), ("batch", 2**31), ("heads_kv", -2**31 - 1)):
+            with self.assertRaises(ValueError) as cm:
+                setattr(p, field, value)
+            self.assertIn(field, str(cm.exception))
+            self.assertEqual(getattr(p, field), 0)  # nothing stored
+        p.seqlen_q = 2**31 - 1
+        self.assertEqual(p.seqlen_q, 2**31 - 1)
+        with self.assertRaises(ValueError) as cm:
+            fattn._capi.Tensor(0, 0, 2**63, 1, 1, None, 0)  # positional, int64 stride
+        self.assertIn("stride_batch", str(cm.exception))
+        a = fattn._capi.FwdArgs()
+        with self.assertRaises(ValueError):
+            a.p.seqlen_k = 2**32 + 3
+        with self.assertRaises(ValueError):
+            a.page_size = 2**32
+        q = fattn._capi.QuantizeArgs()
+        with self.assertRaises(ValueError):
+            q.seed = -1
+        ctx = fattn.Context(fattn.BACKEND_CPU)
+        with self.assertRaises(ValueError) as cm:
+            ctx.set_threads(2**32 + 2)
+        self.assertIn("threads", str(cm.exception))
+        with self.assertRaises(ValueError):
+            ctx.set_option(fattn.OPTION_DISABLE_SPLIT, 2**32 + 1)
+        with self.assertRaises(ValueError):
+            fattn.Context(fattn.BACKEND_CPU, 2**32)
+        ctx.close()
+
     def test_rejects_other_types(self):
         with self.assertRaises(TypeError):
             fattn.attention([[1.0]], [[1.0]], [[1.0]])

@@ -335,7 +335,7 @@ fattn_status fattn_cpu_bwd(fattn_ctx *ctx, const fattn_bwd_args *a) {
     bwd_job j;
     memset(&j, 0, sizeof j);
     j.a = a;
-    j.kern = fattn_cpu_kernels_get();
+    j.kern = fattn_cpu_kernels_get(ctx ? ctx->cpu_isa : NULL);
     j.m = fattn_cpu_dims_of(p);
 
     if (fattn_tasks_init(&j.qtasks, p, p->heads_q, 1, FATTN_CPU_BM) != 0)

@@ -261,7 +261,7 @@ fattn_status fattn_cpu_fwd(fattn_ctx *ctx, const fattn_fwd_args *a) {
     fwd_job j;
     memset(&j, 0, sizeof j);
     j.a = a;
-    j.kern = fattn_cpu_kernels_get().fwd;
+    j.kern = fattn_cpu_kernels_get(ctx ? ctx->cpu_isa : NULL).fwd;
     j.m = fattn_cpu_dims_of(p);
     /* a page pool's e4m3 scales: [num_pages, heads_kv, ceil(page_size / block)] */
     if (a->block_table) j.m.rows_k = a->page_size;

@@ -215,6 +215,36 @@ KT_ATTR static void KT(pv)(int mr, int k, const float *A, int64_t lda, const flo
     }
 }
 
+/* C[r][c] += sum_{j0 <= j < k} A[j * lda + r] * B[j][c] for the lanes c that
+ * see key j (c >= thr + j), r < mr: the keys of a causal diagonal that some
+ * lanes do not see, after KT(pv) has taken the keys below j0.  A hidden lane
+ * keeps its accumulator instead of adding 0 x v, so that a NaN or Inf in a
+ * value row that a query does not see never reaches its O (issue 43); the
+ * other lanes compute the expression of pv_tile, in the same key order, and
+ * C holds their exact f32 partial sums in between, so their bits are those
+ * of one KT(pv) over every key.  run() takes this path only for blocks with
+ * a value row that is not finite (for finite rows adding 0 x v is exact): a
+ * second loop inside pv_tile cost the common path 15-20% at short causal
+ * rows. */
+KT_ATTR static void KT(pv_masked)(const int mr, int j0, int k, const float *A, int64_t lda, const float *B,
+                                  float *C, int64_t thr) {
+    for (int r = 0; r < mr; r++) {
+        VT acc[KT_NV];
+        for (int v = 0; v < KT_NV; v++) acc[v] = KT(load)(C + r * KT_NR + v * KT_W);
+        for (int j = j0; j < k; j++) {
+            const VT x = KT(splat)(A[(int64_t)j * lda + r]);
+            const int32_t t = thr + j > KT_NR ? KT_NR : (int32_t)(thr + j);
+            for (int v = 0; v < KT_NV; v++) {
+                VI lane;
+                for (int c = 0; c < KT_W; c++) lane[c] = v * KT_W + c;
+                const VT bv = KT(load)(B + (int64_t)j * KT_NR + v * KT_W);
+                acc[v] = KT_SELECT(lane < t, acc[v], x * bv + acc[v]);
+            }
+        }
+        for (int v = 0; v < KT_NV; v++) KT(store)(C + r * KT_NR + v * KT_W, &acc[v]);
+    }
+}
+
 /* Online softmax of one panel over jn keys (DESIGN.md section 1), vectorised
  * over its NR queries: s = S^T [jn][NR] (masked) in, P^T out; m, l [NR];
  * alpha [NR] holds the block's max on entry (qk_tile) and the rescale factor
@@ -245,8 +275,25 @@ KT_INLINE void KT(softmax)(float *s, int jn, float *m, float *l, float *alpha) {
     }
 }
 
+/* 1 if a value row of the block holds NaN or Inf (all exponent bits set).
+ * Integer ops and an OR reduction, which the compiler vectorises: a float
+ * sum here (x - x) cost as much as the tile's GEMMs at short rows. */
+KT_ATTR static int KT(v_nonfinite)(const fattn_fwd_block *b) {
+    uint32_t any = 0;
+    for (int j = 0; j < b->jn; j++) {
+        const float *row = b->v + (int64_t)j * b->ldv;
+        for (int t = 0; t < b->dv; t++) {
+            uint32_t u;
+            memcpy(&u, row + t, sizeof u);
+            any |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+        }
+    }
+    return any != 0;
+}
+
 KT_ATTR static void KT(run)(const fattn_fwd_block *b) {
     const int d = b->d, dv = b->dv;
+    int vbad = -1; /* the block's value rows: -1 not looked at yet, 0 finite, 1 not */
     for (int pi = 0; pi < b->npanels; pi++) {
         const int lanes = b->rows - pi * KT_NR < KT_NR ? b->rows - pi * KT_NR : KT_NR;
         const int64_t qlo = b->q0 + (int64_t)pi * KT_NR;
@@ -265,9 +312,18 @@ KT_ATTR static void KT(run)(const fattn_fwd_block *b) {
         KT(softmax)(b->s, (int)jn, b->m + (int64_t)pi * KT_NR, b->l + (int64_t)pi * KT_NR,
                     b->alpha);
         const float *alpha = b->j0 == 0 ? NULL : b->alpha;
-        for (int t0 = 0; t0 < dv; t0 += KT_MR)
-            KT(pv)(dv - t0 < KT_MR ? dv - t0 : KT_MR, (int)jn, b->v + t0, b->ldv, b->s,
-                   ot + (int64_t)t0 * KT_NR, alpha);
+        /* keys from jm on are hidden from some lanes (thr0 + j > 0); they go
+         * through pv_masked when a value row of the block is not finite */
+        int jm = (int)jn;
+        if (thr0 + jn - 1 > 0) {
+            if (vbad < 0) vbad = KT(v_nonfinite)(b);
+            if (vbad) jm = thr0 >= 1 ? 0 : (int)(1 - thr0);
+        }
+        for (int t0 = 0; t0 < dv; t0 += KT_MR) {
+            const int mr = dv - t0 < KT_MR ? dv - t0 : KT_MR;
+            KT(pv)(mr, jm, b->v + t0, b->ldv, b->s, ot + (int64_t)t0 * KT_NR, alpha);
+            if (jm < jn) KT(pv_masked)(mr, jm, (int)jn, b->v + t0, b->ldv, b->s, ot + (int64_t)t0 * KT_NR, thr0);
+        }
     }
 }
 

@@ -172,13 +172,13 @@ static int bwd_instance(const char *isa, fattn_cpu_kernels *k) {
 }
 
 int fattn_cpu_bwd_kernels_named(const char *isa, fattn_cpu_kernels *out) {
-    fattn_cpu_kernels k = fattn_cpu_kernels_get();
+    fattn_cpu_kernels k = fattn_cpu_kernels_get(NULL);
     if (bwd_instance(isa, &k) != 0) return -1;
     *out = k;
     return 0;
 }
 
-fattn_cpu_kernels fattn_cpu_kernels_get(void) {
+fattn_cpu_kernels fattn_cpu_kernels_get(const char *fwd_isa) {
     fattn_cpu_kernels k;
     if (bwd_instance("avx512", &k) != 0 && bwd_instance("avx2", &k) != 0) bwd_instance("generic", &k);
     k.fwd = fattn_fwd_kernel_generic;
@@ -186,7 +186,20 @@ fattn_cpu_kernels fattn_cpu_kernels_get(void) {
     if (fattn_cpu_fwd_kernel_named("avx512", &k.fwd) != 0)
         fattn_cpu_fwd_kernel_named("avx2", &k.fwd);
 #endif
-    const char *want = getenv("FATTN_CPU_ISA");
-    if (want && *want) fattn_cpu_fwd_kernel_named(want, &k.fwd);
+    if (fwd_isa) fattn_cpu_fwd_kernel_named(fwd_isa, &k.fwd);
     return k;
+}
+
+const char fattn_cpu_isa_names[] = "scalar, generic, avx2, avx2w16, avx512";
+
+int fattn_cpu_isa_lookup(const char *name, const char **canonical) {
+    static const char *const known[] = {"scalar", "generic", "avx2", "avx2w16", "avx512"};
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+        if (strcmp(name, known[i]) != 0) continue;
+        fattn_fwd_kernel k;
+        if (fattn_cpu_fwd_kernel_named(known[i], &k) != 0) return 2;
+        *canonical = known[i];
+        return 0;
+    }
+    return 1;
 }

@@ -28,11 +28,20 @@ typedef struct fattn_cpu_kernels {
     fattn_fwd_kernel fwd; /* the forward's inner loop (fwd_block.h) */
 } fattn_cpu_kernels;
 
-/* The best kernels for this CPU (thread-safe).  The environment variable
- * FATTN_CPU_ISA = scalar | generic | avx2 | avx2w16 | avx512 picks the
- * forward's instance instead, when this CPU can run it (tests and
- * benchmarks; an unknown or unsupported name is ignored). */
-fattn_cpu_kernels fattn_cpu_kernels_get(void);
+/* The best kernels for this CPU (thread-safe), with the forward's instance
+ * `fwd_isa` instead when it is not NULL (a name fattn_cpu_isa_lookup
+ * accepted: a context's FATTN_CPU_ISA, read once when it was created).
+ * Nothing here reads the environment. */
+fattn_cpu_kernels fattn_cpu_kernels_get(const char *fwd_isa);
+
+/* The forward instances' names, for messages: "scalar, generic, avx2,
+ * avx2w16, avx512". */
+extern const char fattn_cpu_isa_names[];
+
+/* FATTN_CPU_ISA's value `name`: 0 when this CPU runs the instance of that
+ * name (*canonical = the instance's static name), 1 for an unknown name,
+ * 2 for an instance this CPU (or build) cannot run. */
+int fattn_cpu_isa_lookup(const char *name, const char **canonical);
 
 /* The backward's kernels (gemm, gemm_tn, exp_sub) of instance `isa`
  * (generic, avx2, avx512), the rest as fattn_cpu_kernels_get gives it, if

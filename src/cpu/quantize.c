@@ -2,19 +2,20 @@
  * scale per block of rows of each (batch, head), or one per tensor, after the
  * optional incoherent-processing rotation (hadamard.c).
  *
- * scale = amax / 448 of the (rotated) block, 1 for an all-zero block, and
+ * scale = max(amax / 448, FLT_MIN) of the (rotated) block, 1 for an
+ * all-zero block, and
  * code = fattn_f32_to_e4m3(x / scale): the division, not a multiplication by
  * a rounded reciprocal, so that the CUDA quantiser can reproduce it exactly.
- * Work is split over (batch, head) pairs across ctx->threads threads. */
+ * Work is split over (batch, head) pairs on the engine's worker pool
+ * (threads.c), ctx->threads workers at most. */
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <unistd.h>
 
 #include "internal.h"
 #include "cpu/fp8_internal.h"
 #include "cpu/half.h"
+#include "cpu/threads.h"
 
 typedef struct quant_job {
     const fattn_quantize_args *a;
@@ -26,11 +27,6 @@ typedef struct quant_job {
     int nthreads;
     float *bufs;          /* nthreads rows of head_dim floats */
 } quant_job;
-
-typedef struct quant_worker {
-    quant_job *job;
-    int tid;
-} quant_worker;
 
 /* Row s of (b, h) as f32 (rotated when asked) into buf[0..d). */
 static void load_row(const fattn_quantize_args *a, const float *signs, int32_t b, int32_t s,
@@ -64,7 +60,10 @@ static float row_amax(const float *x, int32_t d) {
     return m;
 }
 
-static float scale_of(float amax) { return amax > 0.0f ? amax / FATTN_E4M3_MAX : 1.0f; }
+/* amax / 448, floored at FLT_MIN: below amax ~ 3.1e-43 the quotient rounds to
+ * 0 (every 0 would code NaN, 0 / 0), and a subnormal scale has no reciprocal
+ * in f32 for the attention kernels to fold in (issue 43). */
+static float scale_of(float amax) { return amax > 0.0f ? fattn_e4m3_scale(amax) : 1.0f; }
 
 static void store_row(const fattn_quantize_args *a, int32_t b, int32_t s, int32_t h,
                       const float *buf, float scale) {
@@ -114,29 +113,15 @@ static void quantize_unit(quant_job *job, int64_t unit, float *buf) {
     }
 }
 
-static void *quant_worker_main(void *arg) {
-    quant_worker *w = (quant_worker *)arg;
-    quant_job *job = w->job;
-    const int64_t units = (int64_t)job->a->batch * job->a->heads;
-    float *buf = job->bufs + (size_t)w->tid * (size_t)job->a->head_dim;
-    for (int64_t u = w->tid; u < units; u += job->nthreads) quantize_unit(job, u, buf);
-    return NULL;
+static void quant_task(void *arg, int64_t unit, int worker) {
+    quant_job *job = (quant_job *)arg;
+    quantize_unit(job, unit, job->bufs + (size_t)worker * (size_t)job->a->head_dim);
 }
 
-/* Run job over all units on job->nthreads threads (the caller is thread 0). */
+/* Every (batch, head) unit on the engine's worker pool (threads.c). */
 static void run_job(quant_job *job) {
-    enum { MAX_THREADS = 256 };
-    pthread_t th[MAX_THREADS];
-    quant_worker w[MAX_THREADS];
-    int started[MAX_THREADS] = {0};
-    for (int t = 0; t < job->nthreads; t++) { w[t].job = job; w[t].tid = t; }
-    for (int t = 1; t < job->nthreads; t++)
-        started[t] = pthread_create(&th[t], NULL, quant_worker_main, &w[t]) == 0;
-    quant_worker_main(&w[0]);
-    for (int t = 1; t < job->nthreads; t++) {
-        if (started[t]) pthread_join(th[t], NULL);
-        else quant_worker_main(&w[t]); /* could not start it: do its share here */
-    }
+    const int64_t units = (int64_t)job->a->batch * job->a->heads;
+    fattn_parallel_for(job->nthreads, units, quant_task, job);
 }
 
 fattn_status fattn_cpu_quantize(fattn_ctx *ctx, const fattn_quantize_args *a) {
@@ -158,12 +143,7 @@ fattn_status fattn_cpu_quantize(fattn_ctx *ctx, const fattn_quantize_args *a) {
         job.signs = signs;
     }
 
-    int nt = ctx->threads;
-    if (nt <= 0) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        nt = n > 0 ? (int)n : 1;
-    }
-    if (nt > 256) nt = 256;
+    int nt = fattn_cpu_thread_count(ctx->threads);
     if ((int64_t)nt > units) nt = (int)units;
     /* Threads cost tens of microseconds each: not worth it for small tensors. */
     if (units * a->seqlen * (int64_t)d < (1 << 16)) nt = 1;

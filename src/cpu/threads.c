@@ -4,9 +4,11 @@
  * for more than have been started), then sleep on a condition variable
  * between calls, so a call costs a wake-up instead of a pthread_create per
  * worker.  One call uses the pool at a time; a call made while another holds
- * it (two user threads at once) starts its own threads for the call, as the
- * engine did before the pool.  After fork() the child starts from an empty
- * pool; unloading the library stops and joins the workers. */
+ * it (two user threads at once) waits for it (pool_call_mu): until issue 43
+ * it started threads of its own, up to ntasks - 1 per call.  The pool never
+ * grows past FATTN_MAX_THREADS_PER_CPU x the online CPUs.  After fork() the
+ * child starts from an empty pool; unloading the library stops and joins
+ * the workers. */
 #define _POSIX_C_SOURCE 200809L
 #include "cpu/threads.h"
 
@@ -15,12 +17,32 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-int fattn_cpu_thread_count(int requested) {
-    if (requested > 0) return requested;
+#define POOL_MAX 1024
+
+/* The online CPUs, read once per process: sysconf reads a /sys file, tens of
+ * microseconds that a small call would pay twice. */
+static int g_online_cpus;
+static void read_online_cpus(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     if (n < 1) n = 1;
-    if (n > 1024) n = 1024;
-    return (int)n;
+    if (n > POOL_MAX) n = POOL_MAX;
+    g_online_cpus = (int)n;
+}
+static int online_cpus(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, read_online_cpus);
+    return g_online_cpus;
+}
+
+static int thread_bound(void) {
+    const int n = online_cpus();
+    return n > POOL_MAX / FATTN_MAX_THREADS_PER_CPU ? POOL_MAX : n * FATTN_MAX_THREADS_PER_CPU;
+}
+
+int fattn_cpu_thread_count(int requested) {
+    const int bound = thread_bound();
+    if (requested <= 0) return online_cpus();
+    return requested < bound ? requested : bound;
 }
 
 typedef struct pool_job {
@@ -30,22 +52,25 @@ typedef struct pool_job {
     atomic_llong next;
 } pool_job;
 
+static _Thread_local int in_pool_task; /* this thread runs a task: an inner call runs here */
+
 static void run_worker(pool_job *job, int worker) {
+    const int outer = in_pool_task;
+    in_pool_task = 1;
     for (;;) {
         int64_t t = (int64_t)atomic_fetch_add_explicit(&job->next, 1, memory_order_relaxed);
         if (t >= job->ntasks) break;
         job->fn(job->arg, t, worker);
     }
+    in_pool_task = outer;
 }
 
 /* ---- the pool ------------------------------------------------------------ */
 
-#define POOL_MAX 1024
-
 static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t pool_work = PTHREAD_COND_INITIALIZER; /* a new job or quit */
 static pthread_cond_t pool_done = PTHREAD_COND_INITIALIZER; /* the last worker finished */
-static atomic_int pool_busy;      /* a call holds the pool */
+static pthread_mutex_t pool_call_mu = PTHREAD_MUTEX_INITIALIZER; /* held by the call using the pool */
 static pthread_t pool_tid[POOL_MAX];
 static int pool_started;          /* workers 1..pool_started exist */
 static uint64_t pool_gen;         /* job generation */
@@ -83,7 +108,7 @@ static void pool_after_fork_child(void) {
     pool_started = 0;
     pool_cur = NULL;
     pool_want = pool_active = pool_quit = 0;
-    atomic_store(&pool_busy, 0);
+    pthread_mutex_init(&pool_call_mu, NULL);
 }
 
 static void pool_init_once(void) { pthread_atfork(NULL, NULL, pool_after_fork_child); }
@@ -101,8 +126,6 @@ __attribute__((destructor)) static void pool_stop(void) {
 /* Runs the job on the pool's workers 1..nthreads-1 and the caller (fewer
  * workers if some cannot be started); the caller holds the pool (pool_busy). */
 static void pool_run(pool_job *job, int nthreads) {
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, pool_init_once);
     pthread_mutex_lock(&pool_mu);
     if (nthreads > POOL_MAX) nthreads = POOL_MAX;
     pool_cur = job;
@@ -129,40 +152,10 @@ static void pool_run(pool_job *job, int nthreads) {
     pthread_mutex_unlock(&pool_mu);
 }
 
-/* ---- threads of one call (the pool is taken) ------------------------------ */
-
-typedef struct worker_arg {
-    pool_job *job;
-    int worker;
-} worker_arg;
-
-static void *call_worker_main(void *p) {
-    worker_arg *w = (worker_arg *)p;
-    run_worker(w->job, w->worker);
-    return NULL;
-}
-
-static void call_threads_run(pool_job *job, int nthreads) {
-    pthread_t *tids = (pthread_t *)malloc(sizeof(pthread_t) * (size_t)(nthreads - 1));
-    worker_arg *wargs = (worker_arg *)malloc(sizeof(worker_arg) * (size_t)(nthreads - 1));
-    int started = 0;
-    if (tids && wargs) {
-        for (int i = 1; i < nthreads; i++) {
-            wargs[started].job = job;
-            wargs[started].worker = i;
-            if (pthread_create(&tids[started], NULL, call_worker_main, &wargs[started]) != 0) break;
-            started++;
-        }
-    }
-    run_worker(job, 0);
-    for (int i = 0; i < started; i++) pthread_join(tids[i], NULL);
-    free(tids);
-    free(wargs);
-}
-
 int fattn_parallel_for(int nthreads, int64_t ntasks, fattn_task_fn fn, void *arg) {
     if (ntasks <= 0) return 0;
-    if (nthreads < 1) nthreads = 1;
+    if (nthreads < 1 || in_pool_task) nthreads = 1; /* an inner call: the pool is this call's */
+    if (nthreads > thread_bound()) nthreads = thread_bound();
     if ((int64_t)nthreads > ntasks) nthreads = (int)ntasks;
     pool_job job;
     job.fn = fn;
@@ -173,12 +166,11 @@ int fattn_parallel_for(int nthreads, int64_t ntasks, fattn_task_fn fn, void *arg
         run_worker(&job, 0);
         return 0;
     }
-    int idle = 0;
-    if (atomic_compare_exchange_strong(&pool_busy, &idle, 1)) {
-        pool_run(&job, nthreads);
-        atomic_store(&pool_busy, 0);
-    } else {
-        call_threads_run(&job, nthreads);
-    }
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, pool_init_once);
+    /* a call that finds the pool busy queues here rather than start threads */
+    pthread_mutex_lock(&pool_call_mu);
+    pool_run(&job, nthreads);
+    pthread_mutex_unlock(&pool_call_mu);
     return 0;
 }

@@ -5,6 +5,7 @@
  * Plain C-style host code. */
 #include <cuda.h>
 #include <cuda_runtime.h>
+#include <stdio.h>
 
 #include "cuda_engine.h"
 
@@ -22,13 +23,32 @@ extern "C" int fattn_cuda_available(int device) {
     return prop.major == 9 && prop.minor == 0;
 }
 
+/* Why cudaGetDeviceCount failed, in words a user can act on: the runtime
+ * answers cudaErrorInsufficientDriver both without any driver and with one
+ * older than itself, so ask the driver's version (0: none loaded). */
+static const char *no_device_reason(cudaError_t e, char *buf, size_t n) {
+    if (e == cudaSuccess) return "the NVIDIA driver reports no GPU";
+    if (e == cudaErrorInsufficientDriver) {
+        int dv = 0, rv = 0;
+        if (cudaDriverGetVersion(&dv) != cudaSuccess || dv == 0)
+            return "no NVIDIA driver found: libcuda.so.1 is not installed or cannot be loaded";
+        cudaRuntimeGetVersion(&rv);
+        snprintf(buf, n, "the NVIDIA driver supports CUDA %d.%d, older than this build's CUDA runtime %d.%d: "
+                         "update the driver", dv / 1000, dv % 1000 / 10, rv / 1000, rv % 1000 / 10);
+        return buf;
+    }
+    if (e == cudaErrorNoDevice) return "the NVIDIA driver reports no GPU";
+    return cudaGetErrorString(e);
+}
+
 extern "C" fattn_status fattn_cuda_ctx_init(fattn_ctx *ctx) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0) {
         (void)cudaGetLastError();
+        char why[160];
         return fattn_fail(ctx, FATTN_ERROR_NO_DEVICE, "no CUDA device available (%s)",
-                          e == cudaSuccess ? "device count is 0" : cudaGetErrorString(e));
+                          no_device_reason(e, why, sizeof why));
     }
     if (ctx->device >= n)
         return fattn_fail(ctx, FATTN_ERROR_NO_DEVICE, "CUDA device %d does not exist (%d devices)", ctx->device, n);

@@ -7,7 +7,9 @@
  *     butterflies in the same stage order (h = 1, 2, 4, ...; x[j] = a + b,
  *     x[j+h] = a - b), then the multiply by the same float (float)(1 /
  *     sqrt((double)d));
- *   - amax skips NaN (fmaxf), scale = amax / 448 (1 for an all-zero block),
+ *   - amax skips NaN (fmaxf), scale = max(amax / 448, FLT_MIN) (1 for an
+ *     all-zero block; the floor keeps a block of f32 subnormals from a 0
+ *     scale, whose zeros would code NaN),
  *     code = cvt.rn.satfinite.e4m3x2.f32(x / scale) with an IEEE division.
  * Every float operation on those paths is inline PTX without .ftz: the
  * library is built with --use_fast_math, under which nvcc turns even
@@ -76,7 +78,7 @@ __host__ __device__ constexpr int quant_min_ctas(int dt, int rot) { return rot =
 
 enum quant_mode {
     QUANT_ONCHIP = 0,     /* block granularity, one pass */
-    QUANT_AMAX = 1,       /* first pass: amax / 448 atomically maxed into scale[] */
+    QUANT_AMAX = 1,       /* first pass: the scale of each tile's amax atomically maxed into scale[] */
     QUANT_FROM_SCALE = 2  /* second pass: codes from the scale[] the first wrote */
 };
 
@@ -314,8 +316,14 @@ __device__ __forceinline__ int onchip_slot(int rl, const quant_params &p) {
     return p.br == 1 ? rl : (int)__umulhi((uint32_t)rl, p.br_magic);
 }
 
+/* amax / 448 floored at FLT_MIN, fattn_e4m3_scale of the CPU (an amax of
+ * f32 subnormals would give scale 0 and NaN codes for its zeros).  max.f32
+ * without .ftz; Inf stays Inf. */
+__device__ __forceinline__ float scale_of_nonzero_amax(float amax) {
+    return f32_max(f32_div(amax, FATTN_E4M3_MAX), FATTN_E4M3_SCALE_MIN);
+}
 __device__ __forceinline__ float scale_of_amax(uint32_t amax_bits) {
-    return amax_bits ? f32_div(__uint_as_float(amax_bits), FATTN_E4M3_MAX) : 1.0f;
+    return amax_bits ? scale_of_nonzero_amax(__uint_as_float(amax_bits)) : 1.0f;
 }
 
 /* ---- x / scale for a chunk ----------------------------------------------------
@@ -510,13 +518,14 @@ __global__ void __launch_bounds__(QUANT_THREADS, quant_min_ctas(DT, ROT))
     }
 
     if (mode == QUANT_AMAX) {
-        /* the quotient by 448 is monotonic: max of the quotients = quotient of the max */
+        /* the quotient by 448 and the floor are monotonic: max of the scales =
+     * scale of the max */
         if (t < (p.tensor ? 1 : 2)) {
             const uint32_t m = slot_amax[t];
             const int blk = blk0 + t;
             if (m && (p.tensor || blk < p.nb))
                 atomicMax((unsigned *)p.scale + (p.tensor ? 0 : pair * p.nb + blk),
-                          __float_as_uint(f32_div(__uint_as_float(m), FATTN_E4M3_MAX)));
+                          __float_as_uint(scale_of_nonzero_amax(__uint_as_float(m))));
         }
         return;
     }

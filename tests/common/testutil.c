@@ -259,6 +259,7 @@ void tu_tensor_set(tu_tensor *x, const double *src, double *held) {
                             if (v > amax) amax = v;
                         }
                     float sc = amax > 0.0 ? (float)(amax / 448.0) : 1.0f;
+                    if (amax > 0.0 && !(sc >= 0x1p-126f)) sc = 0x1p-126f; /* fattn_quantize's floor */
                     x->t.scale[((size_t)b * x->heads + h) * nb + blk] = sc;
                 }
     }

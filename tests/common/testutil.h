@@ -112,7 +112,7 @@ void tu_tensor_alloc(tu_tensor *x, fattn_dtype dt, int batch, int seq, int heads
                      tu_layout layout, int scale_block);
 void tu_tensor_free(tu_tensor *x);
 /* Store packed-BSHD doubles `src` into x (rounding to its dtype; e4m3: per
- * block scale = amax / 448, 1 for an all-zero block).  If `held` is not NULL
+ * block scale = max(amax / 448, 2^-126), 1 for an all-zero block).  If `held` is not NULL
  * it receives (packed BSHD) the exact values the tensor now represents. */
 void tu_tensor_set(tu_tensor *x, const double *src, double *held);
 /* Read x back as packed-BSHD doubles (scales applied). */

@@ -35,8 +35,10 @@
  *     not see key j gets NaN in column t when its tile visits j's block:
  *     tiles of BM <= 192 rows visit key blocks of BN <= 192 up to their last
  *     row's diagonal, so only rows with j - (i + seqlen_k - seqlen_q) <=
- *     BM + BN - 2 < 384 can.  The CPU engine has the same effect with its own
- *     blocks (test_cpu_nan.c leaves causal V alone for that reason).  Tested
+ *     BM + BN - 2 < 384 can; in the decoding kernel (seqlen_q <= 16) any
+ *     row of the step.  fattn.h states this rule.  The CPU engine had the
+ *     same effect with its own blocks until issue 43; now a row that does
+ *     not see key j keeps the clean value there (test_cpu_nan.c).  Tested
  *     here: rows that see j have column t NaN (+Inf) like the CPU engine's;
  *     rows that do not see it have column t either NaN or the clean value,
  *     and the clean value when 384 keys or more short of j; every other
@@ -366,6 +368,8 @@ int main(void) {
         {1, 600, 700, 4, 2, 64, 0, H, "d64, TMA stores of O"},
         {1, 30, 2900, 2, 2, 128, 0, B, "tiles split along the keys"},
         {2, 1, 4097, 8, 1, 64, 0, B, "one query row, split"},
+        {1, 16, 24, 4, 1, 64, 1, H, "decoding kernel, causal step of 16 rows"},
+        {2, 12, 700, 8, 2, 128, 1, B, "decoding kernel, causal, GQA 4:1"},
         {1, 250, 250, 2, 2, 256, 0, B, "CTA pairs"},
     };
     const int small = getenv("FATTN_TEST_SMALL") != NULL;

@@ -14,7 +14,9 @@
  *   - values: N(0, 1) with rare outliers up to 1e4, plus, in the special
  *     cases, all-zero and all-NaN blocks, NaN, +-Inf, -0, subnormal-range
  *     blocks (f32 and bf16 subnormals; f16 ones are normal in f32), and
- *     values near FLT_MAX whose rotation overflows to Inf;
+ *     values near FLT_MAX whose rotation overflows to Inf, and blocks whose
+ *     amax / 448 is below FLT_MIN (the scale's floor: no NaN code from
+ *     finite input, issue 43);
  *   - the output is poisoned with two different bytes in two runs, so that
  *     an element left unwritten shows, and bytes outside the view must stay
  *     poison; scales are poisoned with NaN;
@@ -22,7 +24,9 @@
  *     pointers for in, out and out.scale, out overlapping in;
  *   - fattn_fwd_fp8: when the CUDA engine serves it (FATTN_OK), its O and
  *     LSE must be the bits of fattn_quantize + fattn_fwd done by hand; while
- *     the e4m3 forward is missing it answers UNSUPPORTED, which is reported.
+ *     the e4m3 forward is missing it answers UNSUPPORTED, which is reported;
+ *     with V (and K) of zeros and f32 / bf16 subnormals its outputs are
+ *     finite (issue 43).
  * Nothing here is allowed to differ from the CPU: no case is known where the
  * two cannot agree bitwise.  Inputs from the fixed seed of tu_seed
  * (FATTN_TEST_SEED overrides).  Exit 77 (ctest: skipped) without a Hopper
@@ -40,13 +44,17 @@
 #include "gpu/gpu_testutil.h"
 
 enum layout_kind { L_PACKED, L_PADDED, L_BHSD, L_MISALIGNED, L_COUNT };
-enum value_kind { V_NORMAL, V_SPECIAL, V_TINY, V_HUGE };
+enum value_kind { V_NORMAL, V_SPECIAL, V_TINY, V_HUGE, V_SUBNORMAL };
 
 static const char *layout_name(int l) {
     return l == L_PADDED ? "padded slice" : l == L_BHSD ? "padded BHSD" : l == L_MISALIGNED ? "misaligned" : "packed";
 }
 static const char *value_name(int v) {
-    return v == V_SPECIAL ? ", NaN/Inf/zero blocks" : v == V_TINY ? ", subnormal-range blocks" : v == V_HUGE ? ", near FLT_MAX" : "";
+    return v == V_SPECIAL     ? ", NaN/Inf/zero blocks"
+           : v == V_TINY      ? ", subnormal-range blocks"
+           : v == V_HUGE      ? ", near FLT_MAX"
+           : v == V_SUBNORMAL ? ", blocks whose amax / 448 is below FLT_MIN (scale floor)"
+                              : "";
 }
 
 struct qcase {
@@ -136,6 +144,21 @@ static void make_values(tu_rng *r, const qcase &c, float *x) {
                      * smallest values as 0 or its own subnormals */
                     const double mag = c.dt == FATTN_DTYPE_F16 ? 1e-6 : (key % 2 ? 1e-39 : 1e-42);
                     for (int i = 0; i < c.d; ++i) row[i] = (float)(tu_rng_normal(r) * mag);
+                } else if (c.values == V_SUBNORMAL) {
+                    /* amax / 448 under FLT_MIN, so the scale is the floor
+                     * 2^-126 (issue 43): f32 blocks of zeros and a few units of
+                     * 2^-149 (amax / 448 rounds to 0 without the floor), of
+                     * values up to 1e-40, and of values just under 448 FLT_MIN
+                     * (amax / 448 a subnormal); bf16 keeps the last two (its
+                     * smallest subnormal is 2^-133) */
+                    const int kind = c.dt == FATTN_DTYPE_F32 ? key % 3 : 1 + key % 2;
+                    for (int i = 0; i < c.d; ++i) {
+                        const double u = tu_rng_uniform(r), sg = tu_rng_uniform(r) < 0.5 ? -1.0 : 1.0;
+                        if (u < 0.4) row[i] = 0.0f;
+                        else if (kind == 0) row[i] = (float)(sg * 0x1p-149 * (double)(1 + (int)(u * 8)));
+                        else if (kind == 1) row[i] = (float)(sg * u * 1e-40);
+                        else row[i] = (float)(sg * u * 5.2e-36);
+                    }
                 } else if (c.values == V_HUGE) {
                     /* f32 (and bf16) near FLT_MAX: the rotation's sums overflow */
                     if (key % 2)
@@ -253,6 +276,13 @@ static void run_case(fattn_ctx *gpu, fattn_ctx *cpu, tu_rng *rng, const qcase &c
                 bad_codes++;
             }
     }
+    long nan_codes = 0; /* subnormal blocks are finite: no code may be NaN (0x7F, 0xFF) */
+    if (c.values == V_SUBNORMAL)
+        for (int b = 0; b < c.B; ++b)
+            for (int s = 0; s < c.S; ++s)
+                for (int h = 0; h < c.H; ++h)
+                    for (int i = 0; i < c.d; ++i) nan_codes += (got[at(vo, b, s, h, i)] & 0x7F) == 0x7F;
+    TU_CHECK(nan_codes == 0, "%s: %ld NaN codes from finite input (scale floor, issue 43)", head, nan_codes);
     const int ok = bad_codes == 0 && bad_scales == 0;
     if (!ok) tu_failures++;
     printf("  [%s] %s: %ld code bytes, %ld scales differ from the CPU (2 poisons)\n", ok ? "ok" : "FAIL", head, bad_codes,
@@ -261,6 +291,68 @@ static void run_case(fattn_ctx *gpu, fattn_ctx *cpu, tu_rng *rng, const qcase &c
     cudaFree(dout);
     cudaFree(dscale);
     free(x); free(packed); free(hin); free(ref); free(got); free(ref_scale); free(got_scale);
+}
+
+/* fattn_fwd_fp8 with a V of zeros and f32 subnormals (issue 43 item 1: v of
+ * zeros and 1e-44 gave every output NaN, through a 0 scale; with bf16 a
+ * subnormal scale that the kernels, built with fast math, flush to 0), and
+ * then with K the same: every output finite and |O| <= 1.25 max |v| (O is
+ * a convex combination of v's rows; e4m3 codes of v and P round by up to
+ * 2^-4, and O to bf16). */
+static void fwd_fp8_tiny(fattn_ctx *gpu, tu_rng *rng, fattn_dtype dt, double mag, int tiny_k) {
+    const int B = 1, S = 512, H = 2, D = 128;
+    const size_t n = (size_t)B * S * H * D, esz = fattn_dtype_size(dt);
+    char what[160];
+    snprintf(what, sizeof what, "fattn_fwd_fp8 %s d%d, v%s of zeros and |x| <= %.0e", fattn_dtype_name(dt), D,
+             tiny_k ? " and k" : "", mag);
+    float *x = (float *)tu_malloc(n * 4);
+    void *bits = tu_malloc(n * esz);
+    void *dq, *dk, *dv;
+    uint16_t *o;
+    CK(cudaMalloc(&dq, n * esz)); CK(cudaMalloc(&dk, n * esz)); CK(cudaMalloc(&dv, n * esz));
+    CK(cudaMalloc(&o, n * 2));
+    void *dst[3] = {dq, dk, dv};
+    for (int t = 0; t < 3; ++t) {
+        const int tiny = t == 2 || (t == 1 && tiny_k);
+        for (size_t i = 0; i < n; ++i) {
+            const double u = tu_rng_uniform(rng);
+            x[i] = tiny ? (u < 0.5 ? 0.0f : (float)((u < 0.75 ? -1 : 1) * mag * u)) : (float)tu_rng_normal(rng);
+        }
+        to_dtype_bits(x, n, dt, bits);
+        CK(cudaMemcpy(dst[t], bits, n * esz, cudaMemcpyHostToDevice));
+    }
+    fattn_fwd_args a;
+    memset(&a, 0, sizeof a);
+    a.p.batch = B; a.p.seqlen_q = a.p.seqlen_k = S; a.p.heads_q = a.p.heads_kv = H; a.p.head_dim = D;
+    a.q = fattn_tensor_bshd(dq, dt);
+    a.k = fattn_tensor_bshd(dk, dt);
+    a.v = fattn_tensor_bshd(dv, dt);
+    a.o = fattn_tensor_bshd(o, FATTN_DTYPE_BF16);
+    CK(cudaMemset(o, 0xFF, n * 2));
+    fattn_status st = fattn_fwd_fp8(gpu, &a, NULL);
+    CK(cudaDeviceSynchronize());
+    if (st == FATTN_ERROR_UNSUPPORTED) {
+        printf("  [--] %s: UNSUPPORTED (%s)\n", what, fattn_last_error(gpu));
+    } else {
+        TU_CHECK(st == FATTN_OK, "%s: %s: %s", what, fattn_status_string(st), fattn_last_error(gpu));
+        uint16_t *h = (uint16_t *)tu_malloc(n * 2);
+        CK(cudaMemcpy(h, o, n * 2, cudaMemcpyDeviceToHost));
+        size_t nonfinite = 0, big = 0;
+        for (size_t i = 0; i < n; ++i) {
+            nonfinite += (h[i] & 0x7F80) == 0x7F80;
+            uint32_t u = (uint32_t)h[i] << 16;
+            float f;
+            memcpy(&f, &u, 4);
+            big += fabsf(f) > (float)(1.25 * mag);
+        }
+        const int ok = st == FATTN_OK && nonfinite == 0 && big == 0;
+        if (!ok) tu_failures++;
+        printf("  [%s] %s: %zu of %zu outputs not finite, %zu above 1.25 max |v|\n", ok ? "ok" : "FAIL", what, nonfinite, n,
+               big);
+        free(h);
+    }
+    cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(o);
+    free(x); free(bits);
 }
 
 /* Refusals: the status, and output and scales as they were. */
@@ -498,12 +590,29 @@ int main(void) {
         };
         for (const auto &c : cs) run_case(gpu, cpu, &rng, c);
     }
+    printf("scale floor: blocks whose amax / 448 is below FLT_MIN (issue 43)\n");
+    {
+        /* blocks of 1 to 4097 rows and per tensor: the on-chip, cluster and
+         * two-pass paths, as in the cases above */
+        const qcase cs[] = {
+            {F, 2, 1000, 3, 128, BL, 64, 0, 0, L_PACKED, V_SUBNORMAL},  {F, 2, 1000, 3, 128, BL, 128, 1, 3, L_PADDED, V_SUBNORMAL},
+            {B, 2, 1000, 3, 64, BL, 16, 0, 0, L_BHSD, V_SUBNORMAL},     {F, 1, 4097, 2, 64, BL, 4097, 1, 3, L_PACKED, V_SUBNORMAL},
+            {F, 1, 4097, 2, 128, BL, 4097, 0, 0, L_PACKED, V_SUBNORMAL}, {B, 1, 4097, 2, 128, TE, 128, 0, 0, L_PACKED, V_SUBNORMAL},
+            {F, 1, 300, 2, 64, BL, 1, 0, 0, L_MISALIGNED, V_SUBNORMAL},
+        };
+        for (const auto &c : cs) run_case(gpu, cpu, &rng, c);
+    }
     printf("refusals\n");
     refusals(gpu);
     printf("fattn_fwd_fp8 on the GPU vs quantize + fwd by hand\n");
     fwd_fp8(gpu, &rng, BL, 0, 0);
     fwd_fp8(gpu, &rng, BL, 1, 1);
     fwd_fp8(gpu, &rng, TE, 1, 0);
+    printf("fattn_fwd_fp8 with tiny V (and K): finite outputs (issue 43)\n");
+    fwd_fp8_tiny(gpu, &rng, F, 1e-44, 0);
+    fwd_fp8_tiny(gpu, &rng, F, 1e-44, 1);
+    fwd_fp8_tiny(gpu, &rng, B, 1e-39, 0);
+    fwd_fp8_tiny(gpu, &rng, B, 5e-36, 1);
     fattn_ctx_free(cpu);
     fattn_ctx_free(gpu);
     return tu_finish("gpu quantize");
