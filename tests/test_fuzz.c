@@ -94,6 +94,9 @@
  * run, by hand (ASan + UBSan, a few minutes):
  *
  *   make sanitize && FATTN_FUZZ_CASES=100000 build-sanitize/tests/test_fuzz
+ *
+ * (about 6 minutes each on 2 shared cores; issue 43's last runs: seeds
+ * 4343003, 4343004 and 4343005, all checks passed.)
  */
 #define _POSIX_C_SOURCE 200809L
 #include <float.h>

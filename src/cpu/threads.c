@@ -124,7 +124,7 @@ __attribute__((destructor)) static void pool_stop(void) {
 }
 
 /* Runs the job on the pool's workers 1..nthreads-1 and the caller (fewer
- * workers if some cannot be started); the caller holds the pool (pool_busy). */
+ * workers if some cannot be started); the caller holds the pool (pool_call_mu). */
 static void pool_run(pool_job *job, int nthreads) {
     pthread_mutex_lock(&pool_mu);
     if (nthreads > POOL_MAX) nthreads = POOL_MAX;
