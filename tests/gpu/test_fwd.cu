@@ -474,8 +474,11 @@ int main(void) {
             g_hog = 1;
             run_case(c2, &rng, oom);
             g_hog = 0;
-            /* the d128 workspace is 20 MB: the hog must have left less */
-            TU_CHECK(g_hog_free < ((size_t)8 << 20), "device memory left at the hogged call: %zu bytes", g_hog_free);
+            /* the d128 workspace is 20 MB: the hog must have left less (16 MB
+             * leaves room for the 2 MB allocation granularity; other GPU
+             * tests running beside this one under ctest -j4 move the free
+             * memory by a few MB: 9.5 MB was seen at the call) */
+            TU_CHECK(g_hog_free < ((size_t)16 << 20), "device memory left at the hogged call: %zu bytes", g_hog_free);
             printf("split workspace out of memory: %zu bytes of device memory free at the call\n", g_hog_free);
             run_case(c2, &rng, fwd_case{1, 300, 9000, 4, 2, 128, 0, B, TU_BSHD, 0, "[split after the out-of-memory call]"});
             fattn_ctx_free(c2);
