@@ -50,19 +50,15 @@ constexpr variant mk(const char *name) {
 static const variant variants[] = {
 #if BV_D == 64
     V("d64 shipped", .d = 64),
-    V("d64 lag_dq", .d = 64, .lag_dq = true),
     V("d64 kreg 0", .d = 64, .kreg = 0),
     V("d64 sleep", .d = 64, .sleep = true),
     V("d64 causal shipped", .d = 64, .causal = true),
-    V("d64 causal lag_dq", .d = 64, .causal = true, .lag_dq = true),
     V("d64 causal lpt 0", .d = 64, .causal = true, .lpt = 0),
 #elif BV_D == 128
     V("d128 shipped", .d = 128),
-    V("d128 lag_dq", .d = 128, .lag_dq = true),
     V("d128 sleep", .d = 128, .sleep = true),
     V("d128 psleep", .d = 128, .psleep = true),
     V("d128 causal shipped", .d = 128, .causal = true),
-    V("d128 causal lag_dq", .d = 128, .causal = true, .lag_dq = true),
     V("d128 causal lpt 0", .d = 128, .causal = true, .lpt = 0),
 #else
     V("d256 shipped", .d = 256),

@@ -4,8 +4,6 @@
  * S^T / dP^T GEMM issue, P^T from S^T, dS^T into shared memory, a dQ tile
  * into its staging buffer. */
 #pragma once
-#include <type_traits>
-
 #include "../common/wgmma_gen.cuh"
 #include "../common/wgmma_tnsp.cuh"
 #include "bwd_epilogue.cuh"
@@ -125,14 +123,9 @@ __device__ __forceinline__ void bwd_consumer(const BwdSmem<C> &sm, const BwdPara
         fence_async_shared(); /* read by the bulk reduce (the async proxy) */
         named_bar_arrive(C::BAR_DQ_FULL + dqs, 288);
     };
-    /* LAG_DQ: consumer w's "dS^T of iteration i stored" barrier */
-    auto lag_bar = [&](int i, int w) { return C::BAR_LAG + 2 * (i & 1) + w; };
     const int key0 = n * BN + cw * 64; /* this warpgroup's first key */
     float st[32], dpt[32];
-    /* one iteration; PREV (LAG_DQ): iteration it - 1 exists (the first is
-     * peeled, so that no dQ GEMM is issued under a branch) */
-    auto step = [&](int it, auto prev) {
-        constexpr bool PREV = decltype(prev)::value;
+    auto step = [&](int it) {
         int h, m;
         iter.decode(it, hk, p, h, m);
         (void)h;
@@ -184,38 +177,17 @@ __device__ __forceinline__ void bwd_consumer(const BwdSmem<C> &sm, const BwdPara
         uint8_t *dsb = sm.ds(it % C::DS_BUFS);
         bwd_store_ds(dsb, cw * 64, wq, lane, df);
         fence_async_shared(); /* read by wgmma (the async proxy) */
+        /* both consumers' dS^T stored; dQ, then dK; dQ's hand-over while dK runs */
+        named_bar_sync(C::BAR_DS, 256);
         float dq[DQ_N / 2];
-        if constexpr (!C::LAG_DQ) {
-            /* both consumers' dS^T stored; dQ, then dK; dQ's hand-over while dK runs */
-            named_bar_sync(C::BAR_DS, 256);
-            wgmma_fence();
-            issue_dq(dsb, dq);
+        wgmma_fence();
+        issue_dq(dsb, dq);
 #pragma unroll
-            for (int ks = 0; ks < 4; ++ks) WD::rs(dk, df[ks], desc_add(desc_qt, ks * 2048), 1);
-            wgmma_commit();
-            wgmma_wait<1>(); /* dV, dQ */
-            reg_fence(dq);
-            stage_dq(it, dq);
-        } else {
-            /* the previous iteration's dQ: the partner stored its dS^T an
-             * iteration ago; then dK */
-            wgmma_fence();
-            if constexpr (PREV) {
-                named_bar_sync(lag_bar(it - 1, cw ^ 1), 256);
-                issue_dq(sm.ds((it - 1) % C::DS_BUFS), dq);
-            }
-#pragma unroll
-            for (int ks = 0; ks < 4; ++ks) WD::rs(dk, df[ks], desc_add(desc_qt, ks * 2048), 1);
-            wgmma_commit();
-            if constexpr (PREV) {
-                wgmma_wait<1>(); /* dV, the previous dQ */
-                reg_fence(dq);
-            }
-            /* this dS^T stored, and the dQ that read the buffer the partner
-             * writes next done (three buffers) */
-            named_bar_arrive(lag_bar(it, cw), 256);
-            if constexpr (PREV) stage_dq(it - 1, dq);
-        }
+        for (int ks = 0; ks < 4; ++ks) WD::rs(dk, df[ks], desc_add(desc_qt, ks * 2048), 1);
+        wgmma_commit();
+        wgmma_wait<1>(); /* dV, dQ */
+        reg_fence(dq);
+        stage_dq(it, dq);
         wgmma_wait<0>(); /* dK */
         reg_fence(dv);
         reg_fence(dk);
@@ -233,22 +205,6 @@ __device__ __forceinline__ void bwd_consumer(const BwdSmem<C> &sm, const BwdPara
         __syncwarp();
         if (lane == 0) mbar_arrive(&sm.empty_qdo[s]);
     };
-    if constexpr (C::LAG_DQ) {
-        if (T > 0) step(0, std::false_type{});
-        for (int it = 1; it < T; ++it) step(it, std::true_type{});
-    } else {
-        for (int it = 0; it < T; ++it) step(it, std::true_type{});
-    }
-    if constexpr (C::LAG_DQ) {
-        if (T > 0) { /* the last iteration's dQ */
-            float dq[DQ_N / 2];
-            named_bar_sync(lag_bar(T - 1, cw ^ 1), 256);
-            wgmma_fence();
-            issue_dq(sm.ds((T - 1) % C::DS_BUFS), dq);
-            wgmma_wait<0>();
-            reg_fence(dq);
-            stage_dq(T - 1, dq);
-        }
-    }
+    for (int it = 0; it < T; ++it) step(it);
     bwd_store_dkdv<C, D>(p, sq, b, hk, key0 + r0, 0, q4, dk, dv);
 }

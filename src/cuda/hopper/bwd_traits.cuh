@@ -46,7 +46,8 @@ struct BwdSeq {
  * are experiments for bench/bwd_variants.cu.  Options that lost are in git
  * history with their measurements (perf-notes b3, b7, b9): the next S^T
  * prefetched under dQ, the pingpong token, dV + dK before the barrier, two
- * partial dQ tiles at d64, generic LSE/D loads, 4-byte dS^T stores. */
+ * partial dQ tiles at d64, generic LSE/D loads, 4-byte dS^T stores, the
+ * lagged dQ (b10). */
 struct BwdOpts {
     int d = 128;
     bool causal = false, bf16 = true;
@@ -63,11 +64,6 @@ struct BwdOpts {
     /* causal: key blocks longest-first, heads grouped so that a group's Q,
      * dO and dQ accumulator fit in L2 (FA3's LPT order); -1: causal only */
     int lpt = -1;
-    /* d64/d128: dQ of iteration i issued in iteration i + 1, after the
-     * partner's dS^T of i, which it stored an iteration before (issue 35
-     * item 4: the consumers stop meeting at a barrier every iteration; three
-     * dS^T buffers, one dQ stage) */
-    bool lag_dq = false;
 };
 
 template <BwdOpts O>
@@ -81,15 +77,13 @@ struct BwdCfg {
     static constexpr int SLABS = D / 64;              /* 128-byte swizzled slabs of 64 columns */
     static constexpr bool KREG = O.kreg < 0 ? D == 64 : O.kreg != 0;
     static constexpr bool LPT = !O.varlen && (O.lpt < 0 ? O.causal : O.lpt != 0);
-    static constexpr bool LAG_DQ = O.lag_dq;
     /* each consumer's dQ tile: D / 2 columns over all the block's keys (d256:
      * over the 64 keys both consumers share) */
     static constexpr int DQ_N = D / 2;
     static constexpr int DKV_N = SPLIT_D ? D / 2 : D; /* columns of each consumer's dK, dV */
     /* the writer may lag an iteration; SPLIT_D: the dQ tile of stage s is the
-     * Q/dO stage s itself (STAGES of them); LAG_DQ: one (shared memory) */
-    static constexpr int DQ_STAGES = LAG_DQ ? 1 : 2;
-    static constexpr int DS_BUFS = LAG_DQ ? 3 : 2;
+     * Q/dO stage s itself (STAGES of them) */
+    static constexpr int DQ_STAGES = 2, DS_BUFS = 2;
     static constexpr bool SLEEP = O.sleep, PSLEEP = O.psleep;
     static constexpr int DQ_TILE_BYTES = BM * D * 4;   /* fp32, in bwd_dq_index's order */
     static constexpr int KV_BYTES = BN * D * 2, QT_BYTES = BM * D * 2, DS_BYTES = BN * BM * 2;
@@ -116,14 +110,10 @@ struct BwdCfg {
     static constexpr int BAR_DS = 1, BAR_DQ_FULL = 2, BAR_DQ_EMPTY = 2 + DQ_STAGES;
     /* SPLIT_D: P^T written (consumer 0 arrives, 1 syncs); the stage read by both */
     static constexpr int BAR_P = BAR_DQ_EMPTY + DQ_STAGES, BAR_FREE = BAR_P + 1;
-    /* LAG_DQ: consumer w's dS^T of an iteration of parity r stored and its
-     * previous dQ done: BAR_LAG + 2 r + w (w arrives, the partner syncs) */
-    static constexpr int BAR_LAG = 8;
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
-    static_assert(BAR_FREE < BAR_LAG && BAR_LAG + 3 < 16, "named barriers");
+    static_assert(BAR_FREE < 16, "named barriers");
     static_assert(D == 64 || D == 128 || D == 256, "head dims of this tiling");
     static_assert(!KREG || D == 64, "K_w, V_w in registers: d64 (16 registers each)");
-    static_assert(!LAG_DQ || !SPLIT_D, "lag_dq: d64/d128");
     /* d256: K 32 + V 32 + 2 stages x (Q 32 + dO 32, then the dQ tile) + dS^T
      * 2 x 8 + P^T (fp32) 16 KB + LSE, D 1 KB + 5 mbarriers + 1 KB alignment
      * slack = 231,464 of 232,448 bytes */
