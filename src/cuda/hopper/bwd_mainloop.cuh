@@ -42,6 +42,19 @@ __device__ __forceinline__ void bwd_p_group(float (&acc)[32], int i, float2 l, c
     }
 }
 
+/* A 32-float accumulator (P^T or dS^T) as the 16-bit A fragments of an RS
+ * wgmma, k step ks: the pairs (acc[8 ks + 2 j], + 1), j = 0..3 (the
+ * accumulator and A layouts coincide) */
+template <class C>
+__device__ __forceinline__ void bwd_pack_frag(const float (&acc)[32], uint32_t (&f)[4][4]) {
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            f[ks][j] = C::BF16 ? pack_bf16x2(acc[8 * ks + 2 * j], acc[8 * ks + 2 * j + 1])
+                               : pack_f16x2(acc[8 * ks + 2 * j], acc[8 * ks + 2 * j + 1]);
+}
+
 /* dS^T (16-bit, fragment pairs) into shared memory: row = key (row0 + ...),
  * 128 bytes of 64 queries, 128-byte swizzle; df[ks][j] holds queries 8 (2 ks
  * + j / 2) + 2 q4, + 1 of key 16 wq + lane / 4 + 8 (j % 2), which is matrix j
@@ -145,12 +158,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdSmem<C> &sm, const BwdPara
 #pragma unroll
         for (int i = 0; i < 8; ++i) bwd_p_group<C>(st, i, l2[i], p, need_mask, key0 + r0, m * BM + 2 * q4);
         uint32_t pf[4][4], df[4][4];
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-                pf[ks][j] = C::BF16 ? pack_bf16x2(st[8 * ks + 2 * j], st[8 * ks + 2 * j + 1])
-                                    : pack_f16x2(st[8 * ks + 2 * j], st[8 * ks + 2 * j + 1]);
+        bwd_pack_frag<C>(st, pf);
         /* dV += P^T dO, dK += dS^T Q (B MN-major: rows of queries, k16 step 16 rows) */
         const uint64_t desc_dot = smem_desc_sw128(sm.dout(s), BM * 128, 1024);
         const uint64_t desc_qt = smem_desc_sw128(sm.q(s), BM * 128, 1024);
@@ -168,12 +176,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdSmem<C> &sm, const BwdPara
         for (int i = 0; i < 8; ++i)
 #pragma unroll
             for (int e = 0; e < 4; ++e) dpt[4 * i + e] = st[4 * i + e] * (dpt[4 * i + e] - ((e & 1) ? d2[i].y : d2[i].x));
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-                df[ks][j] = C::BF16 ? pack_bf16x2(dpt[8 * ks + 2 * j], dpt[8 * ks + 2 * j + 1])
-                                    : pack_f16x2(dpt[8 * ks + 2 * j], dpt[8 * ks + 2 * j + 1]);
+        bwd_pack_frag<C>(dpt, df);
         uint8_t *dsb = sm.ds(it % C::DS_BUFS);
         bwd_store_ds(dsb, cw * 64, wq, lane, df);
         fence_async_shared(); /* read by wgmma (the async proxy) */

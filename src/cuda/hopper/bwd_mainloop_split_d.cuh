@@ -51,12 +51,7 @@ __device__ __forceinline__ void bwd_consumer_split_d(const BwdSmem<C> &sm, const
                 st_shared_f32x4(pt + (i * 128 + t) * 16,
                                 make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
             }
-#pragma unroll
-            for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-                for (int j = 0; j < 4; ++j)
-                    pf[ks][j] = C::BF16 ? pack_bf16x2(acc[8 * ks + 2 * j], acc[8 * ks + 2 * j + 1])
-                                        : pack_f16x2(acc[8 * ks + 2 * j], acc[8 * ks + 2 * j + 1]);
+            bwd_pack_frag<C>(acc, pf);
             named_bar_arrive(C::BAR_P, 256); /* P^T written (generic stores, generic loads) */
         } else {
             named_bar_sync(C::BAR_P, 256);
@@ -86,12 +81,7 @@ __device__ __forceinline__ void bwd_consumer_split_d(const BwdSmem<C> &sm, const
         if (cw == 1) {
             /* dS^T into shared memory, as at d64/d128 (one consumer's 64 keys) */
             uint32_t df[4][4];
-#pragma unroll
-            for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-                for (int j = 0; j < 4; ++j)
-                    df[ks][j] = C::BF16 ? pack_bf16x2(acc[8 * ks + 2 * j], acc[8 * ks + 2 * j + 1])
-                                        : pack_f16x2(acc[8 * ks + 2 * j], acc[8 * ks + 2 * j + 1]);
+            bwd_pack_frag<C>(acc, df);
             bwd_store_ds(dsb, 0, wq, lane, df);
             fence_async_shared(); /* read by wgmma (the async proxy) */
         }
