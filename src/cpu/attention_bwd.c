@@ -186,9 +186,11 @@ static void tile_p(const bwd_job *j, bwd_scratch *w, const fattn_seq *sq, int64_
         if (cap > 0.0f) {
             float *trow = w->dt + r * BN;
             for (int64_t c = vlo[r]; c < vhi[r]; c++) {
-                const float t = tanhf(srow[c] / cap);
-                srow[c] = cap * t;
-                trow[c] = 1.0f - t * t;
+                /* 1 - tanh^2 as 1 / cosh^2: where the cap saturates, 1 - t * t
+                 * of an f32 t near 1 keeps no correct digit */
+                const float x = srow[c] / cap, ch = coshf(x);
+                srow[c] = cap * tanhf(x);
+                trow[c] = 1.0f / (ch * ch);
             }
         }
         j->kern.exp_sub(srow + vlo[r], (int)(vhi[r] - vlo[r]), w->lse[r]);

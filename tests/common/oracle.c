@@ -51,7 +51,8 @@ static void row_range(const oracle_problem *p, const seq_view *s, int64_t i, int
 
 /* Probabilities of row i of (sequence s, head h) into prow[0..klen); returns
  * the natural-log LSE (-inf when no key is visible and no sink, prow all 0).
- * trow (may be NULL) receives tanh(s / softcap) of each visible key. */
+ * trow (may be NULL) receives the softcap's derivative 1 - tanh^2(s / softcap)
+ * of each visible key. */
 static double row_probs_t(const oracle_problem *p, const seq_view *s, int h, int64_t i,
                           const double *q, const double *k, double *prow, double *trow) {
     const int d = p->head_dim, hk = h / (p->heads_q / p->heads_kv);
@@ -70,9 +71,9 @@ static double row_probs_t(const oracle_problem *p, const seq_view *s, int h, int
         for (int t = 0; t < d; t++) acc += qi[t] * kj[t];
         prow[j] = acc * sc;
         if (p->softcap > 0.0) {
-            const double th = tanh(prow[j] / p->softcap);
-            if (trow) trow[j] = th;
-            prow[j] = p->softcap * th;
+            const double x = prow[j] / p->softcap, ch = cosh(x);
+            if (trow) trow[j] = 1.0 / (ch * ch); /* 1 - tanh^2, also where tanh rounds to 1 */
+            prow[j] = p->softcap * tanh(x);
         }
         if (prow[j] > mx) mx = prow[j];
     }
@@ -179,7 +180,7 @@ void oracle_bwd_sink(const oracle_problem *p, const double *q, const double *k, 
                 for (int64_t j = 0; j < s.klen; j++) {
                     if (prow[j] == 0.0) continue;
                     double ds = prow[j] * (dprow[j] - Di) * sc;
-                    if (p->softcap > 0.0) ds *= 1.0 - trow[j] * trow[j];
+                    if (p->softcap > 0.0) ds *= trow[j];
                     const double *kj = k + ((s.k0 + j) * p->heads_kv + hk) * d;
                     double *gkj = gk + ((s.k0 + j) * p->heads_kv + hk) * d;
                     double *gvj = gv + ((s.k0 + j) * p->heads_kv + hk) * dv;
