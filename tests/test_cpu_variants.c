@@ -208,6 +208,54 @@ static void sink_finite_difference(tu_rng *rng) {
     free(q);
 }
 
+/* A key a row does not see contributes nothing to it, whatever k and v hold
+ * (fattn.h, issue 43), on a window's left side too: keys 0..9 of 100 hold
+ * NaN and Inf in k and v, window (5, 0), so rows 15.. never see them; their
+ * O and LSE must be the oracle's (which never reads a hidden key). */
+static void hidden_nonfinite(fattn_ctx *ctx, tu_rng *rng) {
+    enum { S = 100, H = 2, D = 32, BAD = 10 };
+    const size_t n = (size_t)S * H * D;
+    double *x = (double *)tu_malloc(sizeof(double) * (3 * n + n + S * H));
+    double *oref = x + 3 * n, *lref = oref + n;
+    float *buf = (float *)tu_malloc(sizeof(float) * (4 * n + S * H));
+    tu_fill_normal(rng, x, 3 * n);
+    for (int j = 0; j < BAD; j++)
+        for (int h = 0; h < H; h++)
+            for (int e = 0; e < D; e++) {
+                const size_t i = ((size_t)j * H + h) * D + e;
+                x[n + i] = e % 3 == 0 ? NAN : x[n + i];
+                x[2 * n + i] = e % 2 ? INFINITY : NAN;
+            }
+    for (size_t i = 0; i < 3 * n; i++) buf[i] = (float)x[i];
+    oracle_problem op = {1, S, S, H, H, D, D, 0.0, 0, NULL, NULL, 1, 5, 0, 0.0, NULL};
+    oracle_fwd(&op, x, x + n, x + 2 * n, oref, lref);
+    fattn_fwd_args a;
+    memset(&a, 0, sizeof a);
+    a.p = tu_problem(1, S, S, H, H, D, 0, 0, NULL, NULL);
+    a.p.window = 1;
+    a.p.window_left = 5;
+    a.q = fattn_tensor_bshd(buf, FATTN_DTYPE_F32);
+    a.k = fattn_tensor_bshd(buf + n, FATTN_DTYPE_F32);
+    a.v = fattn_tensor_bshd(buf + 2 * n, FATTN_DTYPE_F32);
+    a.o = fattn_tensor_bshd(buf + 3 * n, FATTN_DTYPE_F32);
+    a.lse = buf + 4 * n;
+    TU_EXPECT_OK(fattn_fwd(ctx, &a));
+    double worst = 0.0;
+    for (int i = BAD + 5; i < S; i++)
+        for (int h = 0; h < H; h++) {
+            for (int e = 0; e < D; e++) {
+                const size_t t = ((size_t)i * H + h) * D + e;
+                const double err = fabs(buf[3 * n + t] - oref[t]);
+                if (!(err <= worst)) worst = err;
+            }
+            const double le = fabs(a.lse[h * S + i] - lref[h * S + i]);
+            if (!(le <= worst)) worst = le;
+        }
+    TU_EXPECT_LE(worst, 1e-5, "NaN/Inf in keys left of the window: rows that do not see them, max abs err");
+    free(x);
+    free(buf);
+}
+
 /* Each new field's refusal names the field and writes nothing. */
 static void refusals(fattn_ctx *ctx) {
     enum { B = 1, S = 8, H = 2, D = 16 };
@@ -339,8 +387,10 @@ int main(void) {
         {"bf16 causal window (16,0) cap 15 sink 0",2,100,100, 4, 2, 64, 1, 1, 16,  0,15.f, 1,  0, 0.f, BF16, 0, 0},
     };
     const size_t ncases = sizeof cases / sizeof cases[0];
-    for (int isa = 0; cpu_isa_next(&isa, &ctx);)
+    for (int isa = 0; cpu_isa_next(&isa, &ctx);) {
         for (size_t i = 0; i < ncases; i++) run_case(ctx, &rng, &cases[i]);
+        hidden_nonfinite(ctx, &rng);
+    }
     bwd_pass = 1;
     for (size_t i = 0; i < ncases; i++) run_case(ctx, &rng, &cases[i]);
     sink_finite_difference(&rng);
