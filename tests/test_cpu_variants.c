@@ -256,6 +256,59 @@ static void hidden_nonfinite(fattn_ctx *ctx, tu_rng *rng) {
     free(buf);
 }
 
+/* The bits do not depend on the thread count (fattn.h, Determinism): the
+ * task height changes with it, and the first key block a task visits with
+ * it (a window's left side), so O, LSE, dq, dk, dv and dsink of 1 and 3
+ * threads must be the same bytes. */
+static void thread_count_bits(fattn_ctx *ctx, tu_rng *rng) {
+    enum { S = 300, H = 4, HKV = 2, D = 32 };
+    const size_t nq = (size_t)S * H * D, nk = (size_t)S * HKV * D;
+    float *in = (float *)tu_malloc(sizeof(float) * (2 * nq + 2 * nk));
+    double *x = (double *)tu_malloc(sizeof(double) * (2 * nq + 2 * nk));
+    tu_fill_normal(rng, x, 2 * nq + 2 * nk);
+    for (size_t i = 0; i < 2 * nq + 2 * nk; i++) in[i] = (float)x[i];
+    const float sink[H] = {-1.0f, 0.0f, 2.0f, 30.0f};
+    float *out[2];
+    const size_t nout = 2 * nq + 2 * nk + (size_t)H * S + H; /* o, dq, dk, dv, lse, dsink */
+    for (int t = 0; t < 2; t++) {
+        out[t] = (float *)tu_malloc(sizeof(float) * nout);
+        float *o = out[t], *dq = o + nq, *dk = dq + nq, *dv = dk + nk, *lse = dv + nk, *dsink = lse + (size_t)H * S;
+        TU_EXPECT_OK(fattn_ctx_set_threads(ctx, t == 0 ? 1 : 3));
+        fattn_fwd_args a;
+        memset(&a, 0, sizeof a);
+        a.p = tu_problem(1, S, S, H, HKV, D, 0, 1, NULL, NULL);
+        a.p.window = 1;
+        a.p.window_left = 70;
+        a.p.softcap = 10.0f;
+        a.q = fattn_tensor_bshd(in, FATTN_DTYPE_F32);
+        a.k = fattn_tensor_bshd(in + nq, FATTN_DTYPE_F32);
+        a.v = fattn_tensor_bshd(in + nq + nk, FATTN_DTYPE_F32);
+        a.o = fattn_tensor_bshd(o, FATTN_DTYPE_F32);
+        a.lse = lse;
+        a.learnable_sink = sink;
+        TU_EXPECT_OK(fattn_fwd(ctx, &a));
+        fattn_bwd_args b;
+        memset(&b, 0, sizeof b);
+        b.p = a.p;
+        b.q = a.q; b.k = a.k; b.v = a.v; b.o = a.o;
+        b.dout = fattn_tensor_bshd(in + nq + 2 * nk, FATTN_DTYPE_F32);
+        b.dq = fattn_tensor_bshd(dq, FATTN_DTYPE_F32);
+        b.dk = fattn_tensor_bshd(dk, FATTN_DTYPE_F32);
+        b.dv = fattn_tensor_bshd(dv, FATTN_DTYPE_F32);
+        b.lse = lse;
+        b.learnable_sink = sink;
+        b.dsink = dsink;
+        TU_EXPECT_OK(fattn_bwd(ctx, &b));
+    }
+    TU_CHECK(memcmp(out[0], out[1], sizeof(float) * nout) == 0,
+             "window, softcap, sinks: 1 and 3 threads give different bits");
+    TU_EXPECT_OK(fattn_ctx_set_threads(ctx, 0));
+    free(out[0]);
+    free(out[1]);
+    free(in);
+    free(x);
+}
+
 /* Each new field's refusal names the field and writes nothing. */
 static void refusals(fattn_ctx *ctx) {
     enum { B = 1, S = 8, H = 2, D = 16 };
@@ -390,6 +443,7 @@ int main(void) {
     for (int isa = 0; cpu_isa_next(&isa, &ctx);) {
         for (size_t i = 0; i < ncases; i++) run_case(ctx, &rng, &cases[i]);
         hidden_nonfinite(ctx, &rng);
+        thread_count_bits(ctx, &rng);
     }
     bwd_pass = 1;
     for (size_t i = 0; i < ncases; i++) run_case(ctx, &rng, &cases[i]);
