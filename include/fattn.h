@@ -4,6 +4,9 @@
  *
  *   O = softmax(Q K^T * softmax_scale [+ causal mask]) V
  *
+ * and its variants (fattn_problem, fattn_fwd_args): a sliding window,
+ * logit softcapping and learnable attention sinks,
+ *
  * computed without ever writing the seqlen_q x seqlen_k score matrix to memory
  * (the running-softmax loop of FlashAttention; see docs/design.md).
  *
@@ -85,11 +88,16 @@ extern "C" {
 /* ------------------------------------------------------------------------ */
 
 #define FATTN_VERSION_MAJOR 0
-#define FATTN_VERSION_MINOR 2
+#define FATTN_VERSION_MINOR 3
 #define FATTN_VERSION_PATCH 0
 /* 0.2: fattn_fwd_args gained the serving fields (seqused_k, block_table,
  * page_size, num_pages, max_pages_per_seq); fattn_kv_append.  Code built
- * against 0.1's header must be rebuilt (fattn_fwd_args grew). */
+ * against 0.1's header must be rebuilt (fattn_fwd_args grew).
+ * 0.3: the attention variants: fattn_problem gained the sliding window
+ * (window, window_left, window_right) and softcap; fattn_fwd_args gained
+ * learnable_sink, fattn_bwd_args learnable_sink and dsink.  Zero-initialised
+ * structs keep 0.2's meaning; code built against 0.2's header must be
+ * rebuilt (the structs grew). */
 #define FATTN_VERSION_NUMBER \
     (FATTN_VERSION_MAJOR * 10000 + FATTN_VERSION_MINOR * 100 + FATTN_VERSION_PATCH)
 
@@ -369,6 +377,29 @@ typedef struct fattn_problem {
      * tensors' row counts.  Both 0 without cu_seqlens. */
     int32_t total_q;
     int32_t total_k;
+    /* Sliding window (FlashAttention's window_size = (left, right)).
+     * window 0 (the default): no window, and window_left and window_right
+     * must be 0 (INVALID_ARGUMENT otherwise, so that a window set without
+     * the flag is not silently ignored).  window nonzero: query i sees key
+     * j iff
+     *     i + seqlen_k - seqlen_q - window_left <= j
+     *                                   <= i + seqlen_k - seqlen_q + window_right
+     * (per sequence: its own lengths, seqlen_k cut to seqused_k when given),
+     * where -1 means unbounded on that side; each >= -1 (INVALID_ARGUMENT
+     * otherwise).  (-1, -1) is no window, (-1, 0) is causal, (0, 0) the
+     * diagonal key alone.  With causal the mask is the intersection:
+     * causal + (left, right) is (left, 0), as FlashAttention's causal
+     * overrides the right side.  Rows that see no key follow the causal
+     * rule (O = 0, LSE = -inf, unless a learnable sink is given). */
+    int32_t window;
+    int32_t window_left;
+    int32_t window_right;
+    /* Logit softcapping (Gemma 2, FlashAttention's softcap): 0 = off; else
+     * finite and > 0 (INVALID_ARGUMENT otherwise), and each scaled score s
+     * (q.k * softmax_scale) becomes softcap * tanh(s / softcap) before the
+     * mask and the softmax.  The backward multiplies dS by the derivative
+     * 1 - tanh^2(s / softcap).  The LSE is of the capped scores. */
+    float softcap;
 } fattn_problem;
 
 /*
@@ -381,8 +412,10 @@ typedef struct fattn_problem {
  *   lse: optional float32 [batch, heads_q, seqlen_q] (varlen: [heads_q, total_q]),
  *        natural-log log-sum-exp of each row of scaled scores; -inf for a row
  *        that sees no key.
- * Engines: CPU: all dtypes, head_dim and head_dim_v 1..512.
- *          CUDA (Hopper): f16/bf16, and e4m3 with f16/bf16 output (q's scale
+ * Engines: CPU: all dtypes, head_dim and head_dim_v 1..512, every variant
+ *          (window, softcap, learnable_sink; fattn_fwd_fp8 too).
+ *          CUDA (Hopper): no variant yet (window, softcap or learnable_sink:
+ *          UNSUPPORTED, fattn_fwd_fp8 included); f16/bf16, and e4m3 with f16/bf16 output (q's scale
  *          blocks any size, k's 1 or a multiple of 128, v's a multiple of 128,
  *          or at head_dim 128 both multiples of 192 (then 192-key kernels
  *          run); the scales in device memory; P is rounded to e4m3 before the PV
@@ -475,6 +508,23 @@ typedef struct fattn_fwd_args {
     int32_t page_size;
     int32_t num_pages;
     int32_t max_pages_per_seq;
+    /* Learnable attention sinks (gpt-oss; FlashAttention-4's
+     * learnable_sink): NULL, or float32[heads_q], 4-byte aligned, where the
+     * context computes.  Query head h's softmax gains one more column of
+     * logit learnable_sink[h] (natural-log units, like the scaled and
+     * capped scores: neither softmax_scale nor softcap applies to it) with
+     * no value row: it enlarges every row's denominator and contributes
+     * nothing to O:
+     *     O_i = sum_j exp(s_ij) v_j / (exp(sink_h) + sum_j exp(s_ij)).
+     * The returned LSE includes the sink, as FA4's does:
+     *     LSE_i = log(exp(sink_h) + sum_j exp(s_ij)),
+     * so fattn_bwd given that LSE (and the sink-scaled O) is the gradient of
+     * the sink-aware forward.  A row that sees no key gets O = 0 and
+     * LSE = sink_h (FA4's rule; without a sink it stays -inf).  A NaN sink
+     * makes its head's rows NaN; +-Inf is not refused (+Inf gives NaN rows,
+     * -Inf is no sink).  Not with fattn_merge over parts that each counted
+     * the sink: a merge counts it once per part (pass it to one part). */
+    const float *learnable_sink;
 } fattn_fwd_args;
 
 FATTN_API fattn_status fattn_fwd(fattn_ctx *ctx, const fattn_fwd_args *args);
@@ -624,8 +674,10 @@ FATTN_API fattn_status fattn_kv_append(fattn_ctx *ctx, const fattn_kv_append_arg
  *   engine always is).  On CUDA without it, dq is accumulated across key
  *   blocks in fp32 in an order that varies from run to run (last-bit
  *   differences); with it, in a fixed order (slower: docs/benchmarks.md).
- * Engines: CPU: as for fattn_fwd.
- *          CUDA (Hopper): bf16 / f16, head_dim == head_dim_v in {64, 128,
+ * Engines: CPU: as for fattn_fwd (window, softcap and dsink included).
+ *          CUDA (Hopper): no window, softcap or dsink yet (UNSUPPORTED; a
+ *          learnable_sink without dsink is not read, so a sink-aware
+ *          forward's o and lse are served); bf16 / f16, head_dim == head_dim_v in {64, 128,
  *          256}, batch and heads_q <= 65535, fixed-length or variable-length
  *          batches (cu_seqlens with total_q and total_k; the workspace then
  *          holds (total_q / 64 + batch + 1) x heads_q 64-row blocks); q, k, v, dout
@@ -644,6 +696,17 @@ typedef struct fattn_bwd_args {
     fattn_tensor q, k, v, o, dout, dq, dk, dv;
     const float *lse;
     int32_t deterministic;
+    /* Learnable sinks (fattn_fwd_args): dq, dk and dv need only the
+     * forward's sink-inclusive lse and o, so learnable_sink is read only
+     * for dsink.  dsink: NULL, or float32[heads_q] (4-byte aligned, an
+     * output: it must not overlap any tensor of the call), which receives
+     *     dsink[h] = -sum over the rows i of head h (every sequence)
+     *                of exp(sink_h - LSE_i) * D_i,   D_i = rowsum(dout_i * o_i),
+     * the gradient of the loss with respect to learnable_sink[h].  dsink
+     * without learnable_sink is INVALID_ARGUMENT.  The CPU engine sums each
+     * head's rows in double, in row order (deterministic). */
+    const float *learnable_sink;
+    float *dsink;
 } fattn_bwd_args;
 
 FATTN_API fattn_status fattn_bwd(fattn_ctx *ctx, const fattn_bwd_args *args);

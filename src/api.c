@@ -445,6 +445,21 @@ static fattn_status check_problem(fattn_ctx *ctx, fattn_problem *p) {
                           (double)p->softmax_scale);
     if (p->softmax_scale == 0.0f) p->softmax_scale = (float)(1.0 / sqrt((double)p->head_dim));
     p->causal = p->causal != 0; /* the header defines any nonzero value as causal */
+    if (!p->window && (p->window_left != 0 || p->window_right != 0))
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                          "window_left %d, window_right %d are set but window is 0 (set window nonzero to "
+                          "use a sliding window; without it both must be 0)",
+                          (int)p->window_left, (int)p->window_right);
+    if (p->window && p->window_left < -1)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                          "window_left %d must be >= 0, or -1 for unbounded", (int)p->window_left);
+    if (p->window && p->window_right < -1)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                          "window_right %d must be >= 0, or -1 for unbounded", (int)p->window_right);
+    p->window = p->window != 0;
+    if (p->softcap != 0.0f && !(isfinite(p->softcap) && p->softcap > 0.0f))
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                          "softcap %g must be finite and > 0 (or 0 for no softcap)", (double)p->softcap);
     return FATTN_OK;
 }
 
@@ -606,6 +621,7 @@ fattn_status fattn_fwd_prepare(fattn_ctx *ctx, fattn_fwd_args *args, const int32
     CHECK(check_data_aligned(ctx, &a.v, "v"));
     CHECK(check_data_aligned(ctx, &a.o, "o"));
     CHECK(check_aligned(ctx, a.lse, sizeof(float), "lse", "f32"));
+    CHECK(check_aligned(ctx, a.learnable_sink, sizeof(float), "learnable_sink", "f32"));
     if (a.q.dtype == FATTN_DTYPE_E4M3) {
         CHECK(check_aligned(ctx, a.q.scale, sizeof(float), "q.scale", "f32"));
         CHECK(check_aligned(ctx, a.k.scale, sizeof(float), "k.scale", "f32"));
@@ -661,7 +677,8 @@ fattn_status fattn_fwd_prepare(fattn_ctx *ctx, fattn_fwd_args *args, const int32
                            array_span("cu_seqlens_q", a.p.cu_seqlens_q, ncu, sizeof(int32_t)),
                            array_span("cu_seqlens_k", a.p.cu_seqlens_k, ncu, sizeof(int32_t)),
                            array_span("seqused_k", a.seqused_k, a.p.batch, sizeof(int32_t)),
-                           array_span("block_table", a.block_table, ntable, sizeof(int32_t))};
+                           array_span("block_table", a.block_table, ntable, sizeof(int32_t)),
+                           array_span("learnable_sink", a.learnable_sink, a.p.heads_q, sizeof(float))};
         const span out[] = {tensor_span(&a.o, &ts.o),
                             array_span("lse", a.lse, nb * a.p.heads_q * ts.total_q, sizeof(float))};
         CHECK(check_disjoint(ctx, out, 2, in, (int)(sizeof in / sizeof in[0])));
@@ -719,6 +736,11 @@ static fattn_status fattn_bwd_held(fattn_ctx *ctx, const fattn_bwd_args *args) {
                           "lse is NULL (the backward needs the forward's log-sum-exp)");
     for (int i = 0; i < n; i++) CHECK(check_data_aligned(ctx, all[i].t, all[i].name));
     CHECK(check_aligned(ctx, a.lse, sizeof(float), "lse", "f32"));
+    if (a.dsink && !a.learnable_sink)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                          "dsink is given but learnable_sink is NULL (d(sink) needs the sink's values)");
+    CHECK(check_aligned(ctx, a.learnable_sink, sizeof(float), "learnable_sink", "f32"));
+    CHECK(check_aligned(ctx, a.dsink, sizeof(float), "dsink", "f32"));
     a.deterministic = a.deterministic != 0;
 
     /* the engine's limits (internal.h), before anything reads cu_seqlens */
@@ -751,10 +773,13 @@ static fattn_status fattn_bwd_held(fattn_ctx *ctx, const fattn_bwd_args *args) {
                            tensor_span(&a.dout, &sdout),
                            array_span("lse", a.lse, nb * a.p.heads_q * ts.total_q, sizeof(float)),
                            array_span("cu_seqlens_q", a.p.cu_seqlens_q, ncu, sizeof(int32_t)),
-                           array_span("cu_seqlens_k", a.p.cu_seqlens_k, ncu, sizeof(int32_t))};
+                           array_span("cu_seqlens_k", a.p.cu_seqlens_k, ncu, sizeof(int32_t)),
+                           array_span("learnable_sink", a.dsink ? a.learnable_sink : NULL, a.p.heads_q,
+                                      sizeof(float))};
         const span out[] = {tensor_span(&a.dq, &sdq), tensor_span(&a.dk, &sdk),
-                            tensor_span(&a.dv, &sdv)};
-        CHECK(check_disjoint(ctx, out, 3, in, (int)(sizeof in / sizeof in[0])));
+                            tensor_span(&a.dv, &sdv),
+                            array_span("dsink", a.dsink, a.p.heads_q, sizeof(float))};
+        CHECK(check_disjoint(ctx, out, 4, in, (int)(sizeof in / sizeof in[0])));
     }
 
     if (ctx->backend == FATTN_BACKEND_CUDA) return fattn_cuda_bwd(ctx, &a);

@@ -17,7 +17,11 @@
  * participating o row (NaN expected where the header says), lse optional;
  * fattn_kv_append into contiguous caches or page pools, pages shared between sequences
  * where their rows do not collide, garbage in the table entries no new row
- * reads and in a paged call's capacity, k_new = v_new, rows of random bits)
+ * reads and in a paged call's capacity, k_new = v_new, rows of random bits;
+ * the attention variants on fwd, bwd and fwd_fp8: sliding windows of any
+ * sides (-1, 0, small, past the sequence, with causal and seqused_k),
+ * softcap 0.5 .. 30, learnable sinks (+-30 among them) and bwd's dsink,
+ * checked by the references below written from fattn.h's definitions)
  * and then, in two cases out of three, breaks it in one to three ways:
  * sizes zero, negative or whose products overflow the limits, head dims
  * the CPU engine lacks, heads_q %
@@ -42,7 +46,9 @@
  * second table entry onto written rows: the rules decide), a written
  * page's entry outside [0, num_pages), page sizes <= 0 or given without a
  * table, capacity <= 0, caches of >= 2^31 rows, e4m3 or mixed dtypes,
- * NULL cache_seqlens, NULL ctx or args.  Whether the call is valid is
+ * NULL cache_seqlens, NULL ctx or args, a window side < -1 or given
+ * without the window flag, softcap NaN / +-Inf / negative, learnable_sink
+ * or dsink misaligned, dsink without learnable_sink.  Whether the call is valid is
  * decided from the header's rules (fattn.h, docs/design.md section 3), not
  * from src/api.c.
  *
@@ -191,6 +197,7 @@ typedef enum mkind {
     M_KVA_TWICE,    /* two new rows into one cache row (paged): the rules decide */
     M_KVA_PAGE,     /* a written page's entry out of range, page sizes <= 0 / given without a table, capacity <= 0 */
     M_KVA_HUGE,     /* a cache of >= 2^31 rows */
+    M_VARIANT,      /* window / softcap / learnable_sink / dsink out of their rules */
     M_N
 } mkind;
 static const char *const mkind_name[M_N] = {
@@ -199,7 +206,7 @@ static const char *const mkind_name[M_N] = {
     "null_ptr",   "misalign",   "e4m3_noscale", "e4m3_block", "cu_one_null", "cu_start", "cu_decrease",
     "cu_too_long", "quant_gran", "quant_block", "rotate", "sequ_neg", "serv_ptr", "page_field",
     "page_huge", "page_short", "page_entry", "page_varlen", "fp8_serving",
-    "merge_nparts", "kva_seqlens", "kva_twice", "kva_page", "kva_huge"};
+    "merge_nparts", "kva_seqlens", "kva_twice", "kva_page", "kva_huge", "variant"};
 
 #define ALLOW_INV (1u << FATTN_ERROR_INVALID_ARGUMENT)
 #define ALLOW_UNSUP (1u << FATTN_ERROR_UNSUPPORTED)
@@ -236,6 +243,11 @@ typedef struct fcase {
     int32_t cs[MAX_BATCH]; /* cache_seqlens */
     int32_t cap;           /* capacity as passed (paged: garbage, ignored) */
     fattn_kv_append_args ka;
+    /* the attention variants (fattn_problem, fattn_fwd_args, fattn_bwd_args):
+     * host arrays outside the arena (the sink is an input, dsink an output) */
+    int win, wl, wr, has_sink, want_dsink;
+    float softcap;
+    float sink[16], dsink[16];
     buf b[NBUF];
     mkind mut[3];
     int nmut;
@@ -496,6 +508,7 @@ static int applicable(const fcase *c, mkind k) {
     case M_KVA_PAGE: return c->api == API_KVA;
     case M_KVA_TWICE: return c->api == API_KVA && c->paged;
     case M_KVA_HUGE: return c->api == API_KVA && (c->paged || c->batch * c->hkv >= 2);
+    case M_VARIANT: return attention(c);
     default: return 1;
     }
 }
@@ -711,6 +724,23 @@ static void draw_problem(fcase *c) {
     case 5: c->softmax_scale = 1e-40f; break; /* subnormal */
     default: c->softmax_scale = (float)(0.01 + tu_rng_uniform(&c->rng)); break;
     }
+    /* the variants: a window of any sides (-1 unbounded), softcap, sinks */
+    if (chance(c, 0.3)) {
+        static const int sides[] = {-1, -1, 0, 1, 2, 5, 17, 100};
+        c->win = chance(c, 0.5) ? 1 : 3; /* any nonzero value is the flag */
+        c->wl = sides[rnd(c, 8)];
+        c->wr = sides[rnd(c, 8)];
+    }
+    if (chance(c, 0.2)) {
+        static const float caps[] = {0.5f, 5.0f, 30.0f};
+        c->softcap = caps[rnd(c, 3)];
+    }
+    if (chance(c, 0.25)) {
+        c->has_sink = 1;
+        for (int h = 0; h < c->hq; h++) c->sink[h] = (float)(tu_rng_normal(&c->rng) * 3.0);
+        if (chance(c, 0.2)) c->sink[rnd(c, (uint32_t)c->hq)] = chance(c, 0.5) ? 30.0f : -30.0f;
+        c->want_dsink = c->api == API_BWD && chance(c, 0.8);
+    }
     say(c, "%s %s->%s b%d sq%d sk%d hq%d hkv%d d%d dv%d%s causal%d scale%g%s", api_name[c->api],
         fattn_dtype_name(c->dt), fattn_dtype_name(c->dto), c->batch, c->sq_arg, c->sk_arg, c->hq, c->hkv, c->d,
         c->dv_arg, c->dv_arg ? "" : "(=d)", c->causal, (double)c->softmax_scale, c->want_lse ? " lse" : "");
@@ -731,6 +761,9 @@ static void draw_problem(fcase *c) {
     }
     if (c->qkv_packed) say(c, " qkv-packed");
     if (c->kv_shared) say(c, " k=v");
+    if (c->win) say(c, " window%d(%d,%d)", c->win, c->wl, c->wr);
+    if (c->softcap > 0.0f) say(c, " softcap%g", (double)c->softcap);
+    if (c->has_sink) say(c, " sink%s", c->want_dsink ? "+dsink" : "");
     say_serving(c);
 }
 
@@ -1313,6 +1346,9 @@ static void build_args(fcase *c) {
     p.head_dim_v = c->dv_arg;
     p.softmax_scale = c->softmax_scale;
     p.causal = c->causal;
+    p.window = c->win;
+    if (c->win) p.window_left = c->wl, p.window_right = c->wr;
+    p.softcap = c->softcap;
     if (c->varlen) {
         p.cu_seqlens_q = (const int32_t *)ptr(c, BCUQ);
         p.cu_seqlens_k = (const int32_t *)ptr(c, BCUK);
@@ -1333,6 +1369,9 @@ static void build_args(fcase *c) {
         a->dv = tensor_arg(c, BDV, -1, 0);
         a->lse = (const float *)ptr(c, BLSE);
         a->deterministic = (int32_t)rnd(c, 3) - 1;
+        if (c->has_sink) a->learnable_sink = c->sink;
+        if (c->want_dsink) a->dsink = c->dsink;
+        for (int h = 0; h < 16; h++) c->dsink[h] = NAN;
         PASS(BQ), PASS(BK), PASS(BV), PASS(BO), PASS(BDOUT), PASS(BDQ), PASS(BDK), PASS(BDV), PASS(BLSE);
         return;
     }
@@ -1344,6 +1383,7 @@ static void build_args(fcase *c) {
     a->v = tensor_arg(c, BV, e4m3 ? BVS : -1, c->blk[2]);
     a->o = tensor_arg(c, BO, -1, 0);
     a->lse = c->want_lse ? (float *)ptr(c, BLSE) : NULL;
+    if (c->has_sink) a->learnable_sink = c->sink;
     PASS(BQ), PASS(BK), PASS(BV), PASS(BO);
     if (c->want_lse) PASS(BLSE);
     if (e4m3) PASS(BQS), PASS(BKS), PASS(BVS);
@@ -1364,6 +1404,7 @@ static void bwd_setup(fcase *c, fattn_ctx *ctx) {
     f.v = c->ba.v;
     f.o = c->ba.o;
     f.lse = (float *)ptr(c, BLSE);
+    f.learnable_sink = c->has_sink ? c->sink : NULL;
     if (fattn_fwd(ctx, &f) != FATTN_OK) c->setup_failed = 1;
 }
 
@@ -1540,6 +1581,42 @@ static unsigned mutate(fcase *c, mkind k) {
         else
             p->heads_q = INT32_MAX, p->heads_kv = 2;
         say(c, " heads_q %d heads_kv %d", (int)p->heads_q, (int)p->heads_kv);
+        return ALLOW_INV;
+    }
+    case M_VARIANT: {
+        fattn_problem *p = problem(c);
+        static const int32_t bad_side[] = {-2, -3, -1000, INT32_MIN};
+        const float bad_cap[] = {NAN, INFINITY, -INFINITY, -1.0f, -FLT_MIN / 4};
+        switch (rnd(c, 5)) {
+        case 0: /* a side without the flag */
+            p->window = 0;
+            if (chance(c, 0.5)) p->window_left = chance(c, 0.5) ? -1 : 1 + (int32_t)rnd(c, 50);
+            else p->window_right = chance(c, 0.5) ? -1 : 1 + (int32_t)rnd(c, 50);
+            say(c, " window 0 with (%d,%d)", (int)p->window_left, (int)p->window_right);
+            break;
+        case 1:
+            p->window = 1;
+            if (chance(c, 0.5)) p->window_left = bad_side[rnd(c, 4)];
+            else p->window_right = bad_side[rnd(c, 4)];
+            say(c, " window (%d,%d)", (int)p->window_left, (int)p->window_right);
+            break;
+        case 2:
+            p->softcap = bad_cap[rnd(c, 5)];
+            say(c, " softcap %g", (double)p->softcap);
+            break;
+        default: /* a misaligned sink, dsink without a sink or misaligned */
+            if (c->api == API_BWD && chance(c, 0.5)) {
+                c->ba.dsink = (float *)((char *)c->dsink + 1 + rnd(c, 3));
+                c->ba.learnable_sink = chance(c, 0.5) ? NULL : c->sink;
+                say(c, " dsink %s", c->ba.learnable_sink ? "misaligned" : "without learnable_sink");
+            } else {
+                const float *bad = (const float *)((const char *)c->sink + 1 + rnd(c, 3));
+                if (c->api == API_BWD) c->ba.learnable_sink = bad, c->ba.dsink = c->dsink;
+                else c->fa.learnable_sink = bad;
+                say(c, " learnable_sink misaligned");
+            }
+            break;
+        }
         return ALLOW_INV;
     }
     case M_SCALE_BAD: {
@@ -2200,12 +2277,23 @@ static void fail(fcase *c, const char *fmt, ...) {
     va_end(ap);
 }
 
+/* Does row i of a sequence of lq queries and lk (used) keys see key j
+ * (causal, window: fattn.h's definitions, written out here)? */
+static int key_visible(const fcase *c, int i, int j, int lq, int lk) {
+    const int64_t last = (int64_t)i + lk - lq;
+    if (c->causal && j > last) return 0;
+    if (c->win && c->wr >= 0 && j > last + c->wr) return 0;
+    if (c->win && c->wl >= 0 && j < last - c->wl) return 0;
+    return 1;
+}
+
 /* Row r (packed index in varlen mode) of batch entry b: does it see a key? */
 static int sees_key(const fcase *c, int b, int r) {
     const int lq = c->varlen ? c->lens_q[b] : c->sq;
     const int lk = c->api == API_FWD ? c->used[b] : c->varlen ? c->lens_k[b] : c->sk; /* causal: the used count */
-    if (lk == 0) return 0;
-    return !c->causal || r + lk - lq >= 0;
+    for (int j = 0; j < lk; j++)
+        if (key_visible(c, r, j, lq, lk)) return 1;
+    return 0;
 }
 
 static void check_fwd_values(fcase *c) {
@@ -2249,9 +2337,11 @@ static void check_fwd_values(fcase *c) {
                     float l;
                     const int64_t li = c->varlen ? h * c->tq + os : ((int64_t)b * c->hq + h) * c->tq + r;
                     memcpy(&l, c->arena + lse->off + 4 * (size_t)li, 4);
-                    if (sees ? !isfinite(l) : !(isinf(l) && l < 0)) {
-                        fail(c, "lse[%lld] (batch %d, head %lld, row %d) = %g (%s)", (long long)li, b, (long long)h, r,
-                             (double)l, sees ? "finite expected" : "sees no key: -inf expected");
+                    /* a row that sees no key: -inf, or the sink's logit */
+                    const float none = c->has_sink ? c->sink[h] : -INFINITY;
+                    if (sees ? !isfinite(l) : l != none) {
+                        fail(c, "lse[%lld] (batch %d, head %lld, row %d) = %g (%s %g)", (long long)li, b, (long long)h, r,
+                             (double)l, sees ? "finite expected" : "sees no key:", (double)none);
                         bad++;
                     }
                 }
@@ -2301,17 +2391,22 @@ static void check_fwd_reference_with(fcase *c, double (*val)(const fcase *, int,
                 int nk = 0;
                 for (int j = 0; j < u; j++) {
                     sc[j] = -INFINITY;
-                    if (c->causal && j > i + u - lq) continue;
+                    if (!key_visible(c, i, j, lq, u)) continue;
                     int64_t kb, ks;
                     key_row(c, b, j, &kb, &ks);
                     double dot = 0;
                     for (int e = 0; e < c->d; e++) dot += val(c, 0, qb, qs, h, e) * val(c, 1, kb, ks, hk, e);
                     sc[j] = dot * scale;
+                    if (c->softcap > 0.0f) sc[j] = c->softcap * tanh(sc[j] / c->softcap);
                     if (sc[j] > m) m = sc[j];
                     nk++;
                 }
-                if (!nk) continue; /* check_fwd_values: o 0, lse -inf */
+                if (!nk) continue; /* check_fwd_values: o 0, lse -inf (or the sink) */
                 double sum = 0;
+                if (c->has_sink) { /* one more column of the softmax, with no value row */
+                    if (c->sink[h] > m) m = c->sink[h];
+                    sum = exp(c->sink[h] - m);
+                }
                 for (int e = 0; e < c->dv; e++) acc[e] = 0;
                 for (int j = 0; j < u; j++) {
                     if (sc[j] == -INFINITY) continue;
@@ -2649,6 +2744,7 @@ static void check_bwd_reference(fcase *c) {
     float *fdo = load_f32(c, BDOUT);
     if (!dq || !dqa || !dk || !dka || !dv || !dva) exit(1);
     const int group = c->hq / c->hkv, d = c->d, dvv = c->dv;
+    double dsk[16] = {0}, dska[16] = {0};
     for (int b = 0; b < c->batch; b++) {
         const int lq = c->varlen ? c->lens_q[b] : c->sq, lk = c->varlen ? c->lens_k[b] : c->sk;
         const int64_t qb = c->varlen ? 0 : b, q0 = c->varlen ? c->cuq[b] : 0, k0 = c->varlen ? c->cuk[b] : 0;
@@ -2665,8 +2761,12 @@ static void check_bwd_reference(fcase *c) {
                     D += (double)fdo[qr * dvv + e] * fo[qr * dvv + e];
                     Da += fabs((double)fdo[qr * dvv + e] * fo[qr * dvv + e]);
                 }
+                if (c->want_dsink) { /* dsink = -sum_i exp(sink - lse_i) D_i */
+                    dsk[h] -= exp(c->sink[h] - (double)l) * D;
+                    dska[h] += exp(c->sink[h] - (double)l) * Da;
+                }
                 for (int j = 0; j < lk; j++) {
-                    if (c->causal && j > i + lk - lq) continue;
+                    if (!key_visible(c, i, j, lq, lk)) continue;
                     const int64_t kr = (qb * k->n[1] + k0 + j) * c->hkv + hk; /* row of k, v, dk, dv */
                     double sdot = 0, dp = 0, dpa = 0;
                     for (int e = 0; e < d; e++) sdot += (double)fq[qr * d + e] * fk[kr * d + e];
@@ -2674,7 +2774,15 @@ static void check_bwd_reference(fcase *c) {
                         dp += (double)fdo[qr * dvv + e] * fv[kr * dvv + e];
                         dpa += fabs((double)fdo[qr * dvv + e] * fv[kr * dvv + e]);
                     }
-                    const double P = exp(sdot * scale - (double)l), dS = P * (dp - D), dSa = P * (dpa + Da);
+                    /* softcap: s -> cap tanh(s / cap), ds'/ds = 1 - tanh^2 = 1 / cosh^2
+                     * (1 - t * t is 0 once tanh rounds to 1, 1 / cosh^2 is not) */
+                    double s = sdot * scale, dcap = 1.0;
+                    if (c->softcap > 0.0f) {
+                        const double ch = cosh(s / c->softcap);
+                        s = c->softcap * tanh(s / c->softcap);
+                        dcap = 1.0 / (ch * ch);
+                    }
+                    const double P = exp(s - (double)l), dS = P * (dp - D) * dcap, dSa = P * (dpa + Da) * dcap;
                     for (int e = 0; e < d; e++) {
                         dq[qr * d + e] += scale * dS * fk[kr * d + e];
                         dqa[qr * d + e] += scale * dSa * fabs((double)fk[kr * d + e]);
@@ -2711,6 +2819,18 @@ static void check_bwd_reference(fcase *c) {
                         }
                     }
     }
+    if (c->want_dsink)
+        for (int h = 0; h < c->hq; h++) {
+            /* plus an absolute 1e-6: the reference's D is from the stored o,
+             * the engine's (16-bit o) from P and dP, and an o rounded to 0
+             * (a +30 sink) leaves the reference's bound at 0 */
+            const double lim = tol * dska[h] + floor_abs + 1e-6;
+            if (!(fabs((double)c->dsink[h] - dsk[h]) <= lim)) {
+                fail(c, "dsink[%d] = %.9g, the FP64 -sum exp(sink - lse) D %.9g (bound %.3g)", h, (double)c->dsink[h],
+                     dsk[h], lim);
+                break;
+            }
+        }
     free(dq); free(dqa); free(dk); free(dka); free(dv); free(dva);
     free(fq); free(fk); free(fv); free(fo); free(fdo);
 }

@@ -117,7 +117,8 @@ def _is_torch(x):
     return t is not None and isinstance(x, t.Tensor)
 
 
-def attention(q, k, v, causal=False, softmax_scale=None, fp8=None, return_lse=False, *, out=None, ctx=None):
+def attention(q, k, v, causal=False, softmax_scale=None, fp8=None, return_lse=False, *, out=None, ctx=None,
+              window_size=(-1, -1), softcap=0.0, learnable_sink=None):
     """softmax(q k^T * softmax_scale [+ causal mask]) v.
 
     q [b, sq, hq, d], k [b, sk, hkv, d], v [b, sk, hkv, dv] (hq % hkv == 0):
@@ -143,12 +144,27 @@ def attention(q, k, v, causal=False, softmax_scale=None, fp8=None, return_lse=Fa
     Returns out [b, sq, hq, dv] in q's dtype, and with return_lse=True also
     lse [b, hq, sq] float32 (natural log; no gradient flows through it).
     out= writes into a given array; ctx= runs on a given Context (e.g. one
-    with options set): both bypass autograd and torch.compile."""
+    with options set): both bypass autograd and torch.compile.
+    The variants (fattn.h, FlashAttention's names): window_size=(left, right),
+    query i sees key j iff i + sk - sq - left <= j <= i + sk - sq + right, -1
+    unbounded ((-1, 0) is causal; with causal=True the masks intersect);
+    softcap: scores s -> softcap * tanh(s / softcap), 0 = off; learnable_sink:
+    float32 [hq], one logit per query head in the softmax denominator only
+    (FA4's; the returned lse includes it, a row that sees no key gives 0 and
+    lse = the sink).  NumPy arrays (the CPU engine): served, forward.  Torch
+    tensors: not yet (NotImplementedError; the CUDA engine refuses them too)."""
+    ws = _core.check_window_size("fattn.attention", window_size)
+    variants = ws is not None or softcap or learnable_sink is not None
     if _is_torch(q):
+        if variants:
+            raise NotImplementedError("fattn.attention: window_size, softcap and learnable_sink are not yet served "
+                                      "on torch tensors (the CPU engine serves them on NumPy arrays; the CUDA "
+                                      "engine has no kernels for them yet)")
         return _torch_module().attention(q, k, v, causal, softmax_scale, fp8, return_lse, out, ctx)
     if _core.is_numpy(q):
         from . import _numpy
-        return _numpy.attention(q, k, v, causal, softmax_scale, fp8, return_lse, out, ctx)
+        return _numpy.attention(q, k, v, causal, softmax_scale, fp8, return_lse, out, ctx, ws, softcap,
+                                learnable_sink)
     raise TypeError("fattn.attention takes torch tensors or NumPy arrays, got a %s" % type(q).__name__)
 
 
@@ -185,19 +201,23 @@ def _fa_common_args(fn, no, causal, descales, descale_note, window_size, attenti
 
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None,
                     v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
-                    pack_gqa=None, deterministic=False, sm_margin=0, return_attn_probs=False):
+                    pack_gqa=None, deterministic=False, sm_margin=0, return_attn_probs=False, learnable_sink=None):
     """FlashAttention-3's flash_attn_func (flash_attn_interface), served by fattn:
     `from fattn import flash_attn_func` switches an FA3 caller.  Tensors are
     [b, s, h, d] torch tensors.  Arguments whose effect fattn cannot give raise
     NotImplementedError, never ignored: qv, q/k/v_descale, window_size other
     than (-1, -1) (or (-1, 0), which is causal), attention_chunk != 0,
-    softcap != 0, num_splits > 1, sm_margin != 0.  num_splits 0 or 1 and
+    softcap != 0, learnable_sink (FA4's name; the C API's CPU engine serves
+    window, softcap and sinks, the torch path not yet), num_splits > 1,
+    sm_margin != 0.  num_splits 0 or 1 and
     pack_gqa are scheduling hints with no numerical effect: fattn schedules
     itself.  deterministic is passed to the backward.  Returns out, or
     (out, softmax_lse [b, h, sq] float32) with return_attn_probs=True."""
     no = _refuser("fattn.flash_attn_func")
     if qv is not None:
         no("qv")
+    if learnable_sink is not None:
+        no("learnable_sink")
     causal = _fa_common_args("fattn.flash_attn_func", no, causal, (q_descale, k_descale, v_descale),
                              " (fp8 inputs; fattn.attention(fp8=True) quantises itself)", window_size,
                              attention_chunk, softcap, num_splits, "", sm_margin)
@@ -212,7 +232,8 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q=None,
                            seqused_k=None, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None,
                            v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
-                           pack_gqa=None, deterministic=False, sm_margin=0, return_attn_probs=False):
+                           pack_gqa=None, deterministic=False, sm_margin=0, return_attn_probs=False,
+                           learnable_sink=None):
     """FlashAttention-3's flash_attn_varlen_func (flash_attn_interface), served by
     fattn_fwd with cu_seqlens: a batch of sequences of different lengths packed
     without padding.  Torch tensors only (CUDA or CPU), as FA3's: NumPy arrays
@@ -240,12 +261,13 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     Arguments whose effect fattn cannot give raise NotImplementedError, never
     ignored: seqused_q, qv, q/k/v_descale, window_size other than (-1, -1) (or
     (-1, 0), which is causal), attention_chunk != 0, softcap != 0,
+    learnable_sink (FA4's name; not yet on the torch path),
     num_splits > 1, sm_margin != 0.  num_splits 0 or 1 and pack_gqa are
     scheduling hints: fattn schedules itself.  Shapes that do not fit,
     cu_seqlens of another dtype, layout, length or device raise ValueError
     (TypeError for a non-tensor)."""
     no = _refuser("fattn.flash_attn_varlen_func")
-    for name, val in (("seqused_q", seqused_q), ("qv", qv)):
+    for name, val in (("seqused_q", seqused_q), ("qv", qv), ("learnable_sink", learnable_sink)):
         if val is not None:
             no(name)
     causal = _fa_common_args("fattn.flash_attn_varlen_func", no, causal, (q_descale, k_descale, v_descale),

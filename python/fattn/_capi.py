@@ -8,7 +8,7 @@ header: edit both together, or the ctest `python_capi` fails.
 import ctypes
 
 # The header's version macros (FATTN_VERSION_MAJOR/MINOR/PATCH).
-VERSION = (0, 2, 0)
+VERSION = (0, 3, 0)
 
 # typedef enum name -> {enumerator: value}, in the header's order.
 ENUMS = {
@@ -96,7 +96,8 @@ class Problem(_Struct):
                 ("heads_q", ctypes.c_int32), ("heads_kv", ctypes.c_int32), ("head_dim", ctypes.c_int32),
                 ("head_dim_v", ctypes.c_int32), ("softmax_scale", ctypes.c_float), ("causal", ctypes.c_int32),
                 ("cu_seqlens_q", ctypes.c_void_p), ("cu_seqlens_k", ctypes.c_void_p), ("total_q", ctypes.c_int32),
-                ("total_k", ctypes.c_int32)]
+                ("total_k", ctypes.c_int32), ("window", ctypes.c_int32), ("window_left", ctypes.c_int32),
+                ("window_right", ctypes.c_int32), ("softcap", ctypes.c_float)]
 
 
 class FwdArgs(_Struct):
@@ -104,14 +105,15 @@ class FwdArgs(_Struct):
     _fields_ = [("p", Problem), ("q", Tensor), ("k", Tensor), ("v", Tensor), ("o", Tensor),
                 ("lse", ctypes.c_void_p), ("seqused_k", ctypes.c_void_p), ("block_table", ctypes.c_void_p),
                 ("page_size", ctypes.c_int32), ("num_pages", ctypes.c_int32),
-                ("max_pages_per_seq", ctypes.c_int32)]
+                ("max_pages_per_seq", ctypes.c_int32), ("learnable_sink", ctypes.c_void_p)]
 
 
 class BwdArgs(_Struct):
     _c_name_ = "fattn_bwd_args"
     _fields_ = [("p", Problem), ("q", Tensor), ("k", Tensor), ("v", Tensor), ("o", Tensor),
                 ("dout", Tensor), ("dq", Tensor), ("dk", Tensor), ("dv", Tensor),
-                ("lse", ctypes.c_void_p), ("deterministic", ctypes.c_int32)]
+                ("lse", ctypes.c_void_p), ("deterministic", ctypes.c_int32),
+                ("learnable_sink", ctypes.c_void_p), ("dsink", ctypes.c_void_p)]
 
 
 class QuantizeArgs(_Struct):

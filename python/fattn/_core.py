@@ -485,9 +485,37 @@ def problem(dims, causal, softmax_scale, varlen=None):
     return p
 
 
-def fwd_struct(dims, qd, kd, vd, od, lse, causal, softmax_scale, varlen=None, seqused_k=None):
+# The attention variants of fattn_problem / fattn_fwd_args (fattn.h): window_size
+# (left, right) with -1 unbounded, None = no window; softcap 0 = off; learnable_sink
+# a pointer to float32 [heads_q] where the context computes, or None.
+Variants = collections.namedtuple("Variants", "window_size softcap learnable_sink")
+NO_VARIANTS = Variants(None, 0.0, None)
+
+
+def check_window_size(where, window_size):
+    """None for (-1, -1) (no window), else the pair of ints (each >= -1)."""
+    ws = tuple(window_size) if window_size is not None else (-1, -1)
+    if len(ws) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in ws):
+        raise ValueError("%s: window_size must be a pair of ints (left, right), got %r" % (where, window_size))
+    if ws[0] < -1 or ws[1] < -1:
+        raise ValueError("%s: window_size %r: each side is >= 0, or -1 for unbounded" % (where, ws))
+    return None if ws == (-1, -1) else ws
+
+
+def set_variants(p, variants):
+    """The variants' fields of a fattn_problem p."""
+    if variants.window_size is not None:
+        p.window = 1
+        p.window_left, p.window_right = variants.window_size
+    p.softcap = float(variants.softcap)
+
+
+def fwd_struct(dims, qd, kd, vd, od, lse, causal, softmax_scale, varlen=None, seqused_k=None,
+               variants=NO_VARIANTS):
     a = _capi.FwdArgs()
     a.p = problem(dims, causal, softmax_scale, varlen)
+    set_variants(a.p, variants)
+    a.learnable_sink = variants.learnable_sink
     a.q, a.k, a.v = tensor_struct(qd), tensor_struct(kd), tensor_struct(vd)
     a.o = tensor_struct(od)
     a.lse = lse
@@ -495,8 +523,9 @@ def fwd_struct(dims, qd, kd, vd, od, lse, causal, softmax_scale, varlen=None, se
     return a
 
 
-def run_fwd(ctx, dims, qd, kd, vd, od, lse, causal, softmax_scale, varlen=None, seqused_k=None):
-    ctx.fwd_raw(fwd_struct(dims, qd, kd, vd, od, lse, causal, softmax_scale, varlen, seqused_k))
+def run_fwd(ctx, dims, qd, kd, vd, od, lse, causal, softmax_scale, varlen=None, seqused_k=None,
+            variants=NO_VARIANTS):
+    ctx.fwd_raw(fwd_struct(dims, qd, kd, vd, od, lse, causal, softmax_scale, varlen, seqused_k, variants))
 
 
 def run_bwd(ctx, dims, qd, kd, vd, od, dod, dqd, dkd, dvd, lse, causal, softmax_scale, deterministic, varlen=None):
@@ -581,10 +610,10 @@ def fp8_grad_error():
                         "not require grad, or leave fp8 unset")
 
 
-def run_fwd_fp8(ctx, dims, qd, kd, vd, od, lse, causal, softmax_scale, fp8):
+def run_fwd_fp8(ctx, dims, qd, kd, vd, od, lse, causal, softmax_scale, fp8, variants=NO_VARIANTS):
     """fattn_fwd_fp8: q, k, v (16-bit or f32) quantised to e4m3 as the FP8
     `fp8` says, into the context's workspace, then the e4m3 forward into od."""
-    ctx.fwd_fp8_raw(fwd_struct(dims, qd, kd, vd, od, lse, causal, softmax_scale), fp8.options())
+    ctx.fwd_fp8_raw(fwd_struct(dims, qd, kd, vd, od, lse, causal, softmax_scale, variants=variants), fp8.options())
 
 
 # ---------------------------------------------------------------------------

@@ -18,7 +18,20 @@ def _native(x):
     return x if x.dtype.isnative else x.astype(x.dtype.newbyteorder("="))
 
 
-def attention(q, k, v, causal, softmax_scale, fp8, return_lse, out, ctx):
+def _sink(learnable_sink, hq):
+    """learnable_sink as a float32 [hq] array the library can read (a copy when needed)."""
+    if learnable_sink is None:
+        return None
+    if not isinstance(learnable_sink, np.ndarray):
+        raise TypeError("fattn: learnable_sink must be a NumPy array with q, got a %s" % type(learnable_sink).__name__)
+    if learnable_sink.shape != (hq,) or learnable_sink.dtype.kind != "f":
+        raise ValueError("fattn: learnable_sink must be a float array of shape (%d,) (one logit per query head), "
+                         "got %s %s" % (hq, learnable_sink.dtype, learnable_sink.shape))
+    return np.ascontiguousarray(learnable_sink, dtype=np.float32)
+
+
+def attention(q, k, v, causal, softmax_scale, fp8, return_lse, out, ctx, window_size=None, softcap=0.0,
+              learnable_sink=None):
     for n, x in (("k", k), ("v", v)):
         if not isinstance(x, np.ndarray):
             raise TypeError("fattn: q is a NumPy array but %s is a %s" % (n, type(x).__name__))
@@ -59,8 +72,10 @@ def attention(q, k, v, causal, softmax_scale, fp8, return_lse, out, ctx):
         v, vd = _readable(v, "v")
         od = _core.describe(out, "out")
         lp = lse.ctypes.data if lse is not None else None
+        sink = _sink(learnable_sink, dims.hq)
+        var = _core.Variants(window_size, softcap, sink.ctypes.data if sink is not None else None)
         if fp8 is not None:
-            _core.run_fwd_fp8(ctx, dims, qd, kd, vd, od, lp, causal, scale, fp8)
+            _core.run_fwd_fp8(ctx, dims, qd, kd, vd, od, lp, causal, scale, fp8, var)
         else:
-            _core.run_fwd(ctx, dims, qd, kd, vd, od, lp, causal, scale)
+            _core.run_fwd(ctx, dims, qd, kd, vd, od, lp, causal, scale, variants=var)
     return (out, lse) if return_lse else out

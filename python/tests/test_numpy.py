@@ -187,6 +187,65 @@ class Forward(unittest.TestCase):
         self.assertLess(rel(o.astype(np.float32), reference(q, k, v)[0]), 2e-2)
 
 
+def reference_variants(q, k, v, causal=False, window=(-1, -1), softcap=0.0, sink=None):
+    """float64 attention with FlashAttention's window, softcap and FA4's sinks (fattn.h); (o, lse)."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    k = np.repeat(k, hq // hkv, axis=2)
+    v = np.repeat(v, hq // hkv, axis=2)
+    s = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(d)
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
+    i, j = np.arange(sq)[:, None], np.arange(sk)[None, :]
+    hide = np.zeros((sq, sk), bool)
+    if causal:
+        hide |= j > i + sk - sq
+    if window[1] >= 0:
+        hide |= j > i + sk - sq + window[1]
+    if window[0] >= 0:
+        hide |= j < i + sk - sq - window[0]
+    s = np.where(hide, -np.inf, s)
+    if sink is not None:  # one more column, no value row
+        s = np.concatenate([s, np.broadcast_to(np.asarray(sink, np.float64)[None, :, None, None], (b, hq, sq, 1))], -1)
+    m = s.max(-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    e = np.exp(s - m)
+    den = e.sum(-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = np.where(den > 0, e / den, 0.0)
+        lse = np.where(den[..., 0] > 0, np.log(den[..., 0]) + m[..., 0], -np.inf)
+    return np.einsum("bhqk,bkhd->bqhd", p[..., :sk], v), lse
+
+
+class Variants(unittest.TestCase):
+    def test_matches_reference(self):
+        sink = np.array([-30.0, 0.0, 1.5, 30.0], np.float32)
+        for kw in (dict(window_size=(3, 0)), dict(window_size=(0, 0)), dict(window_size=(-1, 2)),
+                   dict(window_size=(1000, 1000)), dict(softcap=5.0), dict(learnable_sink=sink),
+                   dict(window_size=(4, -1), softcap=2.0, learnable_sink=sink)):
+            for causal in (False, True):
+                for shape in (dict(), dict(sq=50, sk=20), dict(sq=1, sk=17)):
+                    q, k, v = inputs(**shape)
+                    o, lse = fattn.attention(q, k, v, causal=causal, return_lse=True, **kw)
+                    ro, rl = reference_variants(q, k, v, causal, kw.get("window_size", (-1, -1)),
+                                                kw.get("softcap", 0.0), kw.get("learnable_sink"))
+                    self.assertLess(rel(o, ro), 1e-5, (kw, causal, shape))
+                    np.testing.assert_array_equal(np.isfinite(lse), np.isfinite(rl))
+                    fin = np.isfinite(rl)
+                    np.testing.assert_allclose(lse[fin], rl[fin], atol=1e-4)
+
+    def test_bad_values(self):
+        q, k, v = inputs()
+        for kw in (dict(window_size=(-2, 0)), dict(window_size=(1,)), dict(window_size=(1.5, 0)),
+                   dict(softcap=-1.0), dict(softcap=float("nan")),
+                   dict(learnable_sink=np.zeros(3, np.float32))):
+            with self.assertRaises(ValueError, msg=kw):
+                fattn.attention(q, k, v, **kw)
+        with self.assertRaises(TypeError):
+            fattn.attention(q, k, v, learnable_sink=[0.0] * 4)
+
+
 class BadArguments(unittest.TestCase):
     def test_dtype(self):
         q, k, v = inputs()

@@ -475,16 +475,20 @@ class FlashAttnFunc(unittest.TestCase):
         for bad in (dict(qv=q), dict(q_descale=torch.ones(2, 2)), dict(k_descale=torch.ones(2, 2)),
                     dict(v_descale=torch.ones(2, 2)), dict(window_size=(8, 8)), dict(window_size=(8, 0)),
                     dict(window_size=(-1, 8)), dict(attention_chunk=64), dict(softcap=30.0), dict(num_splits=4),
-                    dict(sm_margin=8)):
+                    dict(sm_margin=8), dict(learnable_sink=torch.zeros(q.shape[2]))):
             with self.assertRaises(NotImplementedError, msg=str(bad)):
                 fattn.flash_attn_func(q, k, v, **bad)
+        # fattn.attention names the variants; on torch tensors they are not served yet
+        for bad in (dict(window_size=(8, 0)), dict(softcap=30.0), dict(learnable_sink=torch.zeros(q.shape[2]))):
+            with self.assertRaises(NotImplementedError, msg=str(bad)):
+                fattn.attention(q, k, v, **bad)
 
     def test_signature_is_fa3s(self):
         import inspect
         self.assertEqual(list(inspect.signature(fattn.flash_attn_func).parameters),
                          ["q", "k", "v", "softmax_scale", "causal", "qv", "q_descale", "k_descale", "v_descale",
                           "window_size", "attention_chunk", "softcap", "num_splits", "pack_gqa", "deterministic",
-                          "sm_margin", "return_attn_probs"])
+                          "sm_margin", "return_attn_probs", "learnable_sink"])  # FA3's, then FA4's sink
 
 
 class BadArguments(unittest.TestCase):
@@ -1379,7 +1383,7 @@ VARLEN_SHAPES = [dict(hq=4, hkv=2, d=32), dict(hq=6, hkv=1, d=24, dv=40), dict(h
 FA3_VARLEN_ARGS = ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "seqused_q",
                    "seqused_k", "softmax_scale", "causal", "qv", "q_descale", "k_descale", "v_descale",
                    "window_size", "attention_chunk", "softcap", "num_splits", "pack_gqa", "deterministic",
-                   "sm_margin", "return_attn_probs"]
+                   "sm_margin", "return_attn_probs", "learnable_sink"]  # FA3's, then FA4's sink
 
 
 def varlen_grads(q, k, v, dout, cu_q, cu_k, mq, mk, causal):
@@ -1533,7 +1537,8 @@ class Varlen(unittest.TestCase):
         for bad in (dict(seqused_q=torch.ones(8, dtype=torch.int32)), dict(qv=q), dict(q_descale=torch.ones(8, 2)),
                     dict(k_descale=torch.ones(8, 2)), dict(v_descale=torch.ones(8, 2)), dict(window_size=(8, 8)),
                     dict(window_size=(8, 0)), dict(window_size=(-1, 8)), dict(attention_chunk=64),
-                    dict(softcap=30.0), dict(num_splits=4), dict(sm_margin=8)):
+                    dict(softcap=30.0), dict(num_splits=4), dict(sm_margin=8),
+                    dict(learnable_sink=torch.zeros(q.shape[1]))):
             with self.assertRaises(NotImplementedError, msg=str(bad)) as cm:
                 fattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, **bad)
             self.assertIn("not supported by fattn", str(cm.exception))

@@ -41,6 +41,7 @@ typedef struct bwd_scratch {
     float *vt;  /* [dv x BN] */
     float *s;   /* [BM x BN] S, then P, then dS */
     float *dP;  /* [BM x BN] */
+    float *dt;  /* [BM x BN] softcap: 1 - tanh^2(s / softcap), the derivative of the cap */
     float *acc1; /* pass 1: dK [BN x dp]; pass 2: dQ [BM x dp] */
     float *acc2; /* pass 1: dV [BN x dvp] */
     float *lse; /* [BM] */
@@ -60,6 +61,7 @@ static size_t bwd_scratch_layout(const bwd_job *j, float *base, bwd_scratch *s) 
     TAKE(vt, j->m.dv * BN);
     TAKE(s, BM * BN);
     TAKE(dP, BM * BN);
+    TAKE(dt, BM * BN);
     TAKE(acc1, BX * j->m.dp);
     TAKE(acc2, BN * j->m.dvp);
     TAKE(lse, BM);
@@ -158,14 +160,16 @@ static void load_k_block(const bwd_job *j, bwd_scratch *w, const fattn_seq *sq, 
 }
 
 /* S, P and dP for the loaded (query block i0.., key block j0..) tile: P in
- * w->s, dP in w->dP, and in vis[r] the keys row r sees. */
+ * w->s, dP in w->dP, and in [vlo[r], vhi[r]) the keys row r sees (causal,
+ * window).  With softcap, S is capped before P and w->dt keeps the cap's
+ * derivative. */
 static void tile_p(const bwd_job *j, bwd_scratch *w, const fattn_seq *sq, int64_t i0,
-                   int64_t rows, int64_t j0, int64_t jn, int64_t *vis) {
+                   int64_t rows, int64_t j0, int64_t jn, int64_t *vlo, int64_t *vhi) {
     const fattn_problem *p = &j->a->p;
     const int64_t BN = FATTN_CPU_BN;
     const int64_t rows4 = fattn_round_up(rows, 4);
     const int64_t jn16 = fattn_round_up(jn, 16);
-    const float scale = p->softmax_scale;
+    const float scale = p->softmax_scale, cap = p->softcap;
 
     j->kern.gemm((int)rows4, (int)jn16, (int)j->m.d, w->q, j->m.dp, w->kt, BN, w->s, BN, 0);
     j->kern.gemm((int)rows4, (int)jn16, (int)j->m.dv, w->dO, j->m.dvp, w->vt, BN, w->dP, BN, 0);
@@ -173,27 +177,57 @@ static void tile_p(const bwd_job *j, bwd_scratch *w, const fattn_seq *sq, int64_
      * its LSE holds: exp(-inf - NaN) would be NaN. */
     for (int64_t r = 0; r < rows4; r++) {
         float *srow = w->s + r * BN;
-        vis[r] = 0;
-        if (r < rows && w->lse[r] != -INFINITY)
-            vis[r] = imin64(imax64(fattn_last_key(p, sq, i0 + r) - j0 + 1, 0), jn);
-        for (int64_t c = 0; c < vis[r]; c++) srow[c] *= scale;
-        j->kern.exp_sub(srow, (int)vis[r], w->lse[r]);
-        memset(srow + vis[r], 0, sizeof(float) * (size_t)(jn16 - vis[r]));
+        vlo[r] = vhi[r] = 0;
+        if (r < rows && w->lse[r] != -INFINITY) {
+            vhi[r] = imin64(imax64(fattn_last_key(p, sq, i0 + r) - j0 + 1, 0), jn);
+            vlo[r] = imin64(imax64(fattn_first_key(p, sq, i0 + r) - j0, 0), vhi[r]);
+        }
+        for (int64_t c = vlo[r]; c < vhi[r]; c++) srow[c] *= scale;
+        if (cap > 0.0f) {
+            float *trow = w->dt + r * BN;
+            for (int64_t c = vlo[r]; c < vhi[r]; c++) {
+                /* 1 - tanh^2 as 1 / cosh^2: where the cap saturates, 1 - t * t
+                 * of an f32 t near 1 keeps no correct digit */
+                const float x = srow[c] / cap, ch = coshf(x);
+                srow[c] = cap * tanhf(x);
+                trow[c] = 1.0f / (ch * ch);
+            }
+        }
+        j->kern.exp_sub(srow + vlo[r], (int)(vhi[r] - vlo[r]), w->lse[r]);
+        memset(srow, 0, sizeof(float) * (size_t)vlo[r]);
+        memset(srow + vhi[r], 0, sizeof(float) * (size_t)(jn16 - vhi[r]));
     }
 }
 
 /* w->s = dS * scale = P * (dP - D) * scale over the keys each row sees (tile_p
- * left P in w->s and dP in w->dP; the other entries stay 0). */
-static void tile_ds_from_p(const bwd_job *j, bwd_scratch *w, int64_t rows, const int64_t *vis) {
+ * left P in w->s and dP in w->dP; the other entries stay 0); with softcap,
+ * times the cap's derivative. */
+static void tile_ds_from_p(const bwd_job *j, bwd_scratch *w, int64_t rows, const int64_t *vlo,
+                           const int64_t *vhi) {
     const int64_t BN = FATTN_CPU_BN;
     const int64_t rows4 = fattn_round_up(rows, 4);
     const float scale = j->a->p.softmax_scale;
+    const int cap = j->a->p.softcap > 0.0f;
     for (int64_t r = 0; r < rows4; r++) {
         float *srow = w->s + r * BN;
         const float *dprow = w->dP + r * BN;
+        const float *trow = w->dt + r * BN;
         const float Dr = w->D[r];
-        for (int64_t c = 0; c < vis[r]; c++) srow[c] = srow[c] * (dprow[c] - Dr) * scale;
+        if (cap)
+            for (int64_t c = vlo[r]; c < vhi[r]; c++) srow[c] = srow[c] * (dprow[c] - Dr) * scale * trow[c];
+        else
+            for (int64_t c = vlo[r]; c < vhi[r]; c++) srow[c] = srow[c] * (dprow[c] - Dr) * scale;
     }
+}
+
+/* The key blocks a query block [i0, i0 + rows) needs: [*kbeg, *kend), kbeg a
+ * multiple of BN. */
+static void key_range(const fattn_problem *p, const fattn_seq *sq, int64_t i0, int64_t rows,
+                      int64_t *kbeg, int64_t *kend) {
+    const int64_t BN = FATTN_CPU_BN;
+    *kend = imin64(fattn_last_key(p, sq, i0 + rows - 1) + 1, sq->klen);
+    const int64_t first = fattn_first_key(p, sq, i0);
+    *kbeg = first <= 0 ? 0 : first / BN * BN;
 }
 
 /* ---- pass 0 for 16-bit O: D = rowsum(P * dP) ---------------------------- *
@@ -217,22 +251,49 @@ static void bwd_d_exact_task(void *arg, int64_t task, int worker) {
     const int64_t i0 = qb * BM;
     const int64_t rows = imin64(sq.qlen - i0, BM);
     float acc[FATTN_CPU_BM];
-    int64_t vis[FATTN_CPU_BM];
+    int64_t vlo[FATTN_CPU_BM], vhi[FATTN_CPU_BM];
     load_q_block(j, &w, &sq, b, h, i0, rows);
     for (int64_t r = 0; r < rows; r++) acc[r] = 0.0f;
-    const int64_t kend = imin64(fattn_last_key(p, &sq, i0 + rows - 1) + 1, sq.klen);
-    for (int64_t j0 = 0; j0 < kend; j0 += BN) {
+    int64_t kbeg, kend;
+    key_range(p, &sq, i0, rows, &kbeg, &kend);
+    for (int64_t j0 = kbeg; j0 < kend; j0 += BN) {
         const int64_t jn = imin64(kend - j0, BN);
         load_k_block(j, &w, &sq, hk, j0, jn, 0);
-        tile_p(j, &w, &sq, i0, rows, j0, jn, vis);
+        tile_p(j, &w, &sq, i0, rows, j0, jn, vlo, vhi);
         for (int64_t r = 0; r < rows; r++) {
             const float *prow = w.s + r * BN, *dprow = w.dP + r * BN;
             float t = acc[r];
-            for (int64_t c = 0; c < vis[r]; c++) t += prow[c] * dprow[c];
+            for (int64_t c = vlo[r]; c < vhi[r]; c++) t += prow[c] * dprow[c];
             acc[r] = t;
         }
     }
     for (int64_t r = 0; r < rows; r++) j->dbuf[fattn_lse_index(p, &sq, b, h, i0 + r)] = acc[r];
+}
+
+/* ---- d(sink) ------------------------------------------------------------ *
+ * The sink is one more column of each row's softmax, with no value row:
+ * O_i = sum_j P_ij v_j, P_ij = exp(s_ij - LSE_i), LSE_i = log(exp(sink) +
+ * sum_j exp(s_ij)).  d P_ij / d sink = -P_ij P_sink,i with P_sink,i =
+ * exp(sink - LSE_i), so d O_i / d sink = -P_sink,i O_i and
+ *     dsink = sum_i dO_i . dO_i/dsink = -sum_i P_sink,i D_i,  D_i = dO_i . O_i.
+ * One pass over D after pass 0, in double, rows in order: deterministic.  A
+ * row with LSE -inf (no key, no sink: O = 0) adds nothing. */
+static void bwd_dsink(const bwd_job *j) {
+    const fattn_bwd_args *a = j->a;
+    const fattn_problem *p = &a->p;
+    for (int64_t h = 0; h < p->heads_q; h++) {
+        const double sink = a->learnable_sink[h];
+        double acc = 0.0;
+        for (int64_t b = 0; b < p->batch; b++) {
+            const fattn_seq sq = fattn_seq_get(p, b);
+            for (int64_t i = 0; i < sq.qlen; i++) {
+                const int64_t li = fattn_lse_index(p, &sq, b, h, i);
+                if (a->lse[li] == -INFINITY) continue;
+                acc -= exp(sink - (double)a->lse[li]) * (double)j->dbuf[li];
+            }
+        }
+        a->dsink[h] = (float)acc;
+    }
 }
 
 /* ---- pass 1: dK, dV ---------------------------------------------------- */
@@ -255,27 +316,32 @@ static void bwd_kv_task(void *arg, int64_t task, int worker) {
     memset(w.acc2, 0, sizeof(float) * (size_t)(jn4 * j->m.dvp));
     load_k_block(j, &w, &sq, hk, j0, jn, 0);
 
-    /* First query that sees key j0: i + klen - qlen >= j0. */
-    const int64_t ifirst = p->causal ? imax64(j0 - (sq.klen - sq.qlen), 0) : 0;
+    /* The queries that see a key of the block: [ifirst, iend).  Query i's
+     * last key is i + (its offset), its first i + (another): the window and
+     * causal bounds move with i. */
+    int64_t ifirst = 0, iend = sq.qlen;
+    if (p->causal || (p->window && p->window_right >= 0))
+        ifirst = imax64(j0 - fattn_last_key(p, &sq, 0), 0);
+    if (fattn_window_left(p) >= 0) iend = imin64(j0 + jn - 1 - fattn_first_key(p, &sq, 0) + 1, sq.qlen);
     for (int64_t g = 0; g < j->m.group; g++) {
         const int64_t h = hk * j->m.group + g;
-        for (int64_t i0 = ifirst / BM * BM; i0 < sq.qlen; i0 += BM) {
+        for (int64_t i0 = ifirst / BM * BM; i0 < iend; i0 += BM) {
             const int64_t rows = imin64(sq.qlen - i0, BM);
             load_q_block(j, &w, &sq, b, h, i0, rows);
             {   /* the next query block: this head's, or the next head's first */
-                const int64_t ni = i0 + BM < sq.qlen ? i0 + BM : ifirst / BM * BM;
-                const int64_t nh = i0 + BM < sq.qlen ? h : h + 1;
+                const int64_t ni = i0 + BM < iend ? i0 + BM : ifirst / BM * BM;
+                const int64_t nh = i0 + BM < iend ? h : h + 1;
                 if (nh < (hk + 1) * j->m.group) {
                     const int64_t nr = imin64(sq.qlen - ni, BM);
                     prefetch_rows(&a->q, sq.tb, sq.q0 + ni, nr, nh, j->m.d);
                     prefetch_rows(&a->dout, sq.tb, sq.q0 + ni, nr, nh, j->m.dv);
                 }
             }
-            int64_t vis[FATTN_CPU_BM];
-            tile_p(j, &w, &sq, i0, rows, j0, jn, vis);
+            int64_t vlo[FATTN_CPU_BM], vhi[FATTN_CPU_BM];
+            tile_p(j, &w, &sq, i0, rows, j0, jn, vlo, vhi);
             /* dV += P^T dO, then dK += dS^T Q: P and dS read transposed in place */
             j->kern.gemm_tn((int)jn4, (int)j->m.dvp, (int)rows, w.s, BN, w.dO, j->m.dvp, w.acc2, j->m.dvp, 1);
-            tile_ds_from_p(j, &w, rows, vis);
+            tile_ds_from_p(j, &w, rows, vlo, vhi);
             j->kern.gemm_tn((int)jn4, (int)j->m.dp, (int)rows, w.s, BN, w.q, j->m.dp, w.acc1, j->m.dp, 1);
         }
     }
@@ -308,8 +374,9 @@ static void bwd_q_task(void *arg, int64_t task, int worker) {
 
     load_q_block(j, &w, &sq, b, h, i0, rows);
     memset(w.acc1, 0, sizeof(float) * (size_t)(rows4 * j->m.dp));
-    const int64_t kend = imin64(fattn_last_key(p, &sq, i0 + rows - 1) + 1, sq.klen);
-    for (int64_t j0 = 0; j0 < kend; j0 += BN) {
+    int64_t kbeg, kend;
+    key_range(p, &sq, i0, rows, &kbeg, &kend);
+    for (int64_t j0 = kbeg; j0 < kend; j0 += BN) {
         const int64_t jn = imin64(kend - j0, BN);
         load_k_block(j, &w, &sq, hk, j0, jn, 1);
         if (j0 + BN < kend) {
@@ -317,9 +384,9 @@ static void bwd_q_task(void *arg, int64_t task, int worker) {
             prefetch_rows(&a->k, sq.tb, sq.k0 + j0 + BN, nn, hk, j->m.d);
             prefetch_rows(&a->v, sq.tb, sq.k0 + j0 + BN, nn, hk, j->m.dv);
         }
-        int64_t vis[FATTN_CPU_BM];
-        tile_p(j, &w, &sq, i0, rows, j0, jn, vis);
-        tile_ds_from_p(j, &w, rows, vis);
+        int64_t vlo[FATTN_CPU_BM], vhi[FATTN_CPU_BM];
+        tile_p(j, &w, &sq, i0, rows, j0, jn, vlo, vhi);
+        tile_ds_from_p(j, &w, rows, vlo, vhi);
         /* dQ += dS K */
         j->kern.gemm((int)rows4, (int)j->m.dp, (int)jn, w.s, BN, w.k, j->m.dp, w.acc1, j->m.dp, 1);
     }
@@ -363,6 +430,7 @@ fattn_status fattn_cpu_bwd(fattn_ctx *ctx, const fattn_bwd_args *a) {
     /* D from the f32 O the caller holds, else from P and dP (see above). */
     fattn_parallel_for(nthreads, nq, a->o.dtype == FATTN_DTYPE_F32 ? bwd_d_task : bwd_d_exact_task,
                        &j);
+    if (a->dsink) bwd_dsink(&j);
     fattn_parallel_for(nthreads, nk, bwd_kv_task, &j);
     fattn_parallel_for(nthreads, nq, bwd_q_task, &j);
     free(j.dbuf);

@@ -84,9 +84,23 @@ static inline int64_t fattn_lse_index(const fattn_problem *p, const fattn_seq *s
     return (b * p->heads_q + h) * (int64_t)p->seqlen_q + i;
 }
 
-/* Causal: the last key visible to query i is i + klen - qlen (may be < 0). */
+/* The keys query i sees are fattn_first_key .. fattn_last_key (fattn.h:
+ * causal, window): either may fall outside [0, klen), callers clamp.
+ * Causal: the last is i + klen - qlen (may be < 0); a window's right side
+ * adds window_right to that (causal wins: the mask is the intersection),
+ * its left side starts at i + klen - qlen - window_left. */
 static inline int64_t fattn_last_key(const fattn_problem *p, const fattn_seq *s, int64_t i) {
-    return p->causal ? i + s->klen - s->qlen : s->klen - 1;
+    if (p->causal) return i + s->klen - s->qlen;
+    if (p->window && p->window_right >= 0) return i + s->klen - s->qlen + p->window_right;
+    return s->klen - 1;
+}
+static inline int64_t fattn_first_key(const fattn_problem *p, const fattn_seq *s, int64_t i) {
+    if (p->window && p->window_left >= 0) return i + s->klen - s->qlen - p->window_left;
+    return 0;
+}
+/* The left side of the window, or -1 when unbounded. */
+static inline int64_t fattn_window_left(const fattn_problem *p) {
+    return p->window ? p->window_left : -1;
 }
 
 /* A 64-byte aligned zeroed float buffer (NULL on failure). */

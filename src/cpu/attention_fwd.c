@@ -149,15 +149,20 @@ static void fwd_task(void *arg, int64_t task, int worker) {
     const int64_t npanels = (rows + NR - 1) / NR;
     const float sm_scale = p->softmax_scale;
 
-    /* Keys visible to the last row of the task. */
+    /* Keys visible to the last row of the task; with a window's left side,
+     * the key blocks wholly before the first row's first key are skipped
+     * (kbeg stays a multiple of BN, so each panel sees the same blocks
+     * whatever the task's height). */
     int64_t kend = fattn_last_key(p, &sq, i0 + rows - 1) + 1;
     if (kend > sq.klen) kend = sq.klen;
+    int64_t kbeg = fattn_first_key(p, &sq, i0);
+    kbeg = kbeg <= 0 ? 0 : kbeg / BN * BN;
 
     /* Rows are heads * d apart in memory, a page or more: the hardware
      * prefetchers do not follow them, so the first key block and the query
      * rows a few ahead are asked for here (loads of cold rows were 10-25% of
      * short sequences). */
-    fwd_prefetch_keys(a, &sq, b, hk, d, dv, 0, BN < kend ? BN : kend);
+    if (kbeg < kend) fwd_prefetch_keys(a, &sq, b, hk, d, dv, kbeg, kbeg + BN < kend ? kbeg + BN : kend);
     for (int64_t r = 0; r < FWD_AHEAD && r < rows; r++)
         fwd_prefetch_row(&a->q, fattn_row_offset(&a->q, sq.tb, sq.q0 + i0 + r, h), d, 0);
 
@@ -190,8 +195,16 @@ static void fwd_task(void *arg, int64_t task, int worker) {
     blk.npanels = (int)npanels;
     blk.rows = (int)rows;
     blk.q0 = i0;
-    /* key j visible to query i iff j <= i + off */
-    blk.off = p->causal ? sq.klen - sq.qlen : sq.klen;
+    /* key j visible to query i iff i + off - left <= j <= i + off */
+    blk.off = p->causal || (p->window && p->window_right >= 0) ? fattn_last_key(p, &sq, 0) : sq.klen;
+    /* the left side counted from off (which a right side has moved) */
+    blk.left = fattn_window_left(p);
+    if (blk.left >= 0) blk.left += blk.off - (sq.klen - sq.qlen);
+    blk.softcap = p->softcap;
+    /* a window's left side can skip a panel's first blocks: its O^T starts
+     * at zero instead of being set by its first block */
+    blk.ot_zeroed = blk.left >= 0;
+    if (blk.ot_zeroed) memset(w.ot, 0, sizeof(float) * (size_t)(npanels * NR * dv));
     blk.qp = w.qp;
     blk.ot = w.ot;
     blk.m = w.m;
@@ -202,7 +215,7 @@ static void fwd_task(void *arg, int64_t task, int worker) {
     blk.v = w.v;
     blk.ldk = j->m.dp;
     blk.ldv = j->m.dvp;
-    for (int64_t j0 = 0; j0 < kend; j0 += BN) {
+    for (int64_t j0 = kbeg; j0 < kend; j0 += BN) {
         const int64_t jn = kend - j0 < BN ? kend - j0 : BN;
         /* The next block's rows, strided by heads * d in memory, are fetched
          * while this block computes (copying them cold was 13% of d64). */
@@ -231,7 +244,11 @@ static void fwd_task(void *arg, int64_t task, int worker) {
 
     /* Normalise and store.  A sum of exactly 0 means no key was visible (or
      * every score was -inf): O = 0, LSE = -inf.  A NaN sum falls through and
-     * makes O and LSE NaN. */
+     * makes O and LSE NaN.  A learnable sink adds exp(sink - M) to the sum
+     * (M = max(m, sink)) and nothing to O; LSE includes it; a row that saw
+     * no key gets O = 0 and LSE = sink (fattn.h). */
+    const int has_sink = a->learnable_sink != NULL;
+    const float sink = has_sink ? a->learnable_sink[h] : -INFINITY;
     for (int64_t r = 0; r < FWD_AHEAD && r < rows; r++)
         fwd_prefetch_row(&a->o, fattn_row_offset(&a->o, sq.tb, sq.q0 + i0 + r, h), dv, 1);
     for (int64_t r = 0; r < rows; r++) {
@@ -244,7 +261,15 @@ static void fwd_task(void *arg, int64_t task, int worker) {
         float lse;
         if (l == 0.0f) {
             memset(row, 0, sizeof(float) * (size_t)dv);
-            lse = -INFINITY;
+            lse = has_sink ? sink : -INFINITY;
+        } else if (has_sink) {
+            const float m = w.m[r];
+            const float mx = sink > m ? sink : m; /* a NaN sink: m, then NaN below */
+            const float keep = expf(m - mx);
+            const float sum = l * keep + expf(sink - mx);
+            const float mul = keep / sum;
+            for (int64_t t = 0; t < dv; t++) row[t] *= mul;
+            lse = mx + logf(sum);
         } else {
             const float inv = 1.0f / l;
             for (int64_t t = 0; t < dv; t++) row[t] *= inv;

@@ -32,6 +32,11 @@ typedef struct fattn_fwd_block {
     int rows;       /* real query rows of the task (the last panel may be partial) */
     int64_t q0;     /* sequence index of the task's first query */
     int64_t off;    /* key j is visible to query i iff j <= i + off */
+    int64_t left;   /* ... and j >= i + off - left (-1: no such bound; counted
+                       from off: window_left + window_right with a right side) */
+    float softcap;  /* > 0: scores s -> softcap * tanh(s / softcap) before the mask */
+    int ot_zeroed;  /* ot holds zeros before the first key block (the window
+                       may skip a panel's first blocks): always rescale */
     const float *qp;
     float *ot;
     float *m, *l;   /* [npanels * NR] running max and sum */

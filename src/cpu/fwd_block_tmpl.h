@@ -227,18 +227,21 @@ KT_ATTR static void KT(pv)(int mr, int k, const float *A, int64_t lda, const flo
  * second loop inside pv_tile cost the common path 15-20% at short causal
  * rows. */
 KT_ATTR static void KT(pv_masked)(const int mr, int j0, int k, const float *A, int64_t lda, const float *B,
-                                  float *C, int64_t thr) {
+                                  float *C, int64_t thr, int64_t left) {
     for (int r = 0; r < mr; r++) {
         VT acc[KT_NV];
         for (int v = 0; v < KT_NV; v++) acc[v] = KT(load)(C + r * KT_NR + v * KT_W);
         for (int j = j0; j < k; j++) {
             const VT x = KT(splat)(A[(int64_t)j * lda + r]);
             const int32_t t = thr + j > KT_NR ? KT_NR : (int32_t)(thr + j);
+            /* a sliding window also hides key j from the lanes c > thr + j + left */
+            const int64_t hi = left < 0 ? KT_NR : thr + j + left;
+            const int32_t u = hi >= KT_NR ? KT_NR : hi < -1 ? -1 : (int32_t)hi;
             for (int v = 0; v < KT_NV; v++) {
                 VI lane;
                 for (int c = 0; c < KT_W; c++) lane[c] = v * KT_W + c;
                 const VT bv = KT(load)(B + (int64_t)j * KT_NR + v * KT_W);
-                acc[v] = KT_SELECT(lane < t, acc[v], x * bv + acc[v]);
+                acc[v] = KT_SELECT((lane < t) | (lane > u), acc[v], x * bv + acc[v]);
             }
         }
         for (int v = 0; v < KT_NV; v++) KT(store)(C + r * KT_NR + v * KT_W, &acc[v]);
@@ -275,6 +278,26 @@ KT_INLINE void KT(softmax)(float *s, int jn, float *m, float *l, float *alpha) {
     }
 }
 
+/* The variants' pass over an S^T tile of n keys (qk_tile has masked the
+ * right side): softcap on each score, then the mask again, both sides (lane
+ * c sees key j iff thr + j <= c <= thr + j + left, left < 0: no left bound),
+ * and bmax recomputed (NaN skipped, as qk_tile).  Scalar, one tanhf per
+ * score: only calls with a window's left side or softcap pay for it, and
+ * every instance computes the same bits. */
+KT_ATTR static void KT(variants)(float *s, int n, int64_t thr, int64_t left, float cap, float *bmax) {
+    for (int c = 0; c < KT_NR; c++) bmax[c] = -INFINITY;
+    for (int j = 0; j < n; j++) {
+        float *row = s + (int64_t)j * KT_NR;
+        for (int c = 0; c < KT_NR; c++) {
+            float x = row[c];
+            if (cap > 0.0f) x = cap * tanhf(x / cap);
+            if (c < thr + j || (left >= 0 && c > thr + j + left)) x = -INFINITY;
+            row[c] = x;
+            if (x > bmax[c]) bmax[c] = x;
+        }
+    }
+}
+
 /* 1 if a value row of the block holds NaN or Inf (all exponent bits set).
  * Integer ops and an OR reduction, which the compiler vectorises: a float
  * sum here (x - x) cost as much as the tile's GEMMs at short rows. */
@@ -297,32 +320,41 @@ KT_ATTR static void KT(run)(const fattn_fwd_block *b) {
     for (int pi = 0; pi < b->npanels; pi++) {
         const int lanes = b->rows - pi * KT_NR < KT_NR ? b->rows - pi * KT_NR : KT_NR;
         const int64_t qlo = b->q0 + (int64_t)pi * KT_NR;
-        /* Keys of the block this panel's real queries see. */
+        /* Keys of the block this panel's real queries see: [jlo, jn). */
         int64_t jn = qlo + lanes - 1 + b->off - b->j0 + 1;
         if (jn > b->jn) jn = b->jn;
-        if (jn <= 0) continue;
+        int64_t jlo = 0;
+        if (b->left >= 0) {
+            jlo = qlo + b->off - b->left - b->j0;
+            if (jlo < 0) jlo = 0;
+        }
+        if (jn <= jlo) continue;
+        const int n = (int)(jn - jlo);
         const float *qp = b->qp + (int64_t)pi * d * KT_NR;
+        const float *kb = b->k + jlo * b->ldk, *vb = b->v + jlo * b->ldv;
         float *ot = b->ot + (int64_t)pi * dv * KT_NR;
-        /* lane c (query qlo + c) hides key j0 + j when qlo + c + off < j0 + j */
-        const int64_t thr0 = b->j0 - b->off - qlo;
+        /* lane c (query qlo + c) hides key j0 + jlo + j when qlo + c + off < j0 + jlo + j */
+        const int64_t thr0 = b->j0 + jlo - b->off - qlo;
         for (int c = 0; c < KT_NR; c++) b->alpha[c] = -INFINITY;
-        for (int jt = 0; jt < jn; jt += KT_MR)
-            KT(qk)(jn - jt < KT_MR ? (int)jn - jt : KT_MR, d, b->k + (int64_t)jt * b->ldk, b->ldk,
+        for (int jt = 0; jt < n; jt += KT_MR)
+            KT(qk)(n - jt < KT_MR ? n - jt : KT_MR, d, kb + (int64_t)jt * b->ldk, b->ldk,
                    qp, b->s + (int64_t)jt * KT_NR, thr0 + jt, b->alpha);
-        KT(softmax)(b->s, (int)jn, b->m + (int64_t)pi * KT_NR, b->l + (int64_t)pi * KT_NR,
-                    b->alpha);
-        const float *alpha = b->j0 == 0 ? NULL : b->alpha;
-        /* keys from jm on are hidden from some lanes (thr0 + j > 0); they go
-         * through pv_masked when a value row of the block is not finite */
-        int jm = (int)jn;
-        if (thr0 + jn - 1 > 0) {
+        if (b->left >= 0 || b->softcap > 0.0f) KT(variants)(b->s, n, thr0, b->left, b->softcap, b->alpha);
+        KT(softmax)(b->s, n, b->m + (int64_t)pi * KT_NR, b->l + (int64_t)pi * KT_NR, b->alpha);
+        const float *alpha = b->j0 == 0 && !b->ot_zeroed ? NULL : b->alpha;
+        /* keys from jm on are hidden from some lanes (thr0 + j > 0, or a
+         * window's left side: thr0 + j + left < NR - 1); they go through
+         * pv_masked when a value row of the block is not finite */
+        int jm = n;
+        const int left_hides = b->left >= 0 && thr0 + b->left < KT_NR - 1;
+        if (thr0 + n - 1 > 0 || left_hides) {
             if (vbad < 0) vbad = KT(v_nonfinite)(b);
-            if (vbad) jm = thr0 >= 1 ? 0 : (int)(1 - thr0);
+            if (vbad) jm = left_hides || thr0 >= 1 ? 0 : (int)(1 - thr0);
         }
         for (int t0 = 0; t0 < dv; t0 += KT_MR) {
             const int mr = dv - t0 < KT_MR ? dv - t0 : KT_MR;
-            KT(pv)(mr, jm, b->v + t0, b->ldv, b->s, ot + (int64_t)t0 * KT_NR, alpha);
-            if (jm < jn) KT(pv_masked)(mr, jm, (int)jn, b->v + t0, b->ldv, b->s, ot + (int64_t)t0 * KT_NR, thr0);
+            KT(pv)(mr, jm, vb + t0, b->ldv, b->s, ot + (int64_t)t0 * KT_NR, alpha);
+            if (jm < n) KT(pv_masked)(mr, jm, n, vb + t0, b->ldv, b->s, ot + (int64_t)t0 * KT_NR, thr0, b->left);
         }
     }
 }

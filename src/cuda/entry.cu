@@ -41,9 +41,32 @@ static const char *list_dtypes(char *buf, size_t n, const fattn_dtype *v, int co
     return buf;
 }
 
+/* The attention variants (issue 37) have no Hopper kernels yet: a sliding
+ * window, softcap and learnable sinks run on the CPU engine only.  `what`
+ * names the call ("forward", "backward"). */
+static fattn_status check_no_variants(fattn_ctx *ctx, const fattn_problem *p, const float *sink, const char *sink_name,
+                                      const char *what) {
+    if (p->window)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "window (window_left %d, window_right %d): the CUDA engine's %s has no sliding window yet "
+                          "(the CPU engine serves it)",
+                          p->window_left, p->window_right, what);
+    if (p->softcap != 0.0f)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "softcap %g: the CUDA engine's %s has no softcap yet (the CPU engine serves it)",
+                          (double)p->softcap, what);
+    if (sink)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "%s: the CUDA engine's %s has no learnable sinks yet (the CPU engine serves them)", sink_name,
+                          what);
+    return FATTN_OK;
+}
+
 extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_args *a) {
     const fattn_problem *p = &a->p;
     char list[64];
+    fattn_status vs = check_no_variants(ctx, p, a->learnable_sink, "learnable_sink", a->q.dtype == FATTN_DTYPE_E4M3 ? "FP8 forward" : "forward");
+    if (vs != FATTN_OK) return vs;
     bool ok = false;
     for (int i = 0; i < COUNT(fwd_dtypes); ++i) ok = ok || a->q.dtype == fwd_dtypes[i];
     if (!ok)
@@ -114,6 +137,10 @@ static const int bwd_head_dims[] = {64, 128, 256};
 extern "C" fattn_status fattn_cuda_bwd_check(fattn_ctx *ctx, const fattn_bwd_args *a) {
     const fattn_problem *p = &a->p;
     char list[64];
+    /* learnable_sink alone is not read by the backward (dq, dk, dv come from
+     * the sink-inclusive lse and o): only dsink asks for sink arithmetic */
+    fattn_status vs = check_no_variants(ctx, p, a->dsink, "dsink", "backward");
+    if (vs != FATTN_OK) return vs;
     if (a->q.dtype != FATTN_DTYPE_BF16 && a->q.dtype != FATTN_DTYPE_F16)
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                           "q.dtype %s is not supported by the CUDA engine's backward; supported: bf16, f16",

@@ -37,18 +37,32 @@ static double scale_of(const oracle_problem *p) {
 
 static int dv_of(const oracle_problem *p) { return p->head_dim_v > 0 ? p->head_dim_v : p->head_dim; }
 
+/* The keys row i sees: [*first, *last] (may be empty). */
+static void row_range(const oracle_problem *p, const seq_view *s, int64_t i, int64_t *first,
+                      int64_t *last) {
+    const int64_t off = s->klen - s->qlen;
+    *first = 0;
+    *last = s->klen - 1;
+    if (p->window && p->window_left >= 0) *first = i + off - p->window_left;
+    if (p->window && p->window_right >= 0 && i + off + p->window_right < *last) *last = i + off + p->window_right;
+    if (p->causal && i + off < *last) *last = i + off;
+    if (*first < 0) *first = 0;
+}
+
 /* Probabilities of row i of (sequence s, head h) into prow[0..klen); returns
- * the natural-log LSE (-inf when no key is visible, prow all 0). */
-static double row_probs(const oracle_problem *p, const seq_view *s, int h, int64_t i,
-                        const double *q, const double *k, double *prow) {
+ * the natural-log LSE (-inf when no key is visible and no sink, prow all 0).
+ * trow (may be NULL) receives the softcap's derivative 1 - tanh^2(s / softcap)
+ * of each visible key. */
+static double row_probs_t(const oracle_problem *p, const seq_view *s, int h, int64_t i,
+                          const double *q, const double *k, double *prow, double *trow) {
     const int d = p->head_dim, hk = h / (p->heads_q / p->heads_kv);
     const double sc = scale_of(p);
-    int64_t last = p->causal ? i + s->klen - s->qlen : s->klen - 1;
-    if (last > s->klen - 1) last = s->klen - 1;
+    int64_t first, last;
+    row_range(p, s, i, &first, &last);
     const double *qi = q + ((s->q0 + i) * p->heads_q + h) * d;
     double mx = -INFINITY;
     for (int64_t j = 0; j < s->klen; j++) {
-        if (j > last) {
+        if (j > last || j < first) {
             prow[j] = -INFINITY;
             continue;
         }
@@ -56,19 +70,31 @@ static double row_probs(const oracle_problem *p, const seq_view *s, int h, int64
         double acc = 0.0;
         for (int t = 0; t < d; t++) acc += qi[t] * kj[t];
         prow[j] = acc * sc;
+        if (p->softcap > 0.0) {
+            const double x = prow[j] / p->softcap, ch = cosh(x);
+            if (trow) trow[j] = 1.0 / (ch * ch); /* 1 - tanh^2, also where tanh rounds to 1 */
+            prow[j] = p->softcap * tanh(x);
+        }
         if (prow[j] > mx) mx = prow[j];
     }
+    const double sink = p->sink ? p->sink[h] : -INFINITY;
+    if (sink > mx) mx = sink;
     if (mx == -INFINITY) {
         for (int64_t j = 0; j < s->klen; j++) prow[j] = 0.0;
         return -INFINITY;
     }
-    double sum = 0.0;
+    double sum = p->sink ? exp(sink - mx) : 0.0;
     for (int64_t j = 0; j < s->klen; j++) {
-        prow[j] = j > last ? 0.0 : exp(prow[j] - mx);
+        prow[j] = (j > last || j < first) ? 0.0 : exp(prow[j] - mx);
         sum += prow[j];
     }
     for (int64_t j = 0; j < s->klen; j++) prow[j] /= sum;
     return mx + log(sum);
+}
+
+static double row_probs(const oracle_problem *p, const seq_view *s, int h, int64_t i,
+                        const double *q, const double *k, double *prow) {
+    return row_probs_t(p, s, h, i, q, k, prow, NULL);
 }
 
 static int64_t max_klen(const oracle_problem *p) {
@@ -109,24 +135,32 @@ void oracle_fwd(const oracle_problem *p, const double *q, const double *k, const
 
 void oracle_bwd(const oracle_problem *p, const double *q, const double *k, const double *v,
                 const double *dout, double *dq, double *dk, double *dv_out) {
+    oracle_bwd_sink(p, q, k, v, dout, dq, dk, dv_out, NULL);
+}
+
+void oracle_bwd_sink(const oracle_problem *p, const double *q, const double *k, const double *v,
+                     const double *dout, double *dq, double *dk, double *dv_out, double *dsink) {
     const int d = p->head_dim, dv = dv_of(p), group = p->heads_q / p->heads_kv;
     const double sc = scale_of(p);
     const int64_t kl = max_klen(p);
     double *prow = (double *)malloc(sizeof(double) * (size_t)kl);
     double *dprow = (double *)malloc(sizeof(double) * (size_t)kl);
+    double *trow = (double *)malloc(sizeof(double) * (size_t)kl);
+    if (dsink)
+        for (int h = 0; h < p->heads_q; h++) dsink[h] = 0.0;
     int64_t tq = p->cu_seqlens_q ? p->cu_seqlens_q[p->batch] : (int64_t)p->batch * p->seqlen_q;
     int64_t tk = p->cu_seqlens_k ? p->cu_seqlens_k[p->batch] : (int64_t)p->batch * p->seqlen_k;
     /* local accumulators so that NULL outputs are allowed */
     double *gq = (double *)calloc((size_t)(tq * p->heads_q * d) + 1, sizeof(double));
     double *gk = (double *)calloc((size_t)(tk * p->heads_kv * d) + 1, sizeof(double));
     double *gv = (double *)calloc((size_t)(tk * p->heads_kv * dv) + 1, sizeof(double));
-    if (!prow || !dprow || !gq || !gk || !gv) abort();
+    if (!prow || !dprow || !trow || !gq || !gk || !gv) abort();
     for (int b = 0; b < p->batch; b++) {
         seq_view s = view_of(p, b);
         for (int h = 0; h < p->heads_q; h++) {
             const int hk = h / group;
             for (int64_t i = 0; i < s.qlen; i++) {
-                double l = row_probs(p, &s, h, i, q, k, prow);
+                double l = row_probs_t(p, &s, h, i, q, k, prow, trow);
                 if (l == -INFINITY) continue;
                 const double *qi = q + ((s.q0 + i) * p->heads_q + h) * d;
                 const double *doi = dout + ((s.q0 + i) * p->heads_q + h) * dv;
@@ -140,10 +174,13 @@ void oracle_bwd(const oracle_problem *p, const double *q, const double *k, const
                     dprow[j] = acc;
                     Di += prow[j] * acc; /* = rowsum(dO * O) */
                 }
+                /* the sink's column: P = exp(sink - lse), no value row, so dP = 0 */
+                if (dsink && p->sink) dsink[h] -= exp(p->sink[h] - l) * Di;
                 double *gqi = gq + ((s.q0 + i) * p->heads_q + h) * d;
                 for (int64_t j = 0; j < s.klen; j++) {
                     if (prow[j] == 0.0) continue;
-                    const double ds = prow[j] * (dprow[j] - Di) * sc;
+                    double ds = prow[j] * (dprow[j] - Di) * sc;
+                    if (p->softcap > 0.0) ds *= trow[j];
                     const double *kj = k + ((s.k0 + j) * p->heads_kv + hk) * d;
                     double *gkj = gk + ((s.k0 + j) * p->heads_kv + hk) * d;
                     double *gvj = gv + ((s.k0 + j) * p->heads_kv + hk) * dv;
@@ -161,6 +198,7 @@ void oracle_bwd(const oracle_problem *p, const double *q, const double *k, const
     if (dv_out) memcpy(dv_out, gv, sizeof(double) * (size_t)(tk * p->heads_kv * dv));
     free(prow);
     free(dprow);
+    free(trow);
     free(gq);
     free(gk);
     free(gv);

@@ -22,6 +22,15 @@ typedef struct oracle_problem {
     double scale; /* 0 = 1/sqrt(head_dim) */
     int causal;
     const int32_t *cu_seqlens_q, *cu_seqlens_k;
+    /* Variants (fattn.h, fattn_problem and fattn_fwd_args); zero = off.
+     * window nonzero: query i sees key j iff i + off - window_left <= j <=
+     * i + off + window_right, off = seqlen_k - seqlen_q, -1 unbounded.
+     * softcap > 0: s -> softcap * tanh(s / softcap).  sink: NULL or
+     * double[heads_q], an extra logit in each row's denominator (included in
+     * the LSE; a row with no key gets O = 0, LSE = sink). */
+    int window, window_left, window_right;
+    double softcap;
+    const double *sink;
 } oracle_problem;
 
 /* o and lse may be NULL when not wanted. */
@@ -31,6 +40,10 @@ void oracle_fwd(const oracle_problem *p, const double *q, const double *k, const
 /* dq, dk, dv of sum(dout * O).  Any output may be NULL. */
 void oracle_bwd(const oracle_problem *p, const double *q, const double *k, const double *v,
                 const double *dout, double *dq, double *dk, double *dv);
+
+/* oracle_bwd, and dsink[heads_q] (may be NULL) = d sum(dout * O) / d sink. */
+void oracle_bwd_sink(const oracle_problem *p, const double *q, const double *k, const double *v,
+                     const double *dout, double *dq, double *dk, double *dv, double *dsink);
 
 #ifdef __cplusplus
 }
