@@ -1053,58 +1053,21 @@ static fattn_status fattn_kv_append_held(fattn_ctx *ctx, const fattn_kv_append_a
 /* Entry points: the context's in-use flag around each call                 */
 /* ------------------------------------------------------------------------ */
 
-fattn_status fattn_ctx_set_stream(fattn_ctx *ctx, void *stream) {
-    fattn_status st = fattn_ctx_acquire(ctx, "fattn_ctx_set_stream");
-    if (st != FATTN_OK) return st;
-    st = fattn_ctx_set_stream_held(ctx, stream);
-    fattn_ctx_release(ctx);
-    return st;
-}
-
-fattn_status fattn_ctx_set_threads(fattn_ctx *ctx, int threads) {
-    fattn_status st = fattn_ctx_acquire(ctx, "fattn_ctx_set_threads");
-    if (st != FATTN_OK) return st;
-    st = fattn_ctx_set_threads_held(ctx, threads);
-    fattn_ctx_release(ctx);
-    return st;
-}
-
-fattn_status fattn_fwd(fattn_ctx *ctx, const fattn_fwd_args *args) {
-    fattn_status st = fattn_ctx_acquire(ctx, "fattn_fwd");
-    if (st != FATTN_OK) return st;
-    st = fattn_fwd_held(ctx, args);
-    fattn_ctx_release(ctx);
-    return st;
-}
-
-fattn_status fattn_bwd(fattn_ctx *ctx, const fattn_bwd_args *args) {
-    fattn_status st = fattn_ctx_acquire(ctx, "fattn_bwd");
-    if (st != FATTN_OK) return st;
-    st = fattn_bwd_held(ctx, args);
-    fattn_ctx_release(ctx);
-    return st;
-}
-
-fattn_status fattn_quantize(fattn_ctx *ctx, const fattn_quantize_args *args) {
-    fattn_status st = fattn_ctx_acquire(ctx, "fattn_quantize");
-    if (st != FATTN_OK) return st;
-    st = fattn_quantize_held(ctx, args);
-    fattn_ctx_release(ctx);
-    return st;
-}
-
-fattn_status fattn_merge(fattn_ctx *ctx, const fattn_merge_args *args) {
-    fattn_status st = fattn_ctx_acquire(ctx, "fattn_merge");
-    if (st != FATTN_OK) return st;
-    st = fattn_merge_held(ctx, args);
-    fattn_ctx_release(ctx);
-    return st;
-}
-
-fattn_status fattn_kv_append(fattn_ctx *ctx, const fattn_kv_append_args *args) {
-    fattn_status st = fattn_ctx_acquire(ctx, "fattn_kv_append");
-    if (st != FATTN_OK) return st;
-    st = fattn_kv_append_held(ctx, args);
-    fattn_ctx_release(ctx);
-    return st;
-}
+/* fattn_NAME(ctx, arg): fattn_NAME_held between acquire and release (the
+ * refusal names the call) */
+#define FATTN_ENTRY(name, type)                              \
+    fattn_status name(fattn_ctx *ctx, type arg) {            \
+        fattn_status st = fattn_ctx_acquire(ctx, #name);     \
+        if (st != FATTN_OK) return st;                       \
+        st = name##_held(ctx, arg);                          \
+        fattn_ctx_release(ctx);                              \
+        return st;                                           \
+    }
+FATTN_ENTRY(fattn_ctx_set_stream, void *)
+FATTN_ENTRY(fattn_ctx_set_threads, int)
+FATTN_ENTRY(fattn_fwd, const fattn_fwd_args *)
+FATTN_ENTRY(fattn_bwd, const fattn_bwd_args *)
+FATTN_ENTRY(fattn_quantize, const fattn_quantize_args *)
+FATTN_ENTRY(fattn_merge, const fattn_merge_args *)
+FATTN_ENTRY(fattn_kv_append, const fattn_kv_append_args *)
+#undef FATTN_ENTRY
