@@ -2,7 +2,7 @@
  * one fp32 scale per block of rows of each (batch, head), or one per tensor,
  * after the optional incoherent-processing rotation x <- (x * signs) H /
  * sqrt(d).  The codes and scales are bitwise those of the CPU engine
- * (src/cpu/quantize.c, hadamard.c, fp8.c):
+ * (src/cpu/quantize.c, src/common/hadamard.c, fp8.c):
  *   - the rotation is the CPU's fast Walsh-Hadamard transform, the same
  *     butterflies in the same stage order (h = 1, 2, 4, ...; x[j] = a + b,
  *     x[j+h] = a - b), then the multiply by the same float (float)(1 /
@@ -52,7 +52,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "cpu/fp8_internal.h"
+#include "common/fp8.h"
 #include "cuda_engine.h"
 
 #define QUANT_THREADS 256
@@ -147,7 +147,7 @@ __device__ __forceinline__ float f32_max(float a, float b) {
     return r;
 }
 /* Two floats to two e4m3 codes, lo in the low byte: cvt puts its first
- * source in the upper byte.  Bitwise fattn_f32_to_e4m3 (src/cpu/fp8.c). */
+ * source in the upper byte.  Bitwise fattn_f32_to_e4m3 (src/common/fp8.c). */
 __device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
     uint16_t r;
     asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));

@@ -39,7 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu/half.h"
+#include "common/half.h"
 #include "fattn.h"
 #include "gpu/gpu_testutil.h"
 

@@ -1,7 +1,7 @@
 /* half.h - scalar f16 / bf16 <-> f32 conversions for host code (C11).
  * Round to nearest even, NaN kept, as the GPU's cvt.rn does. */
-#ifndef FATTN_CPU_HALF_H
-#define FATTN_CPU_HALF_H
+#ifndef FATTN_COMMON_HALF_H
+#define FATTN_COMMON_HALF_H
 
 #include <stdint.h>
 #include <string.h>

@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include "fattn.h"
-#include "cpu/fp8_internal.h"
+#include "common/fp8.h"
 
 #define FATTN_E4M3_NAN NAN
 

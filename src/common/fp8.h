@@ -1,7 +1,7 @@
-/* fp8_internal.h - FP8 numerics and the Hadamard rotation shared inside the
- * library (CPU attention engine, CPU quantiser, tools).  Not installed. */
-#ifndef FATTN_CPU_FP8_INTERNAL_H
-#define FATTN_CPU_FP8_INTERNAL_H
+/* fp8.h - FP8 numerics and the Hadamard rotation shared by both engines
+ * (CPU attention and quantiser, CUDA quantiser), the tools and the tests.  Not installed. */
+#ifndef FATTN_COMMON_FP8_H
+#define FATTN_COMMON_FP8_H
 
 #include <stdint.h>
 

@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 #include "fattn.h"
-#include "cpu/fp8_internal.h"
+#include "common/fp8.h"
 
 /* splitmix64 (Steele, Lea, Flood 2014): state advances by the golden-ratio
  * increment, output is the finalised state. */
