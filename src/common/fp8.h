@@ -19,7 +19,7 @@ extern const float fattn_e4m3_values[256];
  * max(amax / 448, FLT_MIN).  Without the floor a block of f32 subnormals
  * (amax below ~3.1e-43) gets scale 0, and every 0 in it codes NaN (0 / 0);
  * FLT_MIN (2^-126) keeps 1 / scale finite for the attention kernels, and
- * the CUDA quantiser takes the same max (src/cuda/quantize.cu). */
+ * the CUDA quantiser takes the same max (src/cuda/ops/quantize.cu). */
 #define FATTN_E4M3_SCALE_MIN 0x1p-126f
 static inline float fattn_e4m3_scale(float amax) {
     const float s = amax / FATTN_E4M3_MAX;

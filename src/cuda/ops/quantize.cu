@@ -53,7 +53,7 @@
 #include <string.h>
 
 #include "common/fp8.h"
-#include "cuda_engine.h"
+#include "../cuda_engine.h"
 
 #define QUANT_THREADS 256
 #define QUANT_MAX_CLUSTER 8

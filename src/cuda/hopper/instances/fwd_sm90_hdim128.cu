@@ -1,6 +1,6 @@
 /* fwd_sm90_hdim128.cu - the forward kernels of head dim 128 (one file per head
  * dim, so that they compile in parallel). */
-#include "fwd_sm90_kernels.cuh"
+#include "../fwd/fwd_sm90_kernels.cuh"
 
 fattn_status fwd_sm90_hdim128(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v, fwd_kernel k) {
     switch (k) {

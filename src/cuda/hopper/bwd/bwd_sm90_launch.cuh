@@ -7,7 +7,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "../cuda_engine.h"
+#include "../../cuda_engine.h"
 #include "bwd_prepost.cuh"
 #include "bwd_sm90.cuh"
 

@@ -16,7 +16,7 @@
  *     stage, so that the write comes after every read of the flag the
  *     producer has seen released (empty_vraw) and before the next. */
 #pragma once
-#include "../common/ptx.cuh"
+#include "../../common/ptx.cuh"
 #include "fwd_traits.cuh"
 
 template <class C>

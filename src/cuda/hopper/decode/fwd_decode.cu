@@ -6,9 +6,9 @@
 #include <atomic>
 #include <string.h>
 
-#include "../cuda_engine.h"
+#include "../../cuda_engine.h"
 #include "fwd_decode.cuh"
-#include "fwd_sm90_dispatch.h"
+#include "../fwd/fwd_sm90_dispatch.h"
 
 bool fwd_decode_eligible(const fattn_fwd_args *a) {
     const fattn_problem *p = &a->p;

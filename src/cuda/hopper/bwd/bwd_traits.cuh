@@ -3,8 +3,8 @@
  * shared-memory map (BwdSmem); the tiling itself is described in
  * bwd_sm90.cuh. */
 #pragma once
-#include "../common/ptx.cuh"
-#include "../common/varlen.cuh"
+#include "../../common/ptx.cuh"
+#include "../../common/varlen.cuh"
 
 struct BwdParams {
     void *dk, *dv;                                    /* 16-bit, element strides below */

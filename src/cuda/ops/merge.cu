@@ -55,7 +55,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cuda_engine.h"
+#include "../cuda_engine.h"
 
 #define MERGE_THREADS 256
 #define MERGE_CHUNK 8   /* elements per thread chunk */

@@ -1,6 +1,6 @@
 /* fwd_sm90_fp8_hdim256.cu - the FP8 forward kernels of head dim 256 (their own
  * file, so that they compile in parallel with the 16-bit ones). */
-#include "fwd_sm90_kernels.cuh"
+#include "../fwd/fwd_sm90_kernels.cuh"
 
 fattn_status fwd_sm90_fp8_hdim256(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v, fwd_kernel k) {
     switch (k) {

@@ -8,7 +8,7 @@
  *   SPLIT: a piece's partial (O, max, sum) to the workspace, and the merge of
  *     a tile's pieces by the warp that finishes last (perf-notes v30, v36). */
 #pragma once
-#include "../common/ptx.cuh"
+#include "../../common/ptx.cuh"
 #include "fwd_softmax.cuh"
 
 template <class C, class SP>

@@ -21,7 +21,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "cuda_engine.h"
+#include "../cuda_engine.h"
 
 #define KVA_THREADS 256
 #define KVA_CTAS_PER_SM 16

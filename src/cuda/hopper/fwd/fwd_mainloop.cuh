@@ -19,8 +19,8 @@
  *   column vector too) and O is kept in units of the current V block's
  *   scale, the ratio folded into the rescale factor. */
 #pragma once
-#include "../common/wgmma_e4m3.cuh"
-#include "../common/wgmma_gen.cuh"
+#include "../../common/wgmma_e4m3.cuh"
+#include "../../common/wgmma_gen.cuh"
 #include "fwd_epilogue.cuh"
 #include "fwd_pipeline.cuh"
 #include "fwd_scheduler.cuh"

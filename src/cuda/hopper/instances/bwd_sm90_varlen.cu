@@ -1,7 +1,7 @@
 /* bwd_sm90_varlen.cu - the backward's instances for variable-length
  * batches (cu_seqlens; BwdOpts.varlen), in their own translation unit so
  * that they compile beside the fixed-length ones in bwd_sm90.cu. */
-#include "bwd_sm90_launch.cuh"
+#include "../bwd/bwd_sm90_launch.cuh"
 
 template <int D>
 fattn_status bwd_sm90_varlen_d(fattn_ctx *ctx, const fattn_bwd_args *a, bool causal, bool bf16) {

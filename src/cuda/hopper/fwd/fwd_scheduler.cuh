@@ -9,8 +9,8 @@
  * The producer alone runs the scheduler (first / next) and hands each tile
  * index to the consumers; both sides decode it with fwd_tile_decode. */
 #pragma once
-#include "../common/ptx.cuh"
-#include "../common/varlen.cuh"
+#include "../../common/ptx.cuh"
+#include "../../common/varlen.cuh"
 #include "fwd_params.cuh"
 #include "fwd_traits.cuh"
 

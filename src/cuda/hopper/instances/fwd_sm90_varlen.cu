@@ -2,7 +2,7 @@
  * the shipped kernels' tiles with VARLEN (each tile looks its sequence up),
  * without the techniques that need fixed lengths (split, O by TMA, SITOUT,
  * QEARLY, SKIPDIAG, CTA pairs: fwd_traits.cuh). */
-#include "fwd_sm90_kernels.cuh"
+#include "../fwd/fwd_sm90_kernels.cuh"
 
 constexpr FwdOpts fwd_opts_varlen(FwdOpts o, bool bf16) {
     o.bf16 = bf16;

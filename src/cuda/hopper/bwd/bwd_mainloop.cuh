@@ -4,8 +4,8 @@
  * S^T / dP^T GEMM issue, P^T from S^T, dS^T into shared memory, a dQ tile
  * into its staging buffer. */
 #pragma once
-#include "../common/wgmma_gen.cuh"
-#include "../common/wgmma_tnsp.cuh"
+#include "../../common/wgmma_gen.cuh"
+#include "../../common/wgmma_tnsp.cuh"
 #include "bwd_epilogue.cuh"
 #include "bwd_scheduler.cuh"
 

@@ -2,7 +2,7 @@
  * kernels by name, the options of a call (read once, at dispatch), and the
  * tile-size function that maps a problem to a kernel. */
 #pragma once
-#include "../cuda_engine.h"
+#include "../../cuda_engine.h"
 
 /* The call's dtype and mask, and its options (the paper's ablation knobs,
  * split, PDL: cuda_fwd_options, read once by entry.cu). */

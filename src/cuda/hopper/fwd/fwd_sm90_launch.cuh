@@ -6,7 +6,7 @@
 #include <atomic>
 #include <string.h>
 
-#include "../cuda_engine.h"
+#include "../../cuda_engine.h"
 #include "fwd_sm90.cuh"
 #include "fwd_sm90_dispatch.h"
 #include "split_layout.h"

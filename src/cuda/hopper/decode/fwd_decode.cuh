@@ -21,7 +21,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "../common/ptx.cuh"
+#include "../../common/ptx.cuh"
 
 struct DecParams {
     const void *q;

@@ -2,7 +2,7 @@
  * shipped kernel instances (BwdOpts' defaults) by head dim, mask and dtype;
  * the host side of an instance is bwd_sm90_launch.cuh, the kernel
  * bwd_sm90.cuh. */
-#include "bwd_sm90_launch.cuh"
+#include "../bwd/bwd_sm90_launch.cuh"
 
 template <int D>
 static fattn_status bwd_run_d(fattn_ctx *ctx, const fattn_bwd_args *a, bool causal, bool bf16) {
