@@ -38,7 +38,7 @@ struct fattn_cuda_state {
     cuda_owned_ws dec; /* the decoding forward's split partials (cuda_decode_workspace) */
 };
 
-/* The split forward's workspace (perf-notes v30): at least `bytes` of slots
+/* The split forward's workspace (v30): at least `bytes` of slots
  * and CUDA_SPLIT_COUNTERS counters that are zero between launches, made or
  * grown (at least doubled) on first need and zeroed in ctx->stream's order;
  * an outgrown one is kept until the context is freed, since a graph captured

@@ -45,7 +45,7 @@
  * while it computes.  A persistent kernel that keeps the next tiles in
  * flight by cp.async was written and ran bitwise-correct with one tile per
  * CTA, but had not run with several when it left the file (git history:
- * bebe204; perf-notes q1). */
+ * bebe204; q1). */
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>

@@ -44,7 +44,7 @@ struct BwdSeq {
  * instance is BwdCfg<BwdOpts{.d = 128, .causal = true}>, options left out
  * take the defaults, which are the shipped kernels (bwd_sm90.cu); the others
  * are experiments for bench/bwd_variants.cu.  Options that lost are in git
- * history with their measurements (perf-notes b3, b7, b9): the next S^T
+ * history with their measurements (b3, b7, b9): the next S^T
  * prefetched under dQ, the pingpong token, dV + dK before the barrier, two
  * partial dQ tiles at d64, generic LSE/D loads, 4-byte dS^T stores, the
  * lagged dQ (b10). */

@@ -6,7 +6,7 @@
  *     next first QK^T, so the next tile's first loads go first);
  *   the empty tile (no key in sight): O = 0, LSE = -inf;
  *   SPLIT: a piece's partial (O, max, sum) to the workspace, and the merge of
- *     a tile's pieces by the warp that finishes last (perf-notes v30, v36). */
+ *     a tile's pieces by the warp that finishes last (v30, v36). */
 #pragma once
 #include "../../common/ptx.cuh"
 #include "fwd_softmax.cuh"
@@ -217,7 +217,7 @@ struct FwdEpilogue {
             if (lane == 0) *cnt = 0u; /* zero for the next launch */
             /* every piece, this one too, is merged from the workspace in
              * worker order, so the result does not depend on which piece
-             * finished last: identical calls give identical bits (run 84) */
+             * finished last: identical calls give identical bits (v36) */
             float mm[2] = {-INFINITY, -INFINITY};
             l[0] = l[1] = 0.f;
 #pragma unroll

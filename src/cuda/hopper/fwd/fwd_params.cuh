@@ -31,7 +31,7 @@ struct FwdFp8 {
     int k_shift, v_shift;
 };
 
-/* SPLIT (perf-notes v30): the kernel's second parameter block, only in the
+/* SPLIT (v30): the kernel's second parameter block, only in the
  * instances with SPLIT (with these tables in FwdParams every kernel's
  * key-block loop changed, d128 811 -> 817 SASS instructions).  Workers are
  * CTAs, or CTA pairs with a cluster; work tiles are tiles, or pairs of tiles.  Each worker runs its first `waves` items

@@ -1,5 +1,6 @@
 /* fwd_sm90_dispatch.cu - the forward's kernel choice (the tile-size function)
- * and its entry point.  Each choice's measurements: docs/perf-notes.md. */
+ * and its entry point.  Each choice's tag (v26, f4) names its measurement
+ * in docs/perf-notes.md. */
 #include <cuda_runtime.h>
 
 #include "fwd_sm90_dispatch.h"
@@ -10,8 +11,7 @@ fwd_kernel fwd_sm90_pick(const fattn_problem *pr, const fwd_variant &v) {
         switch (pr->head_dim) {
         case 64: return v.causal ? FWD_FP8_D64_CAUSAL : FWD_FP8_D64;
         /* BN 192 with one K and one V scale per key block: +13% non-causal,
-         * +5% causal over BN 128 (run 142, perf-notes f4); BN 192 over
-         * 128-key scale blocks (three column groups) was -11% (run 138) */
+         * +5% causal over BN 128 (f4); with 128-key scale blocks it lost 11% (f2) */
         case 128:
             if (v.fp8_kv192) return v.causal ? FWD_FP8_D128_192_CAUSAL : FWD_FP8_D128_192;
             return v.causal ? FWD_FP8_D128_CAUSAL : FWD_FP8_D128;
@@ -21,16 +21,16 @@ fwd_kernel fwd_sm90_pick(const fattn_problem *pr, const fwd_variant &v) {
     switch (pr->head_dim) {
     case 64:
         /* 3 warpgroups (192-row tiles) with OTMA 2 win from seqlen_k 512
-         * (runs 53, 100: v43b); below, 2 warpgroups waste less diagonal */
+         * (v43b); below, 2 warpgroups waste less diagonal */
         if (v.causal) return sk >= 512 ? FWD_D64_CAUSAL : FWD_D64_CAUSAL_2WG;
         return FWD_D64;
     case 128:
         /* BN 176 from seqlen_k 8192: +2.7% at 4096 for BN 128 with QREG 2,
-         * -1.5% at 16384 (runs 61, 63: v26) */
+         * -1.5% at 16384 (v26) */
         if (v.causal) return sk >= 8192 ? FWD_D128_CAUSAL_176 : FWD_D128_CAUSAL;
         /* the key block whose padded keys cost least: per key, BN 160 costs
-         * 2.8% more than BN 176 and BN 192 the same (runs 106-107: v46,
-         * v47); ties go to BN 176; the ablation keeps BN 176 */
+         * 2.8% more than BN 176 and BN 192 the same (v46, v47); ties go
+         * to BN 176; the ablation keeps BN 176 */
         if (v.full_design()) {
             const double k160 = 1.028 * (double)((sk + 159) / 160 * 160);
             const double k176 = (double)((sk + 175) / 176 * 176), k192 = (double)((sk + 191) / 192 * 192);

@@ -1,7 +1,8 @@
 /* fwd_sm90_kernels.cuh - the options of each shipped forward kernel, and how a
  * call runs one: in its dtype, and for the non-causal kernels with the
  * ablation's variants (bf16 only) when fattn_ctx_set_option turned a
- * technique off.  The measurements behind each choice: docs/perf-notes.md. */
+ * technique off.  Each choice's tag (v22, f2) names its measurement in
+ * docs/perf-notes.md. */
 #pragma once
 #include "fwd_sm90_launch.cuh"
 
@@ -21,7 +22,7 @@ constexpr FwdOpts fwd_kernel_opts(fwd_kernel k) {
     case FWD_D128_CAUSAL: /* QEARLY +1-1.5% at 1024-2048 (v17), QREG 2 (v26), OTMA 2 (v43b) */
         o.causal = true, o.qearly = true, o.sleep = true, o.qreg = 2, o.otma = 2;
         break;
-    case FWD_D128_CAUSAL_176: /* SITOUT: ptxas's shorter loop, +1.5-2.1% (run 48) */
+    case FWD_D128_CAUSAL_176: /* SITOUT: ptxas's shorter loop, +1.5-2.1% (v22) */
         o.bn = 176, o.causal = true, o.sleep = true, o.sitout = 1;
         break;
     case FWD_D128_160: /* BN 160 stores O by TMA (v46-v47) */
@@ -42,17 +43,16 @@ constexpr FwdOpts fwd_kernel_opts(fwd_kernel k) {
     case FWD_D256:
         o.d = 256, o.bn = 80, o.split = true;
         break;
-    /* d64: 3 consumer warpgroups (192 x 128) +17-30% over 2 (runs 136-138,
-     * perf-notes f2) */
+    /* d64: 3 consumer warpgroups (192 x 128) +17-30% over 2 (f2) */
     case FWD_FP8_D64_CAUSAL: o.d = 64, o.nc = 3, o.causal = true, o.fp8 = true; break;
     case FWD_FP8_D64: o.d = 64, o.nc = 3, o.fp8 = true; break;
     case FWD_FP8_D128_CAUSAL: o.causal = true, o.fp8 = true; break;
     case FWD_FP8_D128: o.fp8 = true; break;
-    /* one K and V scale per 192-key block (run 142) */
+    /* one K and V scale per 192-key block (f4) */
     case FWD_FP8_D128_192_CAUSAL: o.bn = 192, o.causal = true, o.fp8 = true, o.kvblk = true; break;
     case FWD_FP8_D128_192: o.bn = 192, o.fp8 = true, o.kvblk = true; break;
     /* d256: BN 128 is 12-17% faster but spills in its loop (13 instructions:
-     * 232 registers, 128 of O and 64 of S; perf-notes f2) */
+     * 232 registers, 128 of O and 64 of S; f2) */
     case FWD_FP8_D256_CAUSAL: o.d = 256, o.bn = 64, o.causal = true, o.fp8 = true; break;
     case FWD_FP8_D256: o.d = 256, o.bn = 64, o.fp8 = true; break;
     case FWD_KERNEL_COUNT_: break;

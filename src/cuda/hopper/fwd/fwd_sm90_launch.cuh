@@ -29,22 +29,21 @@ auto fwd_sm90_kernel_of() {
     else return fwd_sm90_kernel<C>;
 }
 
-/* SPLIT (perf-notes v30): the work tiles that do not fill the last wave of
+/* SPLIT (v30): the work tiles that do not fill the last wave of
  * W workers are split along the keys, so that every worker gets the same
  * number of key blocks; with fewer tiles than workers, all of them (pieces
  * of at least SPLIT_MIN_BLOCKS).  Only where that shortens the run by
  * SPLIT_MIN_GAIN key blocks (a piece's own prologue, epilogue and workspace
- * traffic cost about a block or two each, more at d256: run 69 lost 1.2% at
- * d128 1024 with a gain of 2 blocks, 3.8% at d256 1024 with 3; d128 from 4
- * since v31) and by 0.5% of the run.  *split false: the caller runs the
- * instance without SPLIT. */
+ * traffic cost about a block or two each, more at d256: gains of 2-3 blocks
+ * lost 1.2-3.8% at 1024, v38; d128 from 4 since v31) and by 0.5% of the
+ * run.  *split false: the caller runs the instance without SPLIT. */
 template <class C>
 fattn_status fwd_split_plan(fattn_ctx *ctx, const fwd_variant &v, const fattn_problem *pr, int num_tiles, int max_ctas,
                             FwdSplit *sp, int *grid, bool *split) {
     constexpr int SPLIT_MIN_BLOCKS = 4;
     /* d128: 4 since its split instance's loop got shorter (v31): +1.2 /
      * +2.1% at 1536 / 2048 with gains of 4 / 5 blocks, +0.3% at 1024 with
-     * 2 (run 77, perf-notes v33) */
+     * 2 (v33) */
     const int SPLIT_MIN_GAIN = C::D > 128 ? 10 : C::D == 128 ? 4 : 6;
     *split = false;
     const int nb = (pr->seqlen_k + C::BN - 1) / C::BN;
@@ -175,10 +174,10 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, const
          *   to 0.68x cuDNN with 2-head groups);
          * - a remainder smaller than the two-waves minimum joins the last
          *   group (up to twice the size) instead of running its longest
-         *   tiles alone at the end (v41, v42: d128 causal 1024 +2.5% in
-         *   run 96; d256 causal 8192, 5 + 5 + 5 + 1 heads before, 1.04x ->
-         *   1.10x cuDNN in compare.py, run 98).
-         * Not taken (v42, runs 95-98): all pairs in one group.  It won 3-20%
+         *   tiles alone at the end (v41, v42: d128 causal 1024 +2.5%;
+         *   d256 causal 8192, 5 + 5 + 5 + 1 heads before, 1.04x -> 1.10x
+         *   cuDNN in compare.py).
+         * Not taken (v42): all pairs in one group.  It won 3-20%
          * in fwd_variants' short A/Bs, but under compare.py's sustained load
          * its extra DRAM reads take power and the power limit the clock:
          * d128 causal 4096 -5%, d64 8192 -4%, and with 16 pairs or fewer

@@ -136,7 +136,7 @@ struct FwdCfg {
     static constexpr int REGS_PRODUCER = O.preg ? O.preg : FP8 ? 40 : PRODUCER_24 ? 24 : 32;
     static constexpr int REGS_CONSUMER = NC == 2 ? (REGS_PRODUCER == 24 ? 240 : 232) : FP8 ? 152 : 160;
     /* setmaxnreg.inc waits until the CTA's pool has the registers: the split
-     * must fit in the launch's allocation, or the consumers hang (run 11) */
+     * must fit in the launch's allocation, or the consumers hang (v6) */
     static_assert(REGS_PRODUCER * 128 + REGS_CONSUMER * 128 * NC <= 65536 / (128 * (NC + 1)) / 8 * 8 * 128 * (NC + 1),
                   "register split exceeds the launch allocation");
     static_assert(D % 64 == 0 && BN % 16 == 0 && BN <= 256 && D <= 256, "tile shape");

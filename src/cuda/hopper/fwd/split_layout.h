@@ -1,4 +1,4 @@
-/* split_layout.h - where the split forward (FwdCfg SPLIT, perf-notes v30) puts
+/* split_layout.h - where the split forward (FwdCfg SPLIT, v30) puts
  * each worker's key blocks.  Plain C, so the CPU tests check it
  * (tests/test_split_layout.c) without a GPU. */
 #ifndef FATTN_SPLIT_LAYOUT_H
