@@ -25,7 +25,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "../src/cuda/hopper/bwd_sm90_launch.cuh"
+#include "../src/cuda/hopper/bwd/bwd_sm90_launch.cuh"
 #include "bench_cuda.h"
 #include "fattn.h"
 

@@ -21,7 +21,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "../src/cuda/hopper/fwd_sm90_kernels.cuh"
+#include "../src/cuda/hopper/fwd/fwd_sm90_kernels.cuh"
 #include "bench_cuda.h"
 #include "fattn.h"
 

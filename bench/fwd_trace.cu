@@ -6,7 +6,7 @@
  *        -DFATTN_FWD_TRACE=5 bench/fwd_trace.cu build-bench/libfattn.a -cudart static -o build-bench/fwd_trace
  * Prints, per traced kernel, lines "wg clock event" for thread 0 of each
  * warpgroup of CTA FATTN_FWD_TRACE (events: the FWD_TRACE points in
- * src/cuda/hopper/fwd_producer.cuh and fwd_mainloop.cuh, listed in
+ * src/cuda/hopper/fwd/fwd_producer.cuh and fwd_mainloop.cuh, listed in
  * bench/fwd_trace.py, which summarises them). */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../src/cuda/hopper/fwd_sm90_kernels.cuh"
+#include "../src/cuda/hopper/fwd/fwd_sm90_kernels.cuh"
 #include "fattn.h"
 
 /* The traced instances must be types of their own: FwdCfg<O> is also

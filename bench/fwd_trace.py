@@ -1,6 +1,6 @@
 """Summarise bench/fwd_trace output: where a CTA's time goes per tile.
 
-Events (thread 0 of a warpgroup, FWD_TRACE in src/cuda/hopper/fwd_mainloop.cuh
+Events (thread 0 of a warpgroup, FWD_TRACE in src/cuda/hopper/fwd/fwd_mainloop.cuh
 and fwd_producer.cuh): consumer 1 tile start (Q and index), 2 data ready,
 3/4/8 slot start (holds the pingpong token: QK only / QK+PV / PV only), 5 S
 ready, 6 softmax done, 7 PV done; producer 20 tile, 21 K stage free, 22 Q

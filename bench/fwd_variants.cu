@@ -28,7 +28,7 @@
 #include <array>
 #include <utility>
 
-#include "../src/cuda/hopper/fwd_sm90_kernels.cuh"
+#include "../src/cuda/hopper/fwd/fwd_sm90_kernels.cuh"
 #include "fattn.h"
 
 typedef fattn_status (*run_fn)(fattn_ctx *, const fattn_fwd_args *, const fwd_variant &);

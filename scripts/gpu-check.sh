@@ -32,7 +32,7 @@ step "resources (ptxas) and SASS"
 rm -f "$LOG/ptxas.txt"
 {
   # every kernel file, in parallel (one nvcc per core), each file's lines kept together
-  ls src/cuda/*.cu src/cuda/hopper/*.cu | xargs -P "$(nproc)" -I{} sh -c \
+  find src/cuda -name "*.cu" | sort | xargs -P "$(nproc)" -I{} sh -c \
     'nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++20 -O3 --use_fast_math -DFATTN_WITH_CUDA=1 -Iinclude -Isrc \
        -Isrc/cuda -Xptxas=-v,--warn-on-spills -c {} -o /dev/null >/tmp/ptxas.$$.txt 2>&1;
      { echo "--- {}"; grep -E "Used|spill|warn|C75|error" /tmp/ptxas.$$.txt; } > "$0/ptxas.$(basename {}).part"; rm -f /tmp/ptxas.$$.txt' "$LOG"

@@ -116,7 +116,7 @@
 #include <unistd.h>
 
 #include "common/testutil.h"
-#include "cpu/half.h"
+#include "common/half.h"
 #include "fattn.h"
 
 #define DEFAULT_CASES 10000

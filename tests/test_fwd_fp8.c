@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "common/testutil.h"
-#include "cpu/half.h"
+#include "common/half.h"
 #include "fattn.h"
 
 typedef struct fcase {

@@ -12,7 +12,7 @@
 
 #include "common/testutil.h"
 #include "fattn.h"
-#include "cpu/fp8_internal.h"
+#include "common/fp8.h"
 
 static int g_fail = 0;
 

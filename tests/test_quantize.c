@@ -15,8 +15,8 @@
 
 #include "common/testutil.h"
 #include "fattn.h"
-#include "cpu/fp8_internal.h"
-#include "cpu/half.h"
+#include "common/fp8.h"
+#include "common/half.h"
 
 static int g_fail = 0;
 

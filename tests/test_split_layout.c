@@ -1,4 +1,4 @@
-/* test_split_layout.c - the split forward's tail layout (src/cuda/hopper/
+/* test_split_layout.c - the split forward's tail layout (src/cuda/hopper/fwd/
  * split_layout.h, perf-notes v30), checked exhaustively on small cases and on
  * the shapes the benchmarks split: every key block of every tail tile is in
  * exactly one worker's piece, a worker has one or two pieces, each inside one
@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "common/testutil.h"
-#include "cuda/hopper/split_layout.h"
+#include "cuda/hopper/fwd/split_layout.h"
 
 #define MAXW 160
 

@@ -38,7 +38,7 @@
 #include <unistd.h>
 
 #include "commands.h"
-#include "cpu/half.h"
+#include "common/half.h"
 #include "tool.h"
 
 static const char *ACC_HELP =

@@ -11,7 +11,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
-#include "cpu/half.h"
+#include "common/half.h"
 
 #ifdef FATTN_WITH_CUDA
 #include <cuda_runtime.h>

@@ -5,7 +5,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "cpu/half.h"
+#include "common/half.h"
 #include "fattn.h"
 
 /* Dequantisation table of the 256 e4m3 codes (scale not applied). */

@@ -8,7 +8,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "cpu/half.h"
+#include "common/half.h"
 #include "cpu/threads.h"
 #include "internal.h"
 

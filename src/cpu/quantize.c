@@ -13,8 +13,8 @@
 #include <stdlib.h>
 
 #include "internal.h"
-#include "cpu/fp8_internal.h"
-#include "cpu/half.h"
+#include "common/fp8.h"
+#include "common/half.h"
 #include "cpu/threads.h"
 
 typedef struct quant_job {

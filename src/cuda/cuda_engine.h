@@ -38,7 +38,7 @@ struct fattn_cuda_state {
     cuda_owned_ws dec; /* the decoding forward's split partials (cuda_decode_workspace) */
 };
 
-/* The split forward's workspace (perf-notes v30): at least `bytes` of slots
+/* The split forward's workspace (v30): at least `bytes` of slots
  * and CUDA_SPLIT_COUNTERS counters that are zero between launches, made or
  * grown (at least doubled) on first need and zeroed in ctx->stream's order;
  * an outgrown one is kept until the context is freed, since a graph captured
@@ -69,7 +69,7 @@ fattn_status cuda_merge_workspace_done(fattn_ctx *ctx);
  * (the caller then runs one split); context.cu. */
 fattn_status cuda_decode_workspace(fattn_ctx *ctx, size_t bytes, void **ws);
 fattn_status cuda_decode_workspace_done(fattn_ctx *ctx);
-/* Hopper 16-bit backward (hopper/bwd_sm90.cu). */
+/* Hopper 16-bit backward (hopper/instances/bwd_sm90.cu). */
 fattn_status bwd_sm90_launch(fattn_ctx *ctx, const fattn_bwd_args *a);
 
 /* Make `device` the current device; *prev receives the device to give back to
@@ -115,4 +115,4 @@ struct cuda_fwd_options {
  * options fattn_cuda_fwd read. */
 fattn_status fwd_sm90_launch(fattn_ctx *ctx, const fattn_fwd_args *a, const cuda_fwd_options *opt);
 
-/* its kernel choice and variants: hopper/fwd_sm90_dispatch.h */
+/* its kernel choice and variants: hopper/fwd/fwd_sm90_dispatch.h */

@@ -8,16 +8,16 @@
 #include <stdio.h>
 
 #include "cuda_engine.h"
-#include "hopper/fwd_sm90_dispatch.h"
+#include "hopper/fwd/fwd_sm90_dispatch.h"
 
 /* ---- limits ------------------------------------------------------------------ */
 
-/* What the Hopper forward serves (src/cuda/hopper/fwd_sm90_*hdim*.cu). */
+/* What the Hopper forward serves (src/cuda/hopper/instances/fwd_sm90_*hdim*.cu). */
 static const int fwd_head_dims[] = {64, 128, 256};
 static const fattn_dtype fwd_dtypes[] = {FATTN_DTYPE_BF16, FATTN_DTYPE_F16, FATTN_DTYPE_E4M3};
 /* FP8: K's scale blocks are 1 (per key) or multiples of this, V's multiples
  * of it; every FP8 kernel's key block divides it, or is split into column
- * groups that do (FwdCfg::SG, src/cuda/hopper/fwd_traits.cuh).  Head dim 128
+ * groups that do (FwdCfg::SG, src/cuda/hopper/fwd/fwd_traits.cuh).  Head dim 128
  * also takes K and V blocks that are both multiples of the _D128 unit: its
  * 192-key kernels, one K and one V scale per key block. */
 #define FWD_FP8_SCALE_UNIT 128
@@ -131,7 +131,7 @@ extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_arg
     return FATTN_OK;
 }
 
-/* What the Hopper backward serves (src/cuda/hopper/bwd_sm90.cu). */
+/* What the Hopper backward serves (src/cuda/hopper/instances/bwd_sm90.cu). */
 static const int bwd_head_dims[] = {64, 128, 256};
 
 extern "C" fattn_status fattn_cuda_bwd_check(fattn_ctx *ctx, const fattn_bwd_args *a) {

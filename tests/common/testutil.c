@@ -6,7 +6,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "cpu/half.h"
+#include "common/half.h"
 
 int tu_failures = 0;
 

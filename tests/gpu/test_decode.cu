@@ -1,4 +1,4 @@
-/* test_decode.cu - the CUDA decoding path (src/cuda/hopper/fwd_decode.cu:
+/* test_decode.cu - the CUDA decoding path (src/cuda/hopper/decode/fwd_decode.cu:
  * seqlen_q <= 16 with the GQA group packed into one tile, split keys,
  * seqused_k, paged K/V) against the FP64 oracle.
  *

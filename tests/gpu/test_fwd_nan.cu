@@ -13,7 +13,7 @@
  * reach) to the worst-row tolerance of gpu_check_fwd (bf16 1.6e-2, f16
  * 3.9e-3), LSE to 1e-3.
  *
- * What the kernel does, from its source (src/cuda/hopper/fwd_softmax.cuh,
+ * What the kernel does, from its source (src/cuda/hopper/fwd/fwd_softmax.cuh,
  * fwd_mainloop.cuh, fwd_epilogue.cuh):
  *   - the row max uses fmaxf, which skips NaN: a row of NaN scores keeps max
  *     -inf, its offset is 0, exp2(NaN) = NaN enters P and the row sum, and

@@ -1,4 +1,4 @@
-/* test_kv_append.cu - fattn_kv_append on a CUDA context (src/cuda/kv_append.cu)
+/* test_kv_append.cu - fattn_kv_append on a CUDA context (src/cuda/ops/kv_append.cu)
  * against the CPU engine's fattn_kv_append on host copies of the same bytes:
  *   - contiguous caches and page pools (pages of 1, 16, 64 rows, shuffled,
  *     garbage in the table entries no new row lands in), f32 / f16 / bf16,

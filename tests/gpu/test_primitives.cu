@@ -27,7 +27,7 @@
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/wgmma_e4m3.cuh"
 #include "cuda/common/wgmma_tnsp.cuh"
-#include "cpu/half.h"
+#include "common/half.h"
 
 
 enum { M = 64, N = 128, KD = 128, A_ROWS = 50 /* < M: rows 50..63 are out of bounds */ };

@@ -1,6 +1,6 @@
 /* test_quantize.cu - fattn_quantize on a CUDA context against the CPU
  * engine's fattn_quantize on the same input: codes and scales must be the
- * same bits (src/cuda/quantize.cu says why they can be: the same
+ * same bits (src/cuda/ops/quantize.cu says why they can be: the same
  * butterflies, IEEE division, no flush to zero).
  *   - f32, f16, bf16 inputs; head dims 64, 128, 256 with and without
  *     rotation (two seeds), 8, 24, 32, 40, 512 without, 1 .. 32 with;
@@ -39,7 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu/half.h"
+#include "common/half.h"
 #include "fattn.h"
 #include "gpu/gpu_testutil.h"
 

@@ -98,7 +98,7 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
  * depends on x.  ptxas schedules within a block and moves a
  * wgmma.wait_group freely above math it does not depend on, so without a
  * block boundary it hoisted the wait for the PV GEMM above the softmax meant
- * to run under it (perf-notes v8).  x is a float result; 0xFFFFFFFF is a
+ * to run under it (v8).  x is a float result; 0xFFFFFFFF is a
  * NaN pattern GPU arithmetic never produces (its NaN is 0x7FFFFFFF), and the
  * branch, were it ever taken, only sleeps 0 ns. */
 __device__ __forceinline__ void sched_fence(uint32_t x) {
@@ -152,7 +152,7 @@ __device__ __forceinline__ void mbar_arrive(uint64_t *bar) { (void)ptx::mbarrier
  * TRYWAIT, NANOSLEEP.SYNCS (the warp sleeps until an mbarrier of the CTA
  * completes a phase, or the time runs out) and a re-check.  Without the hint
  * the wait is a loop of TRYWAIT and a branch that keeps issuing while it
- * waits.  Which is faster depends on the kernel (perf-notes v16, v20): the
+ * waits.  Which is faster depends on the kernel (v16, v20): the
  * loop is the default, the forward kernels choose per instance (FwdCfg SLEEP). */
 constexpr uint32_t MBAR_SUSPEND_NS = 0x989680u;
 template <bool SLEEP = false> __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {

@@ -1,0 +1,384 @@
+/* fwd_decode.cuh - the Hopper forward for decoding: few query rows against a
+ * long KV cache, at the memory-bandwidth limit.
+ *   - the query heads of a GQA group and their seqlen_q <= 16 queries are one
+ *     tile of ROWS = group * seqlen_q <= 64 rows (row r: query r / group, head
+ *     hk * group + r % group), so each kv head's K and V are read once;
+ *   - one CTA per (key split, kv head, batch): a producer warp streams the
+ *     split's key blocks (BN keys of K and V) into a ring of STAGES by TMA,
+ *     from a contiguous cache or page by page from a paged one (block
+ *     table), through the engine's tensor maps and mbarrier helpers;
+ *   - four consumer warps, WM of them along the rows (16 each) times WN along
+ *     each block's keys, mma.sync m16n8k16 (wgmma's 64-row minimum would pad
+ *     4-16 rows to 64 on every block), the online softmax per warp, and the
+ *     warps' (max, sum, O) merged through shared memory at the end;
+ *   - with more than one split each CTA writes its normalised partial O and
+ *     LSE (fp32) to the context's workspace and fwd_decode_combine merges
+ *     them, as fattn_merge does.
+ * Keys past a sequence's length (seqused_k, or the block's tail) are masked
+ * in S, and their V rows zeroed in shared memory before the PV product, so
+ * whatever the cache holds there (NaN included) cannot reach O. */
+#pragma once
+#include <math.h>
+#include <stdint.h>
+
+#include "../../common/ptx.cuh"
+
+struct DecParams {
+    const void *q;
+    int64_t q_sb, q_ss, q_sh; /* elements */
+    void *o;
+    int64_t o_sb, o_ss, o_sh;
+    float *lse;
+    int batch, heads_q, heads_kv, group, seqlen_q, seqlen_k, rows; /* rows = group * seqlen_q */
+    int causal;
+    const int32_t *seqused_k;   /* NULL: seqlen_k keys */
+    const int32_t *block_table; /* NULL: contiguous K, V */
+    int page_size, page_shift, max_pages, num_pages;
+    int splits, blocks_per_split;
+    float *ws_o, *ws_lse; /* splits > 1: [split][batch][kv head][rows] x D, and x 1 */
+    float softmax_scale, scale_log2;
+};
+
+template <int D_, int WM_, bool BF16_, bool PAGED_>
+struct DecCfg {
+    static constexpr int D = D_, WM = WM_, WN = 4 / WM_, BN = 64;
+    static constexpr bool BF16 = BF16_, PAGED = PAGED_;
+    static constexpr int KW = BN / WN; /* keys of a block per warp: 16, 32, 64 */
+    static constexpr int NT = KW / 8;  /* S n-tiles per warp */
+    static constexpr int SLABS = D / 64;
+    static constexpr int TILE_BYTES = BN * D * 2; /* K or V block: SLABS slabs of BN rows x 128 bytes */
+    /* D <= 128: two CTAs per SM (96 KB each); d256: one, 3 x 64 KB */
+    static constexpr int STAGES = D == 256 ? 3 : D == 128 ? 3 : 6;
+    static constexpr int OFF_BAR = STAGES * 2 * TILE_BYTES;
+    static constexpr int OFF_ML = OFF_BAR + 2 * STAGES * 8;    /* per warp: max, sum of its 16 rows */
+    static constexpr int SMEM_BYTES = OFF_ML + 4 * 16 * 2 * 4 + 1024; /* + alignment slack */
+    static constexpr int THREADS = 160; /* warps 0-3 consumers, warp 4 the producer */
+    static_assert(4 * 16 * D * 4 <= 2 * TILE_BYTES, "the merge's O scratch fits in stage 0");
+};
+
+/* keys sequence b attends to */
+__device__ __forceinline__ int dec_len_k(const DecParams &p, int b) {
+    int len = p.seqlen_k;
+    if (p.seqused_k) len = min(len, max(p.seqused_k[b], 0));
+    return len;
+}
+
+/* byte offset of (row, 16-byte chunk ch of the 64 columns of slab c) in a
+ * TMA tile of R rows with the 128-byte swizzle */
+template <int R>
+__device__ __forceinline__ uint32_t dec_sw(int row, int col) {
+    return (uint32_t)((col >> 6) * R * 128 + row * 128 + ((((col & 63) >> 3) ^ (row & 7)) << 4));
+}
+
+template <class C>
+__device__ __forceinline__ void dec_load_block(const DecParams &p, const CUtensorMap *tm_k, const CUtensorMap *tm_v,
+                                               uint8_t *kst, uint8_t *vst, uint64_t *bar, int n, int hk, int b,
+                                               int len) {
+    if constexpr (C::PAGED) {
+        /* page_size >= BN (a multiple of it): the block is rows of one page;
+         * else BN / page_size whole pages.  A page past the keys used, or a
+         * table entry outside the pool, reads as zeros (TMA bounds). */
+        const int pb = p.page_size < C::BN ? p.page_size : C::BN;
+        for (int k0 = 0; k0 < C::BN; k0 += pb) {
+            const int key = n * C::BN + k0;
+            int pg = p.num_pages, row = 0;
+            if (key < len) {
+                pg = p.block_table[(int64_t)b * p.max_pages + (key >> p.page_shift)];
+                row = key & (p.page_size - 1);
+            }
+            for (int c = 0; c < C::SLABS; ++c) {
+                tma_load_4d(kst + c * C::BN * 128 + k0 * 128, tm_k, c * 64, row, hk, pg, bar);
+                tma_load_4d(vst + c * C::BN * 128 + k0 * 128, tm_v, c * 64, row, hk, pg, bar);
+            }
+        }
+    } else {
+        (void)len;
+        for (int c = 0; c < C::SLABS; ++c) {
+            tma_load_4d(kst + c * C::BN * 128, tm_k, c * 64, n * C::BN, hk, b, bar);
+            tma_load_4d(vst + c * C::BN * 128, tm_v, c * 64, n * C::BN, hk, b, bar);
+        }
+    }
+}
+
+template <class C>
+__global__ void __launch_bounds__(C::THREADS)
+    fwd_decode_kernel(const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
+                      const __grid_constant__ DecParams p) {
+    constexpr int D = C::D, BN = C::BN, STAGES = C::STAGES;
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint64_t *full = (uint64_t *)(sm + C::OFF_BAR), *empty = full + STAGES;
+    float *ml = (float *)(sm + C::OFF_ML);
+    const int split = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], 4);
+        }
+    }
+    __syncthreads();
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    const int len = dec_len_k(p, b);
+    const int nb = (len + BN - 1) / BN;
+    const int n_lo = split * p.blocks_per_split, n_hi = min(n_lo + p.blocks_per_split, nb);
+
+    if (warp == 4) {
+        if (lane == 0) {
+            tma_prefetch_desc(&tm_k);
+            tma_prefetch_desc(&tm_v);
+            for (int n = n_lo, it = 0; n < n_hi; ++n, ++it) {
+                const int s = it % STAGES;
+                if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
+                mbar_expect_tx_arrive(&full[s], 2 * C::TILE_BYTES);
+                dec_load_block<C>(p, &tm_k, &tm_v, sm + s * 2 * C::TILE_BYTES, sm + s * 2 * C::TILE_BYTES + C::TILE_BYTES,
+                                  &full[s], n, hk, b, len);
+            }
+        }
+        return;
+    }
+
+    const int wm = warp / C::WN, wn = warp % C::WN;
+    const int g = lane / 4, t = lane % 4;
+    const int r_lo = wm * 16 + g; /* rows r_lo and r_lo + 8 of the tile */
+    /* Q's A fragments for every k-step, straight from global memory (a few KB) */
+    uint32_t qf[D / 16][4];
+    {
+        const uint16_t *q = (const uint16_t *)p.q;
+        const uint16_t *qrow[2] = {nullptr, nullptr};
+        for (int h = 0; h < 2; ++h) {
+            const int r = r_lo + 8 * h;
+            if (r < p.rows) {
+                const int sq = r / p.group, j = r - sq * p.group;
+                qrow[h] = q + b * p.q_sb + (int64_t)sq * p.q_ss + (int64_t)(hk * p.group + j) * p.q_sh;
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const uint16_t *qr = qrow[e & 1];
+                const int col = kk * 16 + 2 * t + 8 * (e >> 1);
+                qf[kk][e] = qr ? *(const uint32_t *)(qr + col) : 0u;
+            }
+    }
+    float oacc[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.f;
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
+    /* the query index of rows r_lo, r_lo + 8, for the causal bound */
+    int qlast[2];
+    for (int h = 0; h < 2; ++h) {
+        const int r = min(r_lo + 8 * h, p.rows - 1);
+        /* key j is visible to query i iff j <= i + len - seqlen_q */
+        qlast[h] = p.causal ? r / p.group + len - p.seqlen_q : len - 1;
+        qlast[h] = min(qlast[h], len - 1);
+    }
+    const float sl2 = p.scale_log2;
+    const int kw0 = wn * C::KW; /* this warp's first key of each block */
+
+    for (int n = n_lo, it = 0; n < n_hi; ++n, ++it) {
+        const int s = it % STAGES;
+        mbar_wait(&full[s], (it / STAGES) & 1);
+        uint8_t *kst = sm + s * 2 * C::TILE_BYTES, *vst = kst + C::TILE_BYTES;
+        const uint32_t kbase = smem_u32(kst), vbase = smem_u32(vst);
+        /* S = Q K^T for this warp's KW keys */
+        float sacc[C::NT][4];
+#pragma unroll
+        for (int i = 0; i < C::NT; ++i) sacc[i][0] = sacc[i][1] = sacc[i][2] = sacc[i][3] = 0.f;
+        const int j8 = lane / 8, rr = lane % 8;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+            for (int np = 0; np < C::NT / 2; ++np) {
+                /* matrices: (keys +0, d +0), (keys +0, d +8), (keys +8, d +0), (keys +8, d +8) */
+                const int key = kw0 + np * 16 + (j8 >> 1) * 8 + rr, col = kk * 16 + (j8 & 1) * 8;
+                uint32_t bk[4];
+                ldsm_x4(bk, kbase + dec_sw<BN>(key, col));
+                mma_m16n8k16<C::BF16>(sacc[2 * np], qf[kk], bk[0], bk[1]);
+                mma_m16n8k16<C::BF16>(sacc[2 * np + 1], qf[kk], bk[2], bk[3]);
+            }
+        /* mask the keys past the sequence or the causal bound */
+        const int key0 = n * BN + kw0;
+        const bool tail = (n + 1) * BN > len;
+        if (tail || (p.causal && (n + 1) * BN - 1 > len - p.seqlen_q)) {
+#pragma unroll
+            for (int i = 0; i < C::NT; ++i)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = key0 + i * 8 + 2 * t + (e & 1);
+                    if (key > qlast[e >> 1]) sacc[i][e] = -INFINITY;
+                }
+        }
+        /* online softmax, rows r_lo (e 0, 1) and r_lo + 8 (e 2, 3) */
+        float alpha[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float bm = -INFINITY;
+#pragma unroll
+            for (int i = 0; i < C::NT; ++i) bm = fmaxf(bm, fmaxf(sacc[i][2 * h], sacc[i][2 * h + 1]));
+            bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, 1));
+            bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, 2));
+            const float mn = fmaxf(mrow[h], bm);
+            const float mu = mn == -INFINITY ? 0.f : mn * sl2;
+            alpha[h] = exp2f(mrow[h] * sl2 - mu); /* mrow -inf: 0 */
+            mrow[h] = mn;
+            float sum = 0.f;
+#pragma unroll
+            for (int i = 0; i < C::NT; ++i) {
+                sacc[i][2 * h] = exp2f(fmaf(sacc[i][2 * h], sl2, -mu));
+                sacc[i][2 * h + 1] = exp2f(fmaf(sacc[i][2 * h + 1], sl2, -mu));
+                sum += sacc[i][2 * h] + sacc[i][2 * h + 1];
+            }
+            lrow[h] = lrow[h] * alpha[h] + sum;
+        }
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+            oacc[i][0] *= alpha[0];
+            oacc[i][1] *= alpha[0];
+            oacc[i][2] *= alpha[1];
+            oacc[i][3] *= alpha[1];
+        }
+        /* V rows past the sequence: zeros, so that 0 x (whatever is there) = 0;
+         * the warps of the first row block cover every key once, and all four
+         * meet before reading (tail is the same for the whole CTA) */
+        if (tail) {
+            if (wm == 0 && key0 + C::KW > len)
+                for (int x = lane; x < C::KW * C::SLABS * 8; x += 32) {
+                    const int row = kw0 + x / (C::SLABS * 8), c = x % (C::SLABS * 8);
+                    if (n * BN + row >= len)
+                        *(uint4 *)(vst + (c / 8) * BN * 128 + row * 128 + (c % 8) * 16) = make_uint4(0, 0, 0, 0);
+                }
+            named_bar_sync(2, 128);
+        }
+        /* O += P V, P's fragments straight from S's accumulators */
+#pragma unroll
+        for (int ks = 0; ks < C::KW / 16; ++ks) {
+            uint32_t pa[4];
+            pa[0] = C::BF16 ? pack_bf16x2(sacc[2 * ks][0], sacc[2 * ks][1]) : pack_f16x2(sacc[2 * ks][0], sacc[2 * ks][1]);
+            pa[1] = C::BF16 ? pack_bf16x2(sacc[2 * ks][2], sacc[2 * ks][3]) : pack_f16x2(sacc[2 * ks][2], sacc[2 * ks][3]);
+            pa[2] = C::BF16 ? pack_bf16x2(sacc[2 * ks + 1][0], sacc[2 * ks + 1][1])
+                            : pack_f16x2(sacc[2 * ks + 1][0], sacc[2 * ks + 1][1]);
+            pa[3] = C::BF16 ? pack_bf16x2(sacc[2 * ks + 1][2], sacc[2 * ks + 1][3])
+                            : pack_f16x2(sacc[2 * ks + 1][2], sacc[2 * ks + 1][3]);
+#pragma unroll
+            for (int dp = 0; dp < D / 16; ++dp) {
+                /* matrices (keys +0, d +0), (keys +8, d +0), (keys +0, d +8), (keys +8, d +8), transposed */
+                const int key = kw0 + ks * 16 + (j8 & 1) * 8 + rr, col = dp * 16 + (j8 >> 1) * 8;
+                uint32_t bv[4];
+                ldsm_x4_trans(bv, vbase + dec_sw<BN>(key, col));
+                mma_m16n8k16<C::BF16>(oacc[2 * dp], pa, bv[0], bv[1]);
+                mma_m16n8k16<C::BF16>(oacc[2 * dp + 1], pa, bv[2], bv[3]);
+            }
+        }
+        /* the zeroing above was a generic-proxy write the next TMA load overwrites */
+        if (tail) fence_async_shared();
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[s]);
+    }
+
+    /* merge the WN warps of each row block through shared memory (stage 0,
+     * free once every consumer is past its last block) */
+    named_bar_sync(1, 128);
+    float *scr = (float *)sm;
+    for (int h = 0; h < 2; ++h) {
+        float l = lrow[h];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        if (t == 0) {
+            ml[(warp * 16 + g + 8 * h) * 2] = mrow[h];
+            ml[(warp * 16 + g + 8 * h) * 2 + 1] = l;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            *(float2 *)(scr + (warp * 16 + g + 8 * h) * D + i * 8 + 2 * t) = make_float2(oacc[i][2 * h], oacc[i][2 * h + 1]);
+    named_bar_sync(1, 128);
+    const int tid = threadIdx.x;
+    for (int idx = tid; idx < C::WM * 16 * (D / 4); idx += 128) {
+        const int row = idx / (D / 4), c4 = idx % (D / 4);
+        if (row >= p.rows) continue;
+        const int mt = row / 16, rw = row % 16;
+        float mm = -INFINITY;
+#pragma unroll
+        for (int x = 0; x < C::WN; ++x) mm = fmaxf(mm, ml[((mt * C::WN + x) * 16 + rw) * 2]);
+        float L = 0.f;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int x = 0; x < C::WN; ++x) {
+            const int w = mt * C::WN + x;
+            const float mx = ml[(w * 16 + rw) * 2];
+            const float wgt = mx == -INFINITY ? 0.f : exp2f((mx - mm) * sl2);
+            L += wgt * ml[(w * 16 + rw) * 2 + 1];
+            const float4 v = *(const float4 *)(scr + (w * 16 + rw) * D + 4 * c4);
+            acc.x += wgt * v.x, acc.y += wgt * v.y, acc.z += wgt * v.z, acc.w += wgt * v.w;
+        }
+        /* L == 0: the row saw no key (O 0, LSE -inf); NaN propagates */
+        const float inv = L == 0.f ? 0.f : 1.f / L;
+        const float lse = L == 0.f ? -INFINITY : mm * p.softmax_scale + logf(L);
+        acc.x *= inv, acc.y *= inv, acc.z *= inv, acc.w *= inv;
+        const int sq = row / p.group, h = hk * p.group + (row - sq * p.group);
+        if (p.splits > 1) {
+            const int64_t pr = (((int64_t)split * p.batch + b) * p.heads_kv + hk) * p.rows + row;
+            *(float4 *)(p.ws_o + pr * D + 4 * c4) = acc;
+            if (c4 == 0) p.ws_lse[pr] = lse;
+        } else {
+            uint16_t *o = (uint16_t *)p.o + b * p.o_sb + (int64_t)sq * p.o_ss + (int64_t)h * p.o_sh + 4 * c4;
+            const uint32_t lo = C::BF16 ? pack_bf16x2(acc.x, acc.y) : pack_f16x2(acc.x, acc.y);
+            const uint32_t hi = C::BF16 ? pack_bf16x2(acc.z, acc.w) : pack_f16x2(acc.z, acc.w);
+            ((uint32_t *)o)[0] = lo;
+            ((uint32_t *)o)[1] = hi;
+            if (c4 == 0 && p.lse) p.lse[((int64_t)b * p.heads_q + h) * p.seqlen_q + sq] = lse;
+        }
+    }
+}
+
+/* splits > 1: one warp per row merges the splits' partials (the
+ * log-sum-exp merge of fattn_merge), in split order, in fp32 */
+template <int D, bool BF16>
+__global__ void __launch_bounds__(128) fwd_decode_combine(const __grid_constant__ DecParams p) {
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    const int gw = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int nrow = p.batch * p.heads_kv * p.rows;
+    if (gw >= nrow) return;
+    const int row = gw % p.rows, bh = gw / p.rows, hk = bh % p.heads_kv, b = bh / p.heads_kv;
+    const int64_t sstride = (int64_t)p.batch * p.heads_kv * p.rows;
+    float mm = -INFINITY;
+    bool nan = false;
+    for (int i = 0; i < p.splits; ++i) {
+        const float l = p.ws_lse[i * sstride + gw];
+        nan = nan || l != l;
+        mm = fmaxf(mm, l);
+    }
+    constexpr int PER = D / 32;
+    float acc[PER];
+#pragma unroll
+    for (int j = 0; j < PER; ++j) acc[j] = 0.f;
+    float L = 0.f;
+    if (mm != -INFINITY && !nan) {
+        for (int i = 0; i < p.splits; ++i) {
+            const float l = p.ws_lse[i * sstride + gw];
+            if (l == -INFINITY) continue; /* a split that saw no key of this row: its O is not read */
+            const float w = __expf(l - mm);
+            L += w;
+            const float *src = p.ws_o + (i * sstride + gw) * D + lane * PER;
+#pragma unroll
+            for (int j = 0; j < PER; j += 2) {
+                const float2 v = *(const float2 *)(src + j);
+                acc[j] += w * v.x;
+                acc[j + 1] += w * v.y;
+            }
+        }
+    }
+    const float inv = nan ? NAN : L == 0.f ? 0.f : 1.f / L;
+    const float lse = nan ? NAN : L == 0.f ? -INFINITY : mm + logf(L);
+    const int sq = row / p.group, h = hk * p.group + (row - sq * p.group);
+    uint16_t *o = (uint16_t *)p.o + b * p.o_sb + (int64_t)sq * p.o_ss + (int64_t)h * p.o_sh + lane * PER;
+#pragma unroll
+    for (int j = 0; j < PER; j += 2)
+        ((uint32_t *)o)[j / 2] = BF16 ? pack_bf16x2(acc[j] * inv, acc[j + 1] * inv) : pack_f16x2(acc[j] * inv, acc[j + 1] * inv);
+    if (lane == 0 && p.lse) p.lse[((int64_t)b * p.heads_q + h) * p.seqlen_q + sq] = lse;
+}

@@ -1,0 +1,90 @@
+/* fwd_params.cuh - the forward kernel's runtime parameters (FwdParams, and
+ * FwdSplit for the instances that split the last wave along the keys), shared
+ * by the host launcher and the device roles, and the timeline probe. */
+#pragma once
+#include <stdint.h>
+#include <vector_types.h>
+
+struct FwdParams {
+    void *o;
+    float *lse;
+    int64_t o_sb, o_ss, o_sh; /* O strides, elements */
+    int o_wide;               /* O base 16-byte aligned, strides multiples of 8: 16-byte stores; 2: and OTMA's map of O */
+    int batch, heads_q, heads_kv, group; /* group = heads_q / heads_kv */
+    int seqlen_q, seqlen_k;
+    int causal_offset; /* seqlen_k - seqlen_q */
+    int num_m_blocks, num_tiles;
+    int head_group;  /* causal schedule: (batch, head) pairs per group ... */
+    int head_groups; /* ... and the number of groups; the last takes the rest */
+    unsigned *tile_counter; /* causal: [next tile - gridDim.x, CTAs done], zero between launches */
+    float softmax_scale, scale_log2;
+};
+
+/* FP8: the dequantisation scales [batch, heads, blocks] (fattn_tensor.scale),
+ * a kernel parameter of the FP8 instances only (in FwdParams it changed the
+ * 16-bit kernels' code); rows per scale q_block, k_block, v_block (K, V:
+ * multiples of 128; K with KCOL: 1) and their log2 where they are powers of
+ * two (-1 else: a division). */
+struct FwdFp8 {
+    const float *q_scale, *k_scale, *v_scale;
+    int q_block, q_nblocks, k_block, k_nblocks, v_block, v_nblocks;
+    int k_shift, v_shift;
+};
+
+/* SPLIT (v30): the kernel's second parameter block, only in the
+ * instances with SPLIT (with these tables in FwdParams every kernel's
+ * key-block loop changed, d128 811 -> 817 SASS instructions).  Workers are
+ * CTAs, or CTA pairs with a cluster; work tiles are tiles, or pairs of tiles.  Each worker runs its first `waves` items
+ * whole, in the static order; the work tiles from `first` on (those that do
+ * not fill a wave) are laid end to end as key blocks, and each worker w <
+ * `workers` takes an equal run of them: at most two pieces, the end of one
+ * tile and the start of the next.  The host lays this out in the tables, so
+ * the kernel divides nothing: ranges computed in the kernel (from the tile
+ * count, or with runtime divisions) moved the key-block loop's counters and
+ * descriptors off the uniform datapath, 817 -> 866-901 SASS instructions per
+ * block at d128. */
+#define FWD_SPLIT_MAX_WORKERS 160 /* H100 / H200 have 132 SMs */
+struct FwdSplit {
+    int waves, first, workers;
+    float4 *ws;      /* two slots per worker: partial O, row max, row sum (fragment order) */
+    unsigned *count; /* pieces done per tail tile, CTA of a pair, warpgroup and warp; zero between launches */
+    int tile[FWD_SPLIT_MAX_WORKERS];    /* worker w: work tile of its first piece */
+    int rng[2][FWD_SPLIT_MAX_WORKERS];  /* worker w: key blocks lo | hi << 16 of its pieces (0: none) */
+    int owners[FWD_SPLIT_MAX_WORKERS];  /* tail tile r: workers first | last << 16 of its pieces */
+};
+struct FwdNoSplit {};
+
+/* VARLEN (variable-length batches, cu_seqlens): the parameter after
+ * FwdParams of the varlen instances only (in FwdParams it would move every
+ * other kernel's parameter offsets); Q, K, V, O are packed [total, heads,
+ * dim] (batch 1 in the tensor maps), LSE [heads_q, total_q]. */
+struct FwdVarlen {
+    const int *cu_q, *cu_k;
+    const int *seqused_k; /* or NULL: sequence b's first seqused_k[b] keys only */
+    int total_q, total_k;
+};
+/* a tile's sequence: its first packed row of Q and of K, and its lengths
+ * (fixed-length instances: 0, 0, seqlen_q, seqlen_k) */
+struct FwdSeq {
+    int q0, k0, len_q, len_k;
+};
+
+/* Timeline probe for experiments (bench/fwd_trace.cu): compiled only with
+ * -DFATTN_FWD_TRACE=<cta>; thread 0 of each warpgroup of that CTA records
+ * (clock64 << 8 | event) at the points marked FWD_TRACE. */
+#ifdef FATTN_FWD_TRACE
+#define FWD_TRACE_N 4096
+__device__ unsigned long long fwd_trace_buf[4][FWD_TRACE_N];
+__device__ int fwd_trace_len[4];
+#define FWD_TRACE(code)                                                                                \
+    do {                                                                                               \
+        if (blockIdx.x == FATTN_FWD_TRACE && threadIdx.x % 128 == 0 && trace_n < FWD_TRACE_N)          \
+            fwd_trace_buf[threadIdx.x / 128][trace_n++] = ((unsigned long long)clock64() << 8) | (code); \
+    } while (0)
+#define FWD_TRACE_END() \
+    do { if (blockIdx.x == FATTN_FWD_TRACE && threadIdx.x % 128 == 0) fwd_trace_len[threadIdx.x / 128] = trace_n; } while (0)
+#else
+#define FWD_TRACE(code) do { } while (0)
+#define FWD_TRACE_END() do { } while (0)
+#endif
+

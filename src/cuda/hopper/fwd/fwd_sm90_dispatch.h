@@ -1,0 +1,64 @@
+/* fwd_sm90_dispatch.h - the Hopper forward's kernel choice: the shipped
+ * kernels by name, the options of a call (read once, at dispatch), and the
+ * tile-size function that maps a problem to a kernel. */
+#pragma once
+#include "../../cuda_engine.h"
+
+/* The call's dtype and mask, and its options (the paper's ablation knobs,
+ * split, PDL: cuda_fwd_options, read once by entry.cu). */
+struct fwd_variant : cuda_fwd_options {
+    bool bf16, causal; /* bf16: of the output (16-bit calls: of every tensor) */
+    bool fp8, kcol;    /* e4m3 inputs; one K scale per key */
+    bool fp8_kv192;    /* FP8: K and V scale blocks are multiples of 192 keys (and K's not per key) */
+    /* the full design: every fp16 call, and bf16 unless the ablation turned
+     * a technique off (the ablation's variants are bf16 only) */
+    bool full_design() const { return !bf16 || (overlap && pingpong && !under_pv); }
+};
+
+/* The shipped kernels (fwd_sm90_kernels.cuh gives each one's options). */
+enum fwd_kernel {
+    FWD_D64_CAUSAL,      /* 192 x 128, 3 consumer warpgroups: seqlen_k >= 512 */
+    FWD_D64_CAUSAL_2WG,  /* 128 x 128: shorter keys */
+    FWD_D64,             /* 192 x 128, non-causal */
+    FWD_D128_CAUSAL,     /* 128 x 128: seqlen_k < 8192 */
+    FWD_D128_CAUSAL_176, /* 128 x 176: longer keys */
+    FWD_D128_160,        /* non-causal: the key block whose padded keys cost least */
+    FWD_D128_176,
+    FWD_D128_192,
+    FWD_D256_CAUSAL,     /* 128 x 80 */
+    FWD_D256_PAIRED,     /* 128 x 80, CTA pairs share K/V (an even number of query blocks) */
+    FWD_D256,            /* 128 x 80, single CTAs */
+    FWD_FP8_D64_CAUSAL,  /* FP8 (e4m3 inputs): 192 x 128 (3 consumer warpgroups) */
+    FWD_FP8_D64,
+    FWD_FP8_D128_CAUSAL, /* 128 x 128 */
+    FWD_FP8_D128,
+    FWD_FP8_D128_192_CAUSAL, /* 128 x 192, where the K and V scale blocks are multiples of 192 */
+    FWD_FP8_D128_192,
+    FWD_FP8_D256_CAUSAL, /* 128 x 64 */
+    FWD_FP8_D256,
+    FWD_KERNEL_COUNT_    /* not a kernel: the number of them */
+};
+
+/* The tile-size function: which kernel serves this problem (head dim 64, 128
+ * or 256; checked by the caller). */
+fwd_kernel fwd_sm90_pick(const fattn_problem *pr, const fwd_variant &v);
+
+fattn_status fwd_sm90_hdim64(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v, fwd_kernel k);
+fattn_status fwd_sm90_hdim128(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v, fwd_kernel k);
+fattn_status fwd_sm90_hdim256(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v, fwd_kernel k);
+fattn_status fwd_sm90_fp8_hdim64(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v, fwd_kernel k);
+fattn_status fwd_sm90_fp8_hdim128(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v, fwd_kernel k);
+fattn_status fwd_sm90_fp8_hdim256(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v, fwd_kernel k);
+
+/* Decoding (fwd_decode.cu): seqlen_q <= FWD_DECODE_MAX_SEQLEN_Q queries whose
+ * GQA group packs into one tile of <= FWD_DECODE_MAX_ROWS rows (group x
+ * seqlen_q; half that at head dim 256), 16-bit, fixed-length batches; the only path for seqused_k and
+ * paged K/V on the CUDA engine. */
+#define FWD_DECODE_MAX_SEQLEN_Q 16
+#define FWD_DECODE_MAX_ROWS 64
+/* d256 with 64 rows spilled 96 bytes (4 row blocks: S of 64 keys beside O and Q) */
+inline int fwd_decode_max_rows(int head_dim) { return head_dim == 256 ? FWD_DECODE_MAX_ROWS / 2 : FWD_DECODE_MAX_ROWS; }
+bool fwd_decode_eligible(const fattn_fwd_args *a);
+/* Variable-length batches (cu_seqlens; fwd_sm90_varlen.cu): 16-bit. */
+fattn_status fwd_sm90_varlen(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v);
+fattn_status fwd_decode_launch(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v);
