@@ -32,12 +32,9 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const fcase *c) {
     const int tsk = varlen ? c->cuk[c->batch] : c->sk;
     const int dv = c->dv ? c->dv : c->d;
     int sq = c->sq, sk = c->sk;
-    if (varlen) { /* max over the batch */
-        sq = sk = 0;
-        for (int b = 0; b < c->batch; b++) {
-            if (c->cuq[b + 1] - c->cuq[b] > sq) sq = c->cuq[b + 1] - c->cuq[b];
-            if (c->cuk[b + 1] - c->cuk[b] > sk) sk = c->cuk[b + 1] - c->cuk[b];
-        }
+    if (varlen) { /* the longest sequence of the batch */
+        sq = tu_varlen_max(c->cuq, c->batch);
+        sk = tu_varlen_max(c->cuk, c->batch);
     }
     tu_tensor q, k, v, o;
     tu_tensor_alloc(&q, c->dt, tb, tsq, c->hq, c->d, c->layout, c->scale_block);

@@ -39,6 +39,13 @@ static uint64_t splitmix64(uint64_t *x) {
     return z ^ (z >> 31);
 }
 
+int tu_varlen_max(const int32_t *cu, int batch) {
+    int m = 0;
+    for (int b = 0; b < batch; b++)
+        if (cu[b + 1] - cu[b] > m) m = cu[b + 1] - cu[b];
+    return m;
+}
+
 int tu_seed(void) {
     const char *env = getenv("FATTN_TEST_SEED");
     int seed;

@@ -58,6 +58,9 @@ typedef struct tu_rng {
  * FATTN_TEST_SEED=N"). */
 #define TU_DEFAULT_SEED 20240527
 int tu_seed(void);
+
+/* The longest sequence of a varlen batch: max of cu[b + 1] - cu[b], b < batch. */
+int tu_varlen_max(const int32_t *cu, int batch);
 void tu_rng_init(tu_rng *r, uint64_t seed); /* splitmix64 -> xoshiro256** */
 uint64_t tu_rng_u64(tu_rng *r);
 double tu_rng_uniform(tu_rng *r); /* [0, 1) */
