@@ -51,15 +51,23 @@ static const variant variants[] = {
 #if BV_D == 64
     V("d64 shipped", .d = 64),
     V("d64 kreg 0", .d = 64, .kreg = 0),
+    V("d64 lagk", .d = 64, .lagk = true),
+    V("d64 lagk dkss", .d = 64, .lagk = true, .dkss = true),
     V("d64 sleep", .d = 64, .sleep = true),
     V("d64 causal shipped", .d = 64, .causal = true),
     V("d64 causal lpt 0", .d = 64, .causal = true, .lpt = 0),
+    V("d64 causal lagk", .d = 64, .causal = true, .lagk = true),
 #elif BV_D == 128
     V("d128 shipped", .d = 128),
     V("d128 sleep", .d = 128, .sleep = true),
     V("d128 psleep", .d = 128, .psleep = true),
+    V("d128 lagk", .d = 128, .lagk = true),
+    V("d128 lagk dkss", .d = 128, .lagk = true, .dkss = true),
+    V("d128 dkss", .d = 128, .dkss = true),
     V("d128 causal shipped", .d = 128, .causal = true),
     V("d128 causal lpt 0", .d = 128, .causal = true, .lpt = 0),
+    V("d128 causal lagk", .d = 128, .causal = true, .lagk = true),
+    V("d128 causal lagk dkss", .d = 128, .causal = true, .lagk = true, .dkss = true),
 #else
     V("d256 shipped", .d = 256),
     V("d256 causal shipped", .d = 256, .causal = true),
