@@ -89,7 +89,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdSmem<C> &sm, const BwdPara
     using WD = wgmma_op<D, C::BF16>;  /* dV, dK: m64 nD, B MN-major */
     using WS = wgmma_op<64, C::BF16>; /* S^T, dP^T with K_w, V_w in registers (KREG) */
     using WQ = wgmma_tnsp<DQ_N, C::BF16>; /* dQ: A and B MN-major */
-    using WT = wgmma_tnsp<D, C::BF16>;    /* DKSS: dK, B MN-major */
+    using WT = wgmma_tnsp<D, C::BF16>;    /* DKSS: dK with A from shared memory, B MN-major */
     float dv[D / 2], dk[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) dv[i] = dk[i] = 0.f;
@@ -139,15 +139,6 @@ __device__ __forceinline__ void bwd_consumer(const BwdSmem<C> &sm, const BwdPara
     };
     const int key0 = n * BN + cw * 64; /* this warpgroup's first key */
     float st[32], dpt[32];
-    uint32_t df[4][4]; /* dS^T's A fragments: LAGK reads them in the next iteration */
-    /* Q and dO of stage s are read by nobody now; the LSE and D reads
-     * (generic proxy) are ordered before the producer's next bulk copies into
-     * the stage (async proxy) */
-    auto release = [&](int s) {
-        fence_async_shared();
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&sm.empty_qdo[s]);
-    };
     auto step = [&](int it) {
         int h, m;
         iter.decode(it, hk, p, h, m);
@@ -160,21 +151,14 @@ __device__ __forceinline__ void bwd_consumer(const BwdSmem<C> &sm, const BwdPara
         float2 l2[8], d2[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) l2[i] = ld_shared_f32x2(lse + 8 * i + 2 * q4);
-        wgmma_wait<1>(); /* S^T (LAGK: and the last iteration's dK before it) */
+        wgmma_wait<1>();
         reg_fence(st);
-        if (C::LAGK && it > 0) {
-            reg_fence(dk);
-#pragma unroll
-            for (int ks = 0; ks < 4; ++ks)
-                if (!C::DKSS) reg_fence(df[ks]);
-            release((it - 1) % STAGES);
-        }
         /* P^T: element 4 i + e is key r0 + 8 (e / 2), query 8 i + 2 q4 + e % 2 */
         const bool need_mask =
             (C::CAUSAL && key0 + 63 > m * BM + p.causal_offset) || (C::VARLEN && key0 + 64 > p.seqlen_k);
 #pragma unroll
         for (int i = 0; i < 8; ++i) bwd_p_group<C>(st, i, l2[i], p, need_mask, key0 + r0, m * BM + 2 * q4);
-        uint32_t pf[4][4];
+        uint32_t pf[4][4], df[4][4];
         bwd_pack_frag<C>(st, pf);
         /* dV += P^T dO, dK += dS^T Q (B MN-major: rows of queries, k16 step 16 rows) */
         const uint64_t desc_dot = smem_desc_sw128(sm.dout(s), BM * 128, 1024);
@@ -204,7 +188,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdSmem<C> &sm, const BwdPara
         issue_dq(dsb, dq);
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {
-            if constexpr (C::DKSS)
+            if constexpr (C::DKSS) /* A = this consumer's rows of the dS^T tile (K-major) */
                 WT::ss_tb(dk, desc_add(smem_desc_sw128(dsb + cw * 64 * 128, 16, 1024), ks * 32),
                           desc_add(desc_qt, ks * 2048), 1);
             else
@@ -214,28 +198,23 @@ __device__ __forceinline__ void bwd_consumer(const BwdSmem<C> &sm, const BwdPara
         wgmma_wait<1>(); /* dV, dQ */
         reg_fence(dq);
         stage_dq(it, dq);
-        if constexpr (!C::LAGK) wgmma_wait<0>(); /* dK */
+        wgmma_wait<0>(); /* dK */
         reg_fence(dv);
+        reg_fence(dk);
         /* the A fragments stay live until their GEMMs are done, so that ptxas
          * does not reuse their registers and wait early */
 #pragma unroll
-        for (int ks = 0; ks < 4; ++ks) reg_fence(pf[ks]);
-        if constexpr (!C::LAGK) {
-            reg_fence(dk);
-#pragma unroll
-            for (int ks = 0; ks < 4; ++ks)
-                if (!C::DKSS) reg_fence(df[ks]);
-            release(s);
+        for (int ks = 0; ks < 4; ++ks) {
+            reg_fence(pf[ks]);
+            if constexpr (!C::DKSS) reg_fence(df[ks]);
         }
+        /* Q and dO of this stage are read by nobody now; the LSE and D reads
+         * (generic proxy) are ordered before the producer's next bulk copies
+         * into the stage (async proxy) */
+        fence_async_shared();
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&sm.empty_qdo[s]);
     };
     for (int it = 0; it < T; ++it) step(it);
-    if (C::LAGK && T > 0) {
-        wgmma_wait<0>(); /* the last dK */
-        reg_fence(dk);
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks)
-            if (!C::DKSS) reg_fence(df[ks]);
-        release((T - 1) % STAGES);
-    }
     bwd_store_dkdv<C, D>(p, sq, b, hk, key0 + r0, 0, q4, dk, dv);
 }

@@ -64,13 +64,9 @@ struct BwdOpts {
     /* causal: key blocks longest-first, heads grouped so that a group's Q,
      * dO and dQ accumulator fit in L2 (FA3's LPT order); -1: causal only */
     int lpt = -1;
-    /* dK of iteration i left running over the loop's back edge and waited
-     * for with S^T of i + 1, so that the tensor pipe does not drain at the
-     * iteration's end (b11) */
-    bool lagk = false;
-    /* dK's A operand (dS^T) read from its shared-memory tile rather than
-     * registers: 16 registers fewer across the loop's back edge (b11) */
-    bool dkss = false;
+    /* dK's A operand (dS^T) read from the shared-memory tile stored for dQ
+     * rather than from registers (+1-3% at d128, 0% at d64, b11); -1: d128 */
+    int dkss = -1;
 };
 
 template <BwdOpts O>
@@ -91,7 +87,8 @@ struct BwdCfg {
     /* the writer may lag an iteration; SPLIT_D: the dQ tile of stage s is the
      * Q/dO stage s itself (STAGES of them) */
     static constexpr int DQ_STAGES = 2, DS_BUFS = 2;
-    static constexpr bool SLEEP = O.sleep, PSLEEP = O.psleep, LAGK = O.lagk, DKSS = O.dkss;
+    static constexpr bool SLEEP = O.sleep, PSLEEP = O.psleep;
+    static constexpr bool DKSS = !SPLIT_D && (O.dkss < 0 ? D == 128 : O.dkss != 0);
     static constexpr int DQ_TILE_BYTES = BM * D * 4;   /* fp32, in bwd_dq_index's order */
     static constexpr int KV_BYTES = BN * D * 2, QT_BYTES = BM * D * 2, DS_BYTES = BN * BM * 2;
     /* SPLIT_D: stage s = Q(s), dO(s) adjacent (64 KB, then the dQ tile);
