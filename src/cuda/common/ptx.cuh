@@ -328,12 +328,6 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float *dst, const void *src,
                  : "memory");
 }
 
-/* four floats added to global memory at p (16-byte aligned), no return value */
-__device__ __forceinline__ void red_add_f32x4(float *p, float4 v) {
-    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
-                 : "memory");
-}
-
 __device__ __forceinline__ int ld_acquire_gpu(const int *p) {
     int v;
     asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");

@@ -142,6 +142,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdSmem<C> &sm, const BwdPara
     auto step = [&](int it) {
         int h, m;
         iter.decode(it, hk, p, h, m);
+        (void)h;
         const int s = it % STAGES;
         mbar_wait<C::SLEEP>(&sm.full_qdo[s], (it / STAGES) & 1);
         issue_sdp(s, false, st);
@@ -196,16 +197,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdSmem<C> &sm, const BwdPara
         wgmma_commit();
         wgmma_wait<1>(); /* dV, dQ */
         reg_fence(dq);
-        if (C::DQRED && !p.deterministic) {
-            const size_t tile =
-                C::VARLEN ? (size_t)h * p.rb_total + sq.rb + m : ((size_t)b * p.heads_q + h) * p.m_blocks + m;
-            float4 *dst = (float4 *)(p.dq_acc + tile * (size_t)(BM * D)) + (cw * 4 + wq) * (DQ_N / 8) * 32 + lane;
-#pragma unroll
-            for (int i = 0; i < DQ_N / 8; ++i)
-                red_add_f32x4((float *)(dst + i * 32), make_float4(dq[4 * i], dq[4 * i + 1], dq[4 * i + 2], dq[4 * i + 3]));
-        } else {
-            stage_dq(it, dq);
-        }
+        stage_dq(it, dq);
         wgmma_wait<0>(); /* dK */
         reg_fence(dv);
         reg_fence(dk);

@@ -51,7 +51,6 @@ template <class C>
 __device__ __forceinline__ void bwd_dq_writer(const BwdSmem<C> &sm, const BwdParams &p, const BwdSeq &sq,
                                               const BwdIter<C> &iter, int n, int hk, int b, int lane) {
     const int T = iter.total;
-    if (C::DQRED && !p.deterministic) return; /* the consumers add dQ themselves */
     /* the first hand-over of each dQ stage is free (SPLIT_D: the tile is in
      * the Q/dO stage, freed by full_qdo) */
     if constexpr (!C::SPLIT_D)

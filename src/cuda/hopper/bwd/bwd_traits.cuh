@@ -67,10 +67,6 @@ struct BwdOpts {
     /* dK's A operand (dS^T) read from the shared-memory tile stored for dQ
      * rather than from registers (+1-3% at d128, 0% at d64, b11); -1: d128 */
     int dkss = -1;
-    /* dQ added to the fp32 accumulator by the consumers themselves with
-     * red.global.add.v4 from registers, no hand-over to the writer (outside
-     * deterministic mode; b12); -1: d64 and d128 */
-    int dqred = -1;
 };
 
 template <BwdOpts O>
@@ -92,7 +88,6 @@ struct BwdCfg {
      * Q/dO stage s itself (STAGES of them) */
     static constexpr int DQ_STAGES = 2, DS_BUFS = 2;
     static constexpr bool SLEEP = O.sleep, PSLEEP = O.psleep;
-    static constexpr bool DQRED = !SPLIT_D && O.dqred != 0;
     static constexpr bool DKSS = !SPLIT_D && (O.dkss < 0 ? D == 128 : O.dkss != 0);
     static constexpr int DQ_TILE_BYTES = BM * D * 4;   /* fp32, in bwd_dq_index's order */
     static constexpr int KV_BYTES = BN * D * 2, QT_BYTES = BM * D * 2, DS_BYTES = BN * BM * 2;
