@@ -67,10 +67,11 @@ struct FwdVarlen {
  * instances only.  Query i sees key j iff i + off - left <= j <= i + off +
  * right (off = seqlen_k - seqlen_q of the sequence), -1 unbounded; the host
  * folds causal into right = 0 and sets a side that reaches past every key
- * to -1, and keeps seqlen_q + seqlen_k below 2^30, so no bound overflows an
- * int.  Softcap (cap > 0): the raw score x (softmax_scale is applied later,
- * in c2) becomes cap_a tanh(cap_b x), cap_a = cap / scale, cap_b = scale /
- * cap, so that scale times it is cap tanh(scale x / cap); cap_b 0: off.
+ * to -1 (fwd_local_of), and keeps seqlen_q + seqlen_k below 2^30, so no
+ * bound overflows an int.  Softcap (cap > 0): the raw score x
+ * (softmax_scale is applied later, in c2) becomes cap_a tanh(cap_b x),
+ * cap_a = cap / scale, cap_b = scale / cap, so that scale times it is
+ * cap tanh(scale x / cap); cap_b 0: off.
  * sink: NULL or float[heads_q], natural-log units (fattn_fwd_args).
  * m_up: the dynamic scheduler takes a head's query blocks in ascending
  * order (a window whose left side binds: the first blocks see the most

@@ -36,17 +36,20 @@ auto fwd_sm90_kernel_of() {
 
 /* LOCAL: the call's window, softcap and sink (fattn_problem, fattn_fwd_args)
  * as FwdLocal: causal folded into right = 0 (fattn.h: the intersection), a
- * side that reaches past every key unbounded (-1), and the query-block order
- * of the dynamic scheduler (fixed length: ascending where the first block
- * sees more key blocks than the last).  entry.cu keeps seqlen_q + seqlen_k
- * below 2^30. */
+ * side that reaches past every key of every sequence unbounded (-1: left >=
+ * seqlen_k or right >= seqlen_q, the longest sequence's under varlen), and
+ * the query-block order of the dynamic scheduler (fixed length: ascending
+ * where the first block sees more key blocks than the last).  With that and
+ * entry.cu's seqlen_q + seqlen_k < 2^30, fwd_tile_blocks's sums stay below
+ * 2^30 + 2 BM. */
 inline FwdLocal fwd_local_of(const fattn_fwd_args *a, int bm, int bn, bool varlen) {
     const fattn_problem *pr = &a->p;
     FwdLocal L;
     memset(&L, 0, sizeof L);
-    const int64_t reach = (int64_t)pr->seqlen_q + pr->seqlen_k; /* |key - query| never reaches this */
-    L.left = pr->window && pr->window_left >= 0 && pr->window_left < reach ? pr->window_left : -1;
-    L.right = pr->causal ? 0 : pr->window && pr->window_right >= 0 && pr->window_right < reach ? pr->window_right : -1;
+    L.left = pr->window && pr->window_left >= 0 && pr->window_left < pr->seqlen_k ? pr->window_left : -1;
+    L.right = pr->causal ? 0
+              : pr->window && pr->window_right >= 0 && pr->window_right < pr->seqlen_q ? pr->window_right
+                                                                                      : -1;
     if (pr->softcap > 0.f) {
         L.cap_a = pr->softcap / pr->softmax_scale;
         L.cap_b = pr->softmax_scale / pr->softcap;
