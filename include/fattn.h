@@ -420,9 +420,10 @@ typedef struct fattn_problem {
  *          run on a GPU at 0.3.0: see docs/status.md); e4m3 (fattn_fwd_fp8
  *          included) takes the window with k's scale blocks 1 or multiples
  *          of 128 and v's multiples of 128, softcap and learnable_sink
- *          UNSUPPORTED; seqused_k or block_table with fixed-length batches
- *          (the decoding kernel) take no variant (UNSUPPORTED); a variant
- *          needs seqlen_q + seqlen_k < 2^30.  The softcap uses the GPU's
+ *          UNSUPPORTED; the decoding kernel (seqused_k, block_table) takes
+ *          them too, but softcap at head_dim 256 with more than 16 rows
+ *          (seqlen_q x heads_q / heads_kv: UNSUPPORTED); a variant needs
+ *          seqlen_q + seqlen_k < 2^30.  The softcap uses the GPU's
  *          approximate tanh (relative error <= 2^-11: a capped score within
  *          softcap x 2^-11 of the exact one, as in FlashAttention-3).
  *          f16/bf16, and e4m3 with f16/bf16 output (q's scale

@@ -67,9 +67,9 @@ static fattn_status check_no_variants(fattn_ctx *ctx, const fattn_problem *p, co
  * learnable sink, fixed-length or variable-length; e4m3 inputs the window
  * only, with K scale blocks of 1 or multiples of 128 keys and V's multiples
  * of 128 (the 128-key kernels' column groups: not the 192-key ones).  The
- * decoding kernel (seqused_k, block_table with fixed-length batches) has
- * none of them.  The kernels count keys and queries in an int: the window's
- * bounds (FwdLocal) need seqlen_q + seqlen_k < 2^30. */
+ * decoding kernel (seqlen_q <= 16; seqused_k, block_table with fixed-length
+ * batches) has LOCAL instances too.  The kernels count keys and queries in
+ * an int: the window's bounds (FwdLocal) need seqlen_q + seqlen_k < 2^30. */
 static fattn_status check_fwd_variants(fattn_ctx *ctx, const fattn_fwd_args *a) {
     const fattn_problem *p = &a->p;
     if (!p->window && p->softcap == 0.0f && !a->learnable_sink) return FATTN_OK;
@@ -90,12 +90,6 @@ static fattn_status check_fwd_variants(fattn_ctx *ctx, const fattn_fwd_args *a) 
                               "1 (one scale per key) or a multiple of %d, V's a multiple of %d",
                               kb, vb, FWD_FP8_SCALE_UNIT, FWD_FP8_SCALE_UNIT);
     }
-    const bool varlen = p->cu_seqlens_q || p->cu_seqlens_k;
-    if (!varlen && (a->seqused_k || a->block_table))
-        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                          "window, softcap or learnable_sink with %s: the CUDA decoding kernel has no variants yet "
-                          "(the CPU engine serves them)",
-                          a->block_table ? "block_table" : "seqused_k");
     if ((int64_t)p->seqlen_q + p->seqlen_k >= ((int64_t)1 << 30))
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                           "window, softcap or learnable_sink with seqlen_q %d + seqlen_k %d >= 2^30: the CUDA "
@@ -165,6 +159,12 @@ extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_arg
                               "seqused_k and block_table need the CUDA decoding kernel: 16-bit inputs, seqlen_q <= %d "
                               "and seqlen_q * heads_q / heads_kv <= %d (here %d and %d)",
                               FWD_DECODE_MAX_SEQLEN_Q, fwd_decode_max_rows(p->head_dim), p->seqlen_q,
+                              p->seqlen_q * (p->heads_q / p->heads_kv));
+        if (!fwd_decode_softcap_ok(a))
+            return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                              "softcap with seqused_k or block_table at head_dim 256 and %d rows (seqlen_q x "
+                              "heads_q / heads_kv): the CUDA decoding kernel takes softcap at head dim 256 for up "
+                              "to 16 rows",
                               p->seqlen_q * (p->heads_q / p->heads_kv));
         if (a->block_table && (a->page_size < 16 || (a->page_size & (a->page_size - 1))))
             return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,

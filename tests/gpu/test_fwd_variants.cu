@@ -29,8 +29,10 @@
  *     order); LSE is summed on the unrounded P.  A control checks that the
  *     same output against the oracle without the window fails these bounds
  *     by far (the window changes the result more than the tolerance).
- * Also: refused calls (FP8 with softcap or a sink; a window with seqused_k,
- * which needs the decoding kernel) return UNSUPPORTED and leave O as it was.
+ * Also: refused calls (FP8 with softcap or a sink; softcap on the decoding
+ * kernel at d256 with 32 rows) return UNSUPPORTED and leave O as it was.
+ * The decoding kernel's variants (seqused_k, paged caches, split keys):
+ * tests/gpu/test_decode.cu.
  * Exit 77 without a Hopper GPU (FATTN_REQUIRE_GPU=1: a failure). */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -268,7 +270,7 @@ static void run_fp8(fattn_ctx *ctx, tu_rng *rng, fattn_dtype odt, int d, int sq,
 
 /* Calls the CUDA engine refuses: UNSUPPORTED, O untouched. */
 static void check_refused(fattn_ctx *ctx) {
-    const int S = 64, H = 2, D = 64;
+    const int S = 64, H = 4, D = 256; /* the buffers' size; the calls use less */
     const size_t n = (size_t)S * H * D;
     void *buf, *dout;
     float *dsink, *scale;
@@ -286,19 +288,19 @@ static void check_refused(fattn_ctx *ctx) {
     for (int which = 0; which < 3; ++which) {
         fattn_fwd_args a;
         memset(&a, 0, sizeof a);
-        a.p = tu_problem(1, S, S, H, H, D, 0, 0, NULL, NULL);
+        a.p = tu_problem(1, S, S, 2, 2, 64, 0, 0, NULL, NULL);
         const char *name;
         if (which < 2) { /* FP8 with softcap, with a sink */
             fattn_tensor t = {buf, FATTN_DTYPE_E4M3, 0, 0, 0, scale, 128};
             a.q = a.k = a.v = t;
             if (which == 0) a.p.softcap = 30.f, name = "FP8 with softcap";
             else a.learnable_sink = dsink, name = "FP8 with learnable_sink";
-        } else { /* seqused_k (the decoding kernel) with a window */
+        } else { /* the decoding kernel (seqused_k) with softcap at d256 and 32 rows (DecCfg::SOFTCAP) */
             a.q = a.k = a.v = fattn_tensor_bshd(buf, FATTN_DTYPE_BF16);
-            a.p.seqlen_q = 1;
+            a.p = tu_problem(1, 16, S, 4, 2, 256, 0, 0, NULL, NULL);
             a.seqused_k = used;
-            a.p.window = 1, a.p.window_left = 8, a.p.window_right = 0;
-            name = "a window with seqused_k";
+            a.p.softcap = 30.f;
+            name = "softcap with seqused_k at d256, 32 rows";
         }
         a.o = fattn_tensor_bshd(dout, FATTN_DTYPE_BF16);
         CK(cudaMemset(dout, 0x5A, n * 2));
@@ -332,7 +334,7 @@ int main(void) {
                 /* the diagonal alone, and (1, 1), with unequal lengths both ways */
                 mk(dt, d, 1, 17, 1000, 2, 1, 0, 1, 0, 0),
                 mk(dt, d, 1, 1000, 17, 2, 2, 0, 1, 1, 1),
-                /* one query (decode-sized: the LOCAL kernel, not the decoding one), left-only */
+                /* one query (decode-sized: the decoding kernel's LOCAL instance), left-only */
                 mk(dt, d, 2, 1, 4097, 4, 1, 0, 1, 100, -1),
                 /* longer than the sequence; right-only */
                 mk(dt, d, 1, 1000, 1000, 2, 2, 0, 1, 5000, 5000),

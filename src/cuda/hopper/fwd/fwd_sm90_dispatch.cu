@@ -71,7 +71,8 @@ fattn_status fwd_sm90_launch(fattn_ctx *ctx, const fattn_fwd_args *a, const cuda
         cuda_device_leave(prev);
         return s;
     }
-    if (!v.local && fwd_decode_eligible(a)) {
+    /* the variants too (its LOCAL instances), but softcap where it has none */
+    if (fwd_decode_eligible(a) && fwd_decode_softcap_ok(a)) {
         s = fwd_decode_launch(ctx, a, v);
         cuda_device_leave(prev);
         return s;

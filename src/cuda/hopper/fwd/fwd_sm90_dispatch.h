@@ -69,6 +69,11 @@ fattn_status fwd_sm90_fp8_hdim256(fattn_ctx *ctx, const fattn_fwd_args *a, const
 /* d256 with 64 rows spilled 96 bytes (4 row blocks: S of 64 keys beside O and Q) */
 inline int fwd_decode_max_rows(int head_dim) { return head_dim == 256 ? FWD_DECODE_MAX_ROWS / 2 : FWD_DECODE_MAX_ROWS; }
 bool fwd_decode_eligible(const fattn_fwd_args *a);
+/* The decoding kernel's variants (its LOCAL instances): all but softcap at
+ * head dim 256 with more than 16 rows (DecCfg::SOFTCAP) */
+inline bool fwd_decode_softcap_ok(const fattn_fwd_args *a) {
+    return a->p.softcap == 0.f || a->p.head_dim != 256 || a->p.heads_q / a->p.heads_kv * a->p.seqlen_q <= 16;
+}
 /* Variable-length batches (cu_seqlens; fwd_sm90_varlen.cu): 16-bit. */
 fattn_status fwd_sm90_varlen(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v);
 fattn_status fwd_decode_launch(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v);
