@@ -1,7 +1,8 @@
 /* test_fwd_variants.cu - the Hopper forward's variants (issue 37: the LOCAL
  * kernels, fwd_sm90_kernels.cuh) against the FP64 oracle: sliding windows,
  * softcap, learnable sinks and their composition; 16-bit fixed-length and
- * variable-length batches, and FP8 (e4m3) with a window.
+ * variable-length batches, and FP8 (e4m3) with a window (fattn_fwd on e4m3
+ * tensors against the oracle, fattn_fwd_fp8 against the CPU engine's).
  *
  * Shapes with tails (seqlens 1, 17, 1000, 4097), GQA, causal with unequal
  * lengths both ways, head dims 64/128/256, bf16 and f16; windows (0, 0),
@@ -268,6 +269,68 @@ static void run_fp8(fattn_ctx *ctx, tu_rng *rng, fattn_dtype odt, int d, int sq,
     tu_tensor_free(&q), tu_tensor_free(&k), tu_tensor_free(&v), tu_tensor_free(&o);
 }
 
+/* fattn_fwd_fp8 (quantise on the device, then the e4m3 forward) with a
+ * window, bf16 in and out, against the CPU engine's fattn_fwd_fp8 of the same
+ * call (the same codes and scales: fattn_quantize gives both engines' bits;
+ * the CPU attends in f32 without rounding P): FP8's bounds, and the control
+ * against the CPU's result without the window. */
+static void run_fp8_oneshot(fattn_ctx *ctx, fattn_ctx *cpu, tu_rng *rng, int d, int sq, int sk, int wl, int wr) {
+    const int B = 1, HQ = 4, HK = 2;
+    const size_t nq = (size_t)B * sq * HQ * d, nk = (size_t)B * sk * HK * d, nlse = (size_t)B * HQ * sq;
+    std::vector<double> x[3] = {std::vector<double>(nq), std::vector<double>(nk), std::vector<double>(nk)};
+    std::vector<uint16_t> h16[3];
+    void *dd[3], *dout;
+    float *dlse;
+    for (int t = 0; t < 3; ++t) {
+        tu_fill_normal(rng, x[t].data(), x[t].size());
+        h16[t].resize(x[t].size());
+        tu_to_dtype(x[t].data(), x[t].size(), FATTN_DTYPE_BF16, h16[t].data());
+        CK(cudaMalloc(&dd[t], x[t].size() * 2));
+        CK(cudaMemcpy(dd[t], h16[t].data(), x[t].size() * 2, cudaMemcpyHostToDevice));
+    }
+    CK(cudaMalloc(&dout, nq * 2));
+    CK(cudaMalloc(&dlse, nlse * 4));
+    CK(cudaMemset(dout, 0xFF, nq * 2));
+    CK(cudaMemset(dlse, 0xFF, nlse * 4));
+    fattn_fwd_args a;
+    memset(&a, 0, sizeof a);
+    a.p = tu_problem(B, sq, sk, HQ, HK, d, 0, 0, NULL, NULL);
+    a.p.window = 1, a.p.window_left = wl, a.p.window_right = wr;
+    a.q = fattn_tensor_bshd(dd[0], FATTN_DTYPE_BF16), a.k = fattn_tensor_bshd(dd[1], FATTN_DTYPE_BF16);
+    a.v = fattn_tensor_bshd(dd[2], FATTN_DTYPE_BF16), a.o = fattn_tensor_bshd(dout, FATTN_DTYPE_BF16);
+    a.lse = dlse;
+    char what[160];
+    snprintf(what, sizeof what, "fattn_fwd_fp8 bf16 sq%d sk%d h%d/%d d%d window (%d, %d)", sq, sk, HQ, HK, d, wl, wr);
+    fattn_status st = fattn_fwd_fp8(ctx, &a, NULL);
+    TU_CHECK(st == FATTN_OK, "%s: %s: %s", what, fattn_status_string(st), fattn_last_error(ctx));
+    const cudaError_t e = cudaDeviceSynchronize();
+    TU_CHECK(e == cudaSuccess, "%s: kernel failed: %s", what, cudaGetErrorString(e));
+    if (e != cudaSuccess) exit(1);
+    std::vector<uint16_t> go(nq), co(nq);
+    std::vector<float> glse(nlse), clse(nlse), clse0(nlse);
+    CK(cudaMemcpy(go.data(), dout, nq * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(glse.data(), dlse, nlse * 4, cudaMemcpyDeviceToHost));
+    /* the CPU engine: the same call on host copies, with and without the window */
+    fattn_fwd_args h = a;
+    h.q.data = h16[0].data(), h.k.data = h16[1].data(), h.v.data = h16[2].data(), h.o.data = co.data();
+    h.lse = clse.data();
+    std::vector<double> got(nq), ref(nq), ref0(nq), rl(nlse), rl0(nlse);
+    st = fattn_fwd_fp8(cpu, &h, NULL);
+    TU_CHECK(st == FATTN_OK, "%s (CPU): %s: %s", what, fattn_status_string(st), fattn_last_error(cpu));
+    tu_from_dtype(co.data(), nq, FATTN_DTYPE_BF16, ref.data());
+    for (size_t i = 0; i < nlse; ++i) rl[i] = clse[i];
+    h.p.window = 0, h.p.window_left = h.p.window_right = 0, h.lse = clse0.data();
+    st = fattn_fwd_fp8(cpu, &h, NULL);
+    TU_CHECK(st == FATTN_OK, "%s (CPU, no window): %s", what, fattn_last_error(cpu));
+    tu_from_dtype(co.data(), nq, FATTN_DTYPE_BF16, ref0.data());
+    tu_from_dtype(go.data(), nq, FATTN_DTYPE_BF16, got.data());
+    check_out(what, FATTN_DTYPE_BF16, got.data(), ref.data(), nq, d, glse.data(), rl.data(), nlse, 0.08, 0.25, 2e-2);
+    const double ctl = tu_rel_err(got.data(), ref0.data(), nq);
+    TU_CHECK(ctl > 0.3, "%s: control: against the CPU without the window the error is only %.3e", what, ctl);
+    for (int t = 0; t < 3; ++t) cudaFree(dd[t]);
+    cudaFree(dout), cudaFree(dlse);
+}
+
 /* Calls the CUDA engine refuses: UNSUPPORTED, O untouched. */
 static void check_refused(fattn_ctx *ctx) {
     const int S = 64, H = 4, D = 256; /* the buffers' size; the calls use less */
@@ -372,6 +435,9 @@ int main(void) {
         run_fp8(ctx, &rng, FATTN_DTYPE_F16, dims[di], 17, 1000, 2, 2, 1, 37, 0, 1);
         run_fp8(ctx, &rng, FATTN_DTYPE_BF16, dims[di], 1000, 4097, 2, 2, 0, 200, -1, 128);
     }
+    fattn_ctx *cpu = gpu_cpu_ctx();
+    run_fp8_oneshot(ctx, cpu, &rng, 128, 300, 700, 37, 5);
+    fattn_ctx_free(cpu);
     check_refused(ctx);
     fattn_ctx_free(ctx);
     return tu_finish("gpu fwd variants");
