@@ -414,8 +414,19 @@ typedef struct fattn_problem {
  *        that sees no key.
  * Engines: CPU: all dtypes, head_dim and head_dim_v 1..512, every variant
  *          (window, softcap, learnable_sink; fattn_fwd_fp8 too).
- *          CUDA (Hopper): no variant yet (window, softcap or learnable_sink:
- *          UNSUPPORTED, fattn_fwd_fp8 included); f16/bf16, and e4m3 with f16/bf16 output (q's scale
+ *          CUDA (Hopper): f16/bf16 take every variant (window, softcap,
+ *          learnable_sink), fixed-length and variable-length, on kernels of
+ *          their own (the causal tiles with the window at runtime; not yet
+ *          run on a GPU at 0.3.0: see docs/status.md); e4m3 (fattn_fwd_fp8
+ *          included) takes the window with k's scale blocks 1 or multiples
+ *          of 128 and v's multiples of 128, softcap and learnable_sink
+ *          UNSUPPORTED; the decoding kernel (seqused_k, block_table) takes
+ *          them too, but softcap at head_dim 256 with more than 16 rows
+ *          (seqlen_q x heads_q / heads_kv: UNSUPPORTED); a variant needs
+ *          seqlen_q + seqlen_k < 2^30.  The softcap uses the GPU's
+ *          approximate tanh (relative error <= 2^-11: a capped score within
+ *          softcap x 2^-11 of the exact one, as in FlashAttention-3).
+ *          f16/bf16, and e4m3 with f16/bf16 output (q's scale
  *          blocks any size, k's 1 or a multiple of 128, v's a multiple of 128,
  *          or at head_dim 128 both multiples of 192 (then 192-key kernels
  *          run); the scales in device memory; P is rounded to e4m3 before the PV

@@ -151,16 +151,14 @@ def attention(q, k, v, causal=False, softmax_scale=None, fp8=None, return_lse=Fa
     softcap: scores s -> softcap * tanh(s / softcap), 0 = off; learnable_sink:
     float32 [hq], one logit per query head in the softmax denominator only
     (FA4's; the returned lse includes it, a row that sees no key gives 0 and
-    lse = the sink).  NumPy arrays (the CPU engine): served, forward.  Torch
-    tensors: not yet (NotImplementedError; the CUDA engine refuses them too)."""
+    lse = the sink).  NumPy arrays (the CPU engine): served, forward, fp8 too.
+    Torch tensors (CPU, and CUDA: Hopper's 16-bit kernels; learnable_sink a
+    torch tensor on q's device): served, forward only (inputs that require
+    grad raise NotImplementedError), not with fp8."""
     ws = _core.check_window_size("fattn.attention", window_size)
-    variants = ws is not None or softcap or learnable_sink is not None
     if _is_torch(q):
-        if variants:
-            raise NotImplementedError("fattn.attention: window_size, softcap and learnable_sink are not yet served "
-                                      "on torch tensors (the CPU engine serves them on NumPy arrays; the CUDA "
-                                      "engine has no kernels for them yet)")
-        return _torch_module().attention(q, k, v, causal, softmax_scale, fp8, return_lse, out, ctx)
+        return _torch_module().attention(q, k, v, causal, softmax_scale, fp8, return_lse, out, ctx,
+                                         window_size=ws, softcap=softcap, learnable_sink=learnable_sink)
     if _core.is_numpy(q):
         from . import _numpy
         return _numpy.attention(q, k, v, causal, softmax_scale, fp8, return_lse, out, ctx, ws, softcap,

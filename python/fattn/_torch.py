@@ -1,8 +1,10 @@
 """_torch.py - fattn on torch tensors: the custom ops <ns>::fwd, <ns>::bwd,
-<ns>::fwd_fp8, <ns>::fwd_kvcache, <ns>::fwd_varlen and <ns>::bwd_varlen
-(torch.library, with fake implementations for torch.compile), autograd through
-fattn_bwd (fwd_fp8 is forward only: its backward raises; fwd_kvcache, decoding,
-has none; fwd_varlen's goes through bwd_varlen, but not with seqused_k).
+<ns>::fwd_fp8, <ns>::fwd_variants, <ns>::fwd_kvcache, <ns>::fwd_varlen and
+<ns>::bwd_varlen (torch.library, with fake implementations for torch.compile),
+autograd through fattn_bwd (fwd_fp8 and fwd_variants, the sliding window,
+softcap and learnable sinks, are forward only: their backward raises;
+fwd_kvcache, decoding, has none; fwd_varlen's goes through bwd_varlen, but not
+with seqused_k).
 
 <ns> is the package's name: "fattn", or "fattn_b" when bench/compare.py loads
 a second copy of these bindings beside the first (an op name is registered
@@ -72,10 +74,11 @@ def _new_outputs(shapes, q, out=None):
     return out, lse
 
 
-def _run_fwd(ctx, dims, q, k, v, out, lse, causal, softmax_scale, fp8=None, varlen=None, seqused_k=None):
+def _run_fwd(ctx, dims, q, k, v, out, lse, causal, softmax_scale, fp8=None, varlen=None, seqused_k=None,
+             variants=_core.NO_VARIANTS):
     """fattn_fwd (fattn_fwd_fp8 when fp8 is a _core.FP8) of 4-D q, k, v into out and
     lse, on ctx (None: the shared context of the tensors' device) and torch's current
-    stream.  varlen, seqused_k: _core.run_fwd's."""
+    stream.  varlen, seqused_k, variants: _core.run_fwd's."""
     if ctx is None:
         ctx = _context(q.device)
     q, qd = _readable(q, "q")
@@ -87,7 +90,8 @@ def _run_fwd(ctx, dims, q, k, v, out, lse, causal, softmax_scale, fp8=None, varl
         if fp8 is not None:
             _core.run_fwd_fp8(ctx, dims, qd, kd, vd, od, lse.data_ptr(), causal, softmax_scale, fp8)
         else:
-            _core.run_fwd(ctx, dims, qd, kd, vd, od, lse.data_ptr(), causal, softmax_scale, varlen, seqused_k)
+            _core.run_fwd(ctx, dims, qd, kd, vd, od, lse.data_ptr(), causal, softmax_scale, varlen, seqused_k,
+                          variants)
 
 
 def _fwd_impl(q, k, v, causal, softmax_scale, fp8, ctx=None, out=None):
@@ -135,6 +139,76 @@ def fwd_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
 def _fwd_fp8_fake(q, k, v, causal, softmax_scale, granularity, block_q, block_k, block_v, rotate, seed):
     b, sq, hq, _ = q.shape
     return (q.new_empty((b, sq, hq, v.shape[3])), q.new_empty((b, hq, sq), dtype=torch.float32))
+
+
+def _sink_tensor(learnable_sink, q):
+    """learnable_sink as a contiguous float32 [hq] tensor on q's device (a copy when
+    needed), or None."""
+    if learnable_sink is None:
+        return None
+    hq = q.shape[2]
+    if not isinstance(learnable_sink, torch.Tensor):
+        raise TypeError("fattn: learnable_sink must be a torch tensor with q, got a %s"
+                        % type(learnable_sink).__name__)
+    if tuple(learnable_sink.shape) != (hq,) or not learnable_sink.is_floating_point():
+        raise ValueError("fattn: learnable_sink must be a float tensor of shape (%d,) (one logit per query head), "
+                         "got %s %s" % (hq, learnable_sink.dtype, tuple(learnable_sink.shape)))
+    if learnable_sink.device != q.device:
+        raise ValueError("fattn: learnable_sink is on %s, q on %s" % (learnable_sink.device, q.device))
+    return learnable_sink.detach().to(torch.float32).contiguous()
+
+
+def _fwd_variants_impl(q, k, v, causal, softmax_scale, window_left, window_right, softcap, sink, ctx=None,
+                       out=None):
+    """The forward with fattn.h's variants: window (window_left, window_right), (-1, -1)
+    none; softcap 0 off; sink None or a float32 [hq] tensor (_sink_tensor)."""
+    dims = _core.check_shapes(q.shape, k.shape, v.shape)
+    out, lse = _new_outputs(dims, q, out)
+    if dims.empty:
+        if sink is not None and lse.numel():  # no key: LSE = the sink (fattn.h)
+            lse.copy_(sink.view(1, -1, 1).expand(lse.shape))
+        return out, lse
+    ws = None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
+    var = _core.Variants(ws, softcap, sink.data_ptr() if sink is not None else None)
+    _run_fwd(ctx, dims, q, k, v, out, lse, causal, softmax_scale, variants=var)
+    return out, lse
+
+
+@torch.library.custom_op(_NS + "::fwd_variants", mutates_args=())
+def fwd_variants(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float,
+                 window_left: int, window_right: int, softcap: float,
+                 learnable_sink: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The forward with a sliding window (window_left, window_right; (-1, -1) none,
+    -1 unbounded on a side), softcap (0 off) and learnable_sink (None or float32 [hq]
+    on q's device): (out in q's dtype, lse float32, the sink included).  Forward
+    only: its backward raises."""
+    return _fwd_variants_impl(q, k, v, causal, softmax_scale, window_left, window_right, softcap,
+                              _sink_tensor(learnable_sink, q))
+
+
+@fwd_variants.register_fake
+def _fwd_variants_fake(q, k, v, causal, softmax_scale, window_left, window_right, softcap, learnable_sink):
+    b, sq, hq, _ = q.shape
+    return (q.new_empty((b, sq, hq, v.shape[3])), q.new_empty((b, hq, sq), dtype=torch.float32))
+
+
+def variants_grad_error():
+    return NotImplementedError("fattn: window_size, softcap and learnable_sink on torch tensors are forward only "
+                               "for now (no backward through them); call under torch.no_grad() or detach the "
+                               "inputs")
+
+
+def _variants_setup_context(ctx, inputs, output):
+    ctx.mark_non_differentiable(output[1])
+
+
+def _variants_backward(ctx, dout, dlse):
+    # fattn.attention refuses inputs that require grad before the call; this is
+    # for a direct torch.ops.fattn.fwd_variants call: an error, never a gradient
+    raise variants_grad_error()
+
+
+fwd_variants.register_autograd(_variants_backward, setup_context=_variants_setup_context)
 
 
 def _fp8_setup_context(ctx, inputs, output):
@@ -233,7 +307,10 @@ def _check_inputs(q, k, v):
         raise NotImplementedError("fattn: tensors on %s: fattn computes on CUDA devices and the CPU" % q.device)
 
 
-def attention(q, k, v, causal, softmax_scale, fp8, return_lse, out, ctx, deterministic=False):
+def attention(q, k, v, causal, softmax_scale, fp8, return_lse, out, ctx, deterministic=False, window_size=None,
+              softcap=0.0, learnable_sink=None):
+    """window_size: None or (left, right) (_core.check_window_size's); softcap,
+    learnable_sink: fattn.attention's."""
     _check_inputs(q, k, v)
     dims = _core.check_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape))
     scale = _core.resolve_scale(softmax_scale, dims.d)
@@ -241,6 +318,19 @@ def attention(q, k, v, causal, softmax_scale, fp8, return_lse, out, ctx, determi
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if fp8 is not None and grad:
         raise _core.fp8_grad_error()
+    variants = window_size is not None or softcap or learnable_sink is not None
+    if variants:
+        if fp8 is not None:
+            raise NotImplementedError("fattn.attention: window_size, softcap and learnable_sink with fp8 are not "
+                                      "yet served on torch tensors (NumPy arrays: the CPU engine serves them)")
+        if grad or (learnable_sink is not None and isinstance(learnable_sink, torch.Tensor)
+                    and torch.is_grad_enabled() and learnable_sink.requires_grad):
+            raise variants_grad_error()
+        wl, wr = window_size if window_size is not None else (-1, -1)
+        sink = _sink_tensor(learnable_sink, q)
+        if out is None and ctx is None:
+            o, lse = fwd_variants(q, k, v, bool(causal), scale, int(wl), int(wr), float(softcap), sink)
+            return (o, lse) if return_lse else o
     if out is None and ctx is None:
         if fp8 is not None:
             o, lse = fwd_fp8(q, k, v, bool(causal), scale, fp8.granularity, fp8.block_q, fp8.block_k, fp8.block_v,
@@ -270,7 +360,11 @@ def attention(q, k, v, causal, softmax_scale, fp8, return_lse, out, ctx, determi
             raise ValueError("fattn: ctx computes on %s but the tensors are on %s"
                              % ("cuda:%d" % ctx.device if ctx.backend == _core.BACKEND_CUDA else "the CPU", q.device))
     with torch.no_grad():
-        o, lse = _fwd_impl(q, k, v, bool(causal), scale, fp8, ctx=ctx, out=out)
+        if variants:
+            o, lse = _fwd_variants_impl(q, k, v, bool(causal), scale, int(wl), int(wr), float(softcap), sink,
+                                        ctx=ctx, out=out)
+        else:
+            o, lse = _fwd_impl(q, k, v, bool(causal), scale, fp8, ctx=ctx, out=out)
     return (o, lse) if return_lse else o
 
 

@@ -22,21 +22,34 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
-def reference(q, k, v, causal=False, scale=None):
+def reference(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, sink=None, return_lse=False):
     """Softmax attention in the inputs' dtype, FlashAttention's bottom-right causal mask
-    (rows that see no key give 0); differentiable."""
+    and window (rows that see no key give 0), softcap and FA4's sinks (fattn.h: one more
+    softmax column per query head, no value row; lse includes it); differentiable."""
     b, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     k = k.repeat_interleave(hq // hkv, 2)
     v = v.repeat_interleave(hq // hkv, 2)
     s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    i = torch.arange(sq, device=q.device)[:, None]
+    j = torch.arange(sk, device=q.device)[None, :]
+    hide = torch.zeros(sq, sk, dtype=torch.bool, device=q.device)
     if causal:
-        i = torch.arange(sq, device=q.device)[:, None]
-        j = torch.arange(sk, device=q.device)[None, :]
-        s = s.masked_fill(j > i + sk - sq, float("-inf"))
-    p = torch.softmax(s, -1).nan_to_num(0.0)
-    return torch.einsum("bhqk,bkhd->bqhd", p, v)
+        hide |= j > i + sk - sq
+    if window[1] >= 0:
+        hide |= j > i + sk - sq + window[1]
+    if window[0] >= 0:
+        hide |= j < i + sk - sq - window[0]
+    s = s.masked_fill(hide, float("-inf"))
+    if sink is not None:
+        s = torch.cat([s, sink.to(s.dtype).view(1, hq, 1, 1).expand(b, hq, sq, 1)], -1)
+    lse = torch.logsumexp(s, -1)
+    p = torch.softmax(s, -1).nan_to_num(0.0)[..., :sk]
+    o = torch.einsum("bhqk,bkhd->bqhd", p, v)
+    return (o, lse) if return_lse else o
 
 
 def sdpa(q, k, v, causal=False):
@@ -478,10 +491,7 @@ class FlashAttnFunc(unittest.TestCase):
                     dict(sm_margin=8), dict(learnable_sink=torch.zeros(q.shape[2]))):
             with self.assertRaises(NotImplementedError, msg=str(bad)):
                 fattn.flash_attn_func(q, k, v, **bad)
-        # fattn.attention names the variants; on torch tensors they are not served yet
-        for bad in (dict(window_size=(8, 0)), dict(softcap=30.0), dict(learnable_sink=torch.zeros(q.shape[2]))):
-            with self.assertRaises(NotImplementedError, msg=str(bad)):
-                fattn.attention(q, k, v, **bad)
+        # fattn.attention names the variants and serves them (forward only: class Variants)
 
     def test_signature_is_fa3s(self):
         import inspect
@@ -489,6 +499,63 @@ class FlashAttnFunc(unittest.TestCase):
                          ["q", "k", "v", "softmax_scale", "causal", "qv", "q_descale", "k_descale", "v_descale",
                           "window_size", "attention_chunk", "softcap", "num_splits", "pack_gqa", "deterministic",
                           "sm_margin", "return_attn_probs", "learnable_sink"])  # FA3's, then FA4's sink
+
+
+class Variants(unittest.TestCase):
+    """fattn.attention's window_size, softcap and learnable_sink on torch tensors (the
+    custom op fwd_variants; forward only) against the float64 reference."""
+
+    def test_matches_reference(self):
+        sink = torch.tensor([-30.0, 0.0, 1.5, 30.0])
+        for kw in (dict(window_size=(3, 0)), dict(window_size=(0, 0)), dict(window_size=(-1, 2)),
+                   dict(window_size=(1000, 1000)), dict(softcap=5.0), dict(learnable_sink=sink),
+                   dict(window_size=(4, -1), softcap=2.0, learnable_sink=sink)):
+            for causal in (False, True):
+                for shape in (dict(), dict(sq=50, sk=20), dict(sq=1, sk=17)):
+                    q, k, v = inputs(**shape)
+                    o, lse = fattn.attention(q, k, v, causal=causal, return_lse=True, **kw)
+                    s = kw.get("learnable_sink")
+                    ro, rl = reference(q.double(), k.double(), v.double(), causal,
+                                       window=kw.get("window_size", (-1, -1)), softcap=kw.get("softcap", 0.0),
+                                       sink=s.double() if s is not None else None, return_lse=True)
+                    self.assertLess(rel(o, ro), 1e-5, (kw, causal, shape))
+                    self.assertTrue(torch.equal(torch.isfinite(lse), torch.isfinite(rl)), (kw, causal, shape))
+                    fin = torch.isfinite(rl)
+                    self.assertLess((lse.double()[fin] - rl[fin]).abs().max().item(), 1e-4, (kw, causal, shape))
+
+    def test_forward_only(self):
+        for kw in (dict(window_size=(3, 0)), dict(softcap=5.0), dict(learnable_sink=torch.zeros(4))):
+            with self.assertRaises(NotImplementedError, msg=str(kw)):
+                fattn.attention(*inputs(grad=True), **kw)
+            with torch.no_grad():
+                fattn.attention(*inputs(grad=True), **kw)
+            with self.assertRaises(NotImplementedError, msg=str(kw)):  # not with fp8 on torch tensors
+                fattn.attention(*inputs(), fp8=True, **kw)
+
+    def test_bad_values(self):
+        q, k, v = inputs()
+        for kw in (dict(window_size=(-2, 0)), dict(window_size=(1,)), dict(softcap=-1.0), dict(softcap=float("nan")),
+                   dict(learnable_sink=torch.zeros(3))):
+            with self.assertRaises(ValueError, msg=str(kw)):
+                fattn.attention(q, k, v, **kw)
+        with self.assertRaises(TypeError):
+            fattn.attention(q, k, v, learnable_sink=[0.0] * 4)
+
+    def test_opcheck(self):
+        q, k, v = inputs(b=1, sq=7, sk=9, d=32)
+        sink = torch.tensor([0.5, -1.0, 2.0, 0.0])
+        for args in ((q, k, v, False, 0.3, 2, 1, 0.0, None), (q, k, v, True, 0.3, -1, -1, 5.0, sink)):
+            for name, res in torch.library.opcheck(torch.ops.fattn.fwd_variants.default, args).items():
+                self.assertEqual(res, "SUCCESS", name)
+
+    def test_compile(self):
+        q, k, v = inputs()
+        sink = torch.tensor([0.5, -1.0, 2.0, 0.0])
+        f = lambda q, k, v: fattn.attention(q, k, v, window_size=(5, 2), softcap=3.0, learnable_sink=sink)
+        want = f(q, k, v)
+        torch._dynamo.reset()
+        got = torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, v)
+        self.assertTrue(torch.equal(got, want))
 
 
 class BadArguments(unittest.TestCase):
@@ -554,6 +621,22 @@ class Cuda(unittest.TestCase):
                 self.assertEqual((x.grad.device.type, x.grad.dtype), ("cuda", torch.bfloat16))
                 self.assertLess(rel(x.grad.cpu(), r.grad), 1e-2, "d%d causal %s d%s" % (d, causal, name))
 
+
+    def test_variants_match_reference(self):
+        # the Hopper LOCAL kernels (window, softcap, sinks; bf16: ~4e-3 relative, as the plain forward)
+        sink = torch.tensor([-2.0, 0.0, 1.5, 3.0])
+        for d, causal, kw in ((64, False, dict(window_size=(37, 5))), (128, True, dict(learnable_sink=sink)),
+                              (256, False, dict(window_size=(-1, 20), softcap=10.0, learnable_sink=sink))):
+            q, k, v = inputs(d=d, sq=300, sk=333, dtype=torch.bfloat16)
+            s = kw.get("learnable_sink")
+            ckw = dict(kw, learnable_sink=s.cuda()) if s is not None else kw
+            o, lse = fattn.attention(*(x.cuda() for x in (q, k, v)), causal=causal, return_lse=True, **ckw)
+            ro, rl = reference(q.double(), k.double(), v.double(), causal, window=kw.get("window_size", (-1, -1)),
+                               softcap=kw.get("softcap", 0.0), sink=s.double() if s is not None else None,
+                               return_lse=True)
+            self.assertEqual((o.device.type, o.dtype), ("cuda", torch.bfloat16))
+            self.assertLess(rel(o.cpu(), ro), 2e-2, (d, causal, kw))
+            self.assertLess((lse.cpu().double() - rl).abs().max().item(), 1e-2, (d, causal, kw))
 
     def test_fp8_matches_cpu_and_refuses_block_sizes(self):
         q, k, v = inputs(d=128, sq=300, sk=300, dtype=torch.bfloat16)

@@ -41,9 +41,9 @@ static const char *list_dtypes(char *buf, size_t n, const fattn_dtype *v, int co
     return buf;
 }
 
-/* The attention variants (issue 37) have no Hopper kernels yet: a sliding
- * window, softcap and learnable sinks run on the CPU engine only.  `what`
- * names the call ("forward", "backward"). */
+/* The attention variants (issue 37) in the backward have no Hopper kernels
+ * yet: a sliding window, softcap and dsink run on the CPU engine only.
+ * `what` names the call. */
 static fattn_status check_no_variants(fattn_ctx *ctx, const fattn_problem *p, const float *sink, const char *sink_name,
                                       const char *what) {
     if (p->window)
@@ -62,11 +62,45 @@ static fattn_status check_no_variants(fattn_ctx *ctx, const fattn_problem *p, co
     return FATTN_OK;
 }
 
+/* The forward's variants (issue 37) run on the LOCAL kernels
+ * (fwd_sm90_kernels.cuh): 16-bit inputs take a window, softcap and a
+ * learnable sink, fixed-length or variable-length; e4m3 inputs the window
+ * only, with K scale blocks of 1 or multiples of 128 keys and V's multiples
+ * of 128 (the 128-key kernels' column groups: not the 192-key ones).  The
+ * decoding kernel (seqlen_q <= 16; seqused_k, block_table with fixed-length
+ * batches) has LOCAL instances too.  The kernels count keys and queries in
+ * an int: the window's bounds (FwdLocal) need seqlen_q + seqlen_k < 2^30. */
+static fattn_status check_fwd_variants(fattn_ctx *ctx, const fattn_fwd_args *a) {
+    const fattn_problem *p = &a->p;
+    if (!p->window && p->softcap == 0.0f && !a->learnable_sink) return FATTN_OK;
+    if (a->q.dtype == FATTN_DTYPE_E4M3) {
+        if (p->softcap != 0.0f)
+            return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                              "softcap %g: the CUDA engine's FP8 forward has no softcap yet (its 16-bit forward "
+                              "and the CPU engine serve it)",
+                              (double)p->softcap);
+        if (a->learnable_sink)
+            return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                              "learnable_sink: the CUDA engine's FP8 forward has no learnable sinks yet (its 16-bit "
+                              "forward and the CPU engine serve them)");
+        const int kb = a->k.scale_block, vb = a->v.scale_block;
+        if ((kb != 1 && kb % FWD_FP8_SCALE_UNIT != 0) || vb % FWD_FP8_SCALE_UNIT != 0)
+            return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                              "window with k.scale_block %d, v.scale_block %d: the CUDA FP8 window kernels take K's "
+                              "1 (one scale per key) or a multiple of %d, V's a multiple of %d",
+                              kb, vb, FWD_FP8_SCALE_UNIT, FWD_FP8_SCALE_UNIT);
+    }
+    if ((int64_t)p->seqlen_q + p->seqlen_k >= ((int64_t)1 << 30))
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "window, softcap or learnable_sink with seqlen_q %d + seqlen_k %d >= 2^30: the CUDA "
+                          "engine's variant kernels count keys in an int",
+                          p->seqlen_q, p->seqlen_k);
+    return FATTN_OK;
+}
+
 extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_args *a) {
     const fattn_problem *p = &a->p;
     char list[64];
-    fattn_status vs = check_no_variants(ctx, p, a->learnable_sink, "learnable_sink", a->q.dtype == FATTN_DTYPE_E4M3 ? "FP8 forward" : "forward");
-    if (vs != FATTN_OK) return vs;
     bool ok = false;
     for (int i = 0; i < COUNT(fwd_dtypes); ++i) ok = ok || a->q.dtype == fwd_dtypes[i];
     if (!ok)
@@ -90,6 +124,8 @@ extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_arg
                               "multiples of %d",
                               kb, vb, FWD_FP8_SCALE_UNIT, FWD_FP8_SCALE_UNIT, FWD_FP8_SCALE_UNIT_D128);
     }
+    fattn_status vs = check_fwd_variants(ctx, a);
+    if (vs != FATTN_OK) return vs;
     if (p->head_dim != p->head_dim_v)
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                           "head_dim %d != head_dim_v %d is not supported by the Hopper kernel", p->head_dim, p->head_dim_v);
@@ -123,6 +159,12 @@ extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_arg
                               "seqused_k and block_table need the CUDA decoding kernel: 16-bit inputs, seqlen_q <= %d "
                               "and seqlen_q * heads_q / heads_kv <= %d (here %d and %d)",
                               FWD_DECODE_MAX_SEQLEN_Q, fwd_decode_max_rows(p->head_dim), p->seqlen_q,
+                              p->seqlen_q * (p->heads_q / p->heads_kv));
+        if (!fwd_decode_softcap_ok(a))
+            return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                              "softcap with seqused_k or block_table at head_dim 256 and %d rows (seqlen_q x "
+                              "heads_q / heads_kv): the CUDA decoding kernel takes softcap at head dim 256 for up "
+                              "to 16 rows",
                               p->seqlen_q * (p->heads_q / p->heads_kv));
         if (a->block_table && (a->page_size < 16 || (a->page_size & (a->page_size - 1))))
             return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
@@ -239,6 +281,9 @@ extern "C" fattn_status fattn_cuda_fwd(fattn_ctx *ctx, const fattn_fwd_args *a) 
         if ((s = cuda_check_device_ptr(ctx, x.ptr, x.name)) != FATTN_OK) return s;
         if ((uintptr_t)x.ptr % 4) return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "%s must be 4-byte aligned", x.name);
     }
+    /* read by the kernel's epilogue (api.c checked its alignment) */
+    if (a->learnable_sink && (s = cuda_check_device_ptr(ctx, a->learnable_sink, "learnable_sink")) != FATTN_OK)
+        return s;
     const cuda_fwd_options opt = fwd_options(ctx);
     return fwd_sm90_launch(ctx, a, &opt);
 }

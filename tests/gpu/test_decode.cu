@@ -10,8 +10,12 @@
  * does not use hold out-of-range indices: neither may reach O.  Tolerances:
  * gpu_check_fwd (gpu_testutil.h), the same as the dense forward's, which
  * this kernel meets with fp32 accumulation, P rounded to 16 bits and the
- * splits merged in fp32.  Exit 77 without a Hopper GPU (FATTN_REQUIRE_GPU=1:
- * a failure).  FATTN_TEST_SMALL=1: the small cases only (compute-sanitizer). */
+ * splits merged in fp32.  The variants (issue 37: the decoding kernel's LOCAL
+ * instances): a sliding window (relative to each sequence's used keys),
+ * softcap (bounds widened by cap x 2^-11, gpu_check_fwd's extra) and
+ * learnable sinks, with split keys, seqused_k and paged caches.  Exit 77
+ * without a Hopper GPU (FATTN_REQUIRE_GPU=1: a failure).
+ * FATTN_TEST_SMALL=1: the small cases only (compute-sanitizer). */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
@@ -30,6 +34,12 @@ struct dcase {
     int page;     /* 0: contiguous K/V; else the page size of a shuffled pool */
     int used;     /* 1: seqused_k, random per sequence (0 and 1 among them) */
     int no_split; /* FATTN_OPTION_DISABLE_SPLIT */
+    /* the variants (zero: none): window (wl, wr), softcap, and a learnable
+     * sink of sink_base + h / 4 for query head h when has_sink */
+    int window, wl, wr;
+    double softcap;
+    int has_sink;
+    double sink_base;
 };
 
 static uint16_t nan16(fattn_dtype dt) { return dt == FATTN_DTYPE_BF16 ? 0x7FC0 : 0x7E00; }
@@ -113,6 +123,14 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const dcase &c) {
         CK(cudaMalloc(&dtable, table.size() * 4));
         CK(cudaMemcpy(dtable, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
     }
+    std::vector<float> sinkf(HQ);
+    std::vector<double> sinkd(HQ);
+    for (int h = 0; h < HQ; ++h) sinkf[h] = (float)(c.sink_base + h / 4.0), sinkd[h] = sinkf[h];
+    float *dsink = NULL;
+    if (c.has_sink) {
+        CK(cudaMalloc(&dsink, HQ * 4));
+        CK(cudaMemcpy(dsink, sinkf.data(), HQ * 4, cudaMemcpyHostToDevice));
+    }
     fattn_fwd_args a;
     memset(&a, 0, sizeof a);
     a.p = tu_problem(B, SQ, SK, HQ, HK, D, 0, c.causal, NULL, NULL);
@@ -122,6 +140,9 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const dcase &c) {
     a.o = fattn_tensor_bshd(dout, c.dt);
     a.lse = dlse;
     a.seqused_k = dused;
+    a.p.window = c.window, a.p.window_left = c.wl, a.p.window_right = c.wr;
+    a.p.softcap = (float)c.softcap;
+    a.learnable_sink = dsink;
     if (c.page) {
         a.block_table = dtable;
         a.page_size = c.page;
@@ -137,9 +158,14 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const dcase &c) {
     if (c.no_split) TU_EXPECT_OK(fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_SPLIT, 1));
     const fattn_status st = fattn_fwd(ctx, &a);
     if (c.no_split) TU_EXPECT_OK(fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_SPLIT, 0));
-    char what[256];
+    char what[320];
     snprintf(what, sizeof what, "%s b%d sq%d sk%d h%d/%d d%d%s%s%s%s", fattn_dtype_name(c.dt), B, SQ, SK, HQ, HK, D,
              c.causal ? " causal" : "", c.page ? " paged" : "", c.used ? " seqused_k" : "", c.no_split ? " no-split" : "");
+    if (c.window || c.softcap != 0 || c.has_sink) {
+        const size_t len = strlen(what);
+        snprintf(what + len, sizeof what - len, " window %s(%d, %d) softcap %g sink %s%g", c.window ? "" : "off ",
+                 c.wl, c.wr, c.softcap, c.has_sink ? "" : "none ", c.has_sink ? c.sink_base : 0.0);
+    }
     TU_CHECK(st == FATTN_OK, "%s: fattn_fwd: %s: %s", what, fattn_status_string(st), fattn_last_error(ctx));
     const cudaError_t e = cudaDeviceSynchronize();
     TU_CHECK(e == cudaSuccess, "%s: kernel failed: %s", what, cudaGetErrorString(e));
@@ -152,18 +178,27 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const dcase &c) {
     tu_from_dtype(go.data(), nq, c.dt, got.data());
     /* the oracle per sequence, on its used keys */
     for (int b = 0; b < B; ++b) {
-        if (used[b] == 0) continue; /* no key: O 0, LSE -inf */
+        if (used[b] == 0) { /* no key: O 0, LSE -inf (with a sink: the sink) */
+            if (c.has_sink)
+                for (int h = 0; h < HQ; ++h)
+                    for (int i = 0; i < SQ; ++i) ref_lse[((size_t)b * HQ + h) * SQ + i] = sinkd[h];
+            continue;
+        }
         oracle_problem op;
         memset(&op, 0, sizeof op);
         op.batch = 1, op.seqlen_q = SQ, op.seqlen_k = used[b], op.heads_q = HQ, op.heads_kv = HK;
         op.head_dim = D, op.head_dim_v = D, op.causal = c.causal;
+        op.window = c.window, op.window_left = c.wl, op.window_right = c.wr;
+        op.softcap = c.softcap;
+        op.sink = c.has_sink ? sinkd.data() : NULL;
         std::vector<double> kb(k.begin() + (size_t)b * SK * row, k.begin() + ((size_t)b * SK + used[b]) * row);
         std::vector<double> vb(v.begin() + (size_t)b * SK * row, v.begin() + ((size_t)b * SK + used[b]) * row);
         oracle_fwd(&op, &q[(size_t)b * SQ * HQ * D], kb.data(), vb.data(), &ref[(size_t)b * SQ * HQ * D],
                    &ref_lse[(size_t)b * HQ * SQ]);
     }
-    gpu_check_fwd(what, c.dt, got.data(), ref.data(), nq, D, glse.data(), ref_lse.data(), nlse);
+    gpu_check_fwd(what, c.dt, got.data(), ref.data(), nq, D, glse.data(), ref_lse.data(), nlse, c.softcap * 0x1p-11);
     cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dout), cudaFree(dlse), cudaFree(dused), cudaFree(dtable);
+    if (dsink) cudaFree(dsink);
 }
 
 /* what the CUDA engine refuses, with O left as it was */
@@ -224,6 +259,17 @@ int main(void) {
         {2, 1, 2000, 8, 8, 256, 0, BF, 256, 1, 0},
         {4, 1, 100, 4, 1, 64, 0, BF, 32, 1, 0},
         {3, 4, 5000, 32, 8, 128, 1, BF, 128, 1, 0},
+        /* the variants: batch sq sk hq hkv d causal dtype page used no_split, window wl wr, softcap, sink? base */
+        {5, 1, 600, 32, 8, 128, 0, BF, 0, 1, 0, 1, 100, -1, 0, 1, 0},       /* seqused_k, left window, sink */
+        {3, 4, 300, 8, 2, 64, 1, F16, 0, 1, 0, 1, 37, 5, 2, 0, 0},          /* causal + window, softcap */
+        {3, 1, 1000, 32, 8, 128, 0, BF, 16, 1, 0, 1, 200, 0, 0, 1, -30},    /* paged, sink -30 */
+        {1, 1, 20000, 32, 8, 128, 0, BF, 0, 0, 0, 1, 3000, -1, 0, 1, 30},   /* split over the window's blocks */
+        {1, 1, 4097, 8, 1, 128, 0, BF, 0, 0, 1, 1, 1000, -1, 0, 1, 0},      /* the same unsplit */
+        {2, 16, 777, 8, 2, 128, 1, F16, 0, 0, 0, 1, 64, 16, 2, 1, 0},       /* 64 rows, all three */
+        {2, 8, 500, 8, 2, 256, 1, BF, 0, 0, 0, 1, 40, -1, 0, 1, 0},         /* 32 rows at d256 */
+        {2, 1, 2000, 8, 8, 256, 0, BF, 256, 1, 0, 1, 500, 500, 2, 1, 0},    /* paged d256, 1 row, softcap */
+        {1, 16, 5, 4, 4, 64, 1, BF, 0, 0, 0, 1, 2, -1, 0, 1, 0},            /* rows that see no key: LSE = sink */
+        {4, 1, 100, 4, 1, 64, 0, F16, 32, 1, 0, 0, 0, 0, 30, 1, 8},         /* softcap and sink, no window */
     };
     const int small = getenv("FATTN_TEST_SMALL") != NULL; /* sanitizer runs: small shapes only */
     for (const auto &c : cases)

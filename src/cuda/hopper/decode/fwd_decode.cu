@@ -65,6 +65,19 @@ static fattn_status decode_run(fattn_ctx *ctx, const fattn_fwd_args *a, const fw
     p.seqused_k = a->seqused_k;
     p.softmax_scale = pr->softmax_scale;
     p.scale_log2 = pr->softmax_scale * 1.4426950408889634f;
+    if (C::LOCAL) {
+        /* the variants (fwd_local_of's conventions: causal folded into right
+         * = 0; a side past every key unbounded) */
+        p.win_left = pr->window && pr->window_left >= 0 && pr->window_left < pr->seqlen_k ? pr->window_left : -1;
+        p.win_right = pr->causal ? 0
+                      : pr->window && pr->window_right >= 0 && pr->window_right < pr->seqlen_q ? pr->window_right
+                                                                                              : -1;
+        if (pr->softcap > 0.f) {
+            p.cap_a = pr->softcap / pr->softmax_scale;
+            p.cap_b = pr->softmax_scale / pr->softcap;
+        }
+        p.sink = a->learnable_sink;
+    }
     if (pr->batch > 65535 || pr->heads_kv > 65535)
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED, "decoding kernel: batch %d and heads_kv %d must be <= 65535",
                           pr->batch, pr->heads_kv);
@@ -84,7 +97,14 @@ static fattn_status decode_run(fattn_ctx *ctx, const fattn_fwd_args *a, const fw
         if ((s = cuda_make_tensor_map(ctx, &tv, &a->v, C::D, pr->seqlen_k, pr->heads_kv, pr->batch, C::BN, "v")) != FATTN_OK)
             return s;
     }
-    const int nblocks = (pr->seqlen_k + C::BN - 1) / C::BN;
+    int nblocks = (pr->seqlen_k + C::BN - 1) / C::BN;
+    /* LOCAL: the splits share the window's blocks (dec_window), at most
+     * ceil((left + seqlen_q + right) / BN) + 1 of them with a left side */
+    if (C::LOCAL && p.win_left >= 0) {
+        const int64_t span = (int64_t)p.win_left + pr->seqlen_q + (p.win_right < 0 ? 0 : p.win_right);
+        const int64_t wnb = (span + C::BN - 1) / C::BN + 1;
+        if (wnb < nblocks) nblocks = (int)wnb;
+    }
     const int slots = st->num_sms * (C::D <= 128 ? 2 : 1);
     int bps = nblocks;
     int splits = v.split ? decode_splits(pr->batch * pr->heads_kv, nblocks, slots, &bps) : 1;
@@ -117,27 +137,34 @@ static fattn_status decode_run(fattn_ctx *ctx, const fattn_fwd_args *a, const fw
         cfg.gridDim = dim3((rows + 3) / 4);
         cfg.blockDim = dim3(128);
         cfg.dynamicSmemBytes = 0;
-        e = cudaLaunchKernelEx(&cfg, fwd_decode_combine<C::D, C::BF16>, p);
+        e = cudaLaunchKernelEx(&cfg, fwd_decode_combine<C::D, C::BF16, C::LOCAL>, p);
     }
     if (e == cudaSuccess) e = cudaGetLastError();
     if (e != cudaSuccess) return fattn_fail(ctx, FATTN_ERROR_CUDA, "decoding kernel launch: %s", cudaGetErrorString(e));
     return splits > 1 ? cuda_decode_workspace_done(ctx) : FATTN_OK;
 }
 
-template <int D, bool BF16, bool PAGED>
+template <int D, bool BF16, bool PAGED, bool LOCAL>
 static fattn_status decode_rows(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v) {
     const int rows = a->p.heads_q / a->p.heads_kv * a->p.seqlen_q;
-    if (rows <= 16) return decode_run<DecCfg<D, 1, BF16, PAGED>>(ctx, a, v);
-    if (rows <= 32) return decode_run<DecCfg<D, 2, BF16, PAGED>>(ctx, a, v);
-    if constexpr (D < 256) return decode_run<DecCfg<D, 4, BF16, PAGED>>(ctx, a, v);
+    if (rows <= 16) return decode_run<DecCfg<D, 1, BF16, PAGED, LOCAL>>(ctx, a, v);
+    if (rows <= 32) return decode_run<DecCfg<D, 2, BF16, PAGED, LOCAL>>(ctx, a, v);
+    if constexpr (D < 256) return decode_run<DecCfg<D, 4, BF16, PAGED, LOCAL>>(ctx, a, v);
     return fattn_fail(ctx, FATTN_ERROR_INTERNAL, "decoding kernel: %d rows at head dim %d", rows, D);
 }
 
+template <int D, bool LOCAL>
+static fattn_status decode_dl(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v) {
+    const bool paged = a->block_table != NULL;
+    if (v.bf16)
+        return paged ? decode_rows<D, true, true, LOCAL>(ctx, a, v) : decode_rows<D, true, false, LOCAL>(ctx, a, v);
+    return paged ? decode_rows<D, false, true, LOCAL>(ctx, a, v) : decode_rows<D, false, false, LOCAL>(ctx, a, v);
+}
+
+/* the variants (window, softcap, sink: fwd_variant.local) on the LOCAL instances */
 template <int D>
 static fattn_status decode_d(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v) {
-    const bool paged = a->block_table != NULL;
-    if (v.bf16) return paged ? decode_rows<D, true, true>(ctx, a, v) : decode_rows<D, true, false>(ctx, a, v);
-    return paged ? decode_rows<D, false, true>(ctx, a, v) : decode_rows<D, false, false>(ctx, a, v);
+    return v.local ? decode_dl<D, true>(ctx, a, v) : decode_dl<D, false>(ctx, a, v);
 }
 
 fattn_status fwd_decode_launch(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v) {

@@ -16,7 +16,11 @@
  *     them, as fattn_merge does.
  * Keys past a sequence's length (seqused_k, or the block's tail) are masked
  * in S, and their V rows zeroed in shared memory before the PV product, so
- * whatever the cache holds there (NaN included) cannot reach O. */
+ * whatever the cache holds there (NaN included) cannot reach O.
+ * LOCAL (the variants, issue 37; instances of their own, so the others keep
+ * their code): a sliding window (a CTA's splits cover only the key blocks
+ * its rows can see), softcap before the mask, and the learnable sink in the
+ * final normalisation (one split) or in the combine (several). */
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -37,12 +41,21 @@ struct DecParams {
     int splits, blocks_per_split;
     float *ws_o, *ws_lse; /* splits > 1: [split][batch][kv head][rows] x D, and x 1 */
     float softmax_scale, scale_log2;
+    /* LOCAL only (after the fields the other instances read): the window
+     * (FwdLocal's convention: -1 unbounded, causal folded into right = 0),
+     * softcap x -> cap_a tanh(cap_b x) (cap_b 0: off), the sink (or NULL) */
+    int win_left, win_right;
+    float cap_a, cap_b;
+    const float *sink;
 };
 
-template <int D_, int WM_, bool BF16_, bool PAGED_>
+template <int D_, int WM_, bool BF16_, bool PAGED_, bool LOCAL_ = false>
 struct DecCfg {
     static constexpr int D = D_, WM = WM_, WN = 4 / WM_, BN = 64;
-    static constexpr bool BF16 = BF16_, PAGED = PAGED_;
+    static constexpr bool BF16 = BF16_, PAGED = PAGED_, LOCAL = LOCAL_;
+    /* LOCAL's softcap: not at d256 with 32 rows, where its tanh spilled 92
+     * bytes at 255 registers (fwd_decode_softcap_ok keeps such calls off) */
+    static constexpr bool SOFTCAP = LOCAL_ && !(D_ == 256 && WM_ == 2);
     static constexpr int KW = BN / WN; /* keys of a block per warp: 16, 32, 64 */
     static constexpr int NT = KW / 8;  /* S n-tiles per warp */
     static constexpr int SLABS = D / 64;
@@ -61,6 +74,19 @@ __device__ __forceinline__ int dec_len_k(const DecParams &p, int b) {
     int len = p.seqlen_k;
     if (p.seqused_k) len = min(len, max(p.seqused_k[b], 0));
     return len;
+}
+
+/* LOCAL: sequence b's window over its len keys as bounds on key - query
+ * (dl <= j - i <= dr), and the key blocks that some query of it sees:
+ * lo .. hi - 1 (none: hi <= lo) */
+template <class C>
+__device__ __forceinline__ void dec_window(const DecParams &p, int len, int &dl, int &dr, int &lo, int &hi) {
+    const int off = len - p.seqlen_q;
+    dl = p.win_left < 0 ? -p.seqlen_q : off - p.win_left;
+    dr = p.win_right < 0 ? len : off + p.win_right;
+    const int first = dl, last = p.seqlen_q - 1 + dr; /* query 0's first key, the last query's last */
+    lo = first <= 0 ? 0 : first / C::BN;
+    hi = last < 0 ? 0 : min(last / C::BN + 1, (len + C::BN - 1) / C::BN);
 }
 
 /* byte offset of (row, 16-byte chunk ch of the 64 columns of slab c) in a
@@ -121,8 +147,17 @@ __global__ void __launch_bounds__(C::THREADS)
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     const int len = dec_len_k(p, b);
-    const int nb = (len + BN - 1) / BN;
-    const int n_lo = split * p.blocks_per_split, n_hi = min(n_lo + p.blocks_per_split, nb);
+    int n_lo, n_hi;
+    int wdl = 0, wdr = 0; /* LOCAL: the window (dec_window) */
+    if constexpr (C::LOCAL) {
+        /* the splits cover the window's blocks only */
+        int wlo, whi;
+        dec_window<C>(p, len, wdl, wdr, wlo, whi);
+        n_lo = wlo + split * p.blocks_per_split, n_hi = min(n_lo + p.blocks_per_split, whi);
+    } else {
+        const int nb = (len + BN - 1) / BN;
+        n_lo = split * p.blocks_per_split, n_hi = min(n_lo + p.blocks_per_split, nb);
+    }
 
     if (warp == 4) {
         if (lane == 0) {
@@ -168,12 +203,18 @@ __global__ void __launch_bounds__(C::THREADS)
     for (int i = 0; i < D / 8; ++i) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.f;
     float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
     /* the query index of rows r_lo, r_lo + 8, for the causal bound */
-    int qlast[2];
+    int qlast[2], qfirst[2] = {0, 0};
     for (int h = 0; h < 2; ++h) {
         const int r = min(r_lo + 8 * h, p.rows - 1);
-        /* key j is visible to query i iff j <= i + len - seqlen_q */
-        qlast[h] = p.causal ? r / p.group + len - p.seqlen_q : len - 1;
-        qlast[h] = min(qlast[h], len - 1);
+        if constexpr (C::LOCAL) {
+            /* LOCAL: the window's keys of query r / group, within the sequence */
+            qfirst[h] = max(r / p.group + wdl, 0);
+            qlast[h] = min(r / p.group + wdr, len - 1);
+        } else {
+            /* key j is visible to query i iff j <= i + len - seqlen_q */
+            qlast[h] = p.causal ? r / p.group + len - p.seqlen_q : len - 1;
+            qlast[h] = min(qlast[h], len - 1);
+        }
     }
     const float sl2 = p.scale_log2;
     const int kw0 = wn * C::KW; /* this warp's first key of each block */
@@ -199,10 +240,33 @@ __global__ void __launch_bounds__(C::THREADS)
                 mma_m16n8k16<C::BF16>(sacc[2 * np], qf[kk], bk[0], bk[1]);
                 mma_m16n8k16<C::BF16>(sacc[2 * np + 1], qf[kk], bk[2], bk[3]);
             }
-        /* mask the keys past the sequence or the causal bound */
+        /* LOCAL: softcap (a uniform branch), before the mask */
+        if constexpr (C::SOFTCAP)
+            if (p.cap_b != 0.f)
+#pragma unroll
+                for (int i = 0; i < C::NT; ++i)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        float th;
+                        asm("tanh.approx.f32 %0, %1;" : "=f"(th) : "f"(sacc[i][e] * p.cap_b));
+                        sacc[i][e] = p.cap_a * th;
+                    }
+        /* mask the keys past the sequence or the causal bound (LOCAL: the
+         * window's edges, for the block's first query's last key and the
+         * last query's first) */
         const int key0 = n * BN + kw0;
         const bool tail = (n + 1) * BN > len;
-        if (tail || (p.causal && (n + 1) * BN - 1 > len - p.seqlen_q)) {
+        if constexpr (C::LOCAL) {
+            if (tail || (n + 1) * BN - 1 > wdr || n * BN < p.seqlen_q - 1 + wdl) {
+#pragma unroll
+                for (int i = 0; i < C::NT; ++i)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int key = key0 + i * 8 + 2 * t + (e & 1);
+                        if (key > qlast[e >> 1] || key < qfirst[e >> 1]) sacc[i][e] = -INFINITY;
+                    }
+            }
+        } else if (tail || (p.causal && (n + 1) * BN - 1 > len - p.seqlen_q)) {
 #pragma unroll
             for (int i = 0; i < C::NT; ++i)
 #pragma unroll
@@ -317,8 +381,21 @@ __global__ void __launch_bounds__(C::THREADS)
             acc.x += wgt * v.x, acc.y += wgt * v.y, acc.z += wgt * v.z, acc.w += wgt * v.w;
         }
         /* L == 0: the row saw no key (O 0, LSE -inf); NaN propagates */
-        const float inv = L == 0.f ? 0.f : 1.f / L;
-        const float lse = L == 0.f ? -INFINITY : mm * p.softmax_scale + logf(L);
+        float inv = L == 0.f ? 0.f : 1.f / L;
+        float lse = L == 0.f ? -INFINITY : mm * p.softmax_scale + logf(L);
+        if constexpr (C::LOCAL) {
+            /* one split: the sink joins the sum here (FwdEpilogue's
+             * finish_row_sink); several: in the combine */
+            if (p.sink && p.splits == 1) {
+                const float sink = __ldg(p.sink + hk * p.group + (row - (row / p.group) * p.group));
+                inv = 0.f, lse = sink;
+                if (L != 0.f) {
+                    const float m = mm * p.softmax_scale, mx = sink > m ? sink : m;
+                    const float keep = __expf(m - mx), sum = L * keep + __expf(sink - mx);
+                    inv = keep / sum, lse = mx + __logf(sum);
+                }
+            }
+        }
         acc.x *= inv, acc.y *= inv, acc.z *= inv, acc.w *= inv;
         const int sq = row / p.group, h = hk * p.group + (row - sq * p.group);
         if (p.splits > 1) {
@@ -338,7 +415,7 @@ __global__ void __launch_bounds__(C::THREADS)
 
 /* splits > 1: one warp per row merges the splits' partials (the
  * log-sum-exp merge of fattn_merge), in split order, in fp32 */
-template <int D, bool BF16>
+template <int D, bool BF16, bool LOCAL = false>
 __global__ void __launch_bounds__(128) fwd_decode_combine(const __grid_constant__ DecParams p) {
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
     const int gw = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -373,9 +450,23 @@ __global__ void __launch_bounds__(128) fwd_decode_combine(const __grid_constant_
             }
         }
     }
-    const float inv = nan ? NAN : L == 0.f ? 0.f : 1.f / L;
-    const float lse = nan ? NAN : L == 0.f ? -INFINITY : mm + logf(L);
+    float inv = nan ? NAN : L == 0.f ? 0.f : 1.f / L;
+    float lse = nan ? NAN : L == 0.f ? -INFINITY : mm + logf(L);
     const int sq = row / p.group, h = hk * p.group + (row - sq * p.group);
+    if constexpr (LOCAL) {
+        /* the sink, once: with M = max(mm, sink) the partials' weights are
+         * exp(l_i - M) = w_i exp(mm - M), the sink's exp(sink - M); no key
+         * (L 0): O 0, LSE = sink; a NaN partial or sink: NaN */
+        if (p.sink && !nan) {
+            const float sink = __ldg(p.sink + h);
+            inv = 0.f, lse = sink;
+            if (L != 0.f) {
+                const float mx = sink > mm ? sink : mm;
+                const float keep = __expf(mm - mx), sum = L * keep + __expf(sink - mx);
+                inv = keep / sum, lse = mx + logf(sum);
+            }
+        }
+    }
     uint16_t *o = (uint16_t *)p.o + b * p.o_sb + (int64_t)sq * p.o_ss + (int64_t)h * p.o_sh + lane * PER;
 #pragma unroll
     for (int j = 0; j < PER; j += 2)

@@ -25,6 +25,7 @@ struct FwdEpilogue {
     /* VARLEN: the current tile's sequence (first packed row, queries) and
      * the packed rows of Q (the LSE's row stride) */
     int vq0 = 0, vlen_q = 0, vtotal = 0;
+    const FwdLocal *loc = nullptr; /* LOCAL only: the learnable sink */
 
     /* row of the tile's sequence that exists (VARLEN: also inside the packed
      * O, whatever cu_seqlens_q says: the CUDA engine does not check it) */
@@ -108,6 +109,9 @@ struct FwdEpilogue {
      * units of; rmax in log2 units and P offset by 2^8, fwd_softmax.cuh) */
     __device__ __forceinline__ float finish_row(int r, const float (&rmax)[2], const float (&rsum)[2], int eb, int eh,
                                                 int erow, float osc) const {
+        if constexpr (C::LOCAL && !C::FP8) {
+            if (loc->sink) return finish_row_sink(r, rmax, rsum, eb, eh, erow);
+        }
         const float l = fwd_quad_sum(rsum[r]);
         /* l == 0: the row sees no key (LSE -inf, O 0); a NaN l (NaN or Inf in
          * its inputs) gives NaN for both, as the CPU engine does */
@@ -118,6 +122,27 @@ struct FwdEpilogue {
             p.lse[lse_index(eb, eh, row)] =
                 seen ? (C::FP8 ? (rmax[r] - 8.f) * 0.6931471805599453f : rmax[r] * p.softmax_scale) + logf(l)
                      : -INFINITY;
+        return inv;
+    }
+    /* LOCAL with a learnable sink (fattn_fwd_args; the CPU engine's
+     * arithmetic): the sink's exp(sink - M) joins the row sum, M = max(row
+     * max, sink) in natural-log units, and the LSE includes it; a row that
+     * saw no key gets O = 0 and LSE = sink.  A NaN sink: NaN sum, NaN row. */
+    __device__ __forceinline__ float finish_row_sink(int r, const float (&rmax)[2], const float (&rsum)[2], int eb,
+                                                     int eh, int erow) const {
+        const float l = fwd_quad_sum(rsum[r]);
+        const float sink = __ldg(loc->sink + eh);
+        float inv = 0.f, lse = sink;
+        if (l != 0.f) {
+            const float m = rmax[r] * p.softmax_scale;
+            const float mx = sink > m ? sink : m;
+            const float keep = __expf(m - mx);
+            const float sum = l * keep + __expf(sink - mx);
+            inv = keep / sum;
+            lse = mx + __logf(sum);
+        }
+        const int row = erow + r0 + 8 * r;
+        if (p.lse && q4 == 0 && row_in(row)) p.lse[lse_index(eb, eh, row)] = lse;
         return inv;
     }
     /* O / l and LSE of a finished tile (rows erow + r0, + 8 of head eh, batch eb) */
@@ -173,7 +198,10 @@ struct FwdEpilogue {
         for (int r = 0; r < 2; ++r) {
             const int row = row_base + r0 + 8 * r;
             if (!row_in(row)) continue;
-            if (p.lse && q4 == 0) p.lse[lse_index(eb, eh, row)] = -INFINITY;
+            float lse = -INFINITY;
+            if constexpr (C::LOCAL && !C::FP8) /* a row with no key: LSE = the sink */
+                if (loc->sink) lse = __ldg(loc->sink + eh);
+            if (p.lse && q4 == 0) p.lse[lse_index(eb, eh, row)] = lse;
             uint8_t *orow = o_row(eb, eh, row);
             for (int i = 0; i < C::D / 8; ++i) *(uint32_t *)(orow + 2 * (8 * i + 2 * q4)) = 0u;
         }

@@ -42,6 +42,7 @@ struct FwdConsumer {
     int bar_self, bar_next;
     const FwdFp8 *f8; /* FP8 only */
     const FwdVarlen *vl; /* VARLEN only */
+    const FwdLocal *loc = nullptr; /* LOCAL only */
     int it = 0; /* K/V ring position */
 #ifdef FATTN_FWD_TRACE
     int trace_n = 0;
@@ -221,6 +222,10 @@ struct FwdConsumer {
             rescale = true;
         } else {
             (void)first;
+            /* LOCAL: softcap at runtime (a uniform branch: calls without it
+             * pay no MUFU); before the mask, whose -inf it would not keep */
+            if constexpr (C::LOCAL)
+                if (loc->cap_b != 0.f) fwd_softcap<C>(sacc, loc->cap_a, loc->cap_b);
             mask.apply(sacc, col0);
             sf.step(sacc, c2, alpha, rescale);
         }
@@ -343,7 +348,8 @@ struct FwdConsumer {
     __device__ __forceinline__ void run_tile(int t, int qi, int m, int h, int b, int row_base, int n_lo, int n_hi,
                                              int nblocks, const FwdSeq &seq) {
         FwdSoftmax<C> sf;
-        const FwdMask<C> mask{p, m * BM, row_base, r0, q4, seq.len_k, seq.len_k - seq.len_q};
+        FwdMask<C> mask{p, m * BM, row_base, r0, q4, seq.len_k, seq.len_k - seq.len_q};
+        if constexpr (C::LOCAL) fwd_window_diag(loc, seq, mask.dl, mask.dr);
 #pragma unroll
         for (int i = 0; i < D / 2; ++i) oacc[i] = 0.f;
         load_q(qi);
@@ -424,11 +430,12 @@ struct FwdConsumer {
             FWD_TRACE(1);
             if (t >= p.num_tiles) break;
             int m, h, b;
-            fwd_tile_decode<C::CAUSAL>(p, t, m, h, b);
+            fwd_decode<C>(p, loc, t, m, h, b);
             const FwdSeq seq = fwd_seq<C>(p, vl, b);
-            const int nblocks = fwd_tile_n_blocks<C>(p, seq, m);
+            int lo; /* LOCAL: the window's first block; else 0 */
+            const int nblocks = fwd_tile_blocks<C>(p, loc, seq, m, lo);
             if constexpr (C::VARLEN) epi.vq0 = seq.q0, epi.vlen_q = seq.len_q;
-            int n_lo = 0, n_hi = nblocks;
+            int n_lo = lo, n_hi = lo + nblocks;
             fwd_split_range<C>(sp, t, n_lo, n_hi);
             const int row_base = m * BM + wg * 64; /* first query row of this warpgroup */
             /* SITOUT: no row of this warpgroup is in the sequence (it got no Q) */

@@ -63,6 +63,26 @@ struct FwdVarlen {
     const int *seqused_k; /* or NULL: sequence b's first seqused_k[b] keys only */
     int total_q, total_k;
 };
+/* LOCAL (the variants, issue 37): the parameter after FwdParams of those
+ * instances only.  Query i sees key j iff i + off - left <= j <= i + off +
+ * right (off = seqlen_k - seqlen_q of the sequence), -1 unbounded; the host
+ * folds causal into right = 0 and sets a side that reaches past every key
+ * to -1 (fwd_local_of), and keeps seqlen_q + seqlen_k below 2^30, so no
+ * bound overflows an int.  Softcap (cap > 0): the raw score x
+ * (softmax_scale is applied later, in c2) becomes cap_a tanh(cap_b x),
+ * cap_a = cap / scale, cap_b = scale / cap, so that scale times it is
+ * cap tanh(scale x / cap); cap_b 0: off.
+ * sink: NULL or float[heads_q], natural-log units (fattn_fwd_args).
+ * m_up: the dynamic scheduler takes a head's query blocks in ascending
+ * order (a window whose left side binds: the first blocks see the most
+ * keys); else descending, as causal. */
+struct FwdLocal {
+    int left, right;
+    float cap_a, cap_b;
+    const float *sink;
+    int m_up;
+};
+
 /* a tile's sequence: its first packed row of Q and of K, and its lengths
  * (fixed-length instances: 0, 0, seqlen_q, seqlen_k) */
 struct FwdSeq {

@@ -13,6 +13,7 @@ struct FwdProducer {
     const FwdSmem<C> &sm;
     uint32_t cta_rank;
     const FwdVarlen *vl; /* VARLEN only */
+    const FwdLocal *loc = nullptr; /* LOCAL only */
     int q_iter = 0;
     /* VARLEN: the walk's position vb in the order of the sequences, that
      * sequence vs, its first compact tile vbase and its tile count vn */
@@ -82,10 +83,11 @@ struct FwdProducer {
         int m = 0, h = 0, b = 0, q0 = 0;
         bool load = tile < p.num_tiles;
         if (load) {
-            fwd_tile_decode<C::CAUSAL>(p, tile, m, h, b);
+            fwd_decode<C>(p, loc, tile, m, h, b);
             const FwdSeq seq = fwd_seq<C>(p, vl, b);
             q0 = seq.q0;
-            load = fwd_tile_n_blocks<C>(p, seq, m) > 0;
+            int lo;
+            load = fwd_tile_blocks<C>(p, loc, seq, m, lo) > 0;
         }
         hand_over_each(tile, load, m, h, b, q0);
     }
@@ -111,7 +113,7 @@ struct FwdProducer {
      * of its load into shared memory */
     __device__ __forceinline__ void prefetch_q(int t_next) const {
         int m2, h2, b2;
-        fwd_tile_decode<C::CAUSAL>(p, t_next, m2, h2, b2);
+        fwd_decode<C>(p, loc, t_next, m2, h2, b2);
         const int q0 = C::VARLEN ? fwd_seq<C>(p, vl, b2).q0 : 0;
         for (int w = 0; w < C::NC; ++w)
             for (int c = 0; c < C::SLABS; ++c)
@@ -137,10 +139,11 @@ struct FwdProducer {
             int rng_next = rng;
             const int t_next = tile_of(sched.next(wave, rng_next));
             int m, h, b;
-            fwd_tile_decode<C::CAUSAL>(p, t, m, h, b);
+            fwd_decode<C>(p, loc, t, m, h, b);
             const FwdSeq seq = fwd_seq<C>(p, vl, b);
-            const int nblocks = fwd_tile_n_blocks<C>(p, seq, m);
-            const int n_lo = C::SPLIT ? rng & 0xffff : 0, n_hi = C::SPLIT ? rng >> 16 : nblocks;
+            int lo; /* LOCAL: the window's first block; else 0 */
+            const int nblocks = fwd_tile_blocks<C>(p, loc, seq, m, lo);
+            const int n_lo = C::SPLIT ? rng & 0xffff : lo, n_hi = C::SPLIT ? rng >> 16 : lo + nblocks;
             const int hk = h / p.group;
             FWD_TRACE(20);
             /* QEARLY loads the next Q itself after this tile's first V: no prefetch */

@@ -20,14 +20,15 @@
  * that); inside a group the longest rows (largest m) come first, so each
  * group's tail is short tiles. */
 template <bool CAUSAL>
-__device__ __forceinline__ void fwd_tile_decode(const FwdParams &p, int t, int &m, int &h, int &b) {
+__device__ __forceinline__ void fwd_tile_decode(const FwdParams &p, int t, int &m, int &h, int &b, bool m_up = false) {
     int bh;
     if (CAUSAL) {
         const int nbh = p.batch * p.heads_q;
         const int per_group = p.head_group * p.num_m_blocks;
         const int g = min(t / per_group, p.head_groups - 1), within = t - g * per_group;
         const int gsize = g == p.head_groups - 1 ? nbh - g * p.head_group : p.head_group;
-        m = p.num_m_blocks - 1 - within / gsize;
+        /* LOCAL m_up (FwdLocal): a left-bound window's longest tiles are its first */
+        m = m_up ? within / gsize : p.num_m_blocks - 1 - within / gsize;
         bh = g * p.head_group + within % gsize;
     } else {
         m = t % p.num_m_blocks;
@@ -35,6 +36,23 @@ __device__ __forceinline__ void fwd_tile_decode(const FwdParams &p, int t, int &
     }
     h = bh % p.heads_q;
     b = bh / p.heads_q;
+}
+
+/* fwd_tile_decode of a kernel with options C (LOCAL: the order FwdLocal asks for) */
+template <class C>
+__device__ __forceinline__ void fwd_decode(const FwdParams &p, const FwdLocal *loc, int t, int &m, int &h, int &b) {
+    if constexpr (C::LOCAL) fwd_tile_decode<C::CAUSAL>(p, t, m, h, b, loc->m_up != 0);
+    else (void)loc, fwd_tile_decode<C::CAUSAL>(p, t, m, h, b);
+}
+
+/* LOCAL: the window of sequence s as bounds on j - i (key minus query
+ * index): dl <= j - i <= dr; an unbounded side becomes a bound every pair
+ * meets (j - i lies in [-(len_q - 1), len_k - 1]).  FwdLocal's host-side
+ * limits keep every sum in an int. */
+__device__ __forceinline__ void fwd_window_diag(const FwdLocal *loc, const FwdSeq &s, int &dl, int &dr) {
+    const int off = s.len_k - s.len_q;
+    dl = loc->left < 0 ? -s.len_q : off - loc->left;
+    dr = loc->right < 0 ? s.len_k : off + loc->right;
 }
 
 /* Number of key blocks tile m must visit (0 when every row is masked). */
@@ -85,6 +103,32 @@ __device__ __forceinline__ int fwd_tile_n_blocks(const FwdParams &p, const FwdSe
     } else {
         (void)s;
         return fwd_num_n_blocks<C>(p, m);
+    }
+}
+
+/* The key blocks tile m of sequence s visits: lo .. lo + count - 1, the
+ * count returned (0: none).  LOCAL: from the first key its first row sees
+ * to the last key its last row sees (the tile's rows past the sequence
+ * only widen the range; the mask covers them); else from block 0. */
+template <class C>
+__device__ __forceinline__ int fwd_tile_blocks(const FwdParams &p, const FwdLocal *loc, const FwdSeq &s, int m,
+                                               int &lo) {
+    if constexpr (C::LOCAL) {
+        if (C::VARLEN && m * C::BM >= s.len_q) {
+            lo = 0;
+            return 0;
+        }
+        int dl, dr;
+        fwd_window_diag(loc, s, dl, dr);
+        const int first = m * C::BM + dl, last = (m + 1) * C::BM - 1 + dr;
+        const int nb = (s.len_k + C::BN - 1) / C::BN;
+        lo = first <= 0 ? 0 : first / C::BN;
+        const int hi = last < 0 ? 0 : min(last / C::BN + 1, nb);
+        return hi > lo ? hi - lo : 0;
+    } else {
+        (void)loc;
+        lo = 0;
+        return fwd_tile_n_blocks<C>(p, s, m);
     }
 }
 

@@ -30,7 +30,8 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
                                               const CUtensorMap &tm_v, const FwdParams p, const SP &sp,
                                               const CUtensorMap *tm_o /* OTMA only */,
                                               const FwdFp8 *f8 /* FP8 only */,
-                                              const FwdVarlen *vl = nullptr /* VARLEN only */) {
+                                              const FwdVarlen *vl = nullptr /* VARLEN only */,
+                                              const FwdLocal *loc = nullptr /* LOCAL only */) {
     extern __shared__ uint8_t smem_raw[];
     const FwdSmem<C> sm(smem_raw);
     const int warpgroup = threadIdx.x / 128;
@@ -67,7 +68,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
             return;
         }
         const FwdScheduler<C, SP> sched{p, sp, cta_rank};
-        FwdProducer<C, SP> prod{tm_q, tm_k, tm_v, p, sm, cta_rank, vl};
+        FwdProducer<C, SP> prod{tm_q, tm_k, tm_v, p, sm, cta_rank, vl, loc};
         prod.run(sched);
         if (C::CLUSTER > 1) cluster_sync_all();
         return;
@@ -85,8 +86,9 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
     const int q4 = lane % 4;
     FwdEpilogue<C, SP> epi{p, sp, tm_o, sm.base, wg, warp, lane, tid, r0, q4, p.scale_log2};
     if constexpr (C::VARLEN) epi.vtotal = vl->total_q;
+    epi.loc = loc;
     FwdConsumer<C, SP> cons{p,  sp,       sm,           epi,    wg,
-                            warp, lane, r0, q4, cta_rank, p.scale_log2, 8 + wg, 8 + (wg + 1) % C::NC, f8, vl};
+                            warp, lane, r0, q4, cta_rank, p.scale_log2, 8 + wg, 8 + (wg + 1) % C::NC, f8, vl, loc};
     cons.run();
     if (C::CLUSTER > 1) cluster_sync_all();
 }
@@ -139,4 +141,18 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                            const __grid_constant__ CUtensorMap tm_v, const FwdParams p,
                            const __grid_constant__ FwdVarlen vl) {
     fwd_sm90_body<C>(tm_q, tm_k, tm_v, p, FwdNoSplit(), nullptr, nullptr, &vl);
+}
+
+/* LOCAL (the variants: window, softcap, sinks): one signature for every
+ * such instance, fixed-length or VARLEN, 16-bit or FP8, with or without
+ * OTMA: the parameter blocks an instance does not use are passed and not
+ * read (the plain kernels above keep their own parameter lists) */
+template <class C>
+__global__ void __launch_bounds__(C::THREADS, 1)
+    fwd_sm90_local_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                          const __grid_constant__ CUtensorMap tm_v, const FwdParams p,
+                          const __grid_constant__ FwdLocal loc, const __grid_constant__ FwdVarlen vl,
+                          const __grid_constant__ FwdFp8 f8, const __grid_constant__ CUtensorMap tm_o) {
+    fwd_sm90_body<C>(tm_q, tm_k, tm_v, p, FwdNoSplit(), C::OTMA ? &tm_o : nullptr, C::FP8 ? &f8 : nullptr,
+                     C::VARLEN ? &vl : nullptr, &loc);
 }

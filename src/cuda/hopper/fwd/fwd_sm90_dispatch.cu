@@ -7,6 +7,13 @@
 
 fwd_kernel fwd_sm90_pick(const fattn_problem *pr, const fwd_variant &v) {
     const int64_t sk = pr->seqlen_k;
+    if (v.local) { /* the variants: one kernel per head dim (fwd_sm90_launch) */
+        switch (pr->head_dim) {
+        case 64: return v.fp8 ? FWD_FP8_D64_LOCAL : FWD_D64_LOCAL;
+        case 128: return v.fp8 ? FWD_FP8_D128_LOCAL : FWD_D128_LOCAL;
+        default: return v.fp8 ? FWD_FP8_D256_LOCAL : FWD_D256_LOCAL;
+        }
+    }
     if (v.fp8) {
         switch (pr->head_dim) {
         case 64: return v.causal ? FWD_FP8_D64_CAUSAL : FWD_FP8_D64;
@@ -53,6 +60,9 @@ fattn_status fwd_sm90_launch(fattn_ctx *ctx, const fattn_fwd_args *a, const cuda
     v.causal = a->p.causal != 0;
     v.kcol = v.fp8 && a->k.scale_block == 1;
     v.fp8_kv192 = v.fp8 && !v.kcol && a->k.scale_block % 192 == 0 && a->v.scale_block % 192 == 0;
+    /* window, softcap or sink (entry.cu: FP8 the window only; never with
+     * the decoding kernel's seqused_k or block_table) */
+    v.local = a->p.window || a->p.softcap != 0.f || a->learnable_sink;
     int prev;
     fattn_status s = cuda_ctx_enter(ctx, &prev);
     if (s != FATTN_OK) return s;
@@ -61,7 +71,8 @@ fattn_status fwd_sm90_launch(fattn_ctx *ctx, const fattn_fwd_args *a, const cuda
         cuda_device_leave(prev);
         return s;
     }
-    if (fwd_decode_eligible(a)) {
+    /* the variants too (its LOCAL instances), but softcap where it has none */
+    if (fwd_decode_eligible(a) && fwd_decode_softcap_ok(a)) {
         s = fwd_decode_launch(ctx, a, v);
         cuda_device_leave(prev);
         return s;

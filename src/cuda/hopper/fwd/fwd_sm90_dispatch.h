@@ -10,6 +10,7 @@ struct fwd_variant : cuda_fwd_options {
     bool bf16, causal; /* bf16: of the output (16-bit calls: of every tensor) */
     bool fp8, kcol;    /* e4m3 inputs; one K scale per key */
     bool fp8_kv192;    /* FP8: K and V scale blocks are multiples of 192 keys (and K's not per key) */
+    bool local;        /* a window, softcap or learnable sink: the LOCAL kernels (never split) */
     /* the full design: every fp16 call, and bf16 unless the ablation turned
      * a technique off (the ablation's variants are bf16 only) */
     bool full_design() const { return !bf16 || (overlap && pingpong && !under_pv); }
@@ -36,6 +37,15 @@ enum fwd_kernel {
     FWD_FP8_D128_192,
     FWD_FP8_D256_CAUSAL, /* 128 x 64 */
     FWD_FP8_D256,
+    /* the variants (issue 37: window, softcap, learnable sinks; FP8: the
+     * window only): each the head dim's causal kernel with its window at
+     * runtime (FwdOpts.local) */
+    FWD_D64_LOCAL,       /* 192 x 128 */
+    FWD_D128_LOCAL,      /* 128 x 128 */
+    FWD_D256_LOCAL,      /* 128 x 80 */
+    FWD_FP8_D64_LOCAL,   /* 192 x 128 */
+    FWD_FP8_D128_LOCAL,  /* 128 x 128 */
+    FWD_FP8_D256_LOCAL,  /* 128 x 64 */
     FWD_KERNEL_COUNT_    /* not a kernel: the number of them */
 };
 
@@ -59,6 +69,11 @@ fattn_status fwd_sm90_fp8_hdim256(fattn_ctx *ctx, const fattn_fwd_args *a, const
 /* d256 with 64 rows spilled 96 bytes (4 row blocks: S of 64 keys beside O and Q) */
 inline int fwd_decode_max_rows(int head_dim) { return head_dim == 256 ? FWD_DECODE_MAX_ROWS / 2 : FWD_DECODE_MAX_ROWS; }
 bool fwd_decode_eligible(const fattn_fwd_args *a);
+/* The decoding kernel's variants (its LOCAL instances): all but softcap at
+ * head dim 256 with more than 16 rows (DecCfg::SOFTCAP) */
+inline bool fwd_decode_softcap_ok(const fattn_fwd_args *a) {
+    return a->p.softcap == 0.f || a->p.head_dim != 256 || a->p.heads_q / a->p.heads_kv * a->p.seqlen_q <= 16;
+}
 /* Variable-length batches (cu_seqlens; fwd_sm90_varlen.cu): 16-bit. */
 fattn_status fwd_sm90_varlen(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v);
 fattn_status fwd_decode_launch(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v);

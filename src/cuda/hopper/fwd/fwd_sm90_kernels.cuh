@@ -55,6 +55,18 @@ constexpr FwdOpts fwd_kernel_opts(fwd_kernel k) {
      * 232 registers, 128 of O and 64 of S; f2) */
     case FWD_FP8_D256_CAUSAL: o.d = 256, o.bn = 64, o.causal = true, o.fp8 = true; break;
     case FWD_FP8_D256: o.d = 256, o.bn = 64, o.fp8 = true; break;
+    /* the variants: the causal kernel of the head dim, without SKIPDIAG
+     * (its test reads the causal diagonal), the window at runtime */
+    case FWD_D64_LOCAL:
+        o = fwd_kernel_opts(FWD_D64_CAUSAL), o.skipdiag = false, o.local = true;
+        break;
+    case FWD_D128_LOCAL: o = fwd_kernel_opts(FWD_D128_CAUSAL), o.local = true; break;
+    case FWD_D256_LOCAL:
+        o = fwd_kernel_opts(FWD_D256_CAUSAL), o.skipdiag = false, o.local = true;
+        break;
+    case FWD_FP8_D64_LOCAL: o = fwd_kernel_opts(FWD_FP8_D64_CAUSAL), o.local = true; break;
+    case FWD_FP8_D128_LOCAL: o = fwd_kernel_opts(FWD_FP8_D128_CAUSAL), o.local = true; break;
+    case FWD_FP8_D256_LOCAL: o = fwd_kernel_opts(FWD_FP8_D256_CAUSAL), o.local = true; break;
     case FWD_KERNEL_COUNT_: break;
     }
     return o;
@@ -85,6 +97,7 @@ inline fwd_variant fwd_variant_of(const FwdOpts &o, bool split, bool pdl) {
     v.under_pv = o.overlap == 3;
     v.split = split;
     v.pdl = pdl;
+    v.local = o.local;
     return v;
 }
 

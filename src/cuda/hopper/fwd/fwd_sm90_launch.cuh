@@ -3,6 +3,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <string.h>
 
@@ -15,18 +16,60 @@
  * and OTMA's map of O) stay within the classic 4 KB limit */
 static_assert(4 * sizeof(CUtensorMap) + sizeof(FwdParams) + sizeof(FwdSplit) <= 4096, "kernel parameters");
 static_assert(3 * sizeof(CUtensorMap) + sizeof(FwdParams) + sizeof(FwdFp8) <= 4096, "FP8 kernel parameters");
+static_assert(4 * sizeof(CUtensorMap) + sizeof(FwdParams) + sizeof(FwdLocal) + sizeof(FwdVarlen) + sizeof(FwdFp8) + 64 <=
+                  4096,
+              "LOCAL kernel parameters");
 
 /* the kernel of an instance: (Q, K, V tensor maps, FwdParams), with SPLIT a
  * FwdSplit after FwdParams, with OTMA O's tensor map last; the launch passes
  * its arguments in that order */
 template <class C>
 auto fwd_sm90_kernel_of() {
-    if constexpr (C::VARLEN) return fwd_sm90_varlen_kernel<C>;
+    if constexpr (C::LOCAL) return fwd_sm90_local_kernel<C>;
+    else if constexpr (C::VARLEN) return fwd_sm90_varlen_kernel<C>;
     else if constexpr (C::FP8) return fwd_sm90_fp8_kernel<C>;
     else if constexpr (C::SPLIT && C::OTMA) return fwd_sm90_split_kernel_o<C>;
     else if constexpr (C::SPLIT) return fwd_sm90_split_kernel<C>;
     else if constexpr (C::OTMA) return fwd_sm90_kernel_o<C>;
     else return fwd_sm90_kernel<C>;
+}
+
+/* LOCAL: the call's window, softcap and sink (fattn_problem, fattn_fwd_args)
+ * as FwdLocal: causal folded into right = 0 (fattn.h: the intersection), a
+ * side that reaches past every key of every sequence unbounded (-1: left >=
+ * seqlen_k or right >= seqlen_q, the longest sequence's under varlen), and
+ * the query-block order of the dynamic scheduler (fixed length: ascending
+ * where the first block sees more key blocks than the last).  With that and
+ * entry.cu's seqlen_q + seqlen_k < 2^30, fwd_tile_blocks's sums stay below
+ * 2^30 + 2 BM. */
+inline FwdLocal fwd_local_of(const fattn_fwd_args *a, int bm, int bn, bool varlen) {
+    const fattn_problem *pr = &a->p;
+    FwdLocal L;
+    memset(&L, 0, sizeof L);
+    L.left = pr->window && pr->window_left >= 0 && pr->window_left < pr->seqlen_k ? pr->window_left : -1;
+    L.right = pr->causal ? 0
+              : pr->window && pr->window_right >= 0 && pr->window_right < pr->seqlen_q ? pr->window_right
+                                                                                      : -1;
+    if (pr->softcap > 0.f) {
+        L.cap_a = pr->softcap / pr->softmax_scale;
+        L.cap_b = pr->softmax_scale / pr->softcap;
+    }
+    L.sink = a->learnable_sink;
+    L.m_up = 0;
+    if (!varlen && L.left >= 0 && pr->seqlen_q > 0) {
+        /* blocks of tile m: the host's copy of fwd_tile_blocks */
+        auto count = [&](int64_t m) {
+            const int64_t off = (int64_t)pr->seqlen_k - pr->seqlen_q;
+            const int64_t first = m * bm + off - L.left;
+            const int64_t last = (m + 1) * bm - 1 + (L.right < 0 ? pr->seqlen_k : off + L.right);
+            const int64_t nb = (pr->seqlen_k + bn - 1) / bn;
+            const int64_t lo = first <= 0 ? 0 : first / bn, hi = last < 0 ? 0 : std::min(last / bn + 1, nb);
+            return hi > lo ? hi - lo : 0;
+        };
+        const int64_t nm = (pr->seqlen_q + bm - 1) / bm;
+        L.m_up = count(0) > count(nm - 1);
+    }
+    return L;
 }
 
 /* SPLIT (v30): the work tiles that do not fill the last wave of
@@ -248,6 +291,7 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, const
         if ((s = cuda_make_tensor_map(ctx, &tk, &a->k, C::D, rk, pr->heads_kv, bt, C::BN, "k")) != FATTN_OK) return s;
         if ((s = cuda_make_tensor_map(ctx, &tv, &a->v, C::D, rk, pr->heads_kv, bt, C::BN, "v")) != FATTN_OK) return s;
     }
+    const FwdLocal loc = fwd_local_of(a, C::BM, C::BN, C::VARLEN);
     FwdVarlen vl;
     vl.cu_q = pr->cu_seqlens_q;
     vl.cu_k = pr->cu_seqlens_k;
@@ -297,12 +341,19 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, const
     cfg.attrs = attr;
     cfg.numAttrs = nattr;
     /* the arguments in the order of the kernel's parameters (fwd_sm90_kernel_of) */
-    void *args[6] = {&tq, &tk, &tv, &p};
+    void *args[8] = {&tq, &tk, &tv, &p};
     int nargs = 4;
-    if constexpr (C::VARLEN) args[nargs++] = &vl;
-    if constexpr (C::SPLIT) args[nargs++] = const_cast<FwdSplit *>(sp);
-    if constexpr (C::OTMA) args[nargs++] = &to;
-    if constexpr (C::FP8) args[nargs++] = &f8;
+    if constexpr (C::LOCAL) { /* fwd_sm90_local_kernel: every block, in its order */
+        args[nargs++] = const_cast<FwdLocal *>(&loc);
+        args[nargs++] = &vl;
+        args[nargs++] = &f8;
+        args[nargs++] = &to;
+    } else {
+        if constexpr (C::VARLEN) args[nargs++] = &vl;
+        if constexpr (C::SPLIT) args[nargs++] = const_cast<FwdSplit *>(sp);
+        if constexpr (C::OTMA) args[nargs++] = &to;
+        if constexpr (C::FP8) args[nargs++] = &f8;
+    }
     cudaError_t e = cudaLaunchKernelExC(&cfg, (const void *)fwd_sm90_kernel_of<C>(), args);
     if (e == cudaSuccess) e = cudaGetLastError();
     if (e != cudaSuccess) return fattn_fail(ctx, FATTN_ERROR_CUDA, "forward kernel launch: %s", cudaGetErrorString(e));

@@ -16,6 +16,7 @@ struct FwdMask {
     int row_base;  /* first row of this warpgroup */
     int r0, q4;
     int len_k, coff; /* VARLEN: the tile's sequence's keys and seqlen_k - seqlen_q */
+    int dl = 0, dr = 0; /* LOCAL: the window, dl <= key - query <= dr (fwd_window_diag) */
 
     /* the fixed-length kernels read p's fields where they are used, as before
      * VARLEN existed (a hoisted copy moved their register allocation) */
@@ -28,6 +29,10 @@ struct FwdMask {
         else return p.causal_offset;
     }
     __device__ __forceinline__ void apply(float (&s)[C::BN / 2], int col0) const {
+        if constexpr (C::LOCAL) {
+            apply_window(s, col0);
+            return;
+        }
         const bool need_mask = col0 + C::BN > sk() || (C::CAUSAL && col0 + C::BN - 1 > tile_row0 + off());
         if (!need_mask) return;
 #pragma unroll
@@ -41,7 +46,35 @@ struct FwdMask {
                 if (!ok) s[4 * i + e] = -INFINITY;
             }
     }
+    /* LOCAL: a block that crosses seqlen_k or either edge of the window for
+     * some row of this warpgroup (rows row_base .. row_base + 63) */
+    __device__ __forceinline__ void apply_window(float (&s)[C::BN / 2], int col0) const {
+        const bool need_mask =
+            col0 + C::BN > sk() || col0 + C::BN - 1 - row_base > dr || col0 - (row_base + 63) < dl;
+        if (!need_mask) return;
+#pragma unroll
+        for (int i = 0; i < C::BN / 8; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int col = col0 + 8 * i + 2 * q4 + (e & 1);
+                const int d = col - (row_base + r0 + (e >> 1) * 8);
+                if (!(col < sk() && d >= dl && d <= dr)) s[4 * i + e] = -INFINITY;
+            }
+    }
 };
+
+/* LOCAL softcap: the raw scores x -> a tanh(b x) (FwdLocal: scale times it is
+ * cap tanh(scale x / cap)), by the MUFU's tanh.approx.f32 (max relative
+ * error 2^-11, as FlashAttention-3's softcap) */
+template <class C>
+__device__ __forceinline__ void fwd_softcap(float (&s)[C::BN / 2], float a, float b) {
+#pragma unroll
+    for (int i = 0; i < C::BN / 2; ++i) {
+        float t;
+        asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(s[i] * b));
+        s[i] = a * t;
+    }
+}
 
 /* Running row max and row sum of the two rows; scores become
  * p = exp2(s * c2 - m * c2) in place (c2 = softmax_scale * log2 e). */

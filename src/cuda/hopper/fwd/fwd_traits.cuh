@@ -38,6 +38,11 @@ struct FwdOpts {
     bool kvblk = false;          /* FP8: K and V scale blocks are multiples of BN (one scale pair per key block) */
     int preg = 0;                /* producer warpgroup's registers; 0: the default split */
     bool varlen = false;         /* cu_seqlens: each tile's sequence looked up (FwdVarlen) */
+    /* the attention variants (issue 37): a runtime sliding window (causal is
+     * its (-1, 0)), softcap and learnable sinks, all read from FwdLocal, a
+     * kernel parameter of these instances only; set with causal, whose
+     * dynamic longest-first scheduler and mask path it generalises */
+    bool local = false;
 };
 
 /* the same options without the key split (the instance that runs when the
@@ -84,7 +89,8 @@ struct FwdCfg {
     static constexpr bool SPLIT = O.split;
     static constexpr bool SITOUT = O.sitout == 1 || (O.sitout == 2 && O.split);
     static constexpr bool SPREAD = O.spread == 1 || (O.spread == 2 && O.split);
-    static constexpr bool SKIPDIAG = O.skipdiag && O.causal;
+    static constexpr bool LOCAL = O.local;
+    static constexpr bool SKIPDIAG = O.skipdiag && O.causal && !O.local;
     static constexpr int QREGK = O.qreg < 0 ? QK_STEPS : (O.qreg < QK_STEPS ? O.qreg : QK_STEPS);
     static constexpr bool QREG = QREGK > 0;
     static constexpr bool QREG_ALL = QREGK == QK_STEPS; /* the Q buffer goes back at the tile's start */
@@ -143,6 +149,7 @@ struct FwdCfg {
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
     static_assert(CLUSTER == 1 || (CLUSTER == 2 && SLABS % 2 == 0 && !CAUSAL), "cluster variant");
     static_assert(!SPLIT || (!CAUSAL && !QEARLY), "SPLIT: static non-causal kernels");
+    static_assert(!LOCAL || CAUSAL, "LOCAL: the causal kernels' scheduler and mask path, with a runtime window");
     static_assert(!FP8 || (BN % 32 == 0 && CLUSTER == 1 && !OTMA && !SPLIT && !QEARLY && !SITOUT && !SKIPDIAG),
                   "FP8: the techniques it has");
     static_assert(!FP8 || !QREG || SW == 128, "FP8 QREG: 128-byte rows (head dim >= 128)");

@@ -8,6 +8,7 @@ fattn_status fwd_sm90_fp8_hdim128(fattn_ctx *ctx, const fattn_fwd_args *a, const
     case FWD_FP8_D128: return fwd_sm90_run_fp8<FWD_FP8_D128>(ctx, a, v);
     case FWD_FP8_D128_192_CAUSAL: return fwd_sm90_run_fp8<FWD_FP8_D128_192_CAUSAL>(ctx, a, v);
     case FWD_FP8_D128_192: return fwd_sm90_run_fp8<FWD_FP8_D128_192>(ctx, a, v);
+    case FWD_FP8_D128_LOCAL: return fwd_sm90_run_fp8<FWD_FP8_D128_LOCAL>(ctx, a, v);
     default: return fattn_fail(ctx, FATTN_ERROR_INTERNAL, "forward kernel %d is not an FP8 one of head dim 128", (int)k);
     }
 }

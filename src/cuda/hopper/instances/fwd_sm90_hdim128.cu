@@ -9,6 +9,7 @@ fattn_status fwd_sm90_hdim128(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd
     case FWD_D128_160: return fwd_sm90_run_kernel<FWD_D128_160>(ctx, a, v);
     case FWD_D128_192: return fwd_sm90_run_kernel<FWD_D128_192>(ctx, a, v);
     case FWD_D128_176: return fwd_sm90_run_ablated<FWD_D128_176>(ctx, a, v);
+    case FWD_D128_LOCAL: return fwd_sm90_run_kernel<FWD_D128_LOCAL>(ctx, a, v);
     default: return fattn_fail(ctx, FATTN_ERROR_INTERNAL, "forward kernel %d is not one of head dim 128", (int)k);
     }
 }

@@ -7,6 +7,7 @@ fattn_status fwd_sm90_hdim256(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd
     case FWD_D256_CAUSAL: return fwd_sm90_run_kernel<FWD_D256_CAUSAL>(ctx, a, v);
     case FWD_D256_PAIRED: return fwd_sm90_run_ablated<FWD_D256_PAIRED>(ctx, a, v);
     case FWD_D256: return fwd_sm90_run_ablated<FWD_D256>(ctx, a, v);
+    case FWD_D256_LOCAL: return fwd_sm90_run_kernel<FWD_D256_LOCAL>(ctx, a, v);
     default: return fattn_fail(ctx, FATTN_ERROR_INTERNAL, "forward kernel %d is not one of head dim 256", (int)k);
     }
 }

@@ -7,6 +7,7 @@ fattn_status fwd_sm90_hdim64(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_
     case FWD_D64_CAUSAL: return fwd_sm90_run_kernel<FWD_D64_CAUSAL>(ctx, a, v);
     case FWD_D64_CAUSAL_2WG: return fwd_sm90_run_kernel<FWD_D64_CAUSAL_2WG>(ctx, a, v);
     case FWD_D64: return fwd_sm90_run_ablated<FWD_D64>(ctx, a, v);
+    case FWD_D64_LOCAL: return fwd_sm90_run_kernel<FWD_D64_LOCAL>(ctx, a, v);
     default: return fattn_fail(ctx, FATTN_ERROR_INTERNAL, "forward kernel %d is not one of head dim 64", (int)k);
     }
 }

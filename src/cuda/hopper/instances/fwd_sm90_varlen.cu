@@ -24,6 +24,14 @@ static fattn_status run_varlen(fattn_ctx *ctx, const fattn_fwd_args *a, const fw
 
 fattn_status fwd_sm90_varlen(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v) {
     if (a->p.seqlen_q == 0) return FATTN_OK; /* no sequence has a query: no tile, nothing to write */
+    if (v.local) { /* the variants: LOCAL's runtime window, softcap, sinks */
+        switch (a->p.head_dim) {
+        case 64: return run_varlen<FWD_D64_LOCAL>(ctx, a, v);
+        case 128: return run_varlen<FWD_D128_LOCAL>(ctx, a, v);
+        case 256: return run_varlen<FWD_D256_LOCAL>(ctx, a, v);
+        default: return fattn_fail(ctx, FATTN_ERROR_INTERNAL, "varlen forward: head_dim %d", a->p.head_dim);
+        }
+    }
     switch (a->p.head_dim) {
     case 64: return v.causal ? run_varlen<FWD_D64_CAUSAL>(ctx, a, v) : run_varlen<FWD_D64>(ctx, a, v);
     case 128: return v.causal ? run_varlen<FWD_D128_CAUSAL>(ctx, a, v) : run_varlen<FWD_D128_176>(ctx, a, v);
