@@ -426,7 +426,7 @@ int main(void) {
             vc.lq = {1, 17, 0, 1000, 17};
             vc.lk = {17, 1000, 5, 4097, 17};
             run_case(ctx, &rng, vc);
-            vc.window = 0, vc.softcap = 0, vc.causal = 1, vc.sink = SINK_M30, vc.qmul = 1;
+            vc.window = 0, vc.wl = 0, vc.wr = 0, vc.softcap = 0, vc.causal = 1, vc.sink = SINK_M30, vc.qmul = 1;
             run_case(ctx, &rng, vc);
         }
     /* FP8 with a window: each head dim, both outputs, K scales per block and per key */
