@@ -100,6 +100,90 @@ __device__ __forceinline__ void dec_load_block(const DecParams &p, const CUtenso
     }
 }
 
+/* The producer warp's lane 0: the split's key blocks n_lo..n_hi - 1 into
+ * the ring of STAGES, each stage once the four consumers have released it. */
+template <class C>
+__device__ __forceinline__ void dec_produce(const DecParams &p, const CUtensorMap *tm_k, const CUtensorMap *tm_v,
+                                           uint8_t *sm, uint64_t *full, uint64_t *empty, int n_lo, int n_hi, int hk,
+                                           int b, int len) {
+    constexpr int STAGES = C::STAGES;
+    tma_prefetch_desc(tm_k);
+    tma_prefetch_desc(tm_v);
+    for (int n = n_lo, it = 0; n < n_hi; ++n, ++it) {
+        const int s = it % STAGES;
+        if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
+        mbar_expect_tx_arrive(&full[s], 2 * C::TILE_BYTES);
+        dec_load_block<C>(p, tm_k, tm_v, sm + s * 2 * C::TILE_BYTES, sm + s * 2 * C::TILE_BYTES + C::TILE_BYTES,
+                          &full[s], n, hk, b, len);
+    }
+}
+
+/* The consumers' end: the WN warps of each row block merged through shared
+ * memory (stage 0, free once every consumer is past its last block), then
+ * each row's O and LSE written, normalised: to o and lse, or with more than
+ * one split to the workspace for fwd_decode_combine. */
+template <class C>
+__device__ __forceinline__ void dec_epilogue(const DecParams &p, uint8_t *sm, float *ml, const float (&oacc)[C::D / 8][4],
+                                             const float (&mrow)[2], const float (&lrow)[2], int warp, int g, int t,
+                                             int split, int hk, int b) {
+    constexpr int D = C::D;
+    const float sl2 = p.scale_log2;
+    named_bar_sync(1, 128);
+    float *scr = (float *)sm;
+    for (int h = 0; h < 2; ++h) {
+        float l = lrow[h];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        if (t == 0) {
+            ml[(warp * 16 + g + 8 * h) * 2] = mrow[h];
+            ml[(warp * 16 + g + 8 * h) * 2 + 1] = l;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            *(float2 *)(scr + (warp * 16 + g + 8 * h) * D + i * 8 + 2 * t) = make_float2(oacc[i][2 * h], oacc[i][2 * h + 1]);
+    named_bar_sync(1, 128);
+    const int tid = threadIdx.x;
+    for (int idx = tid; idx < C::WM * 16 * (D / 4); idx += 128) {
+        const int row = idx / (D / 4), c4 = idx % (D / 4);
+        if (row >= p.rows) continue;
+        const int mt = row / 16, rw = row % 16;
+        float mm = -INFINITY;
+#pragma unroll
+        for (int x = 0; x < C::WN; ++x) mm = fmaxf(mm, ml[((mt * C::WN + x) * 16 + rw) * 2]);
+        float L = 0.f;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int x = 0; x < C::WN; ++x) {
+            const int w = mt * C::WN + x;
+            const float mx = ml[(w * 16 + rw) * 2];
+            const float wgt = mx == -INFINITY ? 0.f : exp2f((mx - mm) * sl2);
+            L += wgt * ml[(w * 16 + rw) * 2 + 1];
+            const float4 v = *(const float4 *)(scr + (w * 16 + rw) * D + 4 * c4);
+            acc.x += wgt * v.x, acc.y += wgt * v.y, acc.z += wgt * v.z, acc.w += wgt * v.w;
+        }
+        /* L == 0: the row saw no key (O 0, LSE -inf); NaN propagates */
+        const float inv = L == 0.f ? 0.f : 1.f / L;
+        const float lse = L == 0.f ? -INFINITY : mm * p.softmax_scale + logf(L);
+        acc.x *= inv, acc.y *= inv, acc.z *= inv, acc.w *= inv;
+        const int sq = row / p.group, h = hk * p.group + (row - sq * p.group);
+        if (p.splits > 1) {
+            const int64_t pr = (((int64_t)split * p.batch + b) * p.heads_kv + hk) * p.rows + row;
+            *(float4 *)(p.ws_o + pr * D + 4 * c4) = acc;
+            if (c4 == 0) p.ws_lse[pr] = lse;
+        } else {
+            uint16_t *o = (uint16_t *)p.o + b * p.o_sb + (int64_t)sq * p.o_ss + (int64_t)h * p.o_sh + 4 * c4;
+            const uint32_t lo = C::BF16 ? pack_bf16x2(acc.x, acc.y) : pack_f16x2(acc.x, acc.y);
+            const uint32_t hi = C::BF16 ? pack_bf16x2(acc.z, acc.w) : pack_f16x2(acc.z, acc.w);
+            ((uint32_t *)o)[0] = lo;
+            ((uint32_t *)o)[1] = hi;
+            if (c4 == 0 && p.lse) p.lse[((int64_t)b * p.heads_q + h) * p.seqlen_q + sq] = lse;
+        }
+    }
+}
+
 template <class C>
 __global__ void __launch_bounds__(C::THREADS)
     fwd_decode_kernel(const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
@@ -125,17 +209,7 @@ __global__ void __launch_bounds__(C::THREADS)
     const int n_lo = split * p.blocks_per_split, n_hi = min(n_lo + p.blocks_per_split, nb);
 
     if (warp == 4) {
-        if (lane == 0) {
-            tma_prefetch_desc(&tm_k);
-            tma_prefetch_desc(&tm_v);
-            for (int n = n_lo, it = 0; n < n_hi; ++n, ++it) {
-                const int s = it % STAGES;
-                if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
-                mbar_expect_tx_arrive(&full[s], 2 * C::TILE_BYTES);
-                dec_load_block<C>(p, &tm_k, &tm_v, sm + s * 2 * C::TILE_BYTES, sm + s * 2 * C::TILE_BYTES + C::TILE_BYTES,
-                                  &full[s], n, hk, b, len);
-            }
-        }
+        if (lane == 0) dec_produce<C>(p, &tm_k, &tm_v, sm, full, empty, n_lo, n_hi, hk, b, len);
         return;
     }
 
@@ -278,62 +352,7 @@ __global__ void __launch_bounds__(C::THREADS)
         if (lane == 0) mbar_arrive(&empty[s]);
     }
 
-    /* merge the WN warps of each row block through shared memory (stage 0,
-     * free once every consumer is past its last block) */
-    named_bar_sync(1, 128);
-    float *scr = (float *)sm;
-    for (int h = 0; h < 2; ++h) {
-        float l = lrow[h];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        if (t == 0) {
-            ml[(warp * 16 + g + 8 * h) * 2] = mrow[h];
-            ml[(warp * 16 + g + 8 * h) * 2 + 1] = l;
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-            *(float2 *)(scr + (warp * 16 + g + 8 * h) * D + i * 8 + 2 * t) = make_float2(oacc[i][2 * h], oacc[i][2 * h + 1]);
-    named_bar_sync(1, 128);
-    const int tid = threadIdx.x;
-    for (int idx = tid; idx < C::WM * 16 * (D / 4); idx += 128) {
-        const int row = idx / (D / 4), c4 = idx % (D / 4);
-        if (row >= p.rows) continue;
-        const int mt = row / 16, rw = row % 16;
-        float mm = -INFINITY;
-#pragma unroll
-        for (int x = 0; x < C::WN; ++x) mm = fmaxf(mm, ml[((mt * C::WN + x) * 16 + rw) * 2]);
-        float L = 0.f;
-        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int x = 0; x < C::WN; ++x) {
-            const int w = mt * C::WN + x;
-            const float mx = ml[(w * 16 + rw) * 2];
-            const float wgt = mx == -INFINITY ? 0.f : exp2f((mx - mm) * sl2);
-            L += wgt * ml[(w * 16 + rw) * 2 + 1];
-            const float4 v = *(const float4 *)(scr + (w * 16 + rw) * D + 4 * c4);
-            acc.x += wgt * v.x, acc.y += wgt * v.y, acc.z += wgt * v.z, acc.w += wgt * v.w;
-        }
-        /* L == 0: the row saw no key (O 0, LSE -inf); NaN propagates */
-        const float inv = L == 0.f ? 0.f : 1.f / L;
-        const float lse = L == 0.f ? -INFINITY : mm * p.softmax_scale + logf(L);
-        acc.x *= inv, acc.y *= inv, acc.z *= inv, acc.w *= inv;
-        const int sq = row / p.group, h = hk * p.group + (row - sq * p.group);
-        if (p.splits > 1) {
-            const int64_t pr = (((int64_t)split * p.batch + b) * p.heads_kv + hk) * p.rows + row;
-            *(float4 *)(p.ws_o + pr * D + 4 * c4) = acc;
-            if (c4 == 0) p.ws_lse[pr] = lse;
-        } else {
-            uint16_t *o = (uint16_t *)p.o + b * p.o_sb + (int64_t)sq * p.o_ss + (int64_t)h * p.o_sh + 4 * c4;
-            const uint32_t lo = C::BF16 ? pack_bf16x2(acc.x, acc.y) : pack_f16x2(acc.x, acc.y);
-            const uint32_t hi = C::BF16 ? pack_bf16x2(acc.z, acc.w) : pack_f16x2(acc.z, acc.w);
-            ((uint32_t *)o)[0] = lo;
-            ((uint32_t *)o)[1] = hi;
-            if (c4 == 0 && p.lse) p.lse[((int64_t)b * p.heads_q + h) * p.seqlen_q + sq] = lse;
-        }
-    }
+    dec_epilogue<C>(p, sm, ml, oacc, mrow, lrow, warp, g, t, split, hk, b);
 }
 
 /* splits > 1: one warp per row merges the splits' partials (the
