@@ -15,45 +15,22 @@ fattn_status fattn_cuda_ctx_init(fattn_ctx *ctx) {
 
 void fattn_cuda_ctx_free(fattn_ctx *ctx) { (void)ctx; }
 
-fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_args *a) {
-    (void)a;
-    return fattn_fail(ctx, FATTN_ERROR_NO_DEVICE, FATTN_NO_CUDA_MSG);
-}
-
-fattn_status fattn_cuda_bwd_check(fattn_ctx *ctx, const fattn_bwd_args *a) {
-    (void)a;
-    return fattn_fail(ctx, FATTN_ERROR_NO_DEVICE, FATTN_NO_CUDA_MSG);
-}
-
-fattn_status fattn_cuda_fwd(fattn_ctx *ctx, const fattn_fwd_args *a) {
-    (void)a;
-    return fattn_fail(ctx, FATTN_ERROR_NO_DEVICE, FATTN_NO_CUDA_MSG);
-}
-
-fattn_status fattn_cuda_bwd(fattn_ctx *ctx, const fattn_bwd_args *a) {
-    (void)a;
-    return fattn_fail(ctx, FATTN_ERROR_NO_DEVICE, FATTN_NO_CUDA_MSG);
-}
-
-fattn_status fattn_cuda_quantize_check(fattn_ctx *ctx, const fattn_quantize_args *a) {
-    (void)a;
-    return fattn_fail(ctx, FATTN_ERROR_NO_DEVICE, FATTN_NO_CUDA_MSG);
-}
-
-fattn_status fattn_cuda_quantize(fattn_ctx *ctx, const fattn_quantize_args *a) {
-    (void)a;
-    return fattn_fail(ctx, FATTN_ERROR_NO_DEVICE, FATTN_NO_CUDA_MSG);
-}
-
-fattn_status fattn_cuda_merge_check(fattn_ctx *ctx, const fattn_merge_args *a) {
-    (void)a;
-    return fattn_fail(ctx, FATTN_ERROR_NO_DEVICE, FATTN_NO_CUDA_MSG);
-}
-
-fattn_status fattn_cuda_merge(fattn_ctx *ctx, const fattn_merge_args *a) {
-    (void)a;
-    return fattn_fail(ctx, FATTN_ERROR_NO_DEVICE, FATTN_NO_CUDA_MSG);
-}
+/* fattn_status NAME(fattn_ctx *, const ARGS *): NO_DEVICE */
+#define FATTN_CUDA_STUB(name, args)                                                                \
+    fattn_status name(fattn_ctx *ctx, const args *a) {                                             \
+        (void)a;                                                                                   \
+        return fattn_fail(ctx, FATTN_ERROR_NO_DEVICE, FATTN_NO_CUDA_MSG);                          \
+    }
+FATTN_CUDA_STUB(fattn_cuda_fwd_check, fattn_fwd_args)
+FATTN_CUDA_STUB(fattn_cuda_bwd_check, fattn_bwd_args)
+FATTN_CUDA_STUB(fattn_cuda_fwd, fattn_fwd_args)
+FATTN_CUDA_STUB(fattn_cuda_bwd, fattn_bwd_args)
+FATTN_CUDA_STUB(fattn_cuda_quantize_check, fattn_quantize_args)
+FATTN_CUDA_STUB(fattn_cuda_quantize, fattn_quantize_args)
+FATTN_CUDA_STUB(fattn_cuda_merge_check, fattn_merge_args)
+FATTN_CUDA_STUB(fattn_cuda_merge, fattn_merge_args)
+FATTN_CUDA_STUB(fattn_cuda_kv_append, fattn_kv_append_args)
+#undef FATTN_CUDA_STUB
 
 fattn_status fattn_cuda_fp8_workspace(fattn_ctx *ctx, size_t bytes, void **ws) {
     (void)bytes;
@@ -62,10 +39,5 @@ fattn_status fattn_cuda_fp8_workspace(fattn_ctx *ctx, size_t bytes, void **ws) {
 }
 
 fattn_status fattn_cuda_fp8_workspace_done(fattn_ctx *ctx) {
-    return fattn_fail(ctx, FATTN_ERROR_NO_DEVICE, FATTN_NO_CUDA_MSG);
-}
-
-fattn_status fattn_cuda_kv_append(fattn_ctx *ctx, const fattn_kv_append_args *a) {
-    (void)a;
     return fattn_fail(ctx, FATTN_ERROR_NO_DEVICE, FATTN_NO_CUDA_MSG);
 }

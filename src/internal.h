@@ -32,7 +32,8 @@ fattn_status fattn_ctx_acquire(fattn_ctx *ctx, const char *fn);
 void fattn_ctx_release(fattn_ctx *ctx);
 
 /* Each call passes through three steps.  api.c checks what holds for every
- * engine (sizes, dtype rules of the header, null pointers), then asks the
+ * engine (sizes, dtype rules of the header, null pointers; the checks the
+ * calls share are api_check.c's), then asks the
  * engine's *_check for its limits (head dims, dtypes, varlen: small tables in
  * src/cpu/limits.c and src/cuda/entry.cu; they read no memory behind a
  * pointer), then checks strides and extents and calls the engine, which

@@ -521,6 +521,91 @@ static void check_sweep(const char *cmd, const sweep_only *s, int sweep) {
     }
 }
 
+typedef struct prefill_opts {
+    int32_t tokens; /* 0: the engine's default */
+    int32_t hidden, iters;
+    const int32_t *seqlens; /* nseq 0: the engine's default */
+    int nseq;
+    const int32_t *hdims;
+    int nhd, causal_lo, causal_hi;
+    int fp8; /* 0 off, 1 block scales, 2 block scales + rotation */
+    fattn_dtype dtype;
+    const char *csv, *json;
+} prefill_opts;
+
+/* The forward sweep: every (causal, head dim, seqlen) case at `tokens` tokens
+ * (batch = tokens / seqlen) and hidden / head dim heads. */
+static int bench_prefill(const char *cmd, fattn_ctx *ctx, const prefill_opts *o) {
+    const int gpu = fattn_ctx_backend(ctx) == FATTN_BACKEND_CUDA;
+    const fattn_dtype dtype = o->dtype;
+    const int32_t hidden = o->hidden, iters = o->iters, *hdims = o->hdims;
+    const int nhd = o->nhd, causal_lo = o->causal_lo, causal_hi = o->causal_hi, fp8 = o->fp8;
+    int32_t tokens = o->tokens ? o->tokens : gpu ? 16384 : 2048;
+    int32_t seqlens[32];
+    int nseq = o->nseq;
+    memcpy(seqlens, o->seqlens, sizeof(int32_t) * (size_t)nseq);
+    if (!nseq) {
+        static const int32_t gpu_seq[] = {512, 1024, 2048, 4096, 8192, 16384};
+        static const int32_t cpu_seq[] = {256, 512, 1024, 2048};
+        nseq = gpu ? 6 : 4;
+        memcpy(seqlens, gpu ? gpu_seq : cpu_seq, sizeof(int32_t) * (size_t)nseq);
+    }
+    for (int s = 0; s < nseq; s++)
+        if (seqlens[s] > tokens)
+            tool_usage_error(cmd, "--seqlens: %d is larger than --tokens %d", seqlens[s], tokens);
+
+    int ncases = nseq * nhd * (causal_hi - causal_lo + 1), n = 0;
+    bench_row *rows = (bench_row *)calloc((size_t)ncases, sizeof *rows);
+    if (!rows) tool_die(cmd, "out of memory");
+    for (int c = causal_lo; c <= causal_hi; c++) {
+        for (int h = 0; h < nhd; h++) {
+            for (int s = 0; s < nseq; s++) {
+                bench_row *r = &rows[n];
+                fattn_problem p;
+                memset(&p, 0, sizeof p);
+                p.seqlen_q = p.seqlen_k = seqlens[s];
+                p.batch = tokens / seqlens[s];
+                p.head_dim = hdims[h];
+                p.heads_q = p.heads_kv = hidden / hdims[h];
+                p.causal = c;
+                progress(n, ncases, gpu, dtype);
+                fprintf(stderr, "batch %d seqlen %d heads %d head dim %d%s ...", p.batch,
+                        p.seqlen_q, p.heads_q, p.head_dim, c ? " causal" : "");
+                fflush(stderr);
+                tool_problem tp;
+                tool_problem_init(cmd, ctx, &tp, &p, dtype, (uint64_t)n + 1);
+                fattn_fp8_options fo;
+                memset(&fo, 0, sizeof fo); /* block scales of 128 rows */
+                fo.rotate = fp8 == 2;
+                r->ms = tool_time_fwd_fp8(cmd, ctx, &tp.a, fp8 ? &fo : NULL, gpu ? 3 : 1, iters);
+                tool_problem_free(ctx, &tp);
+                r->batch = p.batch, r->seqlen = p.seqlen_q, r->heads = p.heads_q;
+                r->head_dim = p.head_dim, r->causal = c;
+                r->flops = tool_fwd_flops(&p);
+                fprintf(stderr, " %.3f ms, %.1f %s\n", r->ms, per_s(r->flops, r->ms, gpu),
+                        flops_unit(gpu));
+                n++;
+            }
+        }
+    }
+
+    static const char *const fp8_name[] = {"", ", FP8 end to end (block scales)",
+                                           ", FP8 end to end (block scales + rotation)"};
+    static const char *const fp8_json[] = {"off", "block", "rotate"};
+    printf("fattn %s forward sweep: backend %s, dtype %s%s, %d tokens, hidden %d, median of %d\n\n",
+           fattn_version_string(), gpu ? "cuda" : "cpu", fattn_dtype_name(dtype), fp8_name[fp8], tokens,
+           hidden, iters);
+    bench_fields meta = {0};
+    put_meta(&meta, NULL, gpu, dtype);
+    put_text(&meta, NULL, "fp8", 0, fp8_json[fp8], 0);
+    put(&meta, NULL, "tokens", 0, 0, 0, tokens);
+    put(&meta, NULL, "hidden", 0, 0, 0, hidden);
+    put(&meta, NULL, "iters", 0, 0, 0, iters);
+    bench_report(cmd, o->csv, o->json, gpu, dtype, &meta, rows, n, prefill_fields);
+    free(rows);
+    return 0;
+}
+
 int fattn_cmd_bench(int argc, char **argv) {
     const char *cmd = "fattn bench";
     fattn_backend backend = FATTN_BACKEND_AUTO;
@@ -664,66 +749,13 @@ int fattn_cmd_bench(int argc, char **argv) {
         fattn_ctx_free(ctx);
         return rc;
     }
-    if (!tokens) tokens = gpu ? 16384 : 2048;
-    if (!nseq) {
-        static const int32_t gpu_seq[] = {512, 1024, 2048, 4096, 8192, 16384};
-        static const int32_t cpu_seq[] = {256, 512, 1024, 2048};
-        nseq = gpu ? 6 : 4;
-        memcpy(seqlens, gpu ? gpu_seq : cpu_seq, sizeof(int32_t) * (size_t)nseq);
-    }
-    for (int s = 0; s < nseq; s++)
-        if (seqlens[s] > tokens)
-            tool_usage_error(cmd, "--seqlens: %d is larger than --tokens %d", seqlens[s], tokens);
-
-    int ncases = nseq * nhd * (causal_hi - causal_lo + 1), n = 0;
-    bench_row *rows = (bench_row *)calloc((size_t)ncases, sizeof *rows);
-    if (!rows) tool_die(cmd, "out of memory");
-    for (int c = causal_lo; c <= causal_hi; c++) {
-        for (int h = 0; h < nhd; h++) {
-            for (int s = 0; s < nseq; s++) {
-                bench_row *r = &rows[n];
-                fattn_problem p;
-                memset(&p, 0, sizeof p);
-                p.seqlen_q = p.seqlen_k = seqlens[s];
-                p.batch = tokens / seqlens[s];
-                p.head_dim = hdims[h];
-                p.heads_q = p.heads_kv = hidden / hdims[h];
-                p.causal = c;
-                progress(n, ncases, gpu, dtype);
-                fprintf(stderr, "batch %d seqlen %d heads %d head dim %d%s ...", p.batch,
-                        p.seqlen_q, p.heads_q, p.head_dim, c ? " causal" : "");
-                fflush(stderr);
-                tool_problem tp;
-                tool_problem_init(cmd, ctx, &tp, &p, dtype, (uint64_t)n + 1);
-                fattn_fp8_options o;
-                memset(&o, 0, sizeof o); /* block scales of 128 rows */
-                o.rotate = fp8 == 2;
-                r->ms = tool_time_fwd_fp8(cmd, ctx, &tp.a, fp8 ? &o : NULL, gpu ? 3 : 1, iters);
-                tool_problem_free(ctx, &tp);
-                r->batch = p.batch, r->seqlen = p.seqlen_q, r->heads = p.heads_q;
-                r->head_dim = p.head_dim, r->causal = c;
-                r->flops = tool_fwd_flops(&p);
-                fprintf(stderr, " %.3f ms, %.1f %s\n", r->ms, per_s(r->flops, r->ms, gpu),
-                        flops_unit(gpu));
-                n++;
-            }
-        }
-    }
-
-    static const char *const fp8_name[] = {"", ", FP8 end to end (block scales)",
-                                           ", FP8 end to end (block scales + rotation)"};
-    static const char *const fp8_json[] = {"off", "block", "rotate"};
-    printf("fattn %s forward sweep: backend %s, dtype %s%s, %d tokens, hidden %d, median of %d\n\n",
-           fattn_version_string(), gpu ? "cuda" : "cpu", fattn_dtype_name(dtype), fp8_name[fp8], tokens,
-           hidden, iters);
-    bench_fields meta = {0};
-    put_meta(&meta, NULL, gpu, dtype);
-    put_text(&meta, NULL, "fp8", 0, fp8_json[fp8], 0);
-    put(&meta, NULL, "tokens", 0, 0, 0, tokens);
-    put(&meta, NULL, "hidden", 0, 0, 0, hidden);
-    put(&meta, NULL, "iters", 0, 0, 0, iters);
-    bench_report(cmd, csv, json, gpu, dtype, &meta, rows, n, prefill_fields);
-    free(rows);
+    prefill_opts po;
+    memset(&po, 0, sizeof po);
+    po.tokens = tokens, po.hidden = hidden, po.iters = iters, po.fp8 = fp8;
+    po.seqlens = seqlens, po.nseq = nseq, po.hdims = hdims, po.nhd = nhd;
+    po.causal_lo = causal_lo, po.causal_hi = causal_hi;
+    po.dtype = dtype, po.csv = csv, po.json = json;
+    int rc = bench_prefill(cmd, ctx, &po);
     fattn_ctx_free(ctx);
-    return 0;
+    return rc;
 }

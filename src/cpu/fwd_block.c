@@ -18,54 +18,22 @@
 #endif
 
 /* ---- scalar: one float per vector, 4 x 4 tile ------------------------------ */
-typedef float fwd_s_vt __attribute__((vector_size(4)));
-typedef int32_t fwd_s_vi __attribute__((vector_size(4)));
-typedef uint32_t fwd_s_vu __attribute__((vector_size(4)));
-#define KT(name) fwd_scalar_##name
+#define KT_ISA scalar
 #define KT_ATTR
-#define VT fwd_s_vt
-#define VI fwd_s_vi
-#define VU fwd_s_vu
 #define KT_W 1
 #define KT_NV 4
 #define KT_MR 4
 #define KT_BN 64
 #include "cpu/fwd_block_tmpl.h"
-const fattn_fwd_kernel fattn_fwd_kernel_scalar = {fwd_scalar_run, fwd_scalar_pack, fwd_scalar_unpack, fwd_scalar_exp_n, KT_NV * KT_W, KT_BN, "scalar"};
-#undef KT
-#undef KT_ATTR
-#undef VT
-#undef VI
-#undef VU
-#undef KT_W
-#undef KT_NV
-#undef KT_MR
-#undef KT_BN
 
 /* ---- generic: 4 floats (SSE2, NEON, ...), 4 x 8 tile ------------------------ */
-typedef float fwd_g_vt __attribute__((vector_size(16)));
-typedef int32_t fwd_g_vi __attribute__((vector_size(16)));
-typedef uint32_t fwd_g_vu __attribute__((vector_size(16)));
-#define KT(name) fwd_generic_##name
+#define KT_ISA generic
 #define KT_ATTR
-#define VT fwd_g_vt
-#define VI fwd_g_vi
-#define VU fwd_g_vu
 #define KT_W 4
 #define KT_NV 2
 #define KT_MR 4
 #define KT_BN 64
 #include "cpu/fwd_block_tmpl.h"
-const fattn_fwd_kernel fattn_fwd_kernel_generic = {fwd_generic_run, fwd_generic_pack, fwd_generic_unpack, fwd_generic_exp_n, KT_NV * KT_W, KT_BN, "generic"};
-#undef KT
-#undef KT_ATTR
-#undef VT
-#undef VI
-#undef VU
-#undef KT_W
-#undef KT_NV
-#undef KT_MR
-#undef KT_BN
 
 #ifdef FATTN_FWD_X86
 /* dst[i * ldd + j] = src[j * lds + i], i, j < 8 (packing Q^T and unpacking
@@ -97,62 +65,29 @@ __attribute__((target("avx2,fma"))) static inline void fwd_transpose8(const floa
 #define KT_TRANSPOSE8 fwd_transpose8
 
 /* ---- AVX2 + FMA: 8 floats, 6 x 16 tile (12 accumulators of 16 ymm) --------- */
-typedef float fwd_8_vt __attribute__((vector_size(32)));
-typedef int32_t fwd_8_vi __attribute__((vector_size(32)));
-typedef uint32_t fwd_8_vu __attribute__((vector_size(32)));
-#define KT(name) fwd_avx2_##name
+#define KT_ISA avx2
 #define KT_ATTR __attribute__((target("avx2,fma")))
-#define VT fwd_8_vt
-#define VI fwd_8_vi
-#define VU fwd_8_vu
 #define KT_W 8
 #define KT_NV 2
 #define KT_MR 6
 #define KT_BN 96
 #define KT_MAX(a, b) ((VT)__builtin_ia32_maxps256((a), (b)))
 #include "cpu/fwd_block_tmpl.h"
-#undef KT_MAX
-const fattn_fwd_kernel fattn_fwd_kernel_avx2 = {fwd_avx2_run, fwd_avx2_pack, fwd_avx2_unpack, fwd_avx2_exp_n, KT_NV * KT_W, KT_BN, "avx2"};
-#undef KT
-#undef KT_ATTR
-#undef VT
-#undef VI
-#undef VU
-#undef KT_W
-#undef KT_NV
-#undef KT_MR
-#undef KT_BN
 
 /* ---- 16 floats, 8 x 32 tile (16 accumulators of 32 zmm), twice -------------- */
-typedef float fwd_16_vt __attribute__((vector_size(64)));
-typedef int32_t fwd_16_vi __attribute__((vector_size(64)));
-typedef uint32_t fwd_16_vu __attribute__((vector_size(64)));
-#define VT fwd_16_vt
-#define VI fwd_16_vi
-#define VU fwd_16_vu
+#define KT_ISA avx512
+#define KT_ATTR __attribute__((target("avx512f,avx2,fma")))
 #define KT_W 16
 #define KT_NV 2
 #define KT_MR 8
 #define KT_BN 64
-#define KT(name) fwd_avx512_##name
-#define KT_ATTR __attribute__((target("avx512f,avx2,fma")))
 #define KT_MAX(a, b) ((VT)_mm512_max_ps((a), (b)))
 #include "cpu/fwd_block_tmpl.h"
-#undef KT_MAX
-const fattn_fwd_kernel fattn_fwd_kernel_avx512 = {fwd_avx512_run, fwd_avx512_pack, fwd_avx512_unpack, fwd_avx512_exp_n, KT_NV * KT_W, KT_BN, "avx512"};
-#undef KT
-#undef KT_ATTR
-#define KT(name) fwd_avx2w16_##name
+#define KT_ISA avx2w16
 #define KT_ATTR __attribute__((target("avx2,fma")))
+#define KT_W 16
+#define KT_NV 2
+#define KT_MR 8
+#define KT_BN 64
 #include "cpu/fwd_block_tmpl.h"
-const fattn_fwd_kernel fattn_fwd_kernel_avx2w16 = {fwd_avx2w16_run, fwd_avx2w16_pack, fwd_avx2w16_unpack, fwd_avx2w16_exp_n, KT_NV * KT_W, KT_BN, "avx2w16"};
-#undef KT
-#undef KT_ATTR
-#undef VT
-#undef VI
-#undef VU
-#undef KT_W
-#undef KT_NV
-#undef KT_MR
-#undef KT_BN
 #endif

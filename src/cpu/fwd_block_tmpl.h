@@ -1,17 +1,31 @@
 /* fwd_block_tmpl.h - one instance of the forward's inner loop (fwd_block.h).
  * No include guard: fwd_block.c includes it once per ISA after defining
- *   KT(name)  the instance's name for `name`
+ *   KT_ISA    the instance's name (a bare word): its functions are
+ *             fwd_<KT_ISA>_*, its table fattn_fwd_kernel_<KT_ISA>
  *   KT_ATTR   the instance's function attributes (target ISA)
- *   VT, VI, VU  vectors of KT_W float / int32_t / uint32_t (GCC extensions)
  *   KT_W      floats per vector
  *   KT_NV     vectors per panel row: NR = KT_NV * KT_W queries
  *   KT_MR     rows of the register tile: keys in S^T = K Q^T, value columns
  *             in O^T += V^T P^T (KT_MR x KT_NV accumulators)
  *   KT_BN     keys per block
+ * and optionally KT_MAX(a, b) (a max instruction of the ISA) and
+ * KT_TRANSPOSE8; it undefines all but KT_TRANSPOSE8 at its end.
  * The arithmetic is written once, as plain vector expressions; `a * b + c`
  * is contracted to one FMA where the target has it (GNU C's default
  * -ffp-contract=fast, Clang's =on), the same way in every instance. */
 
+#define KT_CAT3_(a, b, c) a##b##c
+#define KT_CAT3(a, b, c) KT_CAT3_(a, b, c)
+#define KT_STR_(x) #x
+#define KT_STR(x) KT_STR_(x)
+#define KT(name) KT_CAT3(fwd_, KT_ISA, _##name)
+/* vectors of KT_W float / int32_t / uint32_t (GCC extensions) */
+typedef float KT(vt) __attribute__((vector_size(KT_W * 4)));
+typedef int32_t KT(vi) __attribute__((vector_size(KT_W * 4)));
+typedef uint32_t KT(vu) __attribute__((vector_size(KT_W * 4)));
+#define VT KT(vt)
+#define VI KT(vi)
+#define VU KT(vu)
 #define KT_NR (KT_NV * KT_W)
 #define KT_INLINE KT_ATTR static inline __attribute__((always_inline))
 
@@ -32,7 +46,6 @@ KT_INLINE void KT(store)(float *p, const VT *v) { *(KT(vtu) *)p = *v; }
  * define KT_MAX as that instruction) */
 #ifndef KT_MAX
 #define KT_MAX(a, b) KT_SELECT((a) > (b), (a), (b))
-#define KT_MAX_DEFAULT
 #endif
 
 /* exp(x) for x <= 88 (the softmax only asks for x <= 0): Cephes' range
@@ -398,10 +411,24 @@ KT_ATTR static void KT(exp_n)(float *x, int n) {
     }
 }
 
+const fattn_fwd_kernel KT_CAT3(fattn_fwd_kernel_, KT_ISA, ) = {
+    KT(run), KT(pack), KT(unpack), KT(exp_n), KT_NR, KT_BN, KT_STR(KT_ISA)};
+
 #undef KT_NR
 #undef KT_INLINE
 #undef KT_SELECT
-#ifdef KT_MAX_DEFAULT
 #undef KT_MAX
-#undef KT_MAX_DEFAULT
-#endif
+#undef VT
+#undef VI
+#undef VU
+#undef KT
+#undef KT_STR
+#undef KT_STR_
+#undef KT_CAT3
+#undef KT_CAT3_
+#undef KT_ISA
+#undef KT_ATTR
+#undef KT_W
+#undef KT_NV
+#undef KT_MR
+#undef KT_BN
