@@ -686,9 +686,9 @@ FATTN_API fattn_status fattn_kv_append(fattn_ctx *ctx, const fattn_kv_append_arg
  *   blocks in fp32 in an order that varies from run to run (last-bit
  *   differences); with it, in a fixed order (slower: docs/benchmarks.md).
  * Engines: CPU: as for fattn_fwd (window, softcap and dsink included).
- *          CUDA (Hopper): no window, softcap or dsink yet (UNSUPPORTED; a
- *          learnable_sink without dsink is not read, so a sink-aware
- *          forward's o and lse are served); bf16 / f16, head_dim == head_dim_v in {64, 128,
+ *          CUDA (Hopper): window, softcap and dsink (seqlen_q + seqlen_k <
+ *          2^30; a learnable_sink without dsink is not read, since dq, dk,
+ *          dv need only the sink-aware forward's o and lse); bf16 / f16, head_dim == head_dim_v in {64, 128,
  *          256}, batch and heads_q <= 65535, fixed-length or variable-length
  *          batches (cu_seqlens with total_q and total_k; the workspace then
  *          holds (total_q / 64 + batch + 1) x heads_q 64-row blocks); q, k, v, dout

@@ -41,24 +41,17 @@ static const char *list_dtypes(char *buf, size_t n, const fattn_dtype *v, int co
     return buf;
 }
 
-/* The attention variants (issue 37) in the backward have no Hopper kernels
- * yet: a sliding window, softcap and dsink run on the CPU engine only.
- * `what` names the call. */
-static fattn_status check_no_variants(fattn_ctx *ctx, const fattn_problem *p, const float *sink, const char *sink_name,
-                                      const char *what) {
-    if (p->window)
+/* The backward's variants (issue 37): a window or softcap run on the LOCAL
+ * instances (bwd_sm90_launch.cuh), dsink on a small kernel beside any
+ * instance; the kernels count keys and queries in an int, as the forward's. */
+static fattn_status check_bwd_variants(fattn_ctx *ctx, const fattn_bwd_args *a) {
+    const fattn_problem *p = &a->p;
+    if (!p->window && p->softcap == 0.0f && !a->dsink) return FATTN_OK;
+    if ((int64_t)p->seqlen_q + p->seqlen_k >= ((int64_t)1 << 30))
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                          "window (window_left %d, window_right %d): the CUDA engine's %s has no sliding window yet "
-                          "(the CPU engine serves it)",
-                          p->window_left, p->window_right, what);
-    if (p->softcap != 0.0f)
-        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                          "softcap %g: the CUDA engine's %s has no softcap yet (the CPU engine serves it)",
-                          (double)p->softcap, what);
-    if (sink)
-        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                          "%s: the CUDA engine's %s has no learnable sinks yet (the CPU engine serves them)", sink_name,
-                          what);
+                          "window, softcap or dsink with seqlen_q %d + seqlen_k %d >= 2^30: the CUDA engine's "
+                          "variant kernels count keys in an int",
+                          p->seqlen_q, p->seqlen_k);
     return FATTN_OK;
 }
 
@@ -181,7 +174,7 @@ extern "C" fattn_status fattn_cuda_bwd_check(fattn_ctx *ctx, const fattn_bwd_arg
     char list[64];
     /* learnable_sink alone is not read by the backward (dq, dk, dv come from
      * the sink-inclusive lse and o): only dsink asks for sink arithmetic */
-    fattn_status vs = check_no_variants(ctx, p, a->dsink, "dsink", "backward");
+    fattn_status vs = check_bwd_variants(ctx, a);
     if (vs != FATTN_OK) return vs;
     if (a->q.dtype != FATTN_DTYPE_BF16 && a->q.dtype != FATTN_DTYPE_F16)
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,

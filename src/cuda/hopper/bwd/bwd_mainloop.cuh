@@ -33,12 +33,53 @@ __device__ __forceinline__ void bwd_p_group(float (&acc)[32], int i, float2 l, c
                                             int key_r, int query_c) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-        float x = exp2f(fmaf(acc[4 * i + e], p.scale_log2, -((e & 1) ? l.y : l.x)));
+        float sc = acc[4 * i + e];
+        if (C::LOCAL && p.cap_b != 0.f) { /* softcap, as the forward's fwd_softcap */
+            float t;
+            asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(sc * p.cap_b));
+            sc = p.cap_a * t;
+        }
+        float x = exp2f(fmaf(sc, p.scale_log2, -((e & 1) ? l.y : l.x)));
         if (need_mask) {
             const int key = key_r + 8 * (e >> 1), q = query_c + 8 * i + (e & 1);
             if ((C::CAUSAL && key > q + p.causal_offset) || (C::VARLEN && key >= p.seqlen_k)) x = 0.f;
+            if (C::LOCAL && ((p.win_right >= 0 && key > q + p.causal_offset + p.win_right) ||
+                             (p.win_left >= 0 && key < q + p.causal_offset - p.win_left)))
+                x = 0.f;
         }
         acc[4 * i + e] = x;
+    }
+}
+
+/* Whether the 64 x 64 sub-tile of keys key0 .. key0 + 63 and queries q0 ..
+ * q0 + 63 has an element the mask hides (causal, LOCAL's window) or a key
+ * past the sequence (VARLEN). */
+template <class C>
+__device__ __forceinline__ bool bwd_need_mask(const BwdParams &p, int key0, int q0) {
+    bool m = (C::CAUSAL && key0 + 63 > q0 + p.causal_offset) || (C::VARLEN && key0 + 64 > p.seqlen_k);
+    if (C::LOCAL)
+        m = m || (p.win_right >= 0 && key0 + 63 > q0 + p.causal_offset + p.win_right) ||
+            (p.win_left >= 0 && key0 < q0 + 63 + p.causal_offset - p.win_left);
+    return m;
+}
+
+/* dS^T = P^T (dP^T - D) for 8-column group i, in place in dp (element 4 i +
+ * e: query column e % 2 of the pair, d the pair's D); LOCAL with softcap
+ * times the cap's derivative 1 - tanh^2, tanh recovered from P and the LSE
+ * (l, log2 units): cap tanh = (log2 P + l) / (scale log2 e); P = 0 (masked,
+ * or too small to matter) gives 0. */
+template <class C>
+__device__ __forceinline__ void bwd_ds_group(float (&dp)[32], const float (&pt)[32], int i, float2 d, const BwdParams &p,
+                                             float2 l) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const float P = pt[4 * i + e];
+        float ds = P * (dp[4 * i + e] - ((e & 1) ? d.y : d.x));
+        if (C::LOCAL && p.cap_b != 0.f) {
+            const float t = (__log2f(P) + ((e & 1) ? l.y : l.x)) * p.cap_t;
+            ds = P > 0.f ? ds * (1.f - t * t) : 0.f;
+        }
+        dp[4 * i + e] = ds;
     }
 }
 
@@ -154,8 +195,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdSmem<C> &sm, const BwdPara
         wgmma_wait<1>();
         reg_fence(st);
         /* P^T: element 4 i + e is key r0 + 8 (e / 2), query 8 i + 2 q4 + e % 2 */
-        const bool need_mask =
-            (C::CAUSAL && key0 + 63 > m * BM + p.causal_offset) || (C::VARLEN && key0 + 64 > p.seqlen_k);
+        const bool need_mask = bwd_need_mask<C>(p, key0, m * BM);
 #pragma unroll
         for (int i = 0; i < 8; ++i) bwd_p_group<C>(st, i, l2[i], p, need_mask, key0 + r0, m * BM + 2 * q4);
         uint32_t pf[4][4], df[4][4];
@@ -173,10 +213,13 @@ __device__ __forceinline__ void bwd_consumer(const BwdSmem<C> &sm, const BwdPara
         for (int i = 0; i < 8; ++i) d2[i] = ld_shared_f32x2(dsum + 8 * i + 2 * q4);
         wgmma_wait<1>(); /* dP^T; dV may run */
         reg_fence(dpt);
+        if (C::LOCAL && p.cap_b != 0.f) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i)
+            for (int i = 0; i < 8; ++i) bwd_ds_group<C>(dpt, st, i, d2[i], p, ld_shared_f32x2(lse + 8 * i + 2 * q4));
+        } else {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) dpt[4 * i + e] = st[4 * i + e] * (dpt[4 * i + e] - ((e & 1) ? d2[i].y : d2[i].x));
+            for (int i = 0; i < 8; ++i) bwd_ds_group<C>(dpt, st, i, d2[i], p, float2{0.f, 0.f});
+        }
         bwd_pack_frag<C>(dpt, df);
         uint8_t *dsb = sm.ds(it % C::DS_BUFS);
         bwd_store_ds(dsb, cw * 64, wq, lane, df);

@@ -43,8 +43,7 @@ __device__ __forceinline__ void bwd_consumer_split_d(const BwdSmem<C> &sm, const
         uint8_t *dsb = sm.ds(it & 1);
         if (cw == 0) {
             const float *lse = sm.lse(s);
-            const bool need_mask = (C::CAUSAL && key0 + BN - 1 > m * BM + p.causal_offset) ||
-                                   (C::VARLEN && key0 + BN > p.seqlen_k);
+            const bool need_mask = bwd_need_mask<C>(p, key0, m * BM); /* BN = BM = 64 */
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
                 bwd_p_group<C>(acc, i, ld_shared_f32x2(lse + 8 * i + 2 * q4), p, need_mask, key0 + r0, m * BM + 2 * q4);
@@ -57,15 +56,22 @@ __device__ __forceinline__ void bwd_consumer_split_d(const BwdSmem<C> &sm, const
             named_bar_sync(C::BAR_P, 256);
             /* dS^T = P^T (dP^T - D) with consumer 0's fp32 P^T (the same
              * thread's fragment: same warp of the warpgroup, same lane) */
-            const float *dsum = sm.dsum(s);
+            const float *dsum = sm.dsum(s), *lse = sm.lse(s);
+            const bool cap = C::LOCAL && p.cap_b != 0.f;
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
                 const float4 x = ld_shared_f32x4(pt + (i * 128 + t) * 16);
                 const float2 dd = ld_shared_f32x2(dsum + 8 * i + 2 * q4);
-                acc[4 * i] = x.x * (acc[4 * i] - dd.x);
-                acc[4 * i + 1] = x.y * (acc[4 * i + 1] - dd.y);
-                acc[4 * i + 2] = x.z * (acc[4 * i + 2] - dd.x);
-                acc[4 * i + 3] = x.w * (acc[4 * i + 3] - dd.y);
+                if (C::LOCAL) {
+                    float p4[32]; /* only group i is read */
+                    p4[4 * i] = x.x, p4[4 * i + 1] = x.y, p4[4 * i + 2] = x.z, p4[4 * i + 3] = x.w;
+                    bwd_ds_group<C>(acc, p4, i, dd, p, cap ? ld_shared_f32x2(lse + 8 * i + 2 * q4) : float2{0.f, 0.f});
+                } else {
+                    acc[4 * i] = x.x * (acc[4 * i] - dd.x);
+                    acc[4 * i + 1] = x.y * (acc[4 * i + 1] - dd.y);
+                    acc[4 * i + 2] = x.z * (acc[4 * i + 2] - dd.x);
+                    acc[4 * i + 3] = x.w * (acc[4 * i + 3] - dd.y);
+                }
                 /* elements 4 i .. 4 i + 3 = pairs j = 2 (i % 2), + 1 of ks = i / 2 */
                 pf[i / 2][2 * (i % 2)] = C::BF16 ? pack_bf16x2(x.x, x.y) : pack_f16x2(x.x, x.y);
                 pf[i / 2][2 * (i % 2) + 1] = C::BF16 ? pack_bf16x2(x.z, x.w) : pack_f16x2(x.z, x.w);

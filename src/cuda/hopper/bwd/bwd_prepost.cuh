@@ -121,3 +121,37 @@ __global__ void __launch_bounds__(256) bwd_post_varlen_kernel(const float *acc, 
         bwd_store16x2<BF16>(dst, x.x * scale, x.y * scale);
     }
 }
+
+/* d(sink) (fattn_bwd_args.dsink): one block per query head h,
+ *     dsink[h] = -sum over the head's rows of exp2(sink_h log2 e - lse2_i) D_i
+ * from the preprocess's workspace (lse2 +inf on rows that saw no key and on
+ * padding: no term).  Each thread sums a fixed set of rows in double, then
+ * a fixed-order tree: the same bits on every call. */
+template <bool VARLEN>
+__global__ void __launch_bounds__(256) bwd_dsink_kernel(const float *lse2, const float *dsum, const float *sink,
+                                                        float *dsink, int batch, int heads, int seqlen_q, int sq_pad,
+                                                        const int *cu_q, int total_q, int rb_total) {
+    const int h = blockIdx.x;
+    const double s2 = (double)sink[h] * 1.4426950408889634;
+    double acc = 0.0;
+    for (int b = 0; b < batch; ++b) {
+        int q0 = 0, lq = seqlen_q;
+        size_t base = ((size_t)b * heads + h) * sq_pad;
+        if constexpr (VARLEN) {
+            varlen_rows(cu_q, b, total_q, seqlen_q, q0, lq);
+            base = ((size_t)h * rb_total + bwd_varlen_rb(q0, b)) * 64;
+        }
+        for (int i = threadIdx.x; i < lq; i += blockDim.x) {
+            const float l = lse2[base + i];
+            if (l != INFINITY) acc -= exp2(s2 - (double)l) * (double)dsum[base + i];
+        }
+    }
+    __shared__ double part[256];
+    part[threadIdx.x] = acc;
+    __syncthreads();
+    for (int w = 128; w > 0; w >>= 1) {
+        if ((int)threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) dsink[h] = (float)part[0];
+}

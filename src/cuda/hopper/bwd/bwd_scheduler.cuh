@@ -13,12 +13,25 @@ struct BwdIter {
     int m_start, m_count, total;
     __device__ __forceinline__ BwdIter(const BwdParams &p, int n) {
         m_start = 0;
+        int m_end = p.m_blocks;
         if (C::CAUSAL) {
             /* query row i sees key j iff j <= i + causal_offset */
             const int first_q = n * C::BN - p.causal_offset;
             m_start = first_q <= 0 ? 0 : first_q / C::BM;
         }
-        m_count = p.m_blocks > m_start ? p.m_blocks - m_start : 0;
+        if (C::LOCAL) {
+            /* the query blocks with a row that sees a key of the block: the
+             * last row reaches its first key, the first row its last key */
+            if (p.win_right >= 0) {
+                const int first_q = n * C::BN - p.causal_offset - p.win_right;
+                m_start = first_q <= 0 ? 0 : first_q / C::BM;
+            }
+            if (p.win_left >= 0) {
+                const int last_q = n * C::BN + C::BN - 1 - p.causal_offset + p.win_left;
+                m_end = last_q < 0 ? 0 : min(m_end, last_q / C::BM + 1);
+            }
+        }
+        m_count = m_end > m_start ? m_end - m_start : 0;
         total = p.group * m_count;
     }
     __device__ __forceinline__ void decode(int it, int hk, const BwdParams &p, int &h, int &m) const {
@@ -52,6 +65,12 @@ __device__ __forceinline__ void bwd_tile_coords(const BwdParams &p, int &n, int 
  * (the shortest-first grid). */
 template <class C>
 __device__ __forceinline__ int bwd_dq_turn(const BwdParams &p, int n, int m) {
+    if (C::LOCAL && p.win_left >= 0) {
+        /* LOCAL (3-D grid, no SPT): the key blocks from the first that sees
+         * query block m */
+        const int first_k = m * C::BM + p.causal_offset - p.win_left;
+        return n - (first_k <= 0 ? 0 : first_k / C::BN);
+    }
     if (!p.spt) return n;
     const int last = (m * C::BM + C::BM - 1 + p.causal_offset) / C::BN, nblk = (p.seqlen_k + C::BN - 1) / C::BN;
     return min(last, nblk - 1) - n;

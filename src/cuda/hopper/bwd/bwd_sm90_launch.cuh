@@ -40,6 +40,19 @@ fattn_status bwd_sm90_run(fattn_ctx *ctx, const fattn_bwd_args *a) {
     p.deterministic = a->deterministic != 0;
     p.dk = a->dk.data, p.dk_sb = a->dk.stride_batch, p.dk_ss = a->dk.stride_seq, p.dk_sh = a->dk.stride_head;
     p.dv = a->dv.data, p.dv_sb = a->dv.stride_batch, p.dv_ss = a->dv.stride_seq, p.dv_sh = a->dv.stride_head;
+    if constexpr (C::LOCAL) {
+        /* as the forward's fwd_local_of: causal is right = 0, a side past every
+         * key of every sequence unbounded */
+        p.win_left = pr->window && pr->window_left >= 0 && pr->window_left < pr->seqlen_k ? pr->window_left : -1;
+        p.win_right = pr->causal ? 0
+                      : pr->window && pr->window_right >= 0 && pr->window_right < pr->seqlen_q ? pr->window_right
+                                                                                              : -1;
+        if (pr->softcap > 0.f) {
+            p.cap_a = pr->softcap / pr->softmax_scale;
+            p.cap_b = pr->softmax_scale / pr->softcap;
+            p.cap_t = 1.f / (pr->softcap * 1.4426950408889634f);
+        }
+    }
 
     if constexpr (C::VARLEN) {
         p.cu_q = pr->cu_seqlens_q, p.cu_k = pr->cu_seqlens_k;
@@ -106,6 +119,12 @@ fattn_status bwd_sm90_run(fattn_ctx *ctx, const fattn_bwd_args *a) {
             (float *)p.lse2, (float *)p.dsum, pr->heads_q, pr->seqlen_q, p.sq_pad, D, (int64_t)rows);
     }
     if ((s = bwd_launch_error(ctx, "preprocess")) != FATTN_OK) return s;
+    if (a->dsink) {
+        bwd_dsink_kernel<C::VARLEN><<<(unsigned)pr->heads_q, 256, 0, stream>>>(
+            p.lse2, p.dsum, a->learnable_sink, a->dsink, pr->batch, pr->heads_q, pr->seqlen_q, p.sq_pad, p.cu_q,
+            p.total_q, p.rb_total);
+        if ((s = bwd_launch_error(ctx, "d(sink)")) != FATTN_OK) return s;
+    }
 
     auto kern = bwd_sm90_kernel<C>;
     e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM_BYTES);
@@ -143,6 +162,18 @@ fattn_status bwd_run_opts(fattn_ctx *ctx, const fattn_bwd_args *a, bool causal, 
     if (causal) return bf16 ? bwd_sm90_run<BwdCfg<CB>>(ctx, a) : bwd_sm90_run<BwdCfg<CH>>(ctx, a);
     return bf16 ? bwd_sm90_run<BwdCfg<NB>>(ctx, a) : bwd_sm90_run<BwdCfg<NH>>(ctx, a);
 }
+
+/* The variants' instances (BwdOpts.local) of base options O by dtype. */
+template <BwdOpts O>
+fattn_status bwd_run_local(fattn_ctx *ctx, const fattn_bwd_args *a, bool bf16) {
+    constexpr BwdOpts LB = [] { BwdOpts o = O; o.local = true, o.bf16 = true; return o; }();
+    constexpr BwdOpts LH = [] { BwdOpts o = O; o.local = true, o.bf16 = false; return o; }();
+    return bf16 ? bwd_sm90_run<BwdCfg<LB>>(ctx, a) : bwd_sm90_run<BwdCfg<LH>>(ctx, a);
+}
+
+/* A call that needs the variants' kernel: a window or softcap (a sink needs
+ * only d(sink), bwd_dsink_kernel, beside any instance). */
+inline bool bwd_wants_local(const fattn_problem *pr) { return pr->window || pr->softcap > 0.f; }
 
 /* variable-length batches: the instances of bwd_sm90_varlen.cu (D 64, 128, 256) */
 template <int D>

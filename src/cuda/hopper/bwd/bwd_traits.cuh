@@ -28,6 +28,13 @@ struct BwdParams {
      * each query block's dQ added by its key blocks from the last down (the
      * order in which they reach it; FA3's SPT) */
     int spt;
+    /* LOCAL (the variants, issue 37): the window, query i seeing keys i +
+     * causal_offset - win_left .. i + causal_offset + win_right (-1: that
+     * side unbounded; causal is right = 0), and softcap: the score x becomes
+     * cap_a tanh(cap_b x) before the softmax as in the forward (cap_b 0:
+     * off), cap_t = 1 / (softcap log2 e) recovers tanh from P and the LSE */
+    int win_left, win_right;
+    float cap_a, cap_b, cap_t;
 };
 
 /* sequence b's first 64-row block of the dQ tiles, LSE and D (BM = 64): the
@@ -67,6 +74,9 @@ struct BwdOpts {
     /* dK's A operand (dS^T) read from the shared-memory tile stored for dQ
      * rather than from registers (+1-3% at d128, 0% at d64, b11); -1: d128 */
     int dkss = -1;
+    /* the variants' kernel: a sliding window (causal included) and softcap
+     * from BwdParams at run time (issue 37); not with causal */
+    bool local = false;
 };
 
 template <BwdOpts O>
@@ -76,7 +86,7 @@ struct BwdCfg {
     /* d256: the consumers split the head dim of 64 keys, not 128 keys (top of file) */
     static constexpr bool SPLIT_D = D == 256;
     static constexpr int BN = SPLIT_D ? 64 : 128, BM = 64, STAGES = 2;
-    static constexpr bool CAUSAL = O.causal, BF16 = O.bf16, VARLEN = O.varlen;
+    static constexpr bool CAUSAL = O.causal, BF16 = O.bf16, VARLEN = O.varlen, LOCAL = O.local;
     static constexpr int SLABS = D / 64;              /* 128-byte swizzled slabs of 64 columns */
     static constexpr bool KREG = O.kreg < 0 ? D == 64 : O.kreg != 0;
     static constexpr bool LPT = !O.varlen && (O.lpt < 0 ? O.causal : O.lpt != 0);
@@ -117,6 +127,7 @@ struct BwdCfg {
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
     static_assert(BAR_FREE < 16, "named barriers");
     static_assert(D == 64 || D == 128 || D == 256, "head dims of this tiling");
+    static_assert(!(LOCAL && CAUSAL), "LOCAL kernels take causal as the window (-1, 0)");
     static_assert(!KREG || D == 64, "K_w, V_w in registers: d64 (16 registers each)");
     /* d256: K 32 + V 32 + 2 stages x (Q 32 + dO 32, then the dQ tile) + dS^T
      * 2 x 8 + P^T (fp32) 16 KB + LSE, D 1 KB + 5 mbarriers + 1 KB alignment

@@ -7,6 +7,7 @@
 template <int D>
 static fattn_status bwd_run_d(fattn_ctx *ctx, const fattn_bwd_args *a, bool causal, bool bf16) {
     if (a->p.cu_seqlens_q) return bwd_sm90_varlen_d<D>(ctx, a, causal, bf16);
+    if (bwd_wants_local(&a->p)) return bwd_run_local<BwdOpts{.d = D}>(ctx, a, bf16);
     return bwd_run_opts<BwdOpts{.d = D}>(ctx, a, causal, bf16);
 }
 

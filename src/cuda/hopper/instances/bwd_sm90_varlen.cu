@@ -5,6 +5,7 @@
 
 template <int D>
 fattn_status bwd_sm90_varlen_d(fattn_ctx *ctx, const fattn_bwd_args *a, bool causal, bool bf16) {
+    if (bwd_wants_local(&a->p)) return bwd_run_local<BwdOpts{.d = D, .varlen = true}>(ctx, a, bf16);
     return bwd_run_opts<BwdOpts{.d = D, .varlen = true}>(ctx, a, causal, bf16);
 }
 
