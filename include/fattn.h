@@ -312,6 +312,10 @@ FATTN_API const char *fattn_dtype_name(fattn_dtype dtype);
  * (varlen: [1, heads, ceil(total_tokens / scale_block)], blocks counted over
  * the packed token index).  Row r of batch b, head h uses
  * scale[(b * heads + h) * nblocks + r / scale_block].  Unused for other dtypes.
+ * A scale_block of at least seqlen gives one scale per (batch entry, head):
+ * FlashAttention-3's q/k/v_descale granularity (its q_descale is per kv
+ * head: repeat it over each query-head group for q's [batch, heads_q]);
+ * the CUDA FP8 kernels take it for K and V whatever its value.
  */
 typedef struct fattn_tensor {
     void *data;

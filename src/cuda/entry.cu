@@ -24,6 +24,15 @@ static const fattn_dtype fwd_dtypes[] = {FATTN_DTYPE_BF16, FATTN_DTYPE_F16, FATT
 #define FWD_FP8_SCALE_UNIT_D128 192
 #define COUNT(x) ((int)(sizeof(x) / sizeof((x)[0])))
 
+/* An e4m3 scale block that covers the whole sequence (one scale per batch
+ * entry and head: FlashAttention-3's q/k/v_descale) suits every FP8 kernel;
+ * it is passed on as the smallest multiple of the scale unit that covers
+ * the rows, so the kernels' column groups accept it (nblocks stays 1). */
+static int fp8_scale_block(int block, int rows) {
+    if (rows > 0 && block >= rows) return (rows + FWD_FP8_SCALE_UNIT - 1) / FWD_FP8_SCALE_UNIT * FWD_FP8_SCALE_UNIT;
+    return block;
+}
+
 /* "64, 128, 256" or "bf16, f16" into buf, for the messages. */
 static const char *list_ints(char *buf, size_t n, const int *v, int count) {
     size_t used = 0;
@@ -76,7 +85,7 @@ static fattn_status check_fwd_variants(fattn_ctx *ctx, const fattn_fwd_args *a) 
             return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                               "learnable_sink: the CUDA engine's FP8 forward has no learnable sinks yet (its 16-bit "
                               "forward and the CPU engine serve them)");
-        const int kb = a->k.scale_block, vb = a->v.scale_block;
+        const int kb = fp8_scale_block(a->k.scale_block, p->seqlen_k), vb = fp8_scale_block(a->v.scale_block, p->seqlen_k);
         if ((kb != 1 && kb % FWD_FP8_SCALE_UNIT != 0) || vb % FWD_FP8_SCALE_UNIT != 0)
             return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                               "window with k.scale_block %d, v.scale_block %d: the CUDA FP8 window kernels take K's "
@@ -105,7 +114,7 @@ extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_arg
             return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                               "o.dtype %s with e4m3 inputs is not supported by the CUDA engine; supported: bf16, f16",
                               fattn_dtype_name(a->o.dtype));
-        const int kb = a->k.scale_block, vb = a->v.scale_block;
+        const int kb = fp8_scale_block(a->k.scale_block, p->seqlen_k), vb = fp8_scale_block(a->v.scale_block, p->seqlen_k);
         /* head dim 128 also has 192-key kernels: K and V blocks both multiples
          * of FWD_FP8_SCALE_UNIT_D128 (fwd_sm90_pick) */
         const bool d128_wide =
@@ -278,6 +287,12 @@ extern "C" fattn_status fattn_cuda_fwd(fattn_ctx *ctx, const fattn_fwd_args *a) 
     if (a->learnable_sink && (s = cuda_check_device_ptr(ctx, a->learnable_sink, "learnable_sink")) != FATTN_OK)
         return s;
     const cuda_fwd_options opt = fwd_options(ctx);
+    if (a->q.dtype == FATTN_DTYPE_E4M3 && !a->p.cu_seqlens_k) {
+        fattn_fwd_args b = *a; /* per-head K/V scales as a block the kernels take */
+        b.k.scale_block = fp8_scale_block(a->k.scale_block, a->p.seqlen_k);
+        b.v.scale_block = fp8_scale_block(a->v.scale_block, a->p.seqlen_k);
+        return fwd_sm90_launch(ctx, &b, &opt);
+    }
     return fwd_sm90_launch(ctx, a, &opt);
 }
 
