@@ -772,6 +772,41 @@ class Cuda(unittest.TestCase):
             self.assertLess(rel(o.cpu(), ro), 2e-2, (d, causal, kw))
             self.assertLess((lse.cpu().double() - rl).abs().max().item(), 1e-2, (d, causal, kw))
 
+    def test_variants_backward(self):
+        # A sink that does not require grad: dq, dk, dv need only the sink-inclusive o and lse, which the
+        # CUDA backward serves today (fattn.h).  Window, softcap and d(sink): the CUDA backward with the
+        # variants is being written; until it lands the call raises NotImplementedError with the library's
+        # message, and this test reports the cases it refused as a skip (they run once it serves them).
+        sink = torch.tensor([-2.0, 0.0, 1.5, 3.0])
+        refused = []
+        for d, causal, kw, sink_grad in ((128, True, dict(learnable_sink=sink), False),
+                                         (128, True, dict(learnable_sink=sink), True),
+                                         (64, False, dict(window_size=(37, 5)), False),
+                                         (128, True, dict(softcap=10.0), False),
+                                         (256, False, dict(window_size=(-1, 20), softcap=10.0, learnable_sink=sink),
+                                          True)):
+            q, k, v = inputs(d=d, sq=200, sk=233, dtype=torch.bfloat16)
+            g = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+            s = kw.get("learnable_sink")
+            xs = [x.clone().cuda().requires_grad_(True) for x in (q, k, v)]
+            cs = s.clone().cuda().requires_grad_(sink_grad) if s is not None else None
+            try:
+                fattn.attention(*xs, causal=causal, **dict(kw, learnable_sink=cs)).backward(g.cuda())
+            except NotImplementedError as e:
+                self.assertIn("fattn backward on CUDA tensors", str(e))
+                refused.append("%s%s: %s" % (kw, " (d sink)" if sink_grad else "", e))
+                continue
+            ref = [x.detach().double().requires_grad_(True) for x in (q, k, v)]
+            rs = s.detach().double().requires_grad_(True) if s is not None else None
+            variant_reference(*ref, causal, dict(kw, learnable_sink=rs)).backward(g.double())
+            for name, x, r in zip("qkv", xs, ref):
+                self.assertLess(rel(x.grad.cpu(), r.grad), 1e-2, (d, causal, kw, name))
+            if sink_grad:
+                self.assertLess(rel(cs.grad.cpu(), rs.grad), 1e-2, (d, causal, kw, "sink"))
+        self.assertNotIn("{'learnable_sink'", " ".join(r for r in refused if "(d sink)" not in r))
+        if refused:
+            self.skipTest("the CUDA backward refused: " + "; ".join(refused))
+
     def test_fp8_matches_cpu_and_refuses_block_sizes(self):
         q, k, v = inputs(d=128, sq=300, sk=300, dtype=torch.bfloat16)
         for cfg in (True, fattn.FP8(block_k=1, rotate=True), fattn.FP8(granularity="tensor", block_v=64)):
@@ -1352,6 +1387,42 @@ class KvCache(unittest.TestCase):
         o = fattn.flash_attn_with_kvcache(q, kc2.normal_(), vc2.normal_(), cache_seqlens=lens)
         self.assertLess(rel(o, kvcache_reference(q, kc2, vc2, cache_seqlens=lens)[0]), 1e-5)
 
+    def test_variants(self):
+        # window_size, softcap and learnable_sink on the cache's used keys (bottom-right aligned on them),
+        # after an append, against the float64 reference on each sequence's keys; paged = contiguous
+        kc, vc, _ = kv_setup(False, seed=23)
+        q, k, v = kv_new(sq=3, s_new=2, hq=4, seed=23)
+        lens = torch.tensor([5, 0, 40], dtype=torch.int32)
+        sink = torch.tensor([-30.0, 0.0, 1.5, 30.0])
+        for causal, kw in ((True, dict(window_size=(3, 0))), (False, dict(window_size=(1, 1), softcap=2.0)),
+                           (True, dict(learnable_sink=sink)), (True, dict(window_size=(6, -1), softcap=3.0,
+                                                                         learnable_sink=sink))):
+            kc1, vc1 = kc.clone(), vc.clone()
+            o, lse = fattn.flash_attn_with_kvcache(q, kc1, vc1, k, v, cache_seqlens=lens, causal=causal,
+                                                   return_softmax_lse=True, **kw)
+            for i, n in enumerate((lens + 2).tolist()):
+                wo, wl = variant_reference(q[i:i + 1].double(), kc1[i:i + 1, :n].double(), vc1[i:i + 1, :n].double(),
+                                           causal, dict(kw, learnable_sink=sink.double()
+                                                        if "learnable_sink" in kw else None), return_lse=True)
+                self.assertLess(rel(o[i:i + 1], wo), 1e-5, (causal, kw, i))
+                fin = torch.isfinite(wl)
+                self.assertTrue(torch.equal(torch.isfinite(lse[i:i + 1]), fin), (causal, kw, i))
+                self.assertLess((lse[i:i + 1].double()[fin] - wl[fin]).abs().max().item(), 1e-4, (causal, kw, i))
+            # the same through a paged cache holding the same rows
+            page = 16
+            table = torch.arange(3 * 64 // page, dtype=torch.int32).flip(0).view(3, -1).contiguous()
+            kp, vp = (torch.empty(3 * 64 // page, page, 2, 32) for _ in range(2))
+            for i in range(3):
+                for j in range(64 // page):
+                    kp[table[i, j]] = kc[i, j * page:(j + 1) * page]
+                    vp[table[i, j]] = vc[i, j * page:(j + 1) * page]
+            po = fattn.flash_attn_with_kvcache(q, kp, vp, k, v, cache_seqlens=lens, page_table=table, causal=causal,
+                                               **kw)
+            torch.testing.assert_close(po, o, rtol=1e-6, atol=1e-6)
+        with self.assertRaises(NotImplementedError):  # forward only, the sink too
+            fattn.flash_attn_with_kvcache(q, kc.clone(), vc.clone(), cache_seqlens=lens,
+                                          learnable_sink=sink.clone().requires_grad_(True))
+
     def test_autograd_refused(self):
         kc, vc, _ = kv_setup(False)
         q, k, v = kv_new()
@@ -1824,6 +1895,70 @@ class Varlen(unittest.TestCase):
         defaults = {n: p.default for n, p in sig.parameters.items() if p.default is not inspect.Parameter.empty}
         self.assertEqual((defaults["num_splits"], defaults["window_size"], defaults["softcap"]), (1, (-1, -1), 0.0))
         self.assertIn("flash_attn_varlen_func", fattn.__all__)
+
+    def test_variants(self):
+        # window_size, softcap and learnable_sink per sequence (bottom-right on its own lengths), forward
+        # against the float64 reference sequence by sequence, backward (dsink over every sequence) as
+        # Variants.test_backward_f32_against_float64
+        q, k, v, cu_q, cu_k, mq, mk = varlen_inputs(VARLEN_SEQS, seed=61)
+        dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(8))
+        sink = torch.tensor([-30.0, 0.0, 1.5, 30.0])
+        cq, ck = cu_q.tolist(), cu_k.tolist()
+
+        def ref(a, b, c, s, causal, kw):
+            outs = [variant_reference(a[cq[i]:cq[i + 1]][None], b[ck[i]:ck[i + 1]][None], c[ck[i]:ck[i + 1]][None],
+                                      causal, dict(kw, learnable_sink=s if "learnable_sink" in kw else None))[0]
+                    for i in range(len(cq) - 1)]
+            return torch.cat(outs)
+
+        for causal, kw in ((False, dict(window_size=(3, 0))), (True, dict(window_size=(0, 0))),
+                           (False, dict(window_size=(-1, 5), softcap=2.0)), (True, dict(learnable_sink=sink)),
+                           (False, dict(window_size=(20, 7), softcap=3.0, learnable_sink=sink))):
+            def ours(a, b, c, s):
+                return fattn.flash_attn_varlen_func(a, b, c, cu_q, cu_k, mq, mk, causal=causal,
+                                                    **dict(kw, learnable_sink=s if "learnable_sink" in kw else None))
+
+            want = sink_grads(lambda a, b, c, s: ref(a, b, c, s, causal, kw), q.double(), k.double(), v.double(),
+                              sink.double(), dout.double())
+            peer = sink_grads(lambda a, b, c, s: ref(a, b, c, s, causal, kw), q, k, v, sink, dout)
+            got = sink_grads(ours, q, k, v, sink, dout)
+            for name, g, p, w in zip(("o", "dq", "dk", "dv", "dsink"), got, peer, want):
+                if name == "dsink" and "learnable_sink" not in kw:
+                    self.assertIsNone(g)
+                    continue
+                err, peer_err = (g.double() - w).norm().item(), (p.double() - w).norm().item()
+                floor = 1e-6 * max(w.norm().item(), 1.0) + 2e-7 * dout.norm().item()  # as Variants'
+                self.assertLessEqual(err, 2 * peer_err + floor, (name, causal, kw))
+            # the lse includes the sink; a sequence with no key gives lse = the sink (FA4's rule)
+            o, lse = fattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, causal=causal, return_attn_probs=True,
+                                                  **kw)
+            if "learnable_sink" in kw:
+                rows = slice(cq[4], cq[5])  # (5, 0): five queries, no key
+                self.assertTrue(torch.equal(lse[:, rows], sink.view(-1, 1).expand(-1, 5)))
+
+    def test_variants_opcheck_and_compile(self):
+        q, k, v, cu_q, cu_k, mq, mk = varlen_inputs([(7, 9), (0, 3), (5, 2)], hq=2, hkv=1, d=16)
+        q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+        sink = torch.tensor([0.5, -1.0], requires_grad=True)
+        args = (q, k, v, cu_q, cu_k, None, mq, mk, True, 0.3, False, 2, -1, 4.0, sink)
+        for name, res in torch.library.opcheck(torch.ops.fattn.fwd_varlen.default, args).items():
+            self.assertEqual(res, "SUCCESS", name)
+        o, lse = torch.ops.fattn.fwd_varlen(*args)
+        bargs = (torch.randn_like(o), q.detach(), k.detach(), v.detach(), o.detach(), lse.detach(), cu_q, cu_k, mq,
+                 mk, True, 0.3, False, 2, -1, 4.0, sink.detach())
+        for name, res in torch.library.opcheck(torch.ops.fattn.bwd_varlen.default, bargs).items():
+            self.assertEqual(res, "SUCCESS", name)
+        dout = torch.randn(o.shape, generator=torch.Generator().manual_seed(9))
+
+        def f(a, b, c, s):
+            return fattn.flash_attn_varlen_func(a * 1.5, b, c, cu_q, cu_k, mq, mk, causal=True, window_size=(2, 2),
+                                                softcap=4.0, learnable_sink=s)
+
+        want = sink_grads(f, q, k, v, sink, dout)
+        torch._dynamo.reset()
+        got = sink_grads(torch.compile(f, fullgraph=True, backend="aot_eager"), q, k, v, sink, dout)
+        for name, a, w in zip(("o", "dq", "dk", "dv", "dsink"), got, want):
+            self.assertTrue(torch.equal(a, w), name)
 
     def test_opcheck(self):
         q, k, v, cu_q, cu_k, mq, mk = varlen_inputs([(7, 9), (0, 3), (5, 2)], hq=2, hkv=1, d=16)
