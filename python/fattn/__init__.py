@@ -160,6 +160,7 @@ def attention(q, k, v, causal=False, softmax_scale=None, fp8=None, return_lse=Fa
     serves them (16-bit; FP8 the window only), its backward raises
     NotImplementedError with the library's message where it does not yet."""
     ws = _core.check_window_size("fattn.attention", window_size)
+    softcap = 0.0 if softcap is None else softcap  # FA4's None: off
     if _is_torch(q):
         return _torch_module().attention(q, k, v, causal, softmax_scale, fp8, return_lse, out, ctx,
                                          window_size=ws, softcap=softcap, learnable_sink=learnable_sink)

@@ -567,7 +567,8 @@ def _varlen_fields(shapes, cu_seqlens_q, cu_seqlens_k):
 def fwd_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                cu_seqlens_k: torch.Tensor, seqused_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
                causal: bool, softmax_scale: float, deterministic: bool, window_left: int = -1, window_right: int = -1,
-               softcap: float = 0.0, learnable_sink: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+               softcap: float = 0.0,
+               learnable_sink: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """A variable-length batch (fattn_fwd with cu_seqlens): q [total_q, hq, d], k [total_k, hkv, d],
     v [total_k, hkv, dv] packed, sequence b at rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 (k, v:
     cu_seqlens_k), int32 [batch + 1]; max_seqlen_q/k the longest lengths; seqused_k (int32 [batch] or
