@@ -16,7 +16,8 @@ Inputs are torch tensors (CUDA, or CPU through the CPU engine) or NumPy arrays
 heads.  fp8=True or fp8=fattn.FP8(...) runs FP8 attention (forward only).
 On torch tensors the call is the custom op torch.ops.fattn.fwd (fwd_fp8):
 differentiable (CPU engine; the CUDA engine at head dims 64, 128, 256) and
-traceable by torch.compile.  Library errors raise FattnError (with the
+traceable by torch.compile.  window_size, softcap and learnable_sink (FA3's and
+FA4's names) are arguments of every entry point, with their gradients.  Library errors raise FattnError (with the
 library's message) or a subclass: FattnInvalidArgumentError (a ValueError)
 and FattnUnsupportedError (a NotImplementedError).
 
@@ -149,13 +150,17 @@ def attention(q, k, v, causal=False, softmax_scale=None, fp8=None, return_lse=Fa
     query i sees key j iff i + sk - sq - left <= j <= i + sk - sq + right, -1
     unbounded ((-1, 0) is causal; with causal=True the masks intersect);
     softcap: scores s -> softcap * tanh(s / softcap), 0 = off; learnable_sink:
-    float32 [hq], one logit per query head in the softmax denominator only
-    (FA4's; the returned lse includes it, a row that sees no key gives 0 and
-    lse = the sink).  NumPy arrays (the CPU engine): served, forward, fp8 too.
-    Torch tensors (CPU, and CUDA: Hopper's 16-bit kernels; learnable_sink a
-    torch tensor on q's device): served, forward only (inputs that require
-    grad raise NotImplementedError), not with fp8."""
+    [hq] of any float dtype (read as float32), one logit per query head in the
+    softmax denominator only (FA4's; the returned lse includes it, a row that
+    sees no key gives 0 and lse = the sink).  NumPy arrays (the CPU engine):
+    forward, fp8 too.  Torch tensors (learnable_sink a torch tensor on q's
+    device): forward and backward through autograd, with the gradient of
+    learnable_sink (fattn_bwd's dsink) when it requires grad; fp8 forward only.
+    The CPU engine serves every variant both ways; the CUDA engine's forward
+    serves them (16-bit; FP8 the window only), its backward raises
+    NotImplementedError with the library's message where it does not yet."""
     ws = _core.check_window_size("fattn.attention", window_size)
+    softcap = 0.0 if softcap is None else softcap  # FA4's None: off
     if _is_torch(q):
         return _torch_module().attention(q, k, v, causal, softmax_scale, fp8, return_lse, out, ctx,
                                          window_size=ws, softcap=softcap, learnable_sink=learnable_sink)
@@ -173,28 +178,41 @@ def _refuser(fn):
     return no
 
 
-def _fa_common_args(fn, no, causal, descales, descale_note, window_size, attention_chunk, softcap, num_splits,
-                    splits_note, sm_margin):
-    """The FlashAttention-3 arguments flash_attn_func and flash_attn_with_kvcache share: refused
-    through no() where fattn cannot give their effect; returns causal (the window (-inf, 0] is)."""
-    if any(x is not None for x in descales):
-        no("q_descale/k_descale/v_descale" + descale_note)
+def _fa_window(fn, window_size):
+    """FlashAttention's window_size as fattn's: None (no window) or (left, right) with
+    -1 unbounded.  FA3's (-1, -1) default, any negative side (FA3 reads < 0 as
+    unbounded) and FA4's None (its (None, None) default) are unbounded."""
     ws = tuple(window_size) if window_size is not None else (-1, -1)
     if len(ws) != 2:
-        raise ValueError("%s: window_size must be a pair, got %r" % (fn, window_size))
-    if ws[0] < 0 and ws[1] == 0:
-        causal = True  # FlashAttention's causal mask is the window (-inf, 0], bottom-right aligned
-    elif not (ws[0] < 0 and ws[1] < 0):
-        no("window_size=%r (local attention)" % (window_size,))
+        raise ValueError("%s: window_size must be a pair (left, right), got %r" % (fn, window_size))
+    out = []
+    for x in ws:
+        if x is None:
+            out.append(-1)
+        elif isinstance(x, bool) or not hasattr(x, "__index__"):
+            raise ValueError("%s: window_size must be a pair of ints (or None), got %r" % (fn, window_size))
+        else:
+            out.append(max(int(x), -1))
+    return None if out == [-1, -1] else tuple(out)
+
+
+def _fa_common_args(fn, no, causal, descales, descale_note, window_size, attention_chunk, softcap, num_splits,
+                    splits_note, sm_margin):
+    """The FlashAttention-3 arguments flash_attn_func, flash_attn_varlen_func and
+    flash_attn_with_kvcache share: refused through no() where fattn cannot give their
+    effect; returns (causal, window_size for fattn or None, softcap)."""
+    if any(x is not None for x in descales):
+        no("q_descale/k_descale/v_descale" + descale_note)
+    ws = _fa_window(fn, window_size)
+    if ws is not None and ws[0] < 0 and ws[1] == 0:
+        causal, ws = True, None  # FlashAttention's causal mask is the window (-inf, 0], bottom-right aligned
     if attention_chunk:
         no("attention_chunk=%r" % (attention_chunk,))
-    if softcap:
-        no("softcap=%r" % (softcap,))
     if num_splits is not None and num_splits > 1:
         no("num_splits=%r (fattn picks its own split of the keys%s)" % (num_splits, splits_note))
     if sm_margin:
         no("sm_margin=%r" % (sm_margin,))
-    return causal
+    return causal, ws, 0.0 if softcap is None else softcap
 
 
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None,
@@ -203,27 +221,27 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     """FlashAttention-3's flash_attn_func (flash_attn_interface), served by fattn:
     `from fattn import flash_attn_func` switches an FA3 caller.  Tensors are
     [b, s, h, d] torch tensors.  Arguments whose effect fattn cannot give raise
-    NotImplementedError, never ignored: qv, q/k/v_descale, window_size other
-    than (-1, -1) (or (-1, 0), which is causal), attention_chunk != 0,
-    softcap != 0, learnable_sink (FA4's name; the C API's CPU engine serves
-    window, softcap and sinks, the torch path not yet), num_splits > 1,
-    sm_margin != 0.  num_splits 0 or 1 and
+    NotImplementedError, never ignored: qv, q/k/v_descale,
+    attention_chunk != 0, num_splits > 1, sm_margin != 0.  window_size
+    (FA3's: (-1, -1) none, a negative side unbounded, (-1, 0) causal; FA4's
+    None for a side is -1 too), softcap (0 or None off) and learnable_sink
+    (FA4's: [hq], any float dtype) are fattn.attention's, with their
+    gradients.  num_splits 0 or 1 and
     pack_gqa are scheduling hints with no numerical effect: fattn schedules
     itself.  deterministic is passed to the backward.  Returns out, or
     (out, softmax_lse [b, h, sq] float32) with return_attn_probs=True."""
     no = _refuser("fattn.flash_attn_func")
     if qv is not None:
         no("qv")
-    if learnable_sink is not None:
-        no("learnable_sink")
-    causal = _fa_common_args("fattn.flash_attn_func", no, causal, (q_descale, k_descale, v_descale),
-                             " (fp8 inputs; fattn.attention(fp8=True) quantises itself)", window_size,
-                             attention_chunk, softcap, num_splits, "", sm_margin)
+    causal, ws, softcap = _fa_common_args("fattn.flash_attn_func", no, causal, (q_descale, k_descale, v_descale),
+                                          " (fp8 inputs; fattn.attention(fp8=True) quantises itself)", window_size,
+                                          attention_chunk, softcap, num_splits, "", sm_margin)
     if not _is_torch(q):
         raise TypeError("fattn.flash_attn_func takes torch tensors, got a %s (fattn.attention also takes "
                         "NumPy arrays)" % type(q).__name__)
     t = _torch_module()
-    o_lse = t.attention(q, k, v, causal, softmax_scale, None, True, None, None, deterministic=deterministic)
+    o_lse = t.attention(q, k, v, causal, softmax_scale, None, True, None, None, deterministic=deterministic,
+                        window_size=ws, softcap=softcap, learnable_sink=learnable_sink)
     return o_lse if return_attn_probs else o_lse[0]
 
 
@@ -256,24 +274,25 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return_attn_probs=True.  Differentiable (torch.ops.fattn.fwd_varlen, with
     fattn_bwd on the same cu_seqlens); deterministic is passed to the backward.
 
-    Arguments whose effect fattn cannot give raise NotImplementedError, never
-    ignored: seqused_q, qv, q/k/v_descale, window_size other than (-1, -1) (or
-    (-1, 0), which is causal), attention_chunk != 0, softcap != 0,
-    learnable_sink (FA4's name; not yet on the torch path),
-    num_splits > 1, sm_margin != 0.  num_splits 0 or 1 and pack_gqa are
+    window_size, softcap and learnable_sink as flash_attn_func's, per sequence
+    (the window bottom-right aligned on its own lengths; d(learnable_sink)
+    sums every sequence's rows).  Arguments whose effect fattn cannot give
+    raise NotImplementedError, never ignored: seqused_q, qv, q/k/v_descale,
+    attention_chunk != 0, num_splits > 1, sm_margin != 0.  num_splits 0 or 1 and pack_gqa are
     scheduling hints: fattn schedules itself.  Shapes that do not fit,
     cu_seqlens of another dtype, layout, length or device raise ValueError
     (TypeError for a non-tensor)."""
     no = _refuser("fattn.flash_attn_varlen_func")
-    for name, val in (("seqused_q", seqused_q), ("qv", qv), ("learnable_sink", learnable_sink)):
+    for name, val in (("seqused_q", seqused_q), ("qv", qv)):
         if val is not None:
             no(name)
-    causal = _fa_common_args("fattn.flash_attn_varlen_func", no, causal, (q_descale, k_descale, v_descale),
-                             " (fp8 inputs)", window_size, attention_chunk, softcap, num_splits, "", sm_margin)
+    causal, ws, softcap = _fa_common_args("fattn.flash_attn_varlen_func", no, causal,
+                                          (q_descale, k_descale, v_descale), " (fp8 inputs)", window_size,
+                                          attention_chunk, softcap, num_splits, "", sm_margin)
     if not _is_torch(q):
         raise TypeError("fattn.flash_attn_varlen_func takes torch tensors, got a %s" % type(q).__name__)
     o_lse = _torch_module().varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                                   softmax_scale, causal, deterministic)
+                                   softmax_scale, causal, deterministic, ws, softcap, learnable_sink)
     return o_lse if return_attn_probs else o_lse[0]
 
 
@@ -283,7 +302,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                             q_descale=None, k_descale=None, v_descale=None, softmax_scale=None, causal=False,
                             window_size=(-1, -1), attention_chunk=0, softcap=0.0, rotary_interleaved=True,
                             scheduler_metadata=None, num_splits=0, pack_gqa=None, sm_margin=0,
-                            return_softmax_lse=False):
+                            return_softmax_lse=False, learnable_sink=None):
     """FlashAttention-3's flash_attn_with_kvcache (flash_attn_interface), the
     decoding step, served by fattn: fattn_kv_append, then fattn_fwd with
     seqused_k (and block_table for a paged cache).  Torch tensors (CUDA or CPU).
@@ -303,10 +322,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
 
     Arguments fattn cannot serve raise NotImplementedError, never ignored:
     qv, rotary_cos/rotary_sin/rotary_seqlens, cache_batch_idx, cache_leftpad,
-    cu_seqlens_q, cu_seqlens_k_new, q/k/v_descale, window_size other than
-    (-1, -1) (or (-1, 0), which is causal), attention_chunk != 0, softcap != 0,
+    cu_seqlens_q, cu_seqlens_k_new, q/k/v_descale, attention_chunk != 0,
     scheduler_metadata, num_splits > 1, sm_margin != 0, and appending k, v of
-    head_dim_v != head_dim.  Accepted: num_splits 0 (fattn's schedule) and 1
+    head_dim_v != head_dim.  window_size, softcap and learnable_sink (FA4's
+    name, after FA3's arguments) as flash_attn_func's, the window bottom-right
+    aligned on each sequence's used keys.  Accepted: num_splits 0 (fattn's schedule) and 1
     (no split of the keys: FATTN_OPTION_DISABLE_SPLIT for this call; the same
     values up to rounding), pack_gqa (a scheduling hint: fattn packs the GQA
     group itself), max_seqlen_q (unused without cu_seqlens_q, as in FA3),
@@ -325,11 +345,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                       ("cu_seqlens_k_new", cu_seqlens_k_new), ("scheduler_metadata", scheduler_metadata)):
         if val is not None:
             no(name)
-    causal = _fa_common_args("fattn.flash_attn_with_kvcache", no, causal, (q_descale, k_descale, v_descale),
-                             " (fp8 inputs)", window_size, attention_chunk, softcap, num_splits,
-                             "; 0 or 1 = none are served", sm_margin)
+    causal, ws, softcap = _fa_common_args("fattn.flash_attn_with_kvcache", no, causal,
+                                          (q_descale, k_descale, v_descale), " (fp8 inputs)", window_size,
+                                          attention_chunk, softcap, num_splits, "; 0 or 1 = none are served",
+                                          sm_margin)
     if not _is_torch(q):
         raise TypeError("fattn.flash_attn_with_kvcache takes torch tensors, got a %s" % type(q).__name__)
     out, lse = _torch_module().kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale, causal,
-                                       num_splits == 1)
+                                       num_splits == 1, ws, softcap, learnable_sink)
     return (out, lse) if return_softmax_lse else out

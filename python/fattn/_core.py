@@ -528,13 +528,19 @@ def run_fwd(ctx, dims, qd, kd, vd, od, lse, causal, softmax_scale, varlen=None, 
     ctx.fwd_raw(fwd_struct(dims, qd, kd, vd, od, lse, causal, softmax_scale, varlen, seqused_k, variants))
 
 
-def run_bwd(ctx, dims, qd, kd, vd, od, dod, dqd, dkd, dvd, lse, causal, softmax_scale, deterministic, varlen=None):
+def run_bwd(ctx, dims, qd, kd, vd, od, dod, dqd, dkd, dvd, lse, causal, softmax_scale, deterministic, varlen=None,
+            variants=NO_VARIANTS, dsink=None):
+    """fattn_bwd; variants: the forward's (its learnable_sink is read only for dsink, a
+    pointer to float32 [heads_q] or None: fattn.h)."""
     a = _capi.BwdArgs()
     a.p = problem(dims, causal, softmax_scale, varlen)
+    set_variants(a.p, variants)
     a.q, a.k, a.v, a.o, a.dout = (tensor_struct(x) for x in (qd, kd, vd, od, dod))
     a.dq, a.dk, a.dv = (tensor_struct(x) for x in (dqd, dkd, dvd))
     a.lse = lse
     a.deterministic = int(bool(deterministic))
+    if dsink is not None:
+        a.learnable_sink, a.dsink = variants.learnable_sink, dsink
     ctx.bwd_raw(a)
 
 
@@ -690,11 +696,12 @@ def kv_append_struct(kv, knd, vnd, kcd, vcd, cache_seqlens, block_table):
     return a
 
 
-def fwd_kvcache_struct(kv, qd, kcd, vcd, od, lse, causal, softmax_scale, seqused_k, block_table):
+def fwd_kvcache_struct(kv, qd, kcd, vcd, od, lse, causal, softmax_scale, seqused_k, block_table,
+                       variants=NO_VARIANTS):
     """fattn_fwd_args of attention over a cache: kcd, vcd the contiguous caches
     or the page pools (their batch dimension is the page, as fattn.h says),
     seqused_k the int32 [batch] used key counts (a pointer, or None = all)."""
-    a = fwd_struct(kv.dims, qd, kcd, vcd, od, lse, causal, softmax_scale, seqused_k=seqused_k)
+    a = fwd_struct(kv.dims, qd, kcd, vcd, od, lse, causal, softmax_scale, seqused_k=seqused_k, variants=variants)
     if kv.paged:
         a.block_table = block_table
         a.page_size, a.num_pages, a.max_pages_per_seq = kv.page_size, kv.num_pages, kv.max_pages

@@ -1,4 +1,4 @@
-"""_numpy.py - fattn.attention on NumPy arrays (CPU engine, forward only)."""
+"""_numpy.py - fattn.attention on NumPy arrays (CPU engine, forward only: no autograd)."""
 import numpy as np
 
 from . import _core
@@ -62,17 +62,17 @@ def attention(q, k, v, causal, softmax_scale, fp8, return_lse, out, ctx, window_
             raise ValueError("fattn: out must be writeable, non-overlapping, with its head dim contiguous")
     lse = np.empty(dims.lse_shape, dtype=np.float32) if return_lse else None
 
+    sink = _sink(learnable_sink, dims.hq)
     if dims.empty:
         out[...] = 0
-        if lse is not None:
-            lse[...] = -np.inf
+        if lse is not None:  # a row that sees no key: lse = the sink (fattn.h), -inf without one
+            lse[...] = -np.inf if sink is None else sink[None, :, None]
     else:
         q, qd = _readable(q, "q")
         k, kd = _readable(k, "k")
         v, vd = _readable(v, "v")
         od = _core.describe(out, "out")
         lp = lse.ctypes.data if lse is not None else None
-        sink = _sink(learnable_sink, dims.hq)
         var = _core.Variants(window_size, softcap, sink.ctypes.data if sink is not None else None)
         if fp8 is not None:
             _core.run_fwd_fp8(ctx, dims, qd, kd, vd, od, lp, causal, scale, fp8, var)

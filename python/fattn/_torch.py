@@ -1,10 +1,14 @@
 """_torch.py - fattn on torch tensors: the custom ops <ns>::fwd, <ns>::bwd,
-<ns>::fwd_fp8, <ns>::fwd_variants, <ns>::fwd_kvcache, <ns>::fwd_varlen and
-<ns>::bwd_varlen (torch.library, with fake implementations for torch.compile),
-autograd through fattn_bwd (fwd_fp8 and fwd_variants, the sliding window,
-softcap and learnable sinks, are forward only: their backward raises;
-fwd_kvcache, decoding, has none; fwd_varlen's goes through bwd_varlen, but not
-with seqused_k).
+<ns>::fwd_fp8, <ns>::fwd_kvcache, <ns>::fwd_varlen and <ns>::bwd_varlen
+(torch.library, with fake implementations for torch.compile), autograd through
+fattn_bwd (fwd_fp8 is forward only: its backward raises; fwd_kvcache, decoding,
+has none; fwd_varlen's goes through bwd_varlen, but not with seqused_k).
+
+Every op takes fattn.h's variants as its last arguments, with defaults that
+mean none: window_left, window_right (-1, -1: no window), softcap (0: off) and
+learnable_sink (None, or float32 [hq] on q's device).  The backward ops return
+d(learnable_sink) too (fattn_bwd's dsink), an empty tensor when no sink is
+given.
 
 <ns> is the package's name: "fattn", or "fattn_b" when bench/compare.py loads
 a second copy of these bindings beside the first (an op name is registered
@@ -61,17 +65,47 @@ def _readable(t, name):
     return t, d
 
 
-def _new_outputs(shapes, q, out=None):
+def _new_outputs(shapes, q, out=None, sink=None):
     """(out, lse) of a forward of `shapes` (a _core.Dims or VarlenDims): out (given, or
-    new in q's dtype) and lse float32 on q's device; 0 and -inf when there is nothing
-    to compute (shapes.empty: fattn is then not called)."""
+    new in q's dtype) and lse float32 on q's device; 0 and -inf (the sink, when one is
+    given: fattn.h's rule for a row that sees no key) when there is nothing to compute
+    (shapes.empty: fattn is then not called)."""
     if out is None:
         out = torch.empty(shapes.o_shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(shapes.lse_shape, dtype=torch.float32, device=q.device)
     if shapes.empty:
         out.zero_()
-        lse.fill_(-math.inf)
+        if sink is not None and lse.numel():  # lse [b, hq, sq], or [hq, total_q] when varlen
+            lse.copy_((sink.view(1, -1, 1) if lse.dim() == 3 else sink.view(-1, 1)).expand(lse.shape))
+        else:
+            lse.fill_(-math.inf)
     return out, lse
+
+
+def _op_sink(learnable_sink, q):
+    """An op's learnable_sink as fattn reads it: None, or a contiguous float32 [hq]
+    tensor on q's device (a copy when needed); ValueError otherwise (a direct op call:
+    fattn.attention checks it first)."""
+    if learnable_sink is None:
+        return None
+    hq = q.shape[-2]
+    if tuple(learnable_sink.shape) != (hq,) or not learnable_sink.is_floating_point() \
+            or learnable_sink.device != q.device:
+        raise ValueError("fattn: learnable_sink must be a float tensor of shape (%d,) on %s, got %s %s on %s"
+                         % (hq, q.device, learnable_sink.dtype, tuple(learnable_sink.shape), learnable_sink.device))
+    return learnable_sink.to(torch.float32).contiguous()
+
+
+def _variants(window_left, window_right, softcap, sink):
+    """_core.Variants of an op's variant arguments (sink: _op_sink's)."""
+    ws = None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
+    return _core.Variants(ws, softcap, sink.data_ptr() if sink is not None else None)
+
+
+def _fwd_fake_outputs(q, v):
+    """The fake outputs of a forward on 4-D (or, varlen, 3-D packed) q and v."""
+    lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if q.dim() == 4 else (q.shape[1], q.shape[0])
+    return q.new_empty(q.shape[:-1] + (v.shape[-1],)), q.new_empty(lse_shape, dtype=torch.float32)
 
 
 def _run_fwd(ctx, dims, q, k, v, out, lse, causal, softmax_scale, fp8=None, varlen=None, seqused_k=None,
@@ -88,34 +122,41 @@ def _run_fwd(ctx, dims, q, k, v, out, lse, causal, softmax_scale, fp8=None, varl
     with ctx._lock:
         _on_current_stream(ctx, q.device)
         if fp8 is not None:
-            _core.run_fwd_fp8(ctx, dims, qd, kd, vd, od, lse.data_ptr(), causal, softmax_scale, fp8)
+            _core.run_fwd_fp8(ctx, dims, qd, kd, vd, od, lse.data_ptr(), causal, softmax_scale, fp8, variants)
         else:
             _core.run_fwd(ctx, dims, qd, kd, vd, od, lse.data_ptr(), causal, softmax_scale, varlen, seqused_k,
                           variants)
 
 
-def _fwd_impl(q, k, v, causal, softmax_scale, fp8, ctx=None, out=None):
-    """fp8: None (the 16-bit/f32 forward) or a _core.FP8 (fattn_fwd_fp8)."""
+def _fwd_impl(q, k, v, causal, softmax_scale, fp8, ctx=None, out=None, window_left=-1, window_right=-1,
+              softcap=0.0, sink=None):
+    """fp8: None (the 16-bit/f32 forward) or a _core.FP8 (fattn_fwd_fp8); the
+    variants: the ops' (sink: _op_sink's)."""
     dims = _core.check_shapes(q.shape, k.shape, v.shape)
-    out, lse = _new_outputs(dims, q, out)
+    out, lse = _new_outputs(dims, q, out, sink)
     if not dims.empty:
-        _run_fwd(ctx, dims, q, k, v, out, lse, causal, softmax_scale, fp8)
+        _run_fwd(ctx, dims, q, k, v, out, lse, causal, softmax_scale, fp8,
+                 variants=_variants(window_left, window_right, softcap, sink))
     return out, lse
 
 
 @torch.library.custom_op(_NS + "::fwd", mutates_args=())
 def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float, fp8: bool,
-        deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(out [b, sq, hq, dv] in q's dtype, lse [b, hq, sq] float32).  `deterministic`
-    is kept for the backward (FlashAttention's flag; the CPU engine always is).
-    fp8=True is fwd_fp8 with fattn.FP8()'s defaults (forward only)."""
-    return _fwd_impl(q, k, v, causal, softmax_scale, _core.FP8() if fp8 else None)
+        deterministic: bool, window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+        learnable_sink: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(out [b, sq, hq, dv] in q's dtype, lse [b, hq, sq] float32, the sink included).
+    `deterministic` is kept for the backward (FlashAttention's flag; the CPU engine
+    always is).  fp8=True is fwd_fp8 with fattn.FP8()'s defaults (forward only).
+    window_left, window_right ((-1, -1) none, -1 unbounded on a side), softcap (0 off)
+    and learnable_sink (None or float [hq] on q's device): fattn.h's variants; the
+    backward gives d(learnable_sink) too."""
+    return _fwd_impl(q, k, v, causal, softmax_scale, _core.FP8() if fp8 else None, None, None, window_left,
+                     window_right, softcap, _op_sink(learnable_sink, q))
 
 
 @fwd.register_fake
-def _fwd_fake(q, k, v, causal, softmax_scale, fp8, deterministic):
-    b, sq, hq, _ = q.shape
-    return (q.new_empty((b, sq, hq, v.shape[3])), q.new_empty((b, hq, sq), dtype=torch.float32))
+def _fwd_fake(q, k, v, *rest):
+    return _fwd_fake_outputs(q, v)
 
 
 def _seed_to_op(seed):
@@ -126,27 +167,29 @@ def _seed_to_op(seed):
 @torch.library.custom_op(_NS + "::fwd_fp8", mutates_args=())
 def fwd_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float,
             granularity: str, block_q: int, block_k: int, block_v: int, rotate: bool,
-            seed: int) -> Tuple[torch.Tensor, torch.Tensor]:
+            seed: int, window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+            learnable_sink: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """FP8 attention (fattn_fwd_fp8): q, k, v f32/f16/bf16 quantised to e4m3 as
     fattn.FP8(granularity, block_q, block_k, block_v, rotate, seed) says (seed
     as int64: a seed >= 2**63 is passed as seed - 2**64), then the e4m3
-    forward.  (out in q's dtype, lse float32).  Forward only."""
+    forward, with fwd's variants.  (out in q's dtype, lse float32).  Forward only."""
     cfg = _core.FP8(granularity, block_q, block_k, block_v, rotate, seed % 2 ** 64)
-    return _fwd_impl(q, k, v, causal, softmax_scale, cfg)
+    return _fwd_impl(q, k, v, causal, softmax_scale, cfg, None, None, window_left, window_right, softcap,
+                     _op_sink(learnable_sink, q))
 
 
 @fwd_fp8.register_fake
-def _fwd_fp8_fake(q, k, v, causal, softmax_scale, granularity, block_q, block_k, block_v, rotate, seed):
-    b, sq, hq, _ = q.shape
-    return (q.new_empty((b, sq, hq, v.shape[3])), q.new_empty((b, hq, sq), dtype=torch.float32))
+def _fwd_fp8_fake(q, k, v, *rest):
+    return _fwd_fake_outputs(q, v)
 
 
 def _sink_tensor(learnable_sink, q):
-    """learnable_sink as a contiguous float32 [hq] tensor on q's device (a copy when
-    needed), or None."""
+    """fattn.attention's learnable_sink checked, as float32 [hq] on q's device (a
+    differentiable conversion: the gradient flows back to the caller's tensor in its
+    own dtype), or None."""
     if learnable_sink is None:
         return None
-    hq = q.shape[2]
+    hq = q.shape[-2]
     if not isinstance(learnable_sink, torch.Tensor):
         raise TypeError("fattn: learnable_sink must be a torch tensor with q, got a %s"
                         % type(learnable_sink).__name__)
@@ -155,60 +198,7 @@ def _sink_tensor(learnable_sink, q):
                          "got %s %s" % (hq, learnable_sink.dtype, tuple(learnable_sink.shape)))
     if learnable_sink.device != q.device:
         raise ValueError("fattn: learnable_sink is on %s, q on %s" % (learnable_sink.device, q.device))
-    return learnable_sink.detach().to(torch.float32).contiguous()
-
-
-def _fwd_variants_impl(q, k, v, causal, softmax_scale, window_left, window_right, softcap, sink, ctx=None,
-                       out=None):
-    """The forward with fattn.h's variants: window (window_left, window_right), (-1, -1)
-    none; softcap 0 off; sink None or a float32 [hq] tensor (_sink_tensor)."""
-    dims = _core.check_shapes(q.shape, k.shape, v.shape)
-    out, lse = _new_outputs(dims, q, out)
-    if dims.empty:
-        if sink is not None and lse.numel():  # no key: LSE = the sink (fattn.h)
-            lse.copy_(sink.view(1, -1, 1).expand(lse.shape))
-        return out, lse
-    ws = None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
-    var = _core.Variants(ws, softcap, sink.data_ptr() if sink is not None else None)
-    _run_fwd(ctx, dims, q, k, v, out, lse, causal, softmax_scale, variants=var)
-    return out, lse
-
-
-@torch.library.custom_op(_NS + "::fwd_variants", mutates_args=())
-def fwd_variants(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float,
-                 window_left: int, window_right: int, softcap: float,
-                 learnable_sink: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The forward with a sliding window (window_left, window_right; (-1, -1) none,
-    -1 unbounded on a side), softcap (0 off) and learnable_sink (None or float32 [hq]
-    on q's device): (out in q's dtype, lse float32, the sink included).  Forward
-    only: its backward raises."""
-    return _fwd_variants_impl(q, k, v, causal, softmax_scale, window_left, window_right, softcap,
-                              _sink_tensor(learnable_sink, q))
-
-
-@fwd_variants.register_fake
-def _fwd_variants_fake(q, k, v, causal, softmax_scale, window_left, window_right, softcap, learnable_sink):
-    b, sq, hq, _ = q.shape
-    return (q.new_empty((b, sq, hq, v.shape[3])), q.new_empty((b, hq, sq), dtype=torch.float32))
-
-
-def variants_grad_error():
-    return NotImplementedError("fattn: window_size, softcap and learnable_sink on torch tensors are forward only "
-                               "for now (no backward through them); call under torch.no_grad() or detach the "
-                               "inputs")
-
-
-def _variants_setup_context(ctx, inputs, output):
-    ctx.mark_non_differentiable(output[1])
-
-
-def _variants_backward(ctx, dout, dlse):
-    # fattn.attention refuses inputs that require grad before the call; this is
-    # for a direct torch.ops.fattn.fwd_variants call: an error, never a gradient
-    raise variants_grad_error()
-
-
-fwd_variants.register_autograd(_variants_backward, setup_context=_variants_setup_context)
+    return learnable_sink.to(torch.float32).contiguous()
 
 
 def _fp8_setup_context(ctx, inputs, output):
@@ -224,15 +214,18 @@ def _fp8_backward(ctx, dout, dlse):
 fwd_fp8.register_autograd(_fp8_backward, setup_context=_fp8_setup_context)
 
 
-def _bwd_impl(shapes, dout, q, k, v, out, lse, causal, softmax_scale, deterministic, varlen=None):
-    """(dq, dk, dv) shaped and typed like q, k, v, through fattn_bwd; shapes: the
-    call's _core.Dims, or its VarlenDims with varlen (a _core.Varlen): the packed 3-D
-    tensors are then described as batch 1."""
+def _bwd_impl(shapes, dout, q, k, v, out, lse, causal, softmax_scale, deterministic, varlen=None, window_left=-1,
+              window_right=-1, softcap=0.0, sink=None):
+    """(dq, dk, dv, dsink): dq, dk, dv shaped and typed like q, k, v, through fattn_bwd,
+    and dsink float32 [hq] when a sink is given (_op_sink's; else an empty tensor);
+    shapes: the call's _core.Dims, or its VarlenDims with varlen (a _core.Varlen): the
+    packed 3-D tensors are then described as batch 1."""
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    if shapes.empty:
-        for g in (dq, dk, dv):
+    dsink = torch.empty((q.shape[-2] if sink is not None else 0,), dtype=torch.float32, device=q.device)
+    if shapes.empty:  # no key anywhere: o = 0, so every gradient is 0
+        for g in (dq, dk, dv, dsink):
             g.zero_()
-        return dq, dk, dv
+        return dq, dk, dv, dsink
     as4 = (lambda t: t.unsqueeze(0)) if varlen is not None else (lambda t: t)
     dims = shapes.dims if varlen is not None else shapes
     ctx = _context(q.device)
@@ -243,37 +236,54 @@ def _bwd_impl(shapes, dout, q, k, v, out, lse, causal, softmax_scale, determinis
         with ctx._lock:
             _on_current_stream(ctx, q.device)
             _core.run_bwd(ctx, dims, *[d for _, d in ts], *gd, lse.data_ptr(), causal, softmax_scale, deterministic,
-                          varlen)
+                          varlen, _variants(window_left, window_right, softcap, sink),
+                          dsink.data_ptr() if sink is not None else None)
     except _core.FattnUnsupportedError as e:
         if q.is_cuda:
             raise type(e)(e.status, "fattn backward on CUDA tensors: %s (CPU tensors are differentiable "
                           "in every configuration)" % e.detail) from None
         raise
-    return dq, dk, dv
+    return dq, dk, dv, dsink
 
 
 @torch.library.custom_op(_NS + "::bwd", mutates_args=())
 def bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-        lse: torch.Tensor, causal: bool, softmax_scale: float,
-        deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) shaped and typed like q, k, v, through fattn_bwd."""
+        lse: torch.Tensor, causal: bool, softmax_scale: float, deterministic: bool, window_left: int = -1,
+        window_right: int = -1, softcap: float = 0.0,
+        learnable_sink: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dsink) through fattn_bwd: dq, dk, dv shaped and typed like q, k, v;
+    dsink float32 [hq], d(learnable_sink), when learnable_sink is given, else an empty
+    tensor (dq, dk, dv need only the forward's sink-inclusive out and lse: pass the
+    sink only for its gradient).  The variants as the forward's."""
     dims = _core.check_shapes(q.shape, k.shape, v.shape)
-    return _bwd_impl(dims, dout, q, k, v, out, lse, causal, softmax_scale, deterministic)
+    return _bwd_impl(dims, dout, q, k, v, out, lse, causal, softmax_scale, deterministic, None, window_left,
+                     window_right, softcap, _op_sink(learnable_sink, q))
 
 
 def _bwd_fake(dout, q, k, v, *rest):
-    """The fake of bwd and bwd_varlen: the gradients are shaped like q, k, v."""
-    return tuple(t.new_empty(t.shape) for t in (q, k, v))
+    """The fake of bwd and bwd_varlen: the gradients are shaped like q, k, v; dsink
+    [hq] when the last argument, learnable_sink, is given, else [0]."""
+    sink = rest[-1] if rest and isinstance(rest[-1], torch.Tensor) else None
+    return tuple(t.new_empty(t.shape) for t in (q, k, v)) + (
+        q.new_empty((q.shape[-2] if sink is not None else 0,), dtype=torch.float32),)
 
 
 bwd.register_fake(_bwd_fake)
 
 
+def _wants_dsink(ctx, index, sink):
+    """Whether the backward must give d(learnable_sink), the op's argument `index`
+    (needs_input_grad covers the arguments the call passed)."""
+    return sink is not None and len(ctx.needs_input_grad) > index and ctx.needs_input_grad[index]
+
+
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, softmax_scale, fp8, deterministic = inputs
+    q, k, v, causal, softmax_scale, fp8, deterministic = inputs[:7]
+    wl, wr, softcap, sink = (tuple(inputs[7:]) + (-1, -1, 0.0, None)[len(inputs) - 7:])
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.save_for_backward(q, k, v, o, lse, sink)
     ctx.causal, ctx.softmax_scale, ctx.fp8, ctx.deterministic = causal, softmax_scale, fp8, deterministic
+    ctx.variants = (wl, wr, softcap)
     # The LSE is returned without a gradient (as FlashAttention's): fattn_bwd
     # takes no dlse.
     ctx.mark_non_differentiable(lse)
@@ -282,9 +292,11 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, dout, dlse):
     if ctx.fp8:
         raise _core.fp8_grad_error()
-    q, k, v, o, lse = ctx.saved_tensors
-    dq, dk, dv = bwd(dout, q, k, v, o, lse, ctx.causal, ctx.softmax_scale, ctx.deterministic)
-    return dq, dk, dv, None, None, None, None
+    q, k, v, o, lse, sink = ctx.saved_tensors
+    want = _wants_dsink(ctx, 10, sink)
+    dq, dk, dv, dsink = bwd(dout, q, k, v, o, lse, ctx.causal, ctx.softmax_scale, ctx.deterministic, *ctx.variants,
+                            sink if want else None)
+    return (dq, dk, dv) + (None,) * 7 + (dsink if want else None,)
 
 
 fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -307,6 +319,10 @@ def _check_inputs(q, k, v):
         raise NotImplementedError("fattn: tensors on %s: fattn computes on CUDA devices and the CPU" % q.device)
 
 
+def _requires_grad(*ts):
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts)
+
+
 def attention(q, k, v, causal, softmax_scale, fp8, return_lse, out, ctx, deterministic=False, window_size=None,
               softcap=0.0, learnable_sink=None):
     """window_size: None or (left, right) (_core.check_window_size's); softcap,
@@ -315,28 +331,18 @@ def attention(q, k, v, causal, softmax_scale, fp8, return_lse, out, ctx, determi
     dims = _core.check_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape))
     scale = _core.resolve_scale(softmax_scale, dims.d)
     fp8 = _core.fp8_config(fp8)
-    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    sink = _sink_tensor(learnable_sink, q)
+    grad = _requires_grad(q, k, v, sink)
     if fp8 is not None and grad:
         raise _core.fp8_grad_error()
-    variants = window_size is not None or softcap or learnable_sink is not None
-    if variants:
-        if fp8 is not None:
-            raise NotImplementedError("fattn.attention: window_size, softcap and learnable_sink with fp8 are not "
-                                      "yet served on torch tensors (NumPy arrays: the CPU engine serves them)")
-        if grad or (learnable_sink is not None and isinstance(learnable_sink, torch.Tensor)
-                    and torch.is_grad_enabled() and learnable_sink.requires_grad):
-            raise variants_grad_error()
-        wl, wr = window_size if window_size is not None else (-1, -1)
-        sink = _sink_tensor(learnable_sink, q)
-        if out is None and ctx is None:
-            o, lse = fwd_variants(q, k, v, bool(causal), scale, int(wl), int(wr), float(softcap), sink)
-            return (o, lse) if return_lse else o
+    wl, wr = window_size if window_size is not None else (-1, -1)
+    var = (int(wl), int(wr), float(softcap), sink)
     if out is None and ctx is None:
         if fp8 is not None:
             o, lse = fwd_fp8(q, k, v, bool(causal), scale, fp8.granularity, fp8.block_q, fp8.block_k, fp8.block_v,
-                             fp8.rotate, _seed_to_op(fp8.seed))
+                             fp8.rotate, _seed_to_op(fp8.seed), *var)
         else:
-            o, lse = fwd(q, k, v, bool(causal), scale, False, bool(deterministic))
+            o, lse = fwd(q, k, v, bool(causal), scale, False, bool(deterministic), *var)
         return (o, lse) if return_lse else o
 
     # out= or ctx=: a direct call, outside autograd and torch.compile
@@ -360,11 +366,8 @@ def attention(q, k, v, causal, softmax_scale, fp8, return_lse, out, ctx, determi
             raise ValueError("fattn: ctx computes on %s but the tensors are on %s"
                              % ("cuda:%d" % ctx.device if ctx.backend == _core.BACKEND_CUDA else "the CPU", q.device))
     with torch.no_grad():
-        if variants:
-            o, lse = _fwd_variants_impl(q, k, v, bool(causal), scale, int(wl), int(wr), float(softcap), sink,
-                                        ctx=ctx, out=out)
-        else:
-            o, lse = _fwd_impl(q, k, v, bool(causal), scale, fp8, ctx=ctx, out=out)
+        o, lse = _fwd_impl(q, k, v, bool(causal), scale, fp8, ctx, out, *var[:3],
+                           sink.detach() if sink is not None else None)
     return (o, lse) if return_lse else o
 
 
@@ -382,20 +385,19 @@ def _cache_desc(t, name):
     return d
 
 
-def _kvcache_impl(q, k_cache, v_cache, k, v, cache_seqlens, page_table, causal, softmax_scale, disable_split):
+def _kvcache_impl(q, k_cache, v_cache, k, v, cache_seqlens, page_table, causal, softmax_scale, disable_split,
+                  window_left=-1, window_right=-1, softcap=0.0, sink=None):
     kv = _core.check_kvcache_shapes(q.shape, k_cache.shape, v_cache.shape, None if k is None else k.shape,
                                     None if v is None else v.shape,
                                     None if page_table is None else page_table.shape)
     dims = kv.dims
-    out = torch.empty(dims.o_shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(dims.lse_shape, dtype=torch.float32, device=q.device)
     append = k is not None and dims.b > 0 and kv.seqlen_new > 0 and dims.hkv > 0
     if k is not None and cache_seqlens is None:
         raise ValueError("fattn: k and v (rows to append) need cache_seqlens (where each sequence's rows go)")
     if not append and dims.empty:
-        out.zero_()
-        lse.fill_(-math.inf)
-        return out, lse
+        return _new_outputs(dims, q, None, sink)
+    out = torch.empty(dims.o_shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(dims.lse_shape, dtype=torch.float32, device=q.device)
     for name, t, shape in (("cache_seqlens", cache_seqlens, (dims.b,)),
                            ("page_table", page_table, (dims.b, kv.max_pages))):
         if t is not None and (t.dtype != torch.int32 or t.device != q.device or tuple(t.shape) != shape
@@ -418,11 +420,10 @@ def _kvcache_impl(q, k_cache, v_cache, k, v, cache_seqlens, page_table, causal, 
         if append:
             ctx.kv_append_raw(_core.kv_append_struct(kv, knd, vnd, kcd, vcd, seqlens_ptr, table_ptr))
         if dims.empty:
-            out.zero_()
-            lse.fill_(-math.inf)
-            return out, lse
+            return _new_outputs(dims, q, None, sink)
         a = _core.fwd_kvcache_struct(kv, qd, kcd, vcd, od, lse.data_ptr(), causal, softmax_scale,
-                                     seqused.data_ptr() if seqused is not None else None, table_ptr)
+                                     seqused.data_ptr() if seqused is not None else None, table_ptr,
+                                     _variants(window_left, window_right, softcap, sink))
         with ctx.option_set(_core.OPTION_DISABLE_SPLIT, int(bool(disable_split))):
             ctx.fwd_raw(a)
     return out, lse
@@ -431,18 +432,22 @@ def _kvcache_impl(q, k_cache, v_cache, k, v, cache_seqlens, page_table, causal, 
 @torch.library.custom_op(_NS + "::fwd_kvcache", mutates_args=("k_cache", "v_cache"))
 def fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: Optional[torch.Tensor],
                 v: Optional[torch.Tensor], cache_seqlens: Optional[torch.Tensor], page_table: Optional[torch.Tensor],
-                causal: bool, softmax_scale: float, disable_split: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+                causal: bool, softmax_scale: float, disable_split: bool, window_left: int = -1,
+                window_right: int = -1, softcap: float = 0.0,
+                learnable_sink: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Decoding on a KV cache: k, v (or None) appended in place into k_cache, v_cache at the rows
     cache_seqlens (int32 [b]) says (fattn_kv_append), then attention of q over each sequence's first
     cache_seqlens (+ k's seqlen when appending) keys (fattn_fwd with seqused_k; cache_seqlens None = all
     keys).  page_table int32 [b, max_pages] (contiguous): the caches are page pools [num_pages, page_size,
-    hkv, d].  disable_split: FATTN_OPTION_DISABLE_SPLIT for the call.  (out [b, sq, hq, dv], lse
-    [b, hq, sq] float32).  No autograd."""
-    return _kvcache_impl(q, k_cache, v_cache, k, v, cache_seqlens, page_table, causal, softmax_scale, disable_split)
+    hkv, d].  disable_split: FATTN_OPTION_DISABLE_SPLIT for the call.  The variants as fwd's.
+    (out [b, sq, hq, dv], lse [b, hq, sq] float32, the sink included).  No autograd."""
+    return _kvcache_impl(q, k_cache, v_cache, k, v, cache_seqlens, page_table, causal, softmax_scale, disable_split,
+                         window_left, window_right, softcap, _op_sink(learnable_sink, q))
 
 
 @fwd_kvcache.register_fake
-def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, cache_seqlens, page_table, causal, softmax_scale, disable_split):
+def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, cache_seqlens, page_table, causal, softmax_scale, disable_split,
+                      *variants):
     b, sq, hq, _ = q.shape
     return (q.new_empty((b, sq, hq, v_cache.shape[3])), q.new_empty((b, hq, sq), dtype=torch.float32))
 
@@ -465,15 +470,17 @@ def _int32_on(t, name, device, shape):
     return t.to(torch.int32).contiguous()
 
 
-def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale, causal, disable_split):
-    """fattn.flash_attn_with_kvcache once its FA3 arguments are checked: (out, lse)."""
+def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale, causal, disable_split,
+            window_size=None, softcap=0.0, learnable_sink=None):
+    """fattn.flash_attn_with_kvcache once its FA3 arguments are checked: (out, lse);
+    window_size None or (left, right), softcap, learnable_sink: fattn.attention's."""
     _check_inputs(q, k_cache, v_cache)
     if (k is None) != (v is None):
         raise ValueError("fattn: k and v (the rows to append) must be given together")
     if k is not None:
         _check_inputs(q, k, v)
-    grads = [n for n, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v))
-             if t is not None and t.requires_grad]
+    grads = [n for n, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v),
+                            ("learnable_sink", learnable_sink)) if isinstance(t, torch.Tensor) and t.requires_grad]
     if grads and torch.is_grad_enabled():
         raise NotImplementedError("fattn.flash_attn_with_kvcache is forward only (decoding; FlashAttention's has no "
                                   "backward either), but %s require%s grad: call it under torch.no_grad() or "
@@ -481,6 +488,7 @@ def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale,
                                   % (", ".join(grads), "s" if len(grads) == 1 else ""))
     if q.dim() != 4:
         raise ValueError("fattn: q must be 4-D [batch, seqlen, heads, head_dim], got shape %s" % (tuple(q.shape),))
+    sink = _sink_tensor(learnable_sink, q)
     b = q.shape[0]
     if page_table is not None:
         if isinstance(page_table, torch.Tensor) and page_table.dim() != 2:
@@ -509,8 +517,9 @@ def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale,
                                   "is not supported by fattn (fattn_kv_append copies rows of one head_dim)"
                                   % (kv.dims.dv, kv.dims.d))
     scale = _core.resolve_scale(softmax_scale, kv.dims.d)
+    wl, wr = window_size if window_size is not None else (-1, -1)
     return fwd_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, bool(causal), scale,
-                       bool(disable_split))
+                       bool(disable_split), int(wl), int(wr), float(softcap), sink)
 
 
 # ---------------------------------------------------------------------------
@@ -557,38 +566,43 @@ def _varlen_fields(shapes, cu_seqlens_q, cu_seqlens_k):
 @torch.library.custom_op(_NS + "::fwd_varlen", mutates_args=())
 def fwd_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                cu_seqlens_k: torch.Tensor, seqused_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
-               causal: bool, softmax_scale: float, deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+               causal: bool, softmax_scale: float, deterministic: bool, window_left: int = -1, window_right: int = -1,
+               softcap: float = 0.0,
+               learnable_sink: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """A variable-length batch (fattn_fwd with cu_seqlens): q [total_q, hq, d], k [total_k, hkv, d],
     v [total_k, hkv, dv] packed, sequence b at rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 (k, v:
     cu_seqlens_k), int32 [batch + 1]; max_seqlen_q/k the longest lengths; seqused_k (int32 [batch] or
     None): sequence b uses its first seqused_k[b] keys only.  (out [total_q, hq, dv] in q's dtype, lse
-    [hq, total_q] float32).  `deterministic` is kept for the backward (none with seqused_k)."""
+    [hq, total_q] float32, the sink included).  `deterministic` is kept for the backward (none with
+    seqused_k).  The variants as fwd's, per sequence (its own lengths)."""
     shapes = _varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
-    out, lse = _new_outputs(shapes, q)
+    sink = _op_sink(learnable_sink, q)
+    out, lse = _new_outputs(shapes, q, None, sink)
     if not shapes.empty:
         _run_fwd(None, shapes.dims, q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), out.unsqueeze(0), lse, causal,
                  softmax_scale, varlen=_varlen_fields(shapes, cu_seqlens_q, cu_seqlens_k),
-                 seqused_k=seqused_k.data_ptr() if seqused_k is not None else None)
+                 seqused_k=seqused_k.data_ptr() if seqused_k is not None else None,
+                 variants=_variants(window_left, window_right, softcap, sink))
     return out, lse
 
 
 @fwd_varlen.register_fake
-def _fwd_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, causal,
-                     softmax_scale, deterministic):
-    total_q, hq, _ = q.shape
-    return (q.new_empty((total_q, hq, v.shape[2])), q.new_empty((hq, total_q), dtype=torch.float32))
+def _fwd_varlen_fake(q, k, v, *rest):
+    return _fwd_fake_outputs(q, v)
 
 
 @torch.library.custom_op(_NS + "::bwd_varlen", mutates_args=())
 def bwd_varlen(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
-               max_seqlen_k: int, causal: bool, softmax_scale: float,
-               deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of fwd_varlen (without seqused_k), shaped and typed like q, k, v, through fattn_bwd
-    with the same cu_seqlens."""
+               max_seqlen_k: int, causal: bool, softmax_scale: float, deterministic: bool, window_left: int = -1,
+               window_right: int = -1, softcap: float = 0.0, learnable_sink: Optional[torch.Tensor] = None
+               ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dsink) of fwd_varlen (without seqused_k), as bwd's, through fattn_bwd with the
+    same cu_seqlens (dsink sums the rows of every sequence)."""
     shapes = _varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k, None, max_seqlen_q, max_seqlen_k)
     return _bwd_impl(shapes, dout, q, k, v, out, lse, causal, softmax_scale, deterministic,
-                     _varlen_fields(shapes, cu_seqlens_q, cu_seqlens_k))
+                     _varlen_fields(shapes, cu_seqlens_q, cu_seqlens_k), window_left, window_right, softcap,
+                     _op_sink(learnable_sink, q))
 
 
 bwd_varlen.register_fake(_bwd_fake)
@@ -602,20 +616,23 @@ def _seqused_grad_error():
 
 def _varlen_setup_context(ctx, inputs, output):
     q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, \
-        deterministic = inputs
+        deterministic = inputs[:11]
+    wl, wr, softcap, sink = (tuple(inputs[11:]) + (-1, -1, 0.0, None)[len(inputs) - 11:])
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k)
+    ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, sink)
     ctx.seqused = seqused_k is not None
-    ctx.scalars = (max_seqlen_q, max_seqlen_k, causal, softmax_scale, deterministic)
+    ctx.scalars = (max_seqlen_q, max_seqlen_k, causal, softmax_scale, deterministic, wl, wr, softcap)
     ctx.mark_non_differentiable(lse)  # as fwd's: fattn_bwd takes no dlse
 
 
 def _varlen_backward(ctx, dout, dlse):
     if ctx.seqused:  # varlen() refuses this before the call; a direct op call raises here
         raise _seqused_grad_error()
-    q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-    dq, dk, dv = bwd_varlen(dout, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *ctx.scalars)
-    return (dq, dk, dv) + (None,) * 8
+    q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, sink = ctx.saved_tensors
+    want = _wants_dsink(ctx, 14, sink)
+    dq, dk, dv, dsink = bwd_varlen(dout, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *ctx.scalars,
+                                   sink if want else None)
+    return (dq, dk, dv) + (None,) * 11 + (dsink if want else None,)
 
 
 fwd_varlen.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
@@ -631,15 +648,17 @@ def _max_seqlen(x, name):
 
 
 def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-           deterministic):
-    """fattn.flash_attn_varlen_func once its FA3 arguments are checked: (out, lse)."""
+           deterministic, window_size=None, softcap=0.0, learnable_sink=None):
+    """fattn.flash_attn_varlen_func once its FA3 arguments are checked: (out, lse);
+    window_size None or (left, right), softcap, learnable_sink: fattn.attention's."""
     _check_inputs(q, k, v)
     max_seqlen_q = _max_seqlen(max_seqlen_q, "max_seqlen_q")
     max_seqlen_k = _max_seqlen(max_seqlen_k, "max_seqlen_k")
     shapes = _varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
     scale = _core.resolve_scale(softmax_scale, shapes.dims.d)
-    if seqused_k is not None and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
-                                                              or v.requires_grad):
+    sink = _sink_tensor(learnable_sink, q)
+    if seqused_k is not None and _requires_grad(q, k, v, sink):
         raise _seqused_grad_error()
+    wl, wr = window_size if window_size is not None else (-1, -1)
     return fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, bool(causal),
-                      scale, bool(deterministic))
+                      scale, bool(deterministic), int(wl), int(wr), float(softcap), sink)

@@ -9,8 +9,15 @@ Registers `attention_forward` in transformers' AttentionInterface, and FlashAtte
 mask function in its AttentionMaskInterface, so that the model hands fattn either no mask
 (causal or full attention, which fattn computes) or a 2-D padding mask, which fattn
 refuses with NotImplementedError rather than ignoring (a custom implementation without a
-mask function would get no mask at all, padded or not).  Sliding windows, softcapping,
-attention sinks, position biases and dropout raise NotImplementedError too.
+mask function would get no mask at all, padded or not).  Position biases and dropout raise
+NotImplementedError too.
+
+The variants the models pass to their attention interface are served, forward and
+backward: `sliding_window` (Mistral, Gemma 2, gpt-oss: a key is seen by the last
+sliding_window positions up to the query, transformers' sliding_window_overlay, so
+window_size (sliding_window - 1, sliding_window - 1) as transformers' flash-attention
+path passes it, with the causal mask), `softcap` (Gemma 2's attn_logit_softcapping) and
+`s_aux` (gpt-oss's sinks: fattn's learnable_sink, whose gradient reaches the parameter).
 """
 NAME = "fattn"
 
@@ -28,9 +35,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         no("an attention mask (padding, or a custom 4-D mask); pass unpadded batches")
     if dropout:
         no("attention dropout (%r)" % (dropout,))
-    for k in ("sliding_window", "softcap", "s_aux", "position_bias"):
-        if kwargs.get(k) is not None:
-            no(k)
+    if kwargs.get("position_bias") is not None:
+        no("position_bias")
     if kwargs.get("output_attentions"):
         no("output_attentions=True")
     if is_causal is None:
@@ -45,8 +51,11 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     # [b, h, s, d] -> [b, s, h, d] views: the head dim stays contiguous, nothing is copied.
     # fattn's causal mask is bottom-right aligned, as transformers' with a KV cache: the
     # queries are the last sq positions of the sk keys.
+    sliding_window = kwargs.get("sliding_window")
+    window = (-1, -1) if sliding_window is None else (sliding_window - 1, sliding_window - 1)
     out = attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=bool(is_causal),
-                    softmax_scale=scaling)
+                    softmax_scale=scaling, window_size=window, softcap=kwargs.get("softcap") or 0.0,
+                    learnable_sink=kwargs.get("s_aux"))
     return out, None
 
 

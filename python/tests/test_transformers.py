@@ -1,7 +1,9 @@
 """fattn as transformers' attn_implementation="fattn" (fattn/hf.py): small random Llama
 (GQA) and GPT-2 models on the CPU give the logits, gradients and greedy generations of
-attn_implementation="sdpa", and what fattn cannot serve (padding masks) raises.
-Needs torch, transformers and the library."""
+attn_implementation="sdpa"; small random Mistral (sliding window), Gemma 2 (sliding window
+and logit softcapping) and gpt-oss (sliding window and learnable sinks) models those of
+"eager"; what fattn cannot serve (padding masks) raises.  The models are built from
+configs in code (no download).  Needs torch, transformers and the library."""
 import unittest
 
 import _path  # noqa: F401
@@ -17,7 +19,11 @@ CALLS = []
 
 def counted(module, query, *args, **kwargs):
     CALLS.append(tuple(query.shape))
+    VARIANT_KWARGS.append({n: kwargs.get(n) for n in ("sliding_window", "softcap", "s_aux")})
     return fattn.hf.attention_forward(module, query, *args, **kwargs)
+
+
+VARIANT_KWARGS = []
 
 
 def llama():
@@ -29,6 +35,42 @@ def llama():
 def gpt2():
     return GPT2Config(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=128, bos_token_id=1,
                       eos_token_id=2, pad_token_id=0)
+
+
+# Variant models: 2 layers, GQA 4/2, head dim 16, a sliding window of 8 keys on 40-token inputs, and a
+# larger initializer_range than the default 0.02 so that the scores are large enough (|s| up to ~10)
+# for the softcap and the window to change the logits (checked: test_variants_matter).
+def mistral():
+    from transformers import MistralConfig
+    return MistralConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8,
+                         max_position_embeddings=256, initializer_range=0.2, pad_token_id=0, bos_token_id=1,
+                         eos_token_id=2)
+
+
+def gemma2():
+    from transformers import Gemma2Config
+    # layer 0 sliding, layer 1 global (Gemma 2's alternation); softcap 5 on scores of |s| ~ 10
+    return Gemma2Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8,
+                        query_pre_attn_scalar=16, attn_logit_softcapping=5.0, final_logit_softcapping=30.0,
+                        max_position_embeddings=256, initializer_range=0.2, pad_token_id=0, bos_token_id=1,
+                        eos_token_id=2)
+
+
+def gpt_oss():
+    from transformers import GptOssConfig
+    # layer 0 sliding, layer 1 full; sinks drawn N(0, 1) in variant_model (the init leaves them near 0); every
+    # token to both experts: a top-k choice that bf16 rounding flips moves a logit by ~1-2 (measured with 2 of
+    # 4 experts), far above the attention's bf16 noise this compares
+    return GptOssConfig(vocab_size=128, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=2,
+                        num_experts_per_tok=2, sliding_window=8, layer_types=["sliding_attention", "full_attention"],
+                        max_position_embeddings=131072, initializer_range=0.2, pad_token_id=0, bos_token_id=1,
+                        eos_token_id=2)
+
+
+VARIANT_MODELS = (mistral, gemma2, gpt_oss)
 
 
 class Transformers(unittest.TestCase):
@@ -91,6 +133,84 @@ class Transformers(unittest.TestCase):
         m = self.model(gpt2(), "fattn").train()  # GPT-2's attention dropout is 0.1 in training
         with self.assertRaises(NotImplementedError):
             m(torch.randint(3, 128, (1, 8)))
+
+    def variant_model(self, make, impl, dtype=torch.float32):
+        m = self.model(make(), impl, dtype)
+        with torch.no_grad():
+            for n, p in m.named_parameters():
+                if n.endswith(".sinks"):  # gpt-oss: sinks of either sign, as trained ones
+                    p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(9)).to(p.dtype))
+        return m.eval()
+
+    def test_variant_logits_match_eager(self):
+        ids = torch.randint(3, 128, (2, 40), generator=torch.Generator().manual_seed(5))
+        for make in VARIANT_MODELS:
+            name = make.__name__
+            with torch.no_grad():
+                f32 = self.variant_model(make, "eager")(ids).logits
+                CALLS.clear()
+                VARIANT_KWARGS.clear()
+                got32 = self.variant_model(make, "fattn_counted")(ids).logits
+                want = self.variant_model(make, "eager", torch.bfloat16)(ids).logits.float()
+                got = self.variant_model(make, "fattn", torch.bfloat16)(ids).logits.float()
+            self.assertEqual(len(CALLS), 2, name)
+            # the variants reached fattn: layer 0's window, Gemma 2's softcap, gpt-oss's sinks
+            self.assertEqual(VARIANT_KWARGS[0]["sliding_window"], 8, name)
+            self.assertEqual(VARIANT_KWARGS[0]["softcap"], 5.0 if make is gemma2 else None, name)
+            self.assertEqual(VARIANT_KWARGS[0]["s_aux"] is not None, make is gpt_oss, name)
+            # f32: both compute in f32
+            self.assertLess((got32 - f32).abs().max().item(), 1e-4 * f32.abs().max().item(), name)
+            # bf16 noise: fattn's bf16 model no further from the f32 model than 1.5x eager's bf16 model
+            # (measured on three inputs: max |diff| 0.5-1.07x eager's, mean 0.9-1.0x; f32: <= 1e-5)
+            for stat in (torch.max, torch.mean):
+                self.assertLessEqual(stat((got - f32).abs()).item(), 1.5 * stat((want - f32).abs()).item(),
+                                     (name, stat.__name__))
+
+    def test_variants_matter(self):
+        # the checks above would pass if fattn ignored a variant only if it changed nothing: without the
+        # window, the softcap or the sinks the logits move far beyond the tolerances used there
+        ids = torch.randint(3, 128, (2, 40), generator=torch.Generator().manual_seed(5))
+        for make, drop in ((mistral, dict(sliding_window=None)), (gemma2, dict(attn_logit_softcapping=None)),
+                           (gpt_oss, None)):
+            with torch.no_grad():
+                m = self.variant_model(make, "eager")
+                want = m(ids).logits
+                if drop is None:
+                    for n, p in m.named_parameters():
+                        if n.endswith(".sinks"):
+                            p.fill_(-float("inf"))  # no sink
+                else:
+                    for k, val in drop.items():  # read at each call: Mistral's from the config, Gemma 2's from
+                        setattr(m.config, k, val)  # the attention module
+                        for layer in m.model.layers:
+                            if hasattr(layer.self_attn, k):
+                                setattr(layer.self_attn, k, val)
+                other = m(ids).logits
+            self.assertGreater((other - want).abs().max().item(), 1e-2 * want.abs().max().item(), make.__name__)
+
+    def test_variant_gradients_match_eager(self):
+        # training: d(sinks) of gpt-oss through fattn_bwd's dsink, the window and softcap's backward
+        ids = torch.randint(3, 128, (2, 32), generator=torch.Generator().manual_seed(6))
+        for make in VARIANT_MODELS:
+            grads = []
+            for impl in ("eager", "fattn"):
+                m = self.variant_model(make, impl).train()
+                m(ids, labels=ids).loss.backward()
+                grads.append({n: p.grad for n, p in m.named_parameters() if p.grad is not None})
+            self.assertEqual(sorted(grads[0]), sorted(grads[1]), make.__name__)
+            if make is gpt_oss:
+                self.assertTrue(any(n.endswith(".sinks") for n in grads[1]))
+            for n, g in grads[0].items():
+                torch.testing.assert_close(grads[1][n], g, rtol=1e-3, atol=1e-5, msg=lambda m: "%s %s: %s"
+                                           % (make.__name__, n, m))
+
+    def test_variant_generate_with_cache(self):
+        # greedy decoding past the window (12 + 10 tokens, window 8): the cache's keys, bottom-right aligned
+        ids = torch.randint(3, 128, (1, 12), generator=torch.Generator().manual_seed(7))
+        for make in VARIANT_MODELS:
+            outs = [self.variant_model(make, impl).generate(ids, max_new_tokens=10, do_sample=False)
+                    for impl in ("eager", "fattn")]
+            self.assertTrue(torch.equal(outs[0], outs[1]), make.__name__)
 
     def test_padding_is_refused(self):
         ids = torch.randint(3, 128, (2, 16))
