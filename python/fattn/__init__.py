@@ -221,8 +221,10 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     """FlashAttention-3's flash_attn_func (flash_attn_interface), served by fattn:
     `from fattn import flash_attn_func` switches an FA3 caller.  Tensors are
     [b, s, h, d] torch tensors.  Arguments whose effect fattn cannot give raise
-    NotImplementedError, never ignored: qv, q/k/v_descale,
-    attention_chunk != 0, num_splits > 1, sm_margin != 0.  window_size
+    NotImplementedError, never ignored: qv, q/k/v_descale without
+    float8_e4m3fn inputs, attention_chunk != 0, num_splits > 1, sm_margin != 0.
+    float8_e4m3fn q, k, v take FA3's q/k/v_descale (float32 [b, hkv], None = 1) and
+    return bf16, forward only, as FA3's FP8 kernel.  window_size
     (FA3's: (-1, -1) none, a negative side unbounded, (-1, 0) causal; FA4's
     None for a side is -1 too), softcap (0 or None off) and learnable_sink
     (FA4's: [hq], any float dtype) are fattn.attention's, with their
@@ -233,13 +235,22 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     no = _refuser("fattn.flash_attn_func")
     if qv is not None:
         no("qv")
-    causal, ws, softcap = _fa_common_args("fattn.flash_attn_func", no, causal, (q_descale, k_descale, v_descale),
-                                          " (fp8 inputs; fattn.attention(fp8=True) quantises itself)", window_size,
+    e4m3 = _is_torch(q) and str(q.dtype) == "torch.float8_e4m3fn"
+    causal, ws, softcap = _fa_common_args("fattn.flash_attn_func", no, causal,
+                                          () if e4m3 else (q_descale, k_descale, v_descale),
+                                          " (they go with float8_e4m3fn q, k, v)", window_size,
                                           attention_chunk, softcap, num_splits, "", sm_margin)
     if not _is_torch(q):
         raise TypeError("fattn.flash_attn_func takes torch tensors, got a %s (fattn.attention also takes "
                         "NumPy arrays)" % type(q).__name__)
     t = _torch_module()
+    if e4m3:  # FA3's FP8 call: e4m3 q, k, v with float32 [b, hkv] descales, bf16 out, forward only
+        if softcap:
+            no("softcap with float8_e4m3fn inputs")
+        if learnable_sink is not None:
+            no("learnable_sink with float8_e4m3fn inputs")
+        o_lse = t.attention_e4m3(q, k, v, causal, softmax_scale, q_descale, k_descale, v_descale, ws)
+        return o_lse if return_attn_probs else o_lse[0]
     o_lse = t.attention(q, k, v, causal, softmax_scale, None, True, None, None, deterministic=deterministic,
                         window_size=ws, softcap=softcap, learnable_sink=learnable_sink)
     return o_lse if return_attn_probs else o_lse[0]

@@ -372,6 +372,80 @@ def attention(q, k, v, causal, softmax_scale, fp8, return_lse, out, ctx, determi
 
 
 # ---------------------------------------------------------------------------
+# e4m3 inputs with FlashAttention-3's descales (fattn_fwd on e4m3 tensors with one
+# scale per batch entry and head: a scale_block covering the sequence, fattn.h)
+# ---------------------------------------------------------------------------
+
+def _head_scales(descale, b, hkv, group, device, name):
+    """FA3's descale ([b, hkv] float32, or None = 1) as fattn's per-head scales:
+    contiguous float32 [b, hkv * group] (q's heads repeat their kv head's)."""
+    if descale is None:
+        return torch.ones((b, hkv * group), dtype=torch.float32, device=device)
+    if not isinstance(descale, torch.Tensor) or tuple(descale.shape) != (b, hkv) or descale.device != device:
+        raise ValueError("fattn: %s must be a float32 tensor of shape (%d, %d) (batch, kv heads) on %s, got %s"
+                         % (name, b, hkv, device, "%s %s on %s" % (descale.dtype, tuple(descale.shape),
+                                                                    descale.device)
+                            if isinstance(descale, torch.Tensor) else type(descale).__name__))
+    d = descale.to(torch.float32)
+    return (d.repeat_interleave(group, dim=1) if group > 1 else d).contiguous()
+
+
+@torch.library.custom_op(_NS + "::fwd_e4m3", mutates_args=())
+def fwd_e4m3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_descale: Optional[torch.Tensor],
+             k_descale: Optional[torch.Tensor], v_descale: Optional[torch.Tensor], causal: bool,
+             softmax_scale: float, out_bf16: bool = True, window_left: int = -1,
+             window_right: int = -1) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(out [b, sq, hq, dv] bf16 (f16 with out_bf16=False), lse [b, hq, sq] float32) of
+    e4m3 q, k, v [b, s, h, d] whose real values are code x descale[b, kv head] (FA3's
+    q/k/v_descale, float32 [b, hkv]; None = 1): fattn_fwd on the e4m3 tensors with one
+    scale per batch entry and head (scale_block covering the sequence).  Forward only,
+    as FA3's FP8 kernel."""
+    dims = _core.check_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape))
+    group = dims.hq // dims.hkv
+    qs = _head_scales(q_descale, dims.b, dims.hkv, group, q.device, "q_descale")
+    ks = _head_scales(k_descale, dims.b, dims.hkv, 1, q.device, "k_descale")
+    vs = _head_scales(v_descale, dims.b, dims.hkv, 1, q.device, "v_descale")
+    out = torch.empty(dims.o_shape, dtype=torch.bfloat16 if out_bf16 else torch.float16, device=q.device)
+    out, lse = _new_outputs(dims, out, out)
+    if dims.empty:
+        return out, lse
+    ctx = _context(q.device)
+    q, qd = _readable(q, "q")
+    k, kd = _readable(k, "k")
+    v, vd = _readable(v, "v")
+    od = _core.describe(out, "out")
+    ws = None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
+    a = _core.fwd_struct(dims, qd, kd, vd, od, lse.data_ptr(), causal, softmax_scale,
+                         variants=_core.Variants(ws, 0.0, None))
+    a.q = _core.tensor_struct(qd, qs.data_ptr(), max(dims.sq, 1))
+    a.k = _core.tensor_struct(kd, ks.data_ptr(), max(dims.sk, 1))
+    a.v = _core.tensor_struct(vd, vs.data_ptr(), max(dims.sk, 1))
+    with ctx._lock:
+        _on_current_stream(ctx, q.device)
+        ctx.fwd_raw(a)
+    return out, lse
+
+
+@fwd_e4m3.register_fake
+def _fwd_e4m3_fake(q, k, v, q_descale, k_descale, v_descale, causal, softmax_scale, out_bf16=True, *rest):
+    o, lse = _fwd_fake_outputs(q, v)
+    return o.to(torch.bfloat16 if out_bf16 else torch.float16), lse
+
+
+def attention_e4m3(q, k, v, causal, softmax_scale, q_descale, k_descale, v_descale, window_size=None):
+    """flash_attn_func's e4m3 path: (out bf16, lse)."""
+    for n, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype != torch.float8_e4m3fn:
+            raise TypeError("fattn: %s has dtype %s; with e4m3 q, k and v all three must be float8_e4m3fn" % (n, t.dtype))
+    if _requires_grad(q, k, v):
+        raise _core.fp8_grad_error()
+    dims = _core.check_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape))
+    wl, wr = window_size if window_size is not None else (-1, -1)
+    return fwd_e4m3(q, k, v, q_descale, k_descale, v_descale, bool(causal),
+                    _core.resolve_scale(softmax_scale, dims.d), True, int(wl), int(wr))
+
+
+# ---------------------------------------------------------------------------
 # Decoding on a KV cache: fattn_kv_append, then fattn_fwd with seqused_k and
 # (paged) block_table; fattn.flash_attn_with_kvcache
 # ---------------------------------------------------------------------------

@@ -493,6 +493,42 @@ class FlashAttnFunc(unittest.TestCase):
             with self.assertRaises(NotImplementedError, msg=str(bad)):
                 fattn.flash_attn_func(q, k, v, **bad)
 
+    def test_e4m3_with_descales(self):
+        # FA3's FP8 call: float8_e4m3fn q, k, v with float32 [b, hkv] descales, bf16 out, against
+        # attention on the dequantised values in float64.  Bound 2e-2: bf16 output (2^-9) and, on
+        # the CUDA kernel, P rounded to e4m3 (2^-4 an element, averaged over the keys of a row);
+        # a descale read for the wrong head or batch entry moves the output by far more.
+        torch.manual_seed(3)
+        b, sq, sk, hq, hkv, d = 2, 37, 70, 4, 2, 32
+        g = hq // hkv
+        def head_quant(x, heads):  # one scale per (batch entry, kv head)
+            xg = x.view(x.shape[0], x.shape[1], heads, -1, x.shape[-1])
+            ds = (xg.abs().amax(dim=(1, 3, 4)) / 448).clamp_min(2 ** -126) * torch.tensor([1.0, 3.0])
+            code = (xg / ds[:, None, :, None, None]).to(torch.float8_e4m3fn).view(x.shape)
+            real = (code.float().view(xg.shape) * ds[:, None, :, None, None]).view(x.shape).double()
+            return code, ds.float(), real
+        qc, qds, qr = head_quant(torch.randn(b, sq, hq, d), hkv)
+        kc, kds, kr = head_quant(torch.randn(b, sk, hkv, d), hkv)
+        vc, vds, vr = head_quant(torch.randn(b, sk, hkv, d), hkv)
+        for causal in (False, True):
+            o, lse = fattn.flash_attn_func(qc, kc, vc, causal=causal, q_descale=qds, k_descale=kds,
+                                           v_descale=vds, return_attn_probs=True)
+            self.assertEqual(o.dtype, torch.bfloat16)
+            s = torch.einsum("bqhd,bkhd->bhqk", qr, kr.repeat_interleave(g, dim=2)) / math.sqrt(d)
+            if causal:
+                s = s.masked_fill(~torch.ones(sq, sk, dtype=torch.bool).tril(sk - sq), -math.inf)
+            ref = torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), vr.repeat_interleave(g, dim=2))
+            self.assertLess(float((o.double() - ref).norm() / ref.norm()), 2e-2)
+            self.assertLess(float((lse.double() - torch.logsumexp(s, -1)).abs().max()), 1e-3)
+        # FA3's default descale is 1; what e4m3 inputs cannot take is refused, never ignored
+        o1 = fattn.flash_attn_func(qc, kc, vc)
+        o2 = fattn.flash_attn_func(qc, kc, vc, q_descale=torch.ones(b, hkv), k_descale=torch.ones(b, hkv))
+        self.assertTrue(torch.equal(o1, o2))
+        with self.assertRaises(NotImplementedError):
+            fattn.flash_attn_func(qc, kc, vc, softcap=10.0)
+        with self.assertRaises(ValueError):
+            fattn.flash_attn_func(qc, kc, vc, q_descale=torch.ones(b, hq))  # FA3's is per kv head
+
     def test_variants(self):
         # FA3's window_size and softcap, FA4's learnable_sink and (None, None) window: fattn.attention's
         q, k, v = inputs()
