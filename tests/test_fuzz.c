@@ -1794,22 +1794,13 @@ static unsigned mutate(fcase *c, mkind k) {
         return ALLOW_INV;
     }
     case M_CU_ONE_NULL: {
-        /* exactly one side given, however often this fault is applied */
+        /* cu_seqlens_k without cu_seqlens_q, however often this fault is
+         * applied (cu_seqlens_q alone is valid since 0.4: varlen queries
+         * against fixed-length keys) */
         fattn_problem *p = problem(c);
-        const int q = chance(c, 0.5);
-        if (c->varlen) {
-            if (q) p->cu_seqlens_q = NULL;
-            else p->cu_seqlens_k = NULL;
-            if (!p->cu_seqlens_q && !p->cu_seqlens_k) {
-                if (q) p->cu_seqlens_k = cu_in_arena(c, BCUK);
-                else p->cu_seqlens_q = cu_in_arena(c, BCUQ);
-            }
-            say(c, " cu_seqlens_%c NULL", p->cu_seqlens_q ? 'k' : 'q');
-        } else { /* a valid array on one side only */
-            p->cu_seqlens_q = q ? cu_in_arena(c, BCUQ) : NULL;
-            p->cu_seqlens_k = q ? NULL : cu_in_arena(c, BCUK);
-            say(c, " cu_seqlens_%c given alone", q ? 'q' : 'k');
-        }
+        p->cu_seqlens_q = NULL;
+        if (!p->cu_seqlens_k) p->cu_seqlens_k = cu_in_arena(c, BCUK);
+        say(c, c->varlen ? " cu_seqlens_q NULL" : " cu_seqlens_k given alone");
         return ALLOW_INV;
     }
     case M_CU_START: {
