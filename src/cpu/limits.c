@@ -99,7 +99,9 @@ fattn_status fattn_cpu_serving_check(fattn_ctx *ctx, const fattn_fwd_args *a) {
                               (int)b, (long long)pad, (long long)end, (int)b, (long long)end,
                               a->seqused_k ? "min(seqused_k, its key count)" : "its key count");
         if (!a->block_table) continue;
-        const int64_t first = pad / a->page_size, npages = (end + a->page_size - 1) / a->page_size;
+        /* the pages holding positions pad .. end - 1: none when pad == end */
+        const int64_t first = pad / a->page_size;
+        const int64_t npages = end > pad ? (end + a->page_size - 1) / a->page_size : first;
         const int32_t *row = a->block_table + (int64_t)b * a->max_pages_per_seq;
         for (int64_t i = first; i < npages; i++)
             if (row[i] < 0 || row[i] >= a->num_pages)
