@@ -1947,7 +1947,9 @@ static unsigned mutate(fcase *c, mkind k) {
         const int need = (int)cdiv(c->sk, c->ps);
         if (need >= 2 && chance(c, 0.7)) {
             a->max_pages_per_seq = 1 + (int32_t)rnd(c, (uint32_t)need - 1);
-        } else { /* more keys than the table maps */
+        } else { /* more keys than the table maps (the drawn table: an earlier
+                  * fault may have widened max_pages_per_seq or page_size) */
+            a->max_pages_per_seq = c->mpps, a->page_size = c->ps;
             const int64_t lim = (int64_t)c->mpps * c->ps;
             a->p.seqlen_k = (int32_t)(lim + 1 + rnd(c, 3));
         }
