@@ -23,15 +23,16 @@
  *   nothing to its outputs.
  * - Pointers live where the context computes: host memory for a CPU context,
  *   device memory of the context's device for a CUDA context (this includes
- *   cu_seqlens, seqused_k, block_table and cache_seqlens arrays, LSE and
- *   quantisation scales).
+ *   cu_seqlens, seqused_q, seqused_k, cache_batch_idx, cache_leftpad,
+ *   block_table and cache_seqlens arrays, LSE and quantisation scales).
  * - Sizes are int32_t, strides are int64_t and counted in ELEMENTS (not bytes).
  *   Index arithmetic inside the library is 64-bit; sizes whose products do not
  *   fit the engine's limits are rejected with FATTN_ERROR_INVALID_ARGUMENT.
  *   On every call, every tensor (a page pool counted as num_pages x
  *   page_size rows) must hold fewer than 2^31 (batch, token, head) rows.
- *   Arrays indexed by sequence (cu_seqlens, seqused_k, cache_seqlens, the
- *   batch x max_pages_per_seq block_table) have no limit of their own: the
+ *   Arrays indexed by sequence (cu_seqlens, seqused_q, seqused_k,
+ *   cache_batch_idx, cache_leftpad, cache_seqlens, the batch x
+ *   max_pages_per_seq block_table) have no limit of their own: the
  *   library indexes them in 64 bits and reads only the entries the call
  *   uses, so they must be as large as the sizes declare.
  * - Tensors are 4-D [batch, seqlen, heads, head_dim] ("BSHD") with the head
@@ -42,8 +43,9 @@
  *   expand()) must be materialised first; GQA and MQA are heads_kv, not a
  *   broadcast of k and v over the query heads.
  * - Every pointer is aligned for its elements, on every engine: f32 data,
- *   lse and e4m3 scales 4 bytes, f16/bf16 data 2 bytes, cu_seqlens,
- *   seqused_k, block_table and cache_seqlens 4 bytes (INVALID_ARGUMENT otherwise; the CUDA engine asks for more, see
+ *   lse and e4m3 scales 4 bytes, f16/bf16 data 2 bytes, cu_seqlens and
+ *   the other int32 arrays (seqused_q/k, cache_batch_idx, cache_leftpad,
+ *   block_table, cache_seqlens) 4 bytes (INVALID_ARGUMENT otherwise; the CUDA engine asks for more, see
  *   fattn_fwd).
  * - Outputs never overlap (INVALID_ARGUMENT otherwise), checked with
  *   interval tests that read no memory:
@@ -56,8 +58,9 @@
  *     elements coincide;
  *   . the bytes an output spans, from its first element to its last (the
  *     strides are non-negative), share none with the bytes any input spans
- *     (tensors, lse of the backward, e4m3 scales, cu_seqlens, seqused_k,
- *     block_table, cache_seqlens; a page pool spans all num_pages pages) or
+ *     (tensors, lse of the backward, e4m3 scales, cu_seqlens, seqused_q,
+ *     seqused_k, cache_batch_idx, cache_leftpad, block_table,
+ *     cache_seqlens; a page pool spans all num_pages pages) or
  *     another output spans (o and lse; dq, dk and dv; quantize's out and
  *     out.scale; kv_append's k_cache and v_cache).
  *     An output interleaved with an input inside one buffer is refused even
@@ -88,7 +91,7 @@ extern "C" {
 /* ------------------------------------------------------------------------ */
 
 #define FATTN_VERSION_MAJOR 0
-#define FATTN_VERSION_MINOR 3
+#define FATTN_VERSION_MINOR 4
 #define FATTN_VERSION_PATCH 0
 /* 0.2: fattn_fwd_args gained the serving fields (seqused_k, block_table,
  * page_size, num_pages, max_pages_per_seq); fattn_kv_append.  Code built
@@ -97,7 +100,13 @@ extern "C" {
  * (window, window_left, window_right) and softcap; fattn_fwd_args gained
  * learnable_sink, fattn_bwd_args learnable_sink and dsink.  Zero-initialised
  * structs keep 0.2's meaning; code built against 0.2's header must be
- * rebuilt (the structs grew). */
+ * rebuilt (the structs grew).
+ * 0.4: FlashAttention-3's serving arguments: fattn_fwd_args gained
+ * seqused_q, cache_batch_idx, cache_batch and cache_leftpad, fattn_bwd_args
+ * seqused_q and seqused_k; cu_seqlens_q may come without cu_seqlens_k (a
+ * variable-length batch of queries against fixed-length or paged keys).
+ * Zero-initialised structs keep 0.3's meaning; code built against 0.3's
+ * header must be rebuilt (the structs grew). */
 #define FATTN_VERSION_NUMBER \
     (FATTN_VERSION_MAJOR * 10000 + FATTN_VERSION_MINOR * 100 + FATTN_VERSION_PATCH)
 
@@ -350,7 +359,13 @@ typedef struct fattn_problem {
     /* Variable-length batches: both NULL, or both int32[batch + 1],
      * non-decreasing, starting at 0, no sequence longer than seqlen_q
      * (seqlen_k).  Sequence b has cu_seqlens_q[b+1] - cu_seqlens_q[b]
-     * queries (0 allowed).  Checked where the arrays live, never through a
+     * queries (0 allowed).  cu_seqlens_q alone (cu_seqlens_k NULL) is a
+     * variable-length batch of queries against fixed-length keys: q, o and
+     * lse are packed as above, k and v are [batch, seqlen_k, ...] (or a
+     * cache: fattn_fwd_args, Serving), every sequence has seqlen_k keys
+     * (before seqused_k); FlashAttention-3's flash_attn_with_kvcache with
+     * cu_seqlens_q.  CPU engine only (CUDA: UNSUPPORTED).  cu_seqlens_k
+     * alone is INVALID_ARGUMENT.  Checked where the arrays live, never through a
      * copy from the device:
      * - a CPU context checks them on the host before any work
      *   (INVALID_ARGUMENT);
@@ -378,7 +393,7 @@ typedef struct fattn_problem {
      * A CPU context reads the totals from cu_seqlens, and a nonzero total
      * must equal them (INVALID_ARGUMENT).  A CUDA context requires both
      * (>= 1, INVALID_ARGUMENT otherwise) and takes them as the packed
-     * tensors' row counts.  Both 0 without cu_seqlens. */
+     * tensors' row counts.  Each 0 without its cu_seqlens. */
     int32_t total_q;
     int32_t total_k;
     /* Sliding window (FlashAttention's window_size = (left, right)).
@@ -499,8 +514,9 @@ typedef struct fattn_fwd_args {
      *   block_table[b * max_pages_per_seq + j / page_size].  Requires
      *   page_size, num_pages and max_pages_per_seq >= 1 and seqlen_k <=
      *   max_pages_per_seq * page_size (INVALID_ARGUMENT otherwise; without
-     *   a table all three must be 0); not with cu_seqlens (UNSUPPORTED;
-     *   varlen with pages: use seqused_k); the pages of a sequence may be
+     *   a table all three must be 0); not with cu_seqlens_k (UNSUPPORTED:
+     *   give each sequence's key count in seqused_k), but with cu_seqlens_q
+     *   alone (varlen queries on a paged cache); the pages of a sequence may be
      *   in any order and shared between sequences.  e4m3 pools: the scales
      *   are [num_pages, heads_kv, ceil(page_size / scale_block)], row r of
      *   page p read as row r of batch entry p.  Entries
@@ -514,7 +530,7 @@ typedef struct fattn_fwd_args {
      *   also what every such call runs on without them; page_size a power
      *   of two >= 16 (16 .. 256 tested).  Others: UNSUPPORTED.  With
      *   cu_seqlens, seqused_k is served by the variable-length kernels
-     *   (forward only: fattn_bwd has no seqused_k); there the rows of v
+     *   (forward only: the CUDA fattn_bwd has no seqused_k yet); there the rows of v
      *   past a sequence's used keys, in the key block that holds its last
      *   used key, must be finite: a NaN or Inf there reaches O as NaN (0 x
      *   Inf), as the next sequence's rows can (fattn_problem). */
@@ -540,6 +556,58 @@ typedef struct fattn_fwd_args {
      * -Inf is no sink).  Not with fattn_merge over parts that each counted
      * the sink: a merge counts it once per part (pass it to one part). */
     const float *learnable_sink;
+    /* More serving fields (0.4; FlashAttention-3's flash_attn_with_kvcache
+     * and varlen arguments).  All optional: NULL / 0 keep the meaning above.
+     * Arrays are int32[batch], 4-byte aligned, where the context computes.
+     * With them, sequence b's queries and keys are:
+     *   queries: its first qlen_b = min(seqused_q[b], its query count)
+     *     rows (its query count: seqlen_q, or its cu_seqlens_q length);
+     *   keys: positions leftpad_b .. end_b - 1 of its cache row, where
+     *     end_b = min(seqused_k[b], its key count) (without seqused_k: its
+     *     key count) and leftpad_b = cache_leftpad[b] (0 without it), in
+     *     batch entry cache_batch_idx[b] of k and v (b without it; a block
+     *     table maps positions to pages as above); klen_b = end_b -
+     *     leftpad_b keys, FlashAttention-3's rule (its seqlen_k is
+     *     seqused_k - leftpad_k, its key offset leftpad_k).
+     * Causal and window alignment use qlen_b and klen_b as the sequence's
+     * seqlen_q and seqlen_k: query i sees key leftpad_b + j iff j <= i +
+     * klen_b - qlen_b (causal), and the window likewise.  Keys outside
+     * [leftpad_b, end_b) take no part, whatever they hold (NaN included).
+     *
+     * seqused_q: int32[batch] or NULL.  Only the first qlen_b query rows of
+     *   sequence b are computed: the rows of o and lse past them are not
+     *   written (left as they were; FlashAttention-3's own tests mask
+     *   those rows out before comparing, promising nothing there).
+     *   Fixed-length or variable-length batches.
+     * cache_batch_idx: int32[batch] or NULL.  Sequence b reads batch entry
+     *   cache_batch_idx[b] of k and v (FlashAttention-3's cache_batch_idx:
+     *   a cache holding more sequences than the call), each in
+     *   [0, cache_batch); entries may repeat.  Not with a block table
+     *   (the table already picks each sequence's pages) nor with
+     *   cu_seqlens_k (packed keys have no batch entries): INVALID_ARGUMENT.
+     * cache_batch: the number of batch entries of k and v (and of their
+     *   e4m3 scales) with cache_batch_idx; 0 = batch.  Must be 0 without
+     *   cache_batch_idx (INVALID_ARGUMENT), >= 0.
+     * cache_leftpad: int32[batch] or NULL.  Sequence b's keys start at row
+     *   cache_leftpad[b] of its cache row (contiguous, paged, or its
+     *   cu_seqlens_k range); the rows before it take no part.  seqused_k
+     *   (FlashAttention-3's cache_seqlens) still counts from row 0, pad
+     *   included.  0 <= cache_leftpad[b] <= end_b (INVALID_ARGUMENT
+     *   otherwise; equal: the sequence has no key, its rows get O = 0 and
+     *   LSE = -inf, or the sink).  With a block table only the pages that
+     *   hold positions leftpad_b .. end_b - 1 are read and checked.
+     * Checks of the entries (CPU: on the host, before anything is written,
+     *   INVALID_ARGUMENT naming the field, the sequence and the value):
+     *   seqused_q[b] >= 0, seqused_k[b] >= 0, cache_batch_idx[b] in
+     *   [0, cache_batch), 0 <= cache_leftpad[b] <= end_b, and the table
+     *   entries of the pages read inside [0, num_pages).
+     * CUDA: seqused_q, cache_batch_idx, cache_leftpad, and cu_seqlens_q
+     *   without cu_seqlens_k are UNSUPPORTED for now (the CPU engine serves
+     *   them; fattn.h will say when the kernels do). */
+    const int32_t *seqused_q;
+    const int32_t *cache_batch_idx;
+    int32_t cache_batch;
+    const int32_t *cache_leftpad;
 } fattn_fwd_args;
 
 FATTN_API fattn_status fattn_fwd(fattn_ctx *ctx, const fattn_fwd_args *args);
@@ -722,6 +790,18 @@ typedef struct fattn_bwd_args {
      * head's rows in double, in row order (deterministic). */
     const float *learnable_sink;
     float *dsink;
+    /* 0.4: seqused_q, seqused_k: int32[batch] or NULL, as in
+     * fattn_fwd_args (pass the forward's): sequence b's first min(seqused_q[b],
+     * its query count) queries and first min(seqused_k[b], its key count)
+     * keys take part; causal and window alignment use those counts.  The
+     * rows of dq past its used queries and of dk, dv past its used keys are
+     * not written (left as they were, their gradient being zero;
+     * FlashAttention-3's tests mask those rows out before comparing).  lse, o and dout are read for the used rows only.
+     * CPU: entries checked on the host (>= 0, INVALID_ARGUMENT naming the
+     * field).  CUDA: UNSUPPORTED for now.  cu_seqlens_q without
+     * cu_seqlens_k works here as in the forward (CPU only). */
+    const int32_t *seqused_q;
+    const int32_t *seqused_k;
 } fattn_bwd_args;
 
 FATTN_API fattn_status fattn_bwd(fattn_ctx *ctx, const fattn_bwd_args *args);
@@ -786,8 +866,9 @@ FATTN_API fattn_status fattn_quantize(fattn_ctx *ctx, const fattn_quantize_args 
  * workspace the context owns, then fattn_fwd runs on the e4m3 tensors.
  *   args: as for fattn_fwd with q, k, v f16 | bf16 | f32 (one dtype) and
  *         o f16 | bf16 | f32; their .scale fields are ignored; the serving
- *         fields (seqused_k ... max_pages_per_seq) must be 0 for now
- *         (UNSUPPORTED).
+ *         fields (seqused_k ... max_pages_per_seq, seqused_q ...
+ *         cache_leftpad) must be 0, and cu_seqlens_q needs cu_seqlens_k,
+ *         for now (UNSUPPORTED).
  *   opt:  NULL = block scales of 128 rows, no rotation.
  * Block sizes the CUDA engine serves (others: UNSUPPORTED; the CPU engine
  * serves any): Q any; K 1 (one scale per token) or a multiple of 128; V a

@@ -132,13 +132,29 @@ static fattn_status fattn_ctx_set_threads_held(fattn_ctx *ctx, int threads) {
 /* ------------------------------------------------------------------------ */
 
 /* The serving fields' scalars (fattn_fwd_args): they read nothing behind a
- * pointer, so they hold on every engine.  The entries of seqused_k and
- * block_table are the engine's business (the CPU engine's host-side check,
+ * pointer, so they hold on every engine.  The entries of the arrays are the
+ * engine's business (the CPU engine's host-side check,
  * fattn_cpu_serving_check; the CUDA engine never reads them on the host). */
 static fattn_status check_serving(fattn_ctx *ctx, const fattn_fwd_args *a) {
     CHECK(fattn_check_aligned(ctx, a->seqused_k, sizeof(int32_t), "seqused_k", "int32"));
+    CHECK(fattn_check_aligned(ctx, a->seqused_q, sizeof(int32_t), "seqused_q", "int32"));
+    CHECK(fattn_check_aligned(ctx, a->cache_batch_idx, sizeof(int32_t), "cache_batch_idx", "int32"));
+    CHECK(fattn_check_aligned(ctx, a->cache_leftpad, sizeof(int32_t), "cache_leftpad", "int32"));
     CHECK(fattn_check_paged(ctx, a->block_table, a->page_size, a->num_pages, a->max_pages_per_seq,
                             "without a block table "));
+    if (a->cache_batch < 0 || (a->cache_batch && !a->cache_batch_idx))
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                          "cache_batch %d: the batch entries of k and v with cache_batch_idx (>= 0, 0 = batch; "
+                          "0 without cache_batch_idx)",
+                          (int)a->cache_batch);
+    if (a->cache_batch_idx && a->block_table)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                          "cache_batch_idx with block_table: the block table already picks each sequence's "
+                          "pages (FlashAttention-3 refuses the pair too); give one or the other");
+    if (a->cache_batch_idx && a->p.cu_seqlens_k)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                          "cache_batch_idx with cu_seqlens_k: packed keys have no batch entries to pick "
+                          "(cache_batch_idx needs fixed-length k and v)");
     if (!a->block_table) return FATTN_OK;
     const int64_t addressable = (int64_t)a->max_pages_per_seq * a->page_size;
     if (a->p.seqlen_k > addressable)
@@ -147,11 +163,10 @@ static fattn_status check_serving(fattn_ctx *ctx, const fattn_fwd_args *a) {
                           "(the block table cannot address every key)",
                           (int)a->p.seqlen_k, (int)a->max_pages_per_seq, (int)a->page_size,
                           (long long)addressable);
-    if (a->p.cu_seqlens_q || a->p.cu_seqlens_k)
+    if (a->p.cu_seqlens_k)
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                          "block_table with cu_seqlens (a paged variable-length batch) is not "
-                          "supported: pass fixed-length q and each sequence's key count in "
-                          "seqused_k");
+                          "block_table with cu_seqlens_k (paged packed keys) is not supported: pass "
+                          "cu_seqlens_q alone and each sequence's key count in seqused_k");
     return FATTN_OK;
 }
 
@@ -230,6 +245,7 @@ fattn_status fattn_fwd_prepare(fattn_ctx *ctx, fattn_fwd_args *args, const int32
     /* seqused_k and block_table entries: host memory on a CPU context only
      * (after fattn_problem_shapes, which has checked cu_seqlens on the host) */
     if (ctx->backend == FATTN_BACKEND_CPU) CHECK(fattn_cpu_serving_check(ctx, &a));
+    if (a.cache_batch_idx && a.cache_batch) ts.k.batch = ts.v.batch = a.cache_batch;
     if (a.block_table) {
         /* k and v are page pools: [num_pages, page_size, heads_kv, dim] */
         fattn_shape4 *kv[2] = {&ts.k, &ts.v};
@@ -246,7 +262,7 @@ fattn_status fattn_fwd_prepare(fattn_ctx *ctx, fattn_fwd_args *args, const int32
     CHECK(fattn_check_tensor(ctx, &a.o, &ts.o));
     CHECK(fattn_check_no_self_overlap(ctx, &a.o, &ts.o));
     {
-        const int64_t nb = ts.varlen ? 1 : a.p.batch, ncu = ts.varlen ? (int64_t)a.p.batch + 1 : 0;
+        const int64_t nb = ts.varlen ? 1 : a.p.batch, ncu = (int64_t)a.p.batch + 1;
         const int64_t ntable = a.block_table ? (int64_t)a.p.batch * a.max_pages_per_seq : 0;
         const fattn_span in[] = {fattn_tensor_span(&a.q, &ts.q),
                                  fattn_tensor_span(&a.k, &ts.k),
@@ -258,7 +274,10 @@ fattn_status fattn_fwd_prepare(fattn_ctx *ctx, fattn_fwd_args *args, const int32
                                  fattn_array_span("cu_seqlens_k", a.p.cu_seqlens_k, ncu, sizeof(int32_t)),
                                  fattn_array_span("seqused_k", a.seqused_k, a.p.batch, sizeof(int32_t)),
                                  fattn_array_span("block_table", a.block_table, ntable, sizeof(int32_t)),
-                                 fattn_array_span("learnable_sink", a.learnable_sink, a.p.heads_q, sizeof(float))};
+                                 fattn_array_span("learnable_sink", a.learnable_sink, a.p.heads_q, sizeof(float)),
+                                 fattn_array_span("seqused_q", a.seqused_q, a.p.batch, sizeof(int32_t)),
+                                 fattn_array_span("cache_batch_idx", a.cache_batch_idx, a.p.batch, sizeof(int32_t)),
+                                 fattn_array_span("cache_leftpad", a.cache_leftpad, a.p.batch, sizeof(int32_t))};
         const fattn_span out[] = {fattn_tensor_span(&a.o, &ts.o),
                                   fattn_array_span("lse", a.lse, nb * a.p.heads_q * ts.total_q, sizeof(float))};
         CHECK(fattn_check_disjoint(ctx, out, 2, in, (int)(sizeof in / sizeof in[0])));
@@ -321,6 +340,8 @@ static fattn_status fattn_bwd_held(fattn_ctx *ctx, const fattn_bwd_args *args) {
                           "dsink is given but learnable_sink is NULL (d(sink) needs the sink's values)");
     CHECK(fattn_check_aligned(ctx, a.learnable_sink, sizeof(float), "learnable_sink", "f32"));
     CHECK(fattn_check_aligned(ctx, a.dsink, sizeof(float), "dsink", "f32"));
+    CHECK(fattn_check_aligned(ctx, a.seqused_q, sizeof(int32_t), "seqused_q", "int32"));
+    CHECK(fattn_check_aligned(ctx, a.seqused_k, sizeof(int32_t), "seqused_k", "int32"));
     a.deterministic = a.deterministic != 0;
 
     /* the engine's limits (internal.h), before anything reads cu_seqlens */
@@ -328,6 +349,8 @@ static fattn_status fattn_bwd_held(fattn_ctx *ctx, const fattn_bwd_args *args) {
                                              : fattn_cpu_bwd_check(ctx, &a));
     fattn_tensor_shapes ts;
     CHECK(fattn_problem_shapes(ctx, &a.p, &ts));
+    /* seqused_q/k entries: host memory on a CPU context only */
+    if (ctx->backend == FATTN_BACKEND_CPU) CHECK(fattn_cpu_bwd_serving_check(ctx, &a));
     fattn_shape4 sdout = ts.o, sdq = ts.q, sdk = ts.k, sdv = ts.v;
     sdout.name = "dout";
     sdq.name = "dq";
@@ -345,11 +368,13 @@ static fattn_status fattn_bwd_held(fattn_ctx *ctx, const fattn_bwd_args *args) {
     CHECK(fattn_check_no_self_overlap(ctx, &a.dk, &sdk));
     CHECK(fattn_check_no_self_overlap(ctx, &a.dv, &sdv));
     {
-        const int64_t nb = ts.varlen ? 1 : a.p.batch, ncu = ts.varlen ? (int64_t)a.p.batch + 1 : 0;
+        const int64_t nb = ts.varlen ? 1 : a.p.batch, ncu = (int64_t)a.p.batch + 1;
         const fattn_span in[] = {fattn_tensor_span(&a.q, &ts.q),
                                  fattn_tensor_span(&a.k, &ts.k),
                                  fattn_tensor_span(&a.v, &ts.v),
                                  fattn_tensor_span(&a.o, &ts.o),
+                                 fattn_array_span("seqused_q", a.seqused_q, a.p.batch, sizeof(int32_t)),
+                                 fattn_array_span("seqused_k", a.seqused_k, a.p.batch, sizeof(int32_t)),
                                  fattn_tensor_span(&a.dout, &sdout),
                                  fattn_array_span("lse", a.lse, nb * a.p.heads_q * ts.total_q, sizeof(float)),
                                  fattn_array_span("cu_seqlens_q", a.p.cu_seqlens_q, ncu, sizeof(int32_t)),

@@ -267,16 +267,16 @@ fattn_status fattn_check_disjoint(fattn_ctx *ctx, const fattn_span *out, int nou
 
 /* Sizes and flags of the problem; fills the defaults in `p`. */
 fattn_status fattn_check_problem(fattn_ctx *ctx, fattn_problem *p) {
-    int varlen = p->cu_seqlens_q != NULL || p->cu_seqlens_k != NULL;
-    if ((p->cu_seqlens_q == NULL) != (p->cu_seqlens_k == NULL))
+    /* cu_seqlens_q alone: varlen queries against fixed-length keys (a cache) */
+    int varlen = p->cu_seqlens_q != NULL;
+    if (!p->cu_seqlens_q && p->cu_seqlens_k)
         return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
-                          "%s is NULL but %s is not (give both or neither)",
-                          p->cu_seqlens_q ? "cu_seqlens_k" : "cu_seqlens_q",
-                          p->cu_seqlens_q ? "cu_seqlens_q" : "cu_seqlens_k");
-    if (p->total_q < 0 || p->total_k < 0 || (!varlen && (p->total_q || p->total_k)))
+                          "cu_seqlens_q is NULL but cu_seqlens_k is not (give both, cu_seqlens_q alone for "
+                          "varlen queries against fixed-length keys, or neither)");
+    if (p->total_q < 0 || p->total_k < 0 || (!p->cu_seqlens_q && p->total_q) || (!p->cu_seqlens_k && p->total_k))
         return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
-                          "total_q %d, total_k %d: the packed rows of a variable-length batch (>= 0; both 0 "
-                          "without cu_seqlens)",
+                          "total_q %d, total_k %d: the packed rows of a variable-length batch (>= 0; each 0 "
+                          "without its cu_seqlens)",
                           (int)p->total_q, (int)p->total_k);
     CHECK(fattn_check_aligned(ctx, p->cu_seqlens_q, sizeof(int32_t), "cu_seqlens_q", "int32"));
     CHECK(fattn_check_aligned(ctx, p->cu_seqlens_k, sizeof(int32_t), "cu_seqlens_k", "int32"));
@@ -342,7 +342,9 @@ fattn_status fattn_check_problem(fattn_ctx *ctx, fattn_problem *p) {
 
 
 fattn_status fattn_problem_shapes(fattn_ctx *ctx, const fattn_problem *p, fattn_tensor_shapes *ts) {
+    /* varlen: the queries are packed; the keys too with cu_seqlens_k */
     ts->varlen = p->cu_seqlens_q != NULL;
+    const int varlen_k = p->cu_seqlens_k != NULL;
     ts->total_q = p->seqlen_q;
     ts->total_k = p->seqlen_k;
     if (ts->varlen) {
@@ -369,16 +371,17 @@ fattn_status fattn_problem_shapes(fattn_ctx *ctx, const fattn_problem *p, fattn_
                                   (long long)ts->total_k);
         }
     }
+    if (!varlen_k) ts->total_k = p->seqlen_k;
     int64_t sq = ts->varlen ? ts->total_q : p->seqlen_q;
-    int64_t sk = ts->varlen ? ts->total_k : p->seqlen_k;
+    int64_t sk = varlen_k ? ts->total_k : p->seqlen_k;
     const char *sqn = ts->varlen ? "total_q" : "seqlen_q";
-    const char *skn = ts->varlen ? "total_k" : "seqlen_k";
+    const char *skn = varlen_k ? "total_k" : "seqlen_k";
     fattn_shape4 q = {"q", p->batch, sq, p->heads_q, p->head_dim, sqn, "heads_q", "head_dim", ts->varlen,
                 NULL};
-    fattn_shape4 k = {"k", p->batch, sk, p->heads_kv, p->head_dim, skn, "heads_kv", "head_dim", ts->varlen,
+    fattn_shape4 k = {"k", p->batch, sk, p->heads_kv, p->head_dim, skn, "heads_kv", "head_dim", varlen_k,
                 NULL};
     fattn_shape4 v = {"v", p->batch, sk, p->heads_kv, p->head_dim_v, skn, "heads_kv", "head_dim_v",
-                ts->varlen, NULL};
+                varlen_k, NULL};
     fattn_shape4 o = {"o", p->batch, sq, p->heads_q, p->head_dim_v, sqn, "heads_q", "head_dim_v",
                 ts->varlen, NULL};
     ts->q = q;

@@ -38,8 +38,8 @@ typedef struct fattn_span {
 
 typedef struct fattn_tensor_shapes {
     fattn_shape4 q, k, v, o;
-    int64_t total_q, total_k;
-    int varlen;
+    int64_t total_q, total_k; /* total_k: seqlen_k without cu_seqlens_k */
+    int varlen;               /* q, o and lse packed (cu_seqlens_q); k and v too with cu_seqlens_k */
 } fattn_tensor_shapes;
 
 /* Sizes and flags of the problem; resolves head_dim_v == 0, softmax_scale

@@ -54,11 +54,17 @@ static fattn_status fattn_fwd_fp8_held(fattn_ctx *ctx, const fattn_fwd_args *arg
     /* the quantiser works on dense [batch, seqlen] tensors: no page pools,
      * and no seqused_k yet (it would quantise keys never read) */
     if (args->seqused_k || args->block_table || args->page_size || args->num_pages ||
-        args->max_pages_per_seq)
+        args->max_pages_per_seq || args->seqused_q || args->cache_batch_idx || args->cache_batch ||
+        args->cache_leftpad)
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                           "fattn_fwd_fp8 does not take the serving fields yet (seqused_k, "
-                          "block_table, page_size, num_pages, max_pages_per_seq must be 0): "
+                          "block_table, page_size, num_pages, max_pages_per_seq, seqused_q, "
+                          "cache_batch_idx, cache_batch, cache_leftpad must be 0): "
                           "quantise with fattn_quantize and call fattn_fwd");
+    if (args->p.cu_seqlens_q && !args->p.cu_seqlens_k)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "fattn_fwd_fp8 does not take cu_seqlens_q without cu_seqlens_k yet (varlen "
+                          "queries against fixed-length keys): quantise with fattn_quantize and call fattn_fwd");
 
     fattn_fwd_args a = *args;
     int64_t total_q = 0, total_k = 0;

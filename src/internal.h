@@ -59,13 +59,17 @@ fattn_status fattn_cpu_fwd_check(fattn_ctx *ctx, const fattn_fwd_args *a);
 fattn_status fattn_cpu_bwd_check(fattn_ctx *ctx, const fattn_bwd_args *a);
 /* Varlen batches (CPU contexts only: cu_seqlens are host memory there):
  * cu_seqlens_q/k start at 0, never decrease, and no sequence is longer than
- * seqlen_q/seqlen_k; *total_q = cu_seqlens_q[batch], *total_k likewise. */
+ * seqlen_q/seqlen_k; *total_q = cu_seqlens_q[batch], *total_k likewise
+ * (seqlen_k without cu_seqlens_k). */
 fattn_status fattn_cpu_varlen_totals(fattn_ctx *ctx, const fattn_problem *p, int64_t *total_q,
                                      int64_t *total_k);
 /* fattn_fwd's serving fields (CPU contexts only: host memory there), after
- * the varlen check: no negative seqused_k entry, and the block-table entries
- * of the pages each sequence reads inside [0, num_pages). */
+ * the varlen check: no negative seqused_q or seqused_k entry, batch indices
+ * inside [0, cache_batch), left pads inside the used keys, and the
+ * block-table entries of the pages each sequence reads inside
+ * [0, num_pages).  The backward's: seqused_q and seqused_k >= 0. */
 fattn_status fattn_cpu_serving_check(fattn_ctx *ctx, const fattn_fwd_args *a);
+fattn_status fattn_cpu_bwd_serving_check(fattn_ctx *ctx, const fattn_bwd_args *a);
 fattn_status fattn_cpu_fwd(fattn_ctx *ctx, const fattn_fwd_args *a);
 fattn_status fattn_cpu_bwd(fattn_ctx *ctx, const fattn_bwd_args *a);
 fattn_status fattn_cpu_quantize(fattn_ctx *ctx, const fattn_quantize_args *a);

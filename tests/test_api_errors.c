@@ -360,7 +360,9 @@ static void test_fwd(fattn_ctx *ctx) {
     int32_t cu_start[B + 1] = {1, 10, 16};
     int32_t cu_dec[B + 1] = {0, 12, 8};
     int32_t cu_long[B + 1] = {0, 2, 16}; /* sequence 1 has 14 > max 10 */
-    FWD_FAIL(ctx, a_.p.cu_seqlens_q = cu_ok, INV, "cu_seqlens_k");
+    /* cu_seqlens_q alone is valid since 0.4 (varlen queries against
+     * fixed-length keys: test_cpu_serving); its keys are not packed */
+    FWD_FAIL(ctx, (a_.p.cu_seqlens_q = cu_ok, a_.p.total_k = 16), INV, "total_k 16");
     FWD_FAIL(ctx, a_.p.cu_seqlens_k = cu_ok, INV, "cu_seqlens_q");
     FWD_FAIL(ctx, (a_.p.cu_seqlens_q = cu_start, a_.p.cu_seqlens_k = cu_ok), INV, "cu_seqlens_q[0]");
     FWD_FAIL(ctx, (a_.p.cu_seqlens_q = cu_ok, a_.p.cu_seqlens_k = cu_dec), INV, "cu_seqlens_k");
@@ -370,7 +372,7 @@ static void test_fwd(fattn_ctx *ctx) {
              "seqlen_q");
     /* the packed rows: nonzero only with cu_seqlens, and then cu_seqlens[batch] */
     FWD_FAIL(ctx, a_.p.total_q = 16, INV, "total_q 16");
-    FWD_FAIL(ctx, a_.p.total_k = 16, INV, "without cu_seqlens");
+    FWD_FAIL(ctx, a_.p.total_k = 16, INV, "without its cu_seqlens");
     FWD_FAIL(ctx, (a_.p.cu_seqlens_q = cu_ok, a_.p.cu_seqlens_k = cu_ok, a_.p.total_q = -16), INV,
              "total_q -16");
     FWD_FAIL(ctx, (a_.p.cu_seqlens_q = cu_ok, a_.p.cu_seqlens_k = cu_ok, a_.p.total_q = 15), INV,

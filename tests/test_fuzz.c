@@ -7,7 +7,8 @@
  * causal with any seqlen_q / seqlen_k, variable-length batches with empty
  * sequences and any maximum; k and v in one buffer, q, k and v slices of one
  * packed buffer; ignored fields holding garbage; fattn_fwd's seqused_k,
- * below, at and above each key count, fixed-length and varlen, and paged
+ * below, at and above each key count, fixed-length and varlen, its
+ * cache_leftpad (0 .. the used end; the keys before it NaN), and paged
  * K/V: page pools of 1..64-row pages in any layout, tables with pages in
  * any order, shared between sequences, garbage in the entries no used key
  * reads, with GQA, causal, e4m3 pools; NaN in every key row no sequence
@@ -137,7 +138,7 @@ static const char *const api_name[API_N] = {"fwd", "bwd", "quantize", "fwd_fp8",
  * o and lse); fattn_kv_append BK, BV (k_new, v_new), BDK, BDV (k_cache,
  * v_cache), BCSL (cache_seqlens) and BTABLE. */
 #define MERGE_DISTINCT 4 /* parts with storage of their own; more repeat them */
-enum { BQ, BK, BV, BO, BDOUT, BDQ, BDK, BDV, BLSE, BQS, BKS, BVS, BCUQ, BCUK, BSEQU, BTABLE, BCSL,
+enum { BQ, BK, BV, BO, BDOUT, BDQ, BDK, BDV, BLSE, BQS, BKS, BVS, BCUQ, BCUK, BSEQU, BTABLE, BCSL, BPAD,
        BP0, BPL0 = BP0 + MERGE_DISTINCT, NBUF = BPL0 + MERGE_DISTINCT };
 
 typedef struct buf {
@@ -230,7 +231,9 @@ typedef struct fcase {
     /* fattn_fwd's serving fields (fwd_fp8: seqused_k for M_FP8_SERVING) */
     int has_sequ, paged, ps, npages, mpps, poisoned;
     int32_t sequ[MAX_BATCH];
-    int used[MAX_BATCH]; /* keys sequence b attends to: min(seqused_k[b], its key count) */
+    int has_pad;           /* cache_leftpad given (fattn_fwd only) */
+    int32_t pad[MAX_BATCH]; /* its entries: sequence b's keys start at row pad[b] */
+    int used[MAX_BATCH]; /* keys sequence b attends to: min(seqused_k[b], its key count) - pad[b] */
     int32_t table[MAX_BATCH * MAX_PAGES];
     /* fattn_merge: batch, sq (seqlen), hq (heads), d (head_dim), dto (o) */
     int nparts, nd;              /* parts passed, parts with storage of their own (part i is i % nd) */
@@ -532,6 +535,12 @@ static void draw_serving(fcase *c) {
         }
         if (c->sequ[b] < lk) c->used[b] = c->sequ[b];
     }
+    /* cache_leftpad: 0 .. the used end (fattn_fwd_args), often 0 or the end */
+    c->has_pad = chance(c, 0.25);
+    for (int b = 0; b < c->batch; b++) {
+        c->pad[b] = !c->has_pad ? 0 : chance(c, 0.2) ? c->used[b] : (int32_t)rnd(c, (uint32_t)c->used[b] + 1);
+        c->used[b] -= c->pad[b];
+    }
     if (c->paged) {
         static const int ps_values[] = {1, 2, 3, 4, 5, 8, 16, 64};
         c->ps = ps_values[rnd(c, 8)];
@@ -542,7 +551,8 @@ static void draw_serving(fcase *c) {
         for (int b = 0; b < c->batch; b++)
             for (int i = 0; i < c->mpps; i++) {
                 int32_t e = (int32_t)rnd(c, (uint32_t)c->npages);
-                if (garbage && i >= cdiv(c->used[b], c->ps)) { /* not read */
+                if (garbage && (c->used[b] == 0 || i < c->pad[b] / c->ps ||
+                                i >= cdiv(c->pad[b] + c->used[b], c->ps))) { /* not read */
                     static const int32_t g[] = {-1, INT32_MIN, INT32_MAX, 12345};
                     e = chance(c, 0.2) ? c->npages : g[rnd(c, 4)];
                 }
@@ -555,6 +565,11 @@ static void say_serving(fcase *c) {
     if (c->has_sequ) {
         say(c, " seqused_k[");
         for (int b = 0; b < c->batch; b++) say(c, "%s%d", b ? "," : "", (int)c->sequ[b]);
+        say(c, "]");
+    }
+    if (c->has_pad) {
+        say(c, " cache_leftpad[");
+        for (int b = 0; b < c->batch; b++) say(c, "%s%d", b ? "," : "", (int)c->pad[b]);
         say(c, "]");
     }
     if (c->paged) {
@@ -827,6 +842,7 @@ static void make_bufs(fcase *c) {
         for (int b = 0; b < c->batch; b++) c->sequ[b] = c->varlen ? c->lens_k[b] : c->sk;
     }
     if (c->has_sequ) array_buf(&c->b[BSEQU], "seqused_k", 0, 4, c->batch);
+    if (c->has_pad) array_buf(&c->b[BPAD], "cache_leftpad", 0, 4, c->batch);
     if (c->paged) array_buf(&c->b[BTABLE], "block_table", 0, 4, (int64_t)c->batch * c->mpps);
     /* always there: a fixed-length call may be given one of them (M_CU_ONE_NULL) */
     array_buf(&c->b[BCUQ], "cu_seqlens_q", 0, 4, c->batch + 1);
@@ -1024,8 +1040,10 @@ static void fill_tensor(fcase *c, int id) {
 
 static void put_f32(fcase *c, const buf *x, int64_t i, float f) { memcpy(c->arena + x->off + 4 * (size_t)i, &f, 4); }
 
-/* Row s of batch entry (page) b of k / v that key j of sequence bb reads. */
+/* Row s of batch entry (page) b of k / v that key j of sequence bb reads
+ * (j counts from its left pad). */
 static void key_row(const fcase *c, int bb, int j, int64_t *b, int64_t *s) {
+    j += c->pad[bb];
     if (c->paged) *b = c->table[bb * c->mpps + j / c->ps], *s = j % c->ps;
     else if (c->varlen) *b = 0, *s = c->cuk[bb] + j;
     else *b = bb, *s = j;
@@ -1124,8 +1142,9 @@ static void fill(fcase *c) {
         } else if (i >= BPL0 && i < BPL0 + MERGE_DISTINCT) {
             for (int64_t k = 0; k < x->count; k++)
                 put_f32(c, x, k, c->lse_inf && chance(c, 0.3) ? -INFINITY : (float)(3.0 * tu_rng_normal(&c->rng)));
-        } else if (i == BSEQU || i == BTABLE || i == BCSL) {
-            memcpy(c->arena + x->off, i == BSEQU ? c->sequ : i == BCSL ? c->cs : c->table, (size_t)x->count * 4);
+        } else if (i == BSEQU || i == BTABLE || i == BCSL || i == BPAD) {
+            memcpy(c->arena + x->off, i == BSEQU ? c->sequ : i == BCSL ? c->cs : i == BPAD ? c->pad : c->table,
+                   (size_t)x->count * 4);
         } else if (i == BLSE) {
             for (int64_t k = 0; k < x->count; k++) put_f32(c, x, k, (float)(2.0 + tu_rng_normal(&c->rng)));
         } else { /* e4m3 scales */
@@ -1388,6 +1407,7 @@ static void build_args(fcase *c) {
     if (c->want_lse) PASS(BLSE);
     if (e4m3) PASS(BQS), PASS(BKS), PASS(BVS);
     if (c->api == API_FWD && c->has_sequ) a->seqused_k = (const int32_t *)ptr(c, BSEQU), PASS(BSEQU);
+    if (c->api == API_FWD && c->has_pad) a->cache_leftpad = (const int32_t *)ptr(c, BPAD), PASS(BPAD);
     if (c->paged) pass_pages(c, &a->block_table, &a->page_size, &a->num_pages, &a->max_pages_per_seq);
 #undef PASS
 }
@@ -1794,22 +1814,13 @@ static unsigned mutate(fcase *c, mkind k) {
         return ALLOW_INV;
     }
     case M_CU_ONE_NULL: {
-        /* exactly one side given, however often this fault is applied */
+        /* cu_seqlens_k without cu_seqlens_q, however often this fault is
+         * applied (cu_seqlens_q alone is valid since 0.4: varlen queries
+         * against fixed-length keys) */
         fattn_problem *p = problem(c);
-        const int q = chance(c, 0.5);
-        if (c->varlen) {
-            if (q) p->cu_seqlens_q = NULL;
-            else p->cu_seqlens_k = NULL;
-            if (!p->cu_seqlens_q && !p->cu_seqlens_k) {
-                if (q) p->cu_seqlens_k = cu_in_arena(c, BCUK);
-                else p->cu_seqlens_q = cu_in_arena(c, BCUQ);
-            }
-            say(c, " cu_seqlens_%c NULL", p->cu_seqlens_q ? 'k' : 'q');
-        } else { /* a valid array on one side only */
-            p->cu_seqlens_q = q ? cu_in_arena(c, BCUQ) : NULL;
-            p->cu_seqlens_k = q ? NULL : cu_in_arena(c, BCUK);
-            say(c, " cu_seqlens_%c given alone", q ? 'q' : 'k');
-        }
+        p->cu_seqlens_q = NULL;
+        if (!p->cu_seqlens_k) p->cu_seqlens_k = cu_in_arena(c, BCUK);
+        say(c, c->varlen ? " cu_seqlens_q NULL" : " cu_seqlens_k given alone");
         return ALLOW_INV;
     }
     case M_CU_START: {
@@ -1936,7 +1947,9 @@ static unsigned mutate(fcase *c, mkind k) {
         const int need = (int)cdiv(c->sk, c->ps);
         if (need >= 2 && chance(c, 0.7)) {
             a->max_pages_per_seq = 1 + (int32_t)rnd(c, (uint32_t)need - 1);
-        } else { /* more keys than the table maps */
+        } else { /* more keys than the table maps (the drawn table: an earlier
+                  * fault may have widened max_pages_per_seq or page_size) */
+            a->max_pages_per_seq = c->mpps, a->page_size = c->ps;
             const int64_t lim = (int64_t)c->mpps * c->ps;
             a->p.seqlen_k = (int32_t)(lim + 1 + rnd(c, 3));
         }
@@ -1953,7 +1966,8 @@ static unsigned mutate(fcase *c, mkind k) {
             return 0;
         }
         const int b = cand[rnd(c, (uint32_t)nc)];
-        const int i = (int)rnd(c, (uint32_t)cdiv(c->used[b], c->ps));
+        const int first = c->pad[b] / c->ps; /* the pages holding its keys */
+        const int i = first + (int)rnd(c, (uint32_t)(cdiv(c->pad[b] + c->used[b], c->ps) - first));
         static const int32_t v[] = {-1, INT32_MIN, INT32_MAX};
         const int32_t x = chance(c, 0.4) ? c->npages : v[rnd(c, 3)];
         memcpy((uint8_t *)ptr(c, BTABLE) + 4 * (size_t)(b * c->mpps + i), &x, 4);

@@ -8,7 +8,7 @@ header: edit both together, or the ctest `python_capi` fails.
 import ctypes
 
 # The header's version macros (FATTN_VERSION_MAJOR/MINOR/PATCH).
-VERSION = (0, 3, 0)
+VERSION = (0, 4, 0)
 
 # typedef enum name -> {enumerator: value}, in the header's order.
 ENUMS = {
@@ -105,7 +105,9 @@ class FwdArgs(_Struct):
     _fields_ = [("p", Problem), ("q", Tensor), ("k", Tensor), ("v", Tensor), ("o", Tensor),
                 ("lse", ctypes.c_void_p), ("seqused_k", ctypes.c_void_p), ("block_table", ctypes.c_void_p),
                 ("page_size", ctypes.c_int32), ("num_pages", ctypes.c_int32),
-                ("max_pages_per_seq", ctypes.c_int32), ("learnable_sink", ctypes.c_void_p)]
+                ("max_pages_per_seq", ctypes.c_int32), ("learnable_sink", ctypes.c_void_p),
+                ("seqused_q", ctypes.c_void_p), ("cache_batch_idx", ctypes.c_void_p),
+                ("cache_batch", ctypes.c_int32), ("cache_leftpad", ctypes.c_void_p)]
 
 
 class BwdArgs(_Struct):
@@ -113,7 +115,8 @@ class BwdArgs(_Struct):
     _fields_ = [("p", Problem), ("q", Tensor), ("k", Tensor), ("v", Tensor), ("o", Tensor),
                 ("dout", Tensor), ("dq", Tensor), ("dk", Tensor), ("dv", Tensor),
                 ("lse", ctypes.c_void_p), ("deterministic", ctypes.c_int32),
-                ("learnable_sink", ctypes.c_void_p), ("dsink", ctypes.c_void_p)]
+                ("learnable_sink", ctypes.c_void_p), ("dsink", ctypes.c_void_p),
+                ("seqused_q", ctypes.c_void_p), ("seqused_k", ctypes.c_void_p)]
 
 
 class QuantizeArgs(_Struct):

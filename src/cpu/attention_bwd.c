@@ -27,6 +27,7 @@ typedef struct bwd_job {
     fattn_tasks qtasks; /* (b, h_q, query block) */
     fattn_tasks ktasks; /* (b, h_kv, key block) */
     fattn_cpu_kernels kern;
+    fattn_seq_fields f; /* seqused_q, seqused_k */
     fattn_cpu_dims m; /* sizes derived from the problem */
     float *dbuf;        /* D, laid out like lse */
     size_t scratch_floats;
@@ -84,7 +85,7 @@ static void bwd_d_task(void *arg, int64_t task, int worker) {
     bwd_scratch_layout(j, j->scratch + (size_t)worker * j->scratch_floats, &w);
     int64_t b, h, qb;
     fattn_tasks_decode(&j->qtasks, task, &b, &h, &qb);
-    const fattn_seq sq = fattn_seq_get(p, b);
+    const fattn_seq sq = fattn_seq_get(p, &j->f, b);
     const int64_t i0 = qb * FATTN_CPU_BM;
     const int64_t rows = imin64(sq.qlen - i0, FATTN_CPU_BM);
     for (int64_t r = 0; r < rows; r++) {
@@ -145,9 +146,9 @@ static void load_k_block(const bwd_job *j, bwd_scratch *w, const fattn_seq *sq, 
     for (int64_t c = 0; c < jn; c++) {
         int64_t tr = sq->k0 + j0 + c;
         float *kr = want_k ? w->k + c * j->m.dp : w->row;
-        fattn_load_row(&a->k, fattn_row_offset(&a->k, sq->tb, tr, hk), (int)j->m.d, 1.0f, NULL, kr);
+        fattn_load_row(&a->k, fattn_row_offset(&a->k, sq->kb, tr, hk), (int)j->m.d, 1.0f, NULL, kr);
         for (int64_t t = 0; t < j->m.d; t++) w->kt[t * BN + c] = kr[t];
-        fattn_load_row(&a->v, fattn_row_offset(&a->v, sq->tb, tr, hk), (int)j->m.dv, 1.0f, NULL,
+        fattn_load_row(&a->v, fattn_row_offset(&a->v, sq->kb, tr, hk), (int)j->m.dv, 1.0f, NULL,
                        w->row);
         for (int64_t t = 0; t < j->m.dv; t++) w->vt[t * BN + c] = w->row[t];
     }
@@ -246,7 +247,7 @@ static void bwd_d_exact_task(void *arg, int64_t task, int worker) {
     bwd_scratch_layout(j, j->scratch + (size_t)worker * j->scratch_floats, &w);
     int64_t b, h, qb;
     fattn_tasks_decode(&j->qtasks, task, &b, &h, &qb);
-    const fattn_seq sq = fattn_seq_get(p, b);
+    const fattn_seq sq = fattn_seq_get(p, &j->f, b);
     const int64_t hk = h / j->m.group;
     const int64_t i0 = qb * BM;
     const int64_t rows = imin64(sq.qlen - i0, BM);
@@ -285,7 +286,7 @@ static void bwd_dsink(const bwd_job *j) {
         const double sink = a->learnable_sink[h];
         double acc = 0.0;
         for (int64_t b = 0; b < p->batch; b++) {
-            const fattn_seq sq = fattn_seq_get(p, b);
+            const fattn_seq sq = fattn_seq_get(p, &j->f, b);
             for (int64_t i = 0; i < sq.qlen; i++) {
                 const int64_t li = fattn_lse_index(p, &sq, b, h, i);
                 if (a->lse[li] == -INFINITY) continue;
@@ -307,7 +308,7 @@ static void bwd_kv_task(void *arg, int64_t task, int worker) {
     bwd_scratch_layout(j, j->scratch + (size_t)worker * j->scratch_floats, &w);
     int64_t b, hk, kb;
     fattn_tasks_decode(&j->ktasks, task, &b, &hk, &kb);
-    const fattn_seq sq = fattn_seq_get(p, b);
+    const fattn_seq sq = fattn_seq_get(p, &j->f, b);
     const int64_t j0 = kb * BN;
     const int64_t jn = imin64(sq.klen - j0, BN);
     const int64_t jn4 = fattn_round_up(jn, 4);
@@ -347,9 +348,9 @@ static void bwd_kv_task(void *arg, int64_t task, int worker) {
     }
     for (int64_t c = 0; c < jn; c++) {
         int64_t tr = sq.k0 + j0 + c;
-        fattn_store_row(&a->dk, fattn_row_offset(&a->dk, sq.tb, tr, hk), (int)j->m.d,
+        fattn_store_row(&a->dk, fattn_row_offset(&a->dk, sq.kb, tr, hk), (int)j->m.d,
                         w.acc1 + c * j->m.dp);
-        fattn_store_row(&a->dv, fattn_row_offset(&a->dv, sq.tb, tr, hk), (int)j->m.dv,
+        fattn_store_row(&a->dv, fattn_row_offset(&a->dv, sq.kb, tr, hk), (int)j->m.dv,
                         w.acc2 + c * j->m.dvp);
     }
 }
@@ -366,7 +367,7 @@ static void bwd_q_task(void *arg, int64_t task, int worker) {
     int64_t b, h, qb;
     fattn_tasks_decode(&j->qtasks, task, &b, &h, &qb);
     if (p->causal) qb = j->qtasks.nblk[b] - 1 - qb;
-    const fattn_seq sq = fattn_seq_get(p, b);
+    const fattn_seq sq = fattn_seq_get(p, &j->f, b);
     const int64_t hk = h / j->m.group;
     const int64_t i0 = qb * BM;
     const int64_t rows = imin64(sq.qlen - i0, BM);
@@ -381,8 +382,8 @@ static void bwd_q_task(void *arg, int64_t task, int worker) {
         load_k_block(j, &w, &sq, hk, j0, jn, 1);
         if (j0 + BN < kend) {
             const int64_t nn = imin64(kend - j0 - BN, BN);
-            prefetch_rows(&a->k, sq.tb, sq.k0 + j0 + BN, nn, hk, j->m.d);
-            prefetch_rows(&a->v, sq.tb, sq.k0 + j0 + BN, nn, hk, j->m.dv);
+            prefetch_rows(&a->k, sq.kb, sq.k0 + j0 + BN, nn, hk, j->m.d);
+            prefetch_rows(&a->v, sq.kb, sq.k0 + j0 + BN, nn, hk, j->m.dv);
         }
         int64_t vlo[FATTN_CPU_BM], vhi[FATTN_CPU_BM];
         tile_p(j, &w, &sq, i0, rows, j0, jn, vlo, vhi);
@@ -402,12 +403,14 @@ fattn_status fattn_cpu_bwd(fattn_ctx *ctx, const fattn_bwd_args *a) {
     bwd_job j;
     memset(&j, 0, sizeof j);
     j.a = a;
+    j.f.seqused_q = a->seqused_q;
+    j.f.seqused_k = a->seqused_k;
     j.kern = fattn_cpu_kernels_get(ctx ? ctx->cpu_isa : NULL);
     j.m = fattn_cpu_dims_of(p);
 
-    if (fattn_tasks_init(&j.qtasks, p, p->heads_q, 1, FATTN_CPU_BM) != 0)
+    if (fattn_tasks_init(&j.qtasks, p, &j.f, p->heads_q, 1, FATTN_CPU_BM) != 0)
         return fattn_fail(ctx, FATTN_ERROR_OUT_OF_MEMORY, "cpu bwd: out of memory (task list)");
-    if (fattn_tasks_init(&j.ktasks, p, p->heads_kv, 0, FATTN_CPU_BN) != 0) {
+    if (fattn_tasks_init(&j.ktasks, p, &j.f, p->heads_kv, 0, FATTN_CPU_BN) != 0) {
         fattn_tasks_free(&j.qtasks);
         return fattn_fail(ctx, FATTN_ERROR_OUT_OF_MEMORY, "cpu bwd: out of memory (task list)");
     }

@@ -23,26 +23,42 @@ static inline int64_t fattn_round_up(int64_t x, int64_t m) { return (x + m - 1) 
         (off) += (size_t)fattn_round_up((int64_t)(n), 16);      \
     } while (0)
 
-/* One batch entry: where its rows live and how many there are. */
+/* The per-sequence serving fields of a call (fattn_fwd_args, fattn_bwd_args;
+ * NULL: absent), checked by fattn_cpu_serving_check: entries >= 0, batch
+ * indices in range, left pads inside the used keys. */
+typedef struct fattn_seq_fields {
+    const int32_t *seqused_q, *seqused_k, *cache_batch_idx, *cache_leftpad;
+} fattn_seq_fields;
+
+/* One batch entry: where its rows live and how many there are.  Its keys are
+ * rows k0 .. k0 + klen - 1 of batch entry kb of k and v (with a block table,
+ * positions k0 .. of the sequence's table row); causal and window alignment
+ * use qlen and klen (fattn.h, Serving). */
 typedef struct fattn_seq {
-    int64_t tb;      /* batch index used in tensor offsets (0 in varlen mode) */
-    int64_t q0, k0;  /* first row index in the tensors (packed offset in varlen mode) */
+    int64_t tb;      /* batch index of q, o rows (0 with cu_seqlens_q) */
+    int64_t kb;      /* batch index of k, v rows (0 with cu_seqlens_k; cache_batch_idx[b]) */
+    int64_t q0, k0;  /* first row index in the tensors (packed offset, + cache_leftpad[b]) */
     int64_t qlen, klen;
 } fattn_seq;
 
-static inline fattn_seq fattn_seq_get(const fattn_problem *p, int64_t b) {
+/* Sequence b: its rows from cu_seqlens (either side may be fixed-length),
+ * then cut by the serving fields f (NULL: none): the queries to the first
+ * seqused_q[b], the keys to [cache_leftpad[b], min(seqused_k[b], count)). */
+static inline fattn_seq fattn_seq_get(const fattn_problem *p, const fattn_seq_fields *f, int64_t b) {
     fattn_seq s;
-    if (p->cu_seqlens_q) {
-        s.tb = 0;
-        s.q0 = p->cu_seqlens_q[b];
-        s.k0 = p->cu_seqlens_k[b];
-        s.qlen = p->cu_seqlens_q[b + 1] - s.q0;
-        s.klen = p->cu_seqlens_k[b + 1] - s.k0;
-    } else {
-        s.tb = b;
-        s.q0 = s.k0 = 0;
-        s.qlen = p->seqlen_q;
-        s.klen = p->seqlen_k;
+    s.tb = p->cu_seqlens_q ? 0 : b;
+    s.q0 = p->cu_seqlens_q ? p->cu_seqlens_q[b] : 0;
+    s.qlen = p->cu_seqlens_q ? p->cu_seqlens_q[b + 1] - s.q0 : p->seqlen_q;
+    s.kb = p->cu_seqlens_k ? 0 : b;
+    s.k0 = p->cu_seqlens_k ? p->cu_seqlens_k[b] : 0;
+    s.klen = p->cu_seqlens_k ? p->cu_seqlens_k[b + 1] - s.k0 : p->seqlen_k;
+    if (!f) return s;
+    if (f->seqused_q && f->seqused_q[b] < s.qlen) s.qlen = f->seqused_q[b];
+    if (f->seqused_k && f->seqused_k[b] < s.klen) s.klen = f->seqused_k[b];
+    if (f->cache_batch_idx) s.kb = f->cache_batch_idx[b];
+    if (f->cache_leftpad) {
+        s.k0 += f->cache_leftpad[b];
+        s.klen -= f->cache_leftpad[b];
     }
     return s;
 }
@@ -125,8 +141,8 @@ typedef struct fattn_tasks {
 } fattn_tasks;
 
 /* rows_of_b: 1 -> blocks over queries, 0 -> over keys. */
-static inline int fattn_tasks_init(fattn_tasks *t, const fattn_problem *p, int64_t heads,
-                                   int over_queries, int64_t block) {
+static inline int fattn_tasks_init(fattn_tasks *t, const fattn_problem *p, const fattn_seq_fields *f,
+                                   int64_t heads, int over_queries, int64_t block) {
     t->batch = p->batch;
     t->heads = heads;
     t->base = (int64_t *)malloc(sizeof(int64_t) * (size_t)(p->batch + 1));
@@ -139,7 +155,7 @@ static inline int fattn_tasks_init(fattn_tasks *t, const fattn_problem *p, int64
     }
     t->base[0] = 0;
     for (int64_t b = 0; b < p->batch; b++) {
-        fattn_seq s = fattn_seq_get(p, b);
+        fattn_seq s = fattn_seq_get(p, f, b);
         int64_t len = over_queries ? s.qlen : s.klen;
         t->nblk[b] = (len + block - 1) / block;
         t->base[b + 1] = t->base[b] + heads * t->nblk[b];

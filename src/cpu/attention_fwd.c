@@ -11,10 +11,11 @@
  * count.  Scratch per worker is O(BM * d + BN * d), never seqlen_q x
  * seqlen_k.
  *
- * Serving fields: seqused_k shortens a sequence's keys (fwd_seq_get), and
- * with a block table the rows of a key block are gathered from the pages
- * of a page pool, run by run (fwd_key_run); the block the inner loop sees
- * is the same f32 block as for a contiguous cache, so are the results. */
+ * Serving fields: seqused_q, seqused_k, cache_leftpad and cache_batch_idx
+ * only move a sequence's rows (fattn_seq_get), and with a block table the
+ * rows of a key block are gathered from the pages of a page pool, run by run
+ * (fwd_key_run); the block the inner loop sees is the same f32 block as for
+ * a contiguous cache, so are the results. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +37,7 @@ typedef struct fwd_job {
     fattn_tasks tasks;
     fattn_fwd_kernel kern;
     const float *lut;
+    fattn_seq_fields f; /* the serving fields that cut and move sequences */
     fattn_cpu_dims m; /* sizes derived from the problem (paged: rows_k = page_size) */
     int64_t bm;       /* query rows per task (64..FATTN_CPU_FWD_BM_MAX, a multiple of NR) */
     size_t scratch_floats;
@@ -77,27 +79,20 @@ static size_t fwd_scratch_layout(const fwd_job *j, float *base, fwd_scratch *s) 
     return off;
 }
 
-/* Sequence b's rows, its keys cut to seqused_k[b] when given (api.c has
- * checked the entries: >= 0). */
-static fattn_seq fwd_seq_get(const fattn_fwd_args *a, int64_t b) {
-    fattn_seq s = fattn_seq_get(&a->p, b);
-    if (a->seqused_k && a->seqused_k[b] < s.klen) s.klen = a->seqused_k[b];
-    return s;
-}
-
 /* Keys key .. key + *n - 1 of sequence b, at most `want` of them, are rows
  * *row .. of batch entry *tb of k and v: the whole range for a contiguous
- * cache, else the part of it inside one page (a run). */
+ * cache, else the part of it inside one page (a run; a left pad moves the
+ * sequence's first key to position k0 of its table row). */
 static inline void fwd_key_run(const fattn_fwd_args *a, const fattn_seq *sq, int64_t b,
                                int64_t key, int64_t want, int64_t *tb, int64_t *row, int64_t *n) {
     if (!a->block_table) {
-        *tb = sq->tb;
+        *tb = sq->kb;
         *row = sq->k0 + key;
         *n = want;
         return;
     }
-    const int64_t ps = a->page_size, r = key % ps;
-    *tb = a->block_table[b * a->max_pages_per_seq + key / ps];
+    const int64_t ps = a->page_size, pos = sq->k0 + key, r = pos % ps;
+    *tb = a->block_table[b * a->max_pages_per_seq + pos / ps];
     *row = r;
     *n = ps - r < want ? ps - r : want;
 }
@@ -142,7 +137,7 @@ static void fwd_task(void *arg, int64_t task, int worker) {
     int64_t b, h, qb;
     fattn_tasks_decode(&j->tasks, task, &b, &h, &qb);
     if (p->causal) qb = j->tasks.nblk[b] - 1 - qb; /* longest blocks first */
-    const fattn_seq sq = fwd_seq_get(a, b);
+    const fattn_seq sq = fattn_seq_get(p, &j->f, b);
     const int64_t hk = h / j->m.group;
     const int64_t i0 = qb * BM;
     const int64_t rows = sq.qlen - i0 < BM ? sq.qlen - i0 : BM;
@@ -286,6 +281,10 @@ fattn_status fattn_cpu_fwd(fattn_ctx *ctx, const fattn_fwd_args *a) {
     fwd_job j;
     memset(&j, 0, sizeof j);
     j.a = a;
+    j.f.seqused_q = a->seqused_q;
+    j.f.seqused_k = a->seqused_k;
+    j.f.cache_batch_idx = a->cache_batch_idx;
+    j.f.cache_leftpad = a->cache_leftpad;
     j.kern = fattn_cpu_kernels_get(ctx ? ctx->cpu_isa : NULL).fwd;
     j.m = fattn_cpu_dims_of(p);
     /* a page pool's e4m3 scales: [num_pages, heads_kv, ceil(page_size / block)] */
@@ -304,7 +303,7 @@ fattn_status fattn_cpu_fwd(fattn_ctx *ctx, const fattn_fwd_args *a) {
     int nthreads = fattn_cpu_thread_count(ctx ? ctx->threads : 0);
     j.bm = FATTN_CPU_FWD_BM_MAX;
     for (;;) {
-        if (fattn_tasks_init(&j.tasks, p, p->heads_q, 1, j.bm) != 0)
+        if (fattn_tasks_init(&j.tasks, p, &j.f, p->heads_q, 1, j.bm) != 0)
             return fattn_fail(ctx, FATTN_ERROR_OUT_OF_MEMORY, "cpu fwd: out of memory (task list)");
         if (j.bm <= FATTN_CPU_BM || fattn_tasks_count(&j.tasks) >= 4 * (int64_t)nthreads) break;
         fattn_tasks_free(&j.tasks);

@@ -100,9 +100,36 @@ static fattn_status check_fwd_variants(fattn_ctx *ctx, const fattn_fwd_args *a) 
     return FATTN_OK;
 }
 
+/* FlashAttention-3's serving arguments of 0.4 (fattn.h, fattn_fwd_args):
+ * the CPU engine serves them; the kernels do not read them yet, so each is
+ * refused by name rather than ignored. */
+static fattn_status check_serving_fields(fattn_ctx *ctx, const fattn_problem *p, const int32_t *seqused_q,
+                                         const int32_t *cache_batch_idx, const int32_t *cache_leftpad,
+                                         const char *call) {
+    const struct {
+        const void *set;
+        const char *name;
+    } fields[] = {{seqused_q, "seqused_q"},
+                  {cache_batch_idx, "cache_batch_idx"},
+                  {cache_leftpad, "cache_leftpad"}};
+    for (int i = 0; i < COUNT(fields); ++i)
+        if (fields[i].set)
+            return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                              "%s is not supported by the CUDA engine's %s yet (the CPU engine serves it)",
+                              fields[i].name, call);
+    if (p->cu_seqlens_q && !p->cu_seqlens_k)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "cu_seqlens_q without cu_seqlens_k (varlen queries against fixed-length keys) is not "
+                          "supported by the CUDA engine's %s yet (the CPU engine serves it)",
+                          call);
+    return FATTN_OK;
+}
+
 extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_args *a) {
     const fattn_problem *p = &a->p;
     char list[64];
+    fattn_status ss = check_serving_fields(ctx, p, a->seqused_q, a->cache_batch_idx, a->cache_leftpad, "forward");
+    if (ss != FATTN_OK) return ss;
     bool ok = false;
     for (int i = 0; i < COUNT(fwd_dtypes); ++i) ok = ok || a->q.dtype == fwd_dtypes[i];
     if (!ok)
@@ -181,6 +208,11 @@ static const int bwd_head_dims[] = {64, 128, 256};
 extern "C" fattn_status fattn_cuda_bwd_check(fattn_ctx *ctx, const fattn_bwd_args *a) {
     const fattn_problem *p = &a->p;
     char list[64];
+    fattn_status ss = check_serving_fields(ctx, p, a->seqused_q, NULL, NULL, "backward");
+    if (ss != FATTN_OK) return ss;
+    if (a->seqused_k)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "seqused_k is not supported by the CUDA engine's backward yet (the CPU engine serves it)");
     /* learnable_sink alone is not read by the backward (dq, dk, dv come from
      * the sink-inclusive lse and o): only dsink asks for sink arithmetic */
     fattn_status vs = check_bwd_variants(ctx, a);
