@@ -107,21 +107,19 @@ struct quant_params {
 
 /* ---- float arithmetic without .ftz (see the top of the file) -------------- */
 
-__device__ __forceinline__ float f32_add(float a, float b) {
-    float r;
-    asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-__device__ __forceinline__ float f32_sub(float a, float b) {
-    float r;
-    asm("sub.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-__device__ __forceinline__ float f32_mul(float a, float b) {
-    float r;
-    asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
+/* name(a, b): one PTX instruction, a and b its operands */
+#define QUANT_F32_OP2(name, ins)                                                                   \
+    __device__ __forceinline__ float name(float a, float b) {                                      \
+        float r;                                                                                   \
+        asm(ins " %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));                                        \
+        return r;                                                                                  \
+    }
+QUANT_F32_OP2(f32_add, "add.rn.f32")
+QUANT_F32_OP2(f32_sub, "sub.rn.f32")
+QUANT_F32_OP2(f32_mul, "mul.rn.f32")
+QUANT_F32_OP2(f32_div, "div.rn.f32") /* IEEE division, correctly rounded, subnormals kept */
+QUANT_F32_OP2(f32_max, "max.f32")
+#undef QUANT_F32_OP2
 /* a * s + b rounded once; with s = +-1 the product is exact, so this is
  * a + b or b - a rounded once, bitwise the CPU's add or subtract. */
 __device__ __forceinline__ float f32_fma(float a, float s, float b) {
@@ -129,21 +127,10 @@ __device__ __forceinline__ float f32_fma(float a, float s, float b) {
     asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(s), "f"(b));
     return r;
 }
-/* IEEE division, correctly rounded, subnormals kept. */
-__device__ __forceinline__ float f32_div(float a, float b) {
-    float r;
-    asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
 /* max(m, |x|), NaN x leaving m (fmaxf(m, fabsf(x)) of the CPU). */
 __device__ __forceinline__ float f32_amax(float m, float x) {
     float r;
     asm("{\n .reg .f32 t;\n abs.f32 t, %2;\n max.f32 %0, %1, t;\n}" : "=f"(r) : "f"(m), "f"(x));
-    return r;
-}
-__device__ __forceinline__ float f32_max(float a, float b) {
-    float r;
-    asm("max.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
     return r;
 }
 /* Two floats to two e4m3 codes, lo in the low byte: cvt puts its first

@@ -126,6 +126,144 @@ __device__ __forceinline__ void dec_load_block(const DecParams &p, const CUtenso
     }
 }
 
+/* The producer warp's lane 0: the split's key blocks n_lo..n_hi - 1 into
+ * the ring of STAGES, each stage once the four consumers have released it. */
+template <class C>
+__device__ __forceinline__ void dec_produce(const DecParams &p, const CUtensorMap *tm_k, const CUtensorMap *tm_v,
+                                           uint8_t *sm, uint64_t *full, uint64_t *empty, int n_lo, int n_hi, int hk,
+                                           int b, int len) {
+    constexpr int STAGES = C::STAGES;
+    tma_prefetch_desc(tm_k);
+    tma_prefetch_desc(tm_v);
+    for (int n = n_lo, it = 0; n < n_hi; ++n, ++it) {
+        const int s = it % STAGES;
+        if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
+        mbar_expect_tx_arrive(&full[s], 2 * C::TILE_BYTES);
+        dec_load_block<C>(p, tm_k, tm_v, sm + s * 2 * C::TILE_BYTES, sm + s * 2 * C::TILE_BYTES + C::TILE_BYTES,
+                          &full[s], n, hk, b, len);
+    }
+}
+
+/* LOCAL: x -> cap_a tanh(cap_b x) on S, when the call asks for it (p.cap_b != 0) */
+template <class C>
+__device__ __forceinline__ void dec_softcap(const DecParams &p, float (&sacc)[C::NT][4]) {
+    if (p.cap_b != 0.f)
+#pragma unroll
+        for (int i = 0; i < C::NT; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float th;
+                asm("tanh.approx.f32 %0, %1;" : "=f"(th) : "f"(sacc[i][e] * p.cap_b));
+                sacc[i][e] = p.cap_a * th;
+            }
+}
+
+/* O += P V for this warp's KW keys of the block at vbase */
+template <class C>
+__device__ __forceinline__ void dec_pv(float (&oacc)[C::D / 8][4], const float (&sacc)[C::NT][4], uint32_t vbase, int kw0,
+                                       int j8, int rr) {
+    constexpr int D = C::D, BN = C::BN;
+#pragma unroll
+    for (int ks = 0; ks < C::KW / 16; ++ks) {
+        uint32_t pa[4];
+        pa[0] = C::BF16 ? pack_bf16x2(sacc[2 * ks][0], sacc[2 * ks][1]) : pack_f16x2(sacc[2 * ks][0], sacc[2 * ks][1]);
+        pa[1] = C::BF16 ? pack_bf16x2(sacc[2 * ks][2], sacc[2 * ks][3]) : pack_f16x2(sacc[2 * ks][2], sacc[2 * ks][3]);
+        pa[2] = C::BF16 ? pack_bf16x2(sacc[2 * ks + 1][0], sacc[2 * ks + 1][1])
+                        : pack_f16x2(sacc[2 * ks + 1][0], sacc[2 * ks + 1][1]);
+        pa[3] = C::BF16 ? pack_bf16x2(sacc[2 * ks + 1][2], sacc[2 * ks + 1][3])
+                        : pack_f16x2(sacc[2 * ks + 1][2], sacc[2 * ks + 1][3]);
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+            /* matrices (keys +0, d +0), (keys +8, d +0), (keys +0, d +8), (keys +8, d +8), transposed */
+            const int key = kw0 + ks * 16 + (j8 & 1) * 8 + rr, col = dp * 16 + (j8 >> 1) * 8;
+            uint32_t bv[4];
+            ldsm_x4_trans(bv, vbase + dec_sw<BN>(key, col));
+            mma_m16n8k16<C::BF16>(oacc[2 * dp], pa, bv[0], bv[1]);
+            mma_m16n8k16<C::BF16>(oacc[2 * dp + 1], pa, bv[2], bv[3]);
+        }
+    }
+}
+
+/* The consumers' end: the WN warps of each row block merged through shared
+ * memory (stage 0, free once every consumer is past its last block), then
+ * each row's O and LSE written, normalised (LOCAL with one split: with the
+ * sink): to o and lse, or with more than one split to the workspace for
+ * fwd_decode_combine. */
+template <class C>
+__device__ __forceinline__ void dec_epilogue(const DecParams &p, uint8_t *sm, float *ml, const float (&oacc)[C::D / 8][4],
+                                             const float (&mrow)[2], const float (&lrow)[2], int warp, int g, int t,
+                                             int split, int hk, int b) {
+    constexpr int D = C::D;
+    const float sl2 = p.scale_log2;
+    named_bar_sync(1, 128);
+    float *scr = (float *)sm;
+    for (int h = 0; h < 2; ++h) {
+        float l = lrow[h];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        if (t == 0) {
+            ml[(warp * 16 + g + 8 * h) * 2] = mrow[h];
+            ml[(warp * 16 + g + 8 * h) * 2 + 1] = l;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            *(float2 *)(scr + (warp * 16 + g + 8 * h) * D + i * 8 + 2 * t) = make_float2(oacc[i][2 * h], oacc[i][2 * h + 1]);
+    named_bar_sync(1, 128);
+    const int tid = threadIdx.x;
+    for (int idx = tid; idx < C::WM * 16 * (D / 4); idx += 128) {
+        const int row = idx / (D / 4), c4 = idx % (D / 4);
+        if (row >= p.rows) continue;
+        const int mt = row / 16, rw = row % 16;
+        float mm = -INFINITY;
+#pragma unroll
+        for (int x = 0; x < C::WN; ++x) mm = fmaxf(mm, ml[((mt * C::WN + x) * 16 + rw) * 2]);
+        float L = 0.f;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int x = 0; x < C::WN; ++x) {
+            const int w = mt * C::WN + x;
+            const float mx = ml[(w * 16 + rw) * 2];
+            const float wgt = mx == -INFINITY ? 0.f : exp2f((mx - mm) * sl2);
+            L += wgt * ml[(w * 16 + rw) * 2 + 1];
+            const float4 v = *(const float4 *)(scr + (w * 16 + rw) * D + 4 * c4);
+            acc.x += wgt * v.x, acc.y += wgt * v.y, acc.z += wgt * v.z, acc.w += wgt * v.w;
+        }
+        /* L == 0: the row saw no key (O 0, LSE -inf); NaN propagates */
+        float inv = L == 0.f ? 0.f : 1.f / L;
+        float lse = L == 0.f ? -INFINITY : mm * p.softmax_scale + logf(L);
+        if constexpr (C::LOCAL) {
+            /* one split: the sink joins the sum here (FwdEpilogue's
+             * finish_row_sink); several: in the combine */
+            if (p.sink && p.splits == 1) {
+                const float sink = __ldg(p.sink + hk * p.group + (row - (row / p.group) * p.group));
+                inv = 0.f, lse = sink;
+                if (L != 0.f) {
+                    const float m = mm * p.softmax_scale, mx = sink > m ? sink : m;
+                    const float keep = __expf(m - mx), sum = L * keep + __expf(sink - mx);
+                    inv = keep / sum, lse = mx + __logf(sum);
+                }
+            }
+        }
+        acc.x *= inv, acc.y *= inv, acc.z *= inv, acc.w *= inv;
+        const int sq = row / p.group, h = hk * p.group + (row - sq * p.group);
+        if (p.splits > 1) {
+            const int64_t pr = (((int64_t)split * p.batch + b) * p.heads_kv + hk) * p.rows + row;
+            *(float4 *)(p.ws_o + pr * D + 4 * c4) = acc;
+            if (c4 == 0) p.ws_lse[pr] = lse;
+        } else {
+            uint16_t *o = (uint16_t *)p.o + b * p.o_sb + (int64_t)sq * p.o_ss + (int64_t)h * p.o_sh + 4 * c4;
+            const uint32_t lo = C::BF16 ? pack_bf16x2(acc.x, acc.y) : pack_f16x2(acc.x, acc.y);
+            const uint32_t hi = C::BF16 ? pack_bf16x2(acc.z, acc.w) : pack_f16x2(acc.z, acc.w);
+            ((uint32_t *)o)[0] = lo;
+            ((uint32_t *)o)[1] = hi;
+            if (c4 == 0 && p.lse) p.lse[((int64_t)b * p.heads_q + h) * p.seqlen_q + sq] = lse;
+        }
+    }
+}
+
 template <class C>
 __global__ void __launch_bounds__(C::THREADS)
     fwd_decode_kernel(const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
@@ -160,17 +298,7 @@ __global__ void __launch_bounds__(C::THREADS)
     }
 
     if (warp == 4) {
-        if (lane == 0) {
-            tma_prefetch_desc(&tm_k);
-            tma_prefetch_desc(&tm_v);
-            for (int n = n_lo, it = 0; n < n_hi; ++n, ++it) {
-                const int s = it % STAGES;
-                if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
-                mbar_expect_tx_arrive(&full[s], 2 * C::TILE_BYTES);
-                dec_load_block<C>(p, &tm_k, &tm_v, sm + s * 2 * C::TILE_BYTES, sm + s * 2 * C::TILE_BYTES + C::TILE_BYTES,
-                                  &full[s], n, hk, b, len);
-            }
-        }
+        if (lane == 0) dec_produce<C>(p, &tm_k, &tm_v, sm, full, empty, n_lo, n_hi, hk, b, len);
         return;
     }
 
@@ -241,16 +369,7 @@ __global__ void __launch_bounds__(C::THREADS)
                 mma_m16n8k16<C::BF16>(sacc[2 * np + 1], qf[kk], bk[2], bk[3]);
             }
         /* LOCAL: softcap (a uniform branch), before the mask */
-        if constexpr (C::SOFTCAP)
-            if (p.cap_b != 0.f)
-#pragma unroll
-                for (int i = 0; i < C::NT; ++i)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        float th;
-                        asm("tanh.approx.f32 %0, %1;" : "=f"(th) : "f"(sacc[i][e] * p.cap_b));
-                        sacc[i][e] = p.cap_a * th;
-                    }
+        if constexpr (C::SOFTCAP) dec_softcap<C>(p, sacc);
         /* mask the keys past the sequence or the causal bound (LOCAL: the
          * window's edges, for the block's first query's last key and the
          * last query's first) */
@@ -317,100 +436,14 @@ __global__ void __launch_bounds__(C::THREADS)
             named_bar_sync(2, 128);
         }
         /* O += P V, P's fragments straight from S's accumulators */
-#pragma unroll
-        for (int ks = 0; ks < C::KW / 16; ++ks) {
-            uint32_t pa[4];
-            pa[0] = C::BF16 ? pack_bf16x2(sacc[2 * ks][0], sacc[2 * ks][1]) : pack_f16x2(sacc[2 * ks][0], sacc[2 * ks][1]);
-            pa[1] = C::BF16 ? pack_bf16x2(sacc[2 * ks][2], sacc[2 * ks][3]) : pack_f16x2(sacc[2 * ks][2], sacc[2 * ks][3]);
-            pa[2] = C::BF16 ? pack_bf16x2(sacc[2 * ks + 1][0], sacc[2 * ks + 1][1])
-                            : pack_f16x2(sacc[2 * ks + 1][0], sacc[2 * ks + 1][1]);
-            pa[3] = C::BF16 ? pack_bf16x2(sacc[2 * ks + 1][2], sacc[2 * ks + 1][3])
-                            : pack_f16x2(sacc[2 * ks + 1][2], sacc[2 * ks + 1][3]);
-#pragma unroll
-            for (int dp = 0; dp < D / 16; ++dp) {
-                /* matrices (keys +0, d +0), (keys +8, d +0), (keys +0, d +8), (keys +8, d +8), transposed */
-                const int key = kw0 + ks * 16 + (j8 & 1) * 8 + rr, col = dp * 16 + (j8 >> 1) * 8;
-                uint32_t bv[4];
-                ldsm_x4_trans(bv, vbase + dec_sw<BN>(key, col));
-                mma_m16n8k16<C::BF16>(oacc[2 * dp], pa, bv[0], bv[1]);
-                mma_m16n8k16<C::BF16>(oacc[2 * dp + 1], pa, bv[2], bv[3]);
-            }
-        }
+        dec_pv<C>(oacc, sacc, vbase, kw0, j8, rr);
         /* the zeroing above was a generic-proxy write the next TMA load overwrites */
         if (tail) fence_async_shared();
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty[s]);
     }
 
-    /* merge the WN warps of each row block through shared memory (stage 0,
-     * free once every consumer is past its last block) */
-    named_bar_sync(1, 128);
-    float *scr = (float *)sm;
-    for (int h = 0; h < 2; ++h) {
-        float l = lrow[h];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        if (t == 0) {
-            ml[(warp * 16 + g + 8 * h) * 2] = mrow[h];
-            ml[(warp * 16 + g + 8 * h) * 2 + 1] = l;
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-            *(float2 *)(scr + (warp * 16 + g + 8 * h) * D + i * 8 + 2 * t) = make_float2(oacc[i][2 * h], oacc[i][2 * h + 1]);
-    named_bar_sync(1, 128);
-    const int tid = threadIdx.x;
-    for (int idx = tid; idx < C::WM * 16 * (D / 4); idx += 128) {
-        const int row = idx / (D / 4), c4 = idx % (D / 4);
-        if (row >= p.rows) continue;
-        const int mt = row / 16, rw = row % 16;
-        float mm = -INFINITY;
-#pragma unroll
-        for (int x = 0; x < C::WN; ++x) mm = fmaxf(mm, ml[((mt * C::WN + x) * 16 + rw) * 2]);
-        float L = 0.f;
-        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int x = 0; x < C::WN; ++x) {
-            const int w = mt * C::WN + x;
-            const float mx = ml[(w * 16 + rw) * 2];
-            const float wgt = mx == -INFINITY ? 0.f : exp2f((mx - mm) * sl2);
-            L += wgt * ml[(w * 16 + rw) * 2 + 1];
-            const float4 v = *(const float4 *)(scr + (w * 16 + rw) * D + 4 * c4);
-            acc.x += wgt * v.x, acc.y += wgt * v.y, acc.z += wgt * v.z, acc.w += wgt * v.w;
-        }
-        /* L == 0: the row saw no key (O 0, LSE -inf); NaN propagates */
-        float inv = L == 0.f ? 0.f : 1.f / L;
-        float lse = L == 0.f ? -INFINITY : mm * p.softmax_scale + logf(L);
-        if constexpr (C::LOCAL) {
-            /* one split: the sink joins the sum here (FwdEpilogue's
-             * finish_row_sink); several: in the combine */
-            if (p.sink && p.splits == 1) {
-                const float sink = __ldg(p.sink + hk * p.group + (row - (row / p.group) * p.group));
-                inv = 0.f, lse = sink;
-                if (L != 0.f) {
-                    const float m = mm * p.softmax_scale, mx = sink > m ? sink : m;
-                    const float keep = __expf(m - mx), sum = L * keep + __expf(sink - mx);
-                    inv = keep / sum, lse = mx + __logf(sum);
-                }
-            }
-        }
-        acc.x *= inv, acc.y *= inv, acc.z *= inv, acc.w *= inv;
-        const int sq = row / p.group, h = hk * p.group + (row - sq * p.group);
-        if (p.splits > 1) {
-            const int64_t pr = (((int64_t)split * p.batch + b) * p.heads_kv + hk) * p.rows + row;
-            *(float4 *)(p.ws_o + pr * D + 4 * c4) = acc;
-            if (c4 == 0) p.ws_lse[pr] = lse;
-        } else {
-            uint16_t *o = (uint16_t *)p.o + b * p.o_sb + (int64_t)sq * p.o_ss + (int64_t)h * p.o_sh + 4 * c4;
-            const uint32_t lo = C::BF16 ? pack_bf16x2(acc.x, acc.y) : pack_f16x2(acc.x, acc.y);
-            const uint32_t hi = C::BF16 ? pack_bf16x2(acc.z, acc.w) : pack_f16x2(acc.z, acc.w);
-            ((uint32_t *)o)[0] = lo;
-            ((uint32_t *)o)[1] = hi;
-            if (c4 == 0 && p.lse) p.lse[((int64_t)b * p.heads_q + h) * p.seqlen_q + sq] = lse;
-        }
-    }
+    dec_epilogue<C>(p, sm, ml, oacc, mrow, lrow, warp, g, t, split, hk, b);
 }
 
 /* splits > 1: one warp per row merges the splits' partials (the
