@@ -22,8 +22,6 @@ Layout of the inputs:
     mask is the global one (token i sees tokens <= i of the whole sequence).
 Varlen (ring_attention_varlen): the same, per sequence of a packed batch.
 """
-import math
-
 import torch
 import torch.distributed as dist
 

@@ -4,7 +4,8 @@ private block entry points as ring engines call them (ring-flash-attn: FA2's, by
 through getfullargspec; TransformerEngine: FA3's, positionally), first on two key blocks
 in one process, then in a ring over 2 and 4 gloo processes, dense and packed, causal and
 not, against single-process fattn attention; FA2's public functions and their refusals;
-install().  Needs torch and the library."""
+install(); fattn.sdpa's kernels on CPU tensors, their schemas against aten's, and the
+registration in torch's flash-attention registry.  Needs torch and the library."""
 import inspect
 import sys
 import unittest
@@ -364,3 +365,126 @@ class Install(unittest.TestCase):
                     sys.modules.pop(n, None)
                 else:
                     sys.modules[n] = m
+
+
+class Sdpa(unittest.TestCase):
+    """fattn.sdpa: the kernels it registers, called on CPU tensors (the CPU engine, and
+    the float32 composite for what fattn does not serve), their schemas, and the
+    registration itself.  The GPU check (SDPA on an H200 running fattn's kernels) is in
+    tests/gpu."""
+
+    def test_schemas(self):
+        import fattn.sdpa as S
+        for op, fn in (("_scaled_dot_product_flash_attention", S.sdpa_flash_forward),
+                       ("_scaled_dot_product_flash_attention_backward", S.sdpa_flash_backward),
+                       ("_flash_attention_forward", S.flash_forward),
+                       ("_flash_attention_backward", S.flash_backward),
+                       ("_flash_attention_forward_no_dropout_inplace", S.flash_forward_no_dropout_inplace)):
+            if not hasattr(torch.ops.aten, op):
+                continue
+            schema = getattr(torch.ops.aten, op).default._schema
+            want = [(a.name, a.kwarg_only) for a in schema.arguments]
+            have = [(p.name, p.kind == p.KEYWORD_ONLY) for p in inspect.signature(fn).parameters.values()]
+            self.assertEqual(have[:len(want)], want, op)
+            self.assertTrue(all(p.default is not REQ for p in list(inspect.signature(fn).parameters.values())
+                                [len(want):]), op)
+
+    def test_sdpa_layout(self):
+        import fattn.sdpa as S
+        import torch.nn.functional as F
+        for causal in (False, True):
+            q, k, v, do = (torch.randn(2, 3, 10, 16, requires_grad=True) for _ in range(4))
+            want = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            wq, wk, wv = torch.autograd.grad(want, (q, k, v), do.detach())
+            r = S.sdpa_flash_forward(q.detach(), k.detach(), v.detach(), 0.0, causal)
+            self.assertEqual(len(r), 9)
+            torch.testing.assert_close(r[0], want.detach(), rtol=1e-5, atol=1e-5)
+            s = (q @ k.transpose(-1, -2)).detach() / 4.0
+            if causal:
+                s = s.masked_fill(torch.ones(10, 10, dtype=torch.bool).triu(1), float("-inf"))
+            torch.testing.assert_close(r[1], torch.logsumexp(s, -1), rtol=1e-5, atol=1e-5)
+            g = S.sdpa_flash_backward(do.detach(), q.detach(), k.detach(), v.detach(), r[0], r[1], None, None, 10, 10,
+                                      0.0, causal, r[6], r[7])
+            for a, w in zip(g, (wq, wk, wv)):
+                self.assertEqual(a.shape, w.shape)
+                torch.testing.assert_close(a, w, rtol=1e-4, atol=1e-5)
+        with self.assertRaisesRegex(NotImplementedError, "dropout"):
+            S.sdpa_flash_forward(q.detach(), k.detach(), v.detach(), 0.1, False)
+
+    def test_composite_and_window(self):
+        """The fallback: a window (no torch-path backward in fattn) runs the composite; its
+        forward matches fattn's windowed forward, its backward torch's autograd of it."""
+        import fattn.sdpa as S
+        q, k, v, do = inputs((2, 12, 4, 16), (2, 12, 2, 16), torch.float32)
+        o, lse, *_ = S.flash_forward(q, k, v, None, None, 12, 12, 0.0, True, False, window_size_left=3,
+                                     window_size_right=0)
+        want, want_lse = fattn.attention(q, k, v, causal=True, window_size=(3, 0), return_lse=True)
+        torch.testing.assert_close(o, want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(lse, want_lse, rtol=1e-5, atol=1e-5)
+        qa, ka, va = (t.clone().requires_grad_() for t in (q, k, v))
+        ref = torch.autograd.grad(S.composite_forward(qa, ka, va, True, 0.25, 3, 0)[0], (qa, ka, va), do)
+        g = S.flash_backward(do, q, k, v, o, lse, None, None, 12, 12, 0.0, True, None, None, window_size_left=3,
+                             window_size_right=0)
+        for a, w in zip(g, ref):
+            torch.testing.assert_close(a, w, rtol=1e-4, atol=1e-5)
+        # FlashAttention's causal window (-1, 0), as varlen_attn passes it: fattn's causal kernels
+        o2 = S.flash_forward(q, k, v, None, None, 12, 12, 0.0, False, False, window_size_left=-1,
+                             window_size_right=0)[0]
+        torch.testing.assert_close(o2, fattn.attention(q, k, v, causal=True), rtol=0, atol=0)
+        # the composite without a window against fattn, forward and backward
+        og, lg = S.composite_forward(q, k, v, True, 0.25)
+        w = whole(q, k, v, do, True)
+        torch.testing.assert_close(og, w[0], rtol=1e-5, atol=1e-5)
+        for a, b in zip(S.composite_backward(do, q, k, v, og, lg, True, 0.25), w[2:]):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+    def test_varlen(self):
+        import fattn.sdpa as S
+        cu = torch.tensor([0, 5, 14, 20], dtype=torch.int32)
+        q, k, v, do = inputs((20, 4, 16), (20, 2, 16), torch.float32, seed=2)
+        for wl, wr in ((None, None), (2, 0)):
+            o, lse, *_ = S.flash_forward(q, k, v, cu, cu, 9, 9, 0.0, True, False, window_size_left=wl,
+                                         window_size_right=wr)
+            g = S.flash_backward(do, q, k, v, o, lse, cu, cu, 9, 9, 0.0, True, None, None, window_size_left=wl,
+                                 window_size_right=wr)
+            if wl is None:
+                want = whole(q, k, v, do, True, (cu, 9))
+                got = (o, lse) + tuple(g)
+                for a, b in zip(got, want):
+                    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+            else:  # each sequence alone through the dense windowed forward
+                for a, z in ((0, 5), (5, 14), (14, 20)):
+                    want = fattn.attention(q[a:z][None], k[a:z][None], v[a:z][None], causal=True,
+                                           window_size=(wl, wr))
+                    torch.testing.assert_close(o[a:z], want[0], rtol=1e-5, atol=1e-5)
+        out = torch.empty(20, 4, 16)
+        lse2 = S.flash_forward_no_dropout_inplace(out, q, k, v, cu, cu, 9, 9, 0.0, True, False)
+        torch.testing.assert_close(out, whole(q, k, v, do, True, (cu, 9))[0], rtol=1e-5, atol=1e-5)
+        self.assertEqual(tuple(lse2.shape), (4, 20))
+
+    def test_registration(self):
+        import fattn.sdpa as S
+        import torch.nn.attention as att
+        if not hasattr(att, "register_flash_attention_impl"):
+            with self.assertRaisesRegex(RuntimeError, "no flash-attention registry"):
+                S.enable()
+            return
+        S.enable()
+        try:
+            self.assertTrue(S.is_enabled())
+            self.assertIn(S.NAME, att.list_flash_attention_impls())
+            dump = torch._C._dispatch_dump("aten::_scaled_dot_product_flash_attention")
+            self.assertTrue(any(line.startswith("CUDA:") and "sdpa.py" in line for line in dump.splitlines()), dump)
+        finally:
+            S.disable()
+        self.assertFalse(S.is_enabled())
+        dump = torch._C._dispatch_dump("aten::_scaled_dot_product_flash_attention")
+        self.assertFalse(any("sdpa.py" in line for line in dump.splitlines()))
+        # a torch without the registry: the call says so
+        saved = att.register_flash_attention_impl
+        del att.register_flash_attention_impl
+        try:
+            with self.assertRaisesRegex(RuntimeError, r"no flash-attention registry.*torch >= 2\.9"):
+                S.enable()
+        finally:
+            att.register_flash_attention_impl = saved
