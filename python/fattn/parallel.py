@@ -27,8 +27,8 @@ import torch.distributed as dist
 
 from . import _core
 
-__all__ = ["ring_attention", "ring_attention_varlen", "block_forward", "block_backward", "zigzag_shard", "zigzag_unshard", "contiguous_shard",
-           "zigzag_shard_varlen", "zigzag_unshard_varlen"]
+__all__ = ["ring_attention", "ring_attention_varlen", "block_forward", "block_backward", "zigzag_shard",
+           "zigzag_unshard", "contiguous_shard", "zigzag_shard_varlen", "zigzag_unshard_varlen"]
 
 
 def _ops():
