@@ -180,21 +180,16 @@ def _merge(out, lse, block_out, block_lse, seq_dim_of_lse):
     lse.copy_(new)
 
 
-class _Steps:
-    """The blocks of one ring step for the dense and the packed layouts: which rows of
-    q and which keys of the visiting block meet, and with which mask."""
-
-    def __init__(self, causal, rank, varlen=None):
-        self.causal, self.rank, self.varlen = causal, rank, varlen
-
-    def kind(self, step):
-        """'diag' (own block, causal), 'full' (all q x all k), 'k_first' (all q x the first
-        half of k: an earlier rank's block), 'q_second' (second half of q x all k)."""
-        if step == 0:
-            return "diag" if self.causal else "full"
-        if not self.causal:
-            return "full"
-        return "k_first" if step <= self.rank else "q_second"
+def _step_kind(step, causal, rank):
+    """Which blocks meet at ring step `step` (the visiting K/V is rank - step's):
+    'diag' (own block, causal), 'full' (all q x all k), 'k_first' (all q x the first
+    half of k: an earlier rank's zigzag block), 'q_second' (the second half of q x all
+    k: a later rank's)."""
+    if step == 0:
+        return "diag" if causal else "full"
+    if not causal:
+        return "full"
+    return "k_first" if step <= rank else "q_second"
 
 
 class _DenseLayout:
@@ -213,10 +208,10 @@ class _DenseLayout:
     def second_lse(self, lse):
         return lse[:, :, self.half:]
 
-    def fwd(self, ops, q, k, v, causal, scale, det):
+    def fwd(self, q, k, v, causal, scale, det, q_half=False, k_half=False):
         return block_forward(q, k, v, causal, scale, det)
 
-    def bwd(self, ops, dout, q, k, v, out, lse, causal, scale, det):
+    def bwd(self, dout, q, k, v, out, lse, causal, scale, det, q_half=False, k_half=False):
         return block_backward(dout, q, k, v, out, lse, causal, scale, det)
 
 
@@ -244,17 +239,15 @@ class _VarlenLayout:
     def second_lse(self, lse):
         return lse.index_select(1, self.i_second)
 
-    def _lens(self, x):
-        # a half of the local rows, or all of them
-        full = self.i_first.shape[0] + self.i_second.shape[0]
-        return (self.cu, self.max) if x.shape[0] == full else (self.cu_half, self.max_half)
+    def _lens(self, half):
+        return (self.cu_half, self.max_half) if half else (self.cu, self.max)
 
-    def fwd(self, ops, q, k, v, causal, scale, det):
-        (cq, mq), (ck, mk) = self._lens(q), self._lens(k)
+    def fwd(self, q, k, v, causal, scale, det, q_half=False, k_half=False):
+        (cq, mq), (ck, mk) = self._lens(q_half), self._lens(k_half)
         return block_forward(q, k, v, causal, scale, det, cq, ck, mq, mk)
 
-    def bwd(self, ops, dout, q, k, v, out, lse, causal, scale, det):
-        (cq, mq), (ck, mk) = self._lens(q), self._lens(k)
+    def bwd(self, dout, q, k, v, out, lse, causal, scale, det, q_half=False, k_half=False):
+        (cq, mq), (ck, mk) = self._lens(q_half), self._lens(k_half)
         return block_backward(dout, q, k, v, out, lse, causal, scale, det, cq, ck, mq, mk)
 
 
@@ -269,25 +262,23 @@ def _add_rows(acc, layout, part, block):
 
 
 def _ring_fwd(ring, layout, q, k, v, causal, scale, det):
-    ops = _ops()
-    steps = _Steps(causal, ring.rank)
     kv = (k.contiguous(), v.contiguous())
     out = lse = None
     for step in range(ring.world):
         pending = ring.start(kv, _TAG_KV) if step + 1 < ring.world else None
         kc, vc = kv
-        kind = steps.kind(step)
-        if kind in ("diag", "full") and step == 0:
-            o, l = layout.fwd(ops, q, kc, vc, kind == "diag", scale, det)
+        kind = _step_kind(step, causal, ring.rank)
+        if step == 0:
+            o, l = layout.fwd(q, kc, vc, kind == "diag", scale, det)
             out, lse = o.float(), l.clone()
         elif kind == "full":
-            o, l = layout.fwd(ops, q, kc, vc, False, scale, det)
+            o, l = layout.fwd(q, kc, vc, False, scale, det)
             _merge(out, lse, o, l, layout.lse_seq_dim)
         elif kind == "k_first":
-            o, l = layout.fwd(ops, q, layout.first(kc), layout.first(vc), False, scale, det)
+            o, l = layout.fwd(q, layout.first(kc), layout.first(vc), False, scale, det, k_half=True)
             _merge(out, lse, o, l, layout.lse_seq_dim)
         else:  # q_second: merged into the second half's rows
-            o, l = layout.fwd(ops, layout.second(q), kc, vc, False, scale, det)
+            o, l = layout.fwd(layout.second(q), kc, vc, False, scale, det, q_half=True)
             if isinstance(layout, _DenseLayout):
                 _merge(layout.second(out), layout.second_lse(lse), o, l, layout.lse_seq_dim)
             else:
@@ -301,8 +292,6 @@ def _ring_fwd(ring, layout, q, k, v, causal, scale, det):
 
 
 def _ring_bwd(ring, layout, dout, q, k, v, out, lse, causal, scale, det):
-    ops = _ops()
-    steps = _Steps(causal, ring.rank)
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     kv = (k.contiguous(), v.contiguous())
     dkv_pending = None
@@ -311,21 +300,21 @@ def _ring_bwd(ring, layout, dout, q, k, v, out, lse, causal, scale, det):
         last = step + 1 == ring.world
         pending = ring.start(kv, _TAG_KV) if not last else None
         kc, vc = kv
-        kind = steps.kind(step)
+        kind = _step_kind(step, causal, ring.rank)
         if step == 0:
             dk_acc = torch.zeros(kc.shape, dtype=torch.float32, device=kc.device)
             dv_acc = torch.zeros(vc.shape, dtype=torch.float32, device=vc.device)
         else:  # the accumulators that travel with this block
             dk_acc, dv_acc = ring.wait(dkv_pending)
         if kind in ("diag", "full"):
-            g = layout.bwd(ops, dout, q, kc, vc, out, lse, kind == "diag", scale, det)
+            g = layout.bwd(dout, q, kc, vc, out, lse, kind == "diag", scale, det)
             q_part, k_part = "all", "all"
         elif kind == "k_first":
-            g = layout.bwd(ops, dout, q, layout.first(kc), layout.first(vc), out, lse, False, scale, det)
+            g = layout.bwd(dout, q, layout.first(kc), layout.first(vc), out, lse, False, scale, det, k_half=True)
             q_part, k_part = "all", "first"
         else:
-            g = layout.bwd(ops, layout.second(dout), layout.second(q), kc, vc, layout.second(out),
-                           layout.second_lse(lse), False, scale, det)
+            g = layout.bwd(layout.second(dout), layout.second(q), kc, vc, layout.second(out),
+                           layout.second_lse(lse), False, scale, det, q_half=True)
             q_part, k_part = "second", "all"
         _add_rows(dq, layout, q_part, g[0])
         _add_rows(dk_acc, layout, k_part, g[1])
