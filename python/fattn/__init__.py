@@ -219,6 +219,7 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
                     v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
                     pack_gqa=None, deterministic=False, sm_margin=0, return_attn_probs=False, learnable_sink=None):
     """FlashAttention-3's flash_attn_func (flash_attn_interface), served by fattn:
+    FA3's argument order (4th positional softmax_scale; FA2's is dropout_p: fattn.compat.flash_attn).
     `from fattn import flash_attn_func` switches an FA3 caller.  Tensors are
     [b, s, h, d] torch tensors.  Arguments whose effect fattn cannot give raise
     NotImplementedError, never ignored: qv, q/k/v_descale without
