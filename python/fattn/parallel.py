@@ -68,10 +68,10 @@ def block_backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic
     ops = _ops()
     if _cpu16(q):
         dout, q, k, v, out = (t.float() for t in (dout, q, k, v, out))
-    if cu_seqlens_q is None:
-        return ops.bwd(dout, q, k, v, out, lse, bool(causal), float(softmax_scale), bool(deterministic))
+    if cu_seqlens_q is None:  # the ops' fourth output is d(sink), empty without a sink
+        return ops.bwd(dout, q, k, v, out, lse, bool(causal), float(softmax_scale), bool(deterministic))[:3]
     return ops.bwd_varlen(dout, q, k, v, out, lse.contiguous(), cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
-                          int(max_seqlen_k), bool(causal), float(softmax_scale), bool(deterministic))
+                          int(max_seqlen_k), bool(causal), float(softmax_scale), bool(deterministic))[:3]
 
 
 # ---------------------------------------------------------------------------

@@ -215,7 +215,7 @@ def _dense_bwd(dout, q, k, v, out, lse, causal, scale, wl, wr):
     if (wl, wr) == (-1, -1):
         try:
             dims = _core.check_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape))
-            return _ops()._bwd_impl(dims, dout, q, k, v, out, lse, causal, scale, False)
+            return _ops()._bwd_impl(dims, dout, q, k, v, out, lse, causal, scale, False)[:3]  # no sink: no dsink
         except Exception as e:  # noqa: BLE001
             if not _fallback(e):
                 raise
@@ -306,7 +306,7 @@ def flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_s
     if (wl, wr) == (-1, -1):
         try:
             return _ops().bwd_varlen(grad_out, query, key, value, out, logsumexp.contiguous(), cum_seq_q, cum_seq_k,
-                                     int(max_q), int(max_k), causal, sc, False)
+                                     int(max_q), int(max_k), causal, sc, False)[:3]  # no sink: no dsink
         except Exception as e:  # noqa: BLE001
             if not _fallback(e):
                 raise
