@@ -751,7 +751,12 @@ FATTN_API fattn_status fattn_kv_append(fattn_ctx *ctx, const fattn_kv_append_arg
  *   dq like q, dk like k, dv like v (same dtype as q; f32/f16/bf16 only).
  *   With GQA, dk and dv are sums over the query heads of each kv head.
  *   D = rowsum(dout * o) is computed from the o passed here, so pass the
- *   forward's own output.  A row whose lse is -inf (it saw no key) gets
+ *   forward's own output.  Exception: the CPU engine with f16 / bf16 o
+ *   takes D as sum_j P_ij dP_ij over this call's keys (the same value for
+ *   the forward's own o, without o's rounding); so a block of keys
+ *   differentiated with the o and lse of a larger call (ring attention,
+ *   FlashAttention's block backward) needs f32 tensors on the CPU engine.
+ *   A row whose lse is -inf (it saw no key) gets
  *   dq = 0 and adds nothing to dk, dv.
  *   deterministic: nonzero asks for bitwise-reproducible results (the CPU
  *   engine always is).  On CUDA without it, dq is accumulated across key
