@@ -166,10 +166,20 @@ typedef struct fattn_ctx fattn_ctx;
 /*
  * Create a context.  `device` is the CUDA device ordinal (ignored for the CPU
  * backend).  AUTO picks CUDA when the library was built with CUDA and device
- * `device` is a Hopper GPU (sm_90), otherwise the CPU.
- * Fails with INVALID_ARGUMENT (ctx NULL, unknown backend, device < 0),
- * NO_DEVICE (CUDA asked for and unavailable), UNSUPPORTED (CUDA asked for on a
- * GPU other than sm_90), OUT_OF_MEMORY.
+ * `device` is a Hopper GPU (sm_90), otherwise the CPU.  CUDA asked for runs,
+ * on sm_90, the Hopper engine and, on every other GPU from sm_80 on, the
+ * portable engine: the 16-bit forward only (head dims 64, 128, 256; causal,
+ * GQA, varlen, seqused_k, LSE), everything else UNSUPPORTED; not yet run on
+ * a GPU at 0.3.0 (docs/status.md).
+ * Fails with INVALID_ARGUMENT (ctx NULL, unknown backend, device < 0, a bad
+ * FATTN_CUDA_ENGINE), NO_DEVICE (CUDA asked for and unavailable), UNSUPPORTED
+ * (CUDA asked for on a GPU older than sm_80, or FATTN_CUDA_ENGINE=hopper on
+ * one other than sm_90), OUT_OF_MEMORY.
+ *
+ * FATTN_CUDA_ENGINE: a CUDA context reads this environment variable once,
+ * here.  Unset, empty or auto: by the architecture, as above; portable: the
+ * portable engine on any sm_80+ GPU, Hopper included (tests, comparisons);
+ * hopper: the Hopper engine (sm_90 only).
  * *ctx is set to NULL on failure.  Failure details of ctx creation are
  * available through fattn_last_error(NULL) (thread-local).
  *
