@@ -212,6 +212,12 @@ FATTN_API void fattn_ctx_free(fattn_ctx *ctx);
 /* The backend a context actually computes on (never AUTO). */
 FATTN_API fattn_backend fattn_ctx_backend(const fattn_ctx *ctx);
 
+/* The engine a context computes with, in words for reports: "cpu", or
+ * "cuda hopper sm_90", "cuda portable sm_86", "cuda portable sm_90
+ * (FATTN_CUDA_ENGINE)" when the environment chose it; "" for NULL.  Owned by
+ * the context, valid until fattn_ctx_free. */
+FATTN_API const char *fattn_ctx_engine(const fattn_ctx *ctx);
+
 /* CUDA contexts: the cudaStream_t (passed as void*) that later calls are
  * enqueued on; NULL = the legacy default stream.  Calls on a CUDA context are
  * asynchronous with respect to the host unless stated otherwise.  Causal

@@ -82,6 +82,11 @@ static fattn_status pick_engine(fattn_ctx *ctx, const cudaDeviceProp *prop, cuda
                       "FATTN_CUDA_ENGINE=%.64s is not a CUDA engine (auto, hopper or portable, or unset)", want);
 }
 
+extern "C" const char *fattn_cuda_engine_name(const fattn_ctx *ctx) {
+    const fattn_cuda_state *st = (const fattn_cuda_state *)ctx->cuda;
+    return st ? st->name : "cuda";
+}
+
 extern "C" fattn_status fattn_cuda_ctx_init(fattn_ctx *ctx) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
@@ -105,6 +110,11 @@ extern "C" fattn_status fattn_cuda_ctx_init(fattn_ctx *ctx) {
     st->engine = engine;
     st->sm = prop.major * 10 + prop.minor;
     st->smem_optin = (int)prop.sharedMemPerBlockOptin;
+    {
+        const char *forced = getenv("FATTN_CUDA_ENGINE");
+        snprintf(st->name, sizeof st->name, "cuda %s sm_%d%s", engine == CUDA_ENGINE_HOPPER ? "hopper" : "portable",
+                 st->sm, forced && *forced && strcmp(forced, "auto") ? " (FATTN_CUDA_ENGINE)" : "");
+    }
     cudaDriverEntryPointQueryResult q;
     void *fn = NULL;
     e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q);

@@ -32,6 +32,7 @@ struct fattn_cuda_state {
     cuda_engine_kind engine;
     int sm;         /* compute capability, 10 x major + minor (90: Hopper) */
     int smem_optin; /* shared memory per block a kernel may opt in to, bytes */
+    char name[48];  /* fattn_ctx_engine's text */
     void *encode_tiled; /* PFN_cuTensorMapEncodeTiled, from the driver */
     unsigned *tile_counter; /* causal forward's tile scheduler, 2 words, zero between launches */
     void *switch_event;     /* cudaEvent_t recorded after each launch that uses tile_counter */

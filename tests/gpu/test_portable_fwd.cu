@@ -225,7 +225,9 @@ int main(void) {
     if (bad) fattn_ctx_free(bad);
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
-    printf("portable engine forced on %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
+    printf("portable engine forced on %s (sm_%d%d): fattn_ctx_engine \"%s\"\n", prop.name, prop.major, prop.minor,
+           fattn_ctx_engine(ctx));
+    TU_CHECK(strstr(fattn_ctx_engine(ctx), "cuda portable") != NULL, "fattn_ctx_engine: %s", fattn_ctx_engine(ctx));
 
     tu_rng rng;
     tu_rng_init(&rng, (uint64_t)tu_seed());
