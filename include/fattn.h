@@ -168,7 +168,7 @@ typedef struct fattn_ctx fattn_ctx;
  * backend).  AUTO picks CUDA when the library was built with CUDA and device
  * `device` is a Hopper GPU (sm_90), otherwise the CPU.  CUDA asked for runs,
  * on sm_90, the Hopper engine and, on every other GPU from sm_80 on, the
- * portable engine: the 16-bit forward only (head dims 64, 128, 256; causal,
+ * portable engine: the 16-bit forward only (head dims 64, 128, 192, 256; causal,
  * GQA, varlen, seqused_k, LSE), everything else UNSUPPORTED; not yet run on
  * a GPU at 0.3.0 (docs/status.md).
  * Fails with INVALID_ARGUMENT (ctx NULL, unknown backend, device < 0, a bad

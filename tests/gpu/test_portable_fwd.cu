@@ -6,7 +6,7 @@
  *
  * Shapes with tails (seqlen 1, 17, 1000, 4097), causal with unequal lengths
  * both ways (rows that see no key: O = 0, LSE = -inf), GQA and MQA, head
- * dims 64, 128, 256, bf16 and f16, q, k, v and o as padded views (BSHD and
+ * dims 64, 128, 192, 256, bf16 and f16, q, k, v and o as padded views (BSHD and
  * BHSD strides with gaps between heads, rows and batch entries): every
  * element of O's buffer poisoned with 0xFF bytes before the call, the view
  * checked against the oracle with gpu_check_fwd's tolerances (the Hopper
@@ -254,6 +254,11 @@ int main(void) {
         {1, 1000, 4097, 2, 1, 256, 0, H, PACKED},
         {1, 4097, 4097, 1, 1, 64, 1, B, PAD_BSHD},
         {1, 2000, 4097, 2, 1, 128, 1, B, PACKED},
+        /* head dim 192: the portable engine's only (no Hopper kernel) */
+        {1, 17, 17, 2, 1, 192, 1, B, PAD_BSHD},
+        {2, 257, 1000, 4, 2, 192, 1, H, PACKED},
+        {1, 1000, 300, 2, 2, 192, 0, B, PAD_BHSD},
+        {1, 4097, 4097, 1, 1, 192, 1, B, PACKED},
     };
     const int small = getenv("FATTN_TEST_SMALL") != NULL;
     for (const auto &c : cases) {

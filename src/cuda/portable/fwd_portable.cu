@@ -5,7 +5,7 @@
 #include "fwd_portable.cuh"
 #include "fwd_portable.h"
 
-const int fwd_portable_head_dims[3] = {64, 128, 256};
+const int fwd_portable_head_dims[4] = {64, 128, 192, 256};
 
 fattn_status fwd_portable_launch(fattn_ctx *ctx, const fattn_fwd_args *a) {
     const fattn_problem *pr = &a->p;
@@ -39,6 +39,7 @@ fattn_status fwd_portable_launch(fattn_ctx *ctx, const fattn_fwd_args *a) {
     switch (pr->head_dim) {
     case 64: s = fwd_portable_hdim64(ctx, p, bf16, pr->batch); break;
     case 128: s = fwd_portable_hdim128(ctx, p, bf16, pr->batch); break;
+    case 192: s = fwd_portable_hdim192(ctx, p, bf16, pr->batch); break;
     default: s = fwd_portable_hdim256(ctx, p, bf16, pr->batch); break;
     }
     cuda_device_leave(prev);

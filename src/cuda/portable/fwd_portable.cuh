@@ -46,6 +46,7 @@ struct PortableFwdParams {
 template <int D> struct PortableCfg;
 template <> struct PortableCfg<64> { static constexpr int NW = 8, BN = 64, NS = 3, NS_SMALL = 2; };
 template <> struct PortableCfg<128> { static constexpr int NW = 8, BN = 64, NS = 3, NS_SMALL = 2; };
+template <> struct PortableCfg<192> { static constexpr int NW = 8, BN = 64, NS = 2, NS_SMALL = 1; };
 template <> struct PortableCfg<256> { static constexpr int NW = 4, BN = 64, NS = 2, NS_SMALL = 1; };
 
 template <int D, int NW, int BN, int NS> constexpr int portable_smem_bytes() {
@@ -79,14 +80,23 @@ __device__ __forceinline__ uint32_t ldsm_addr(uint32_t tile, uint32_t row_bytes,
  * kept rolled: unrolled, its hoisted row addresses cost d256 its spills. */
 template <int D, int R, int NT>
 __device__ __forceinline__ void load_tile(uint32_t dst, const uint16_t *src, int64_t stride, int nvalid, int tid) {
-    constexpr int CPR = D / 8, STEP = NT / CPR; /* 16-byte chunks per row; rows per pass */
-    static_assert(NT % CPR == 0 && R % STEP == 0, "load_tile shape");
-    const int c = (tid % CPR) * 8;
-    const uint16_t *s = src + c;
+    constexpr int CPR = D / 8; /* 16-byte chunks per row */
+    if constexpr (NT % CPR == 0) {
+        constexpr int STEP = NT / CPR; /* rows per pass, one fixed chunk per thread */
+        const int c = (tid % CPR) * 8;
+        const uint16_t *s = src + c;
 #pragma unroll 1
-    for (int r = tid / CPR; r < R; r += STEP) {
-        const bool ok = r < nvalid;
-        cp_async_16(dst + swz<D>(r, c), ok ? s + (int64_t)r * stride : src, ok);
+        for (int r = tid / CPR; r < R; r += STEP) {
+            const bool ok = r < nvalid;
+            cp_async_16(dst + swz<D>(r, c), ok ? s + (int64_t)r * stride : src, ok);
+        }
+    } else { /* d192: 24 chunks a row */
+#pragma unroll 1
+        for (int i = tid; i < R * CPR; i += NT) {
+            const int r = i / CPR, c = (i % CPR) * 8;
+            const bool ok = r < nvalid;
+            cp_async_16(dst + swz<D>(r, c), ok ? src + (int64_t)r * stride + c : src, ok);
+        }
     }
 }
 
@@ -106,6 +116,7 @@ __global__ void __launch_bounds__(NW * 32, 1) fwd_portable_kernel(const Portable
     using namespace portable;
     constexpr int BM = 16 * NW, NT = NW * 32;
     constexpr int NT_S = BN / 8, NT_O = D / 8; /* 8-column accumulator tiles of S and O per warp */
+    /* D a multiple of 64: the swizzle permutes chunks within each 128-byte group of a row */
     static_assert(D % 64 == 0 && BN % 16 == 0, "tile shape");
     extern __shared__ __align__(128) uint8_t smem[];
     const uint32_t sQ = smem_u32(smem);

@@ -12,9 +12,11 @@ struct PortableFwdParams;
 fattn_status fwd_portable_launch(fattn_ctx *ctx, const fattn_fwd_args *a);
 
 /* The head dims the instances serve. */
-extern const int fwd_portable_head_dims[3];
+extern const int fwd_portable_head_dims[4];
 
-/* One head dim's instances (bf16 and f16, two ring depths each). */
+/* One head dim's instances (bf16 and f16, two ring depths each); 192 is the
+ * portable engine's alone (the Hopper kernels have 64, 128, 256). */
 fattn_status fwd_portable_hdim64(fattn_ctx *ctx, const PortableFwdParams &p, bool bf16, int batch);
 fattn_status fwd_portable_hdim128(fattn_ctx *ctx, const PortableFwdParams &p, bool bf16, int batch);
+fattn_status fwd_portable_hdim192(fattn_ctx *ctx, const PortableFwdParams &p, bool bf16, int batch);
 fattn_status fwd_portable_hdim256(fattn_ctx *ctx, const PortableFwdParams &p, bool bf16, int batch);
