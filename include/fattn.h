@@ -175,10 +175,20 @@ typedef struct fattn_ctx fattn_ctx;
 /*
  * Create a context.  `device` is the CUDA device ordinal (ignored for the CPU
  * backend).  AUTO picks CUDA when the library was built with CUDA and device
- * `device` is a Hopper GPU (sm_90), otherwise the CPU.
- * Fails with INVALID_ARGUMENT (ctx NULL, unknown backend, device < 0),
- * NO_DEVICE (CUDA asked for and unavailable), UNSUPPORTED (CUDA asked for on a
- * GPU other than sm_90), OUT_OF_MEMORY.
+ * `device` is a Hopper GPU (sm_90), otherwise the CPU.  CUDA asked for runs,
+ * on sm_90, the Hopper engine and, on every other GPU from sm_80 on, the
+ * portable engine: the 16-bit forward only (head dims 64, 128, 192, 256; causal,
+ * GQA, varlen, seqused_k, LSE), everything else UNSUPPORTED; not yet run on
+ * a GPU at 0.3.0 (docs/status.md).
+ * Fails with INVALID_ARGUMENT (ctx NULL, unknown backend, device < 0, a bad
+ * FATTN_CUDA_ENGINE), NO_DEVICE (CUDA asked for and unavailable), UNSUPPORTED
+ * (CUDA asked for on a GPU older than sm_80, or FATTN_CUDA_ENGINE=hopper on
+ * one other than sm_90), OUT_OF_MEMORY.
+ *
+ * FATTN_CUDA_ENGINE: a CUDA context reads this environment variable once,
+ * here.  Unset, empty or auto: by the architecture, as above; portable: the
+ * portable engine on any sm_80+ GPU, Hopper included (tests, comparisons);
+ * hopper: the Hopper engine (sm_90 only).
  * *ctx is set to NULL on failure.  Failure details of ctx creation are
  * available through fattn_last_error(NULL) (thread-local).
  *
@@ -210,6 +220,12 @@ FATTN_API void fattn_ctx_free(fattn_ctx *ctx);
 
 /* The backend a context actually computes on (never AUTO). */
 FATTN_API fattn_backend fattn_ctx_backend(const fattn_ctx *ctx);
+
+/* The engine a context computes with, in words for reports: "cpu", or
+ * "cuda hopper sm_90", "cuda portable sm_86", "cuda portable sm_90
+ * (FATTN_CUDA_ENGINE)" when the environment chose it; "" for NULL.  Owned by
+ * the context, valid until fattn_ctx_free. */
+FATTN_API const char *fattn_ctx_engine(const fattn_ctx *ctx);
 
 /* CUDA contexts: the cudaStream_t (passed as void*) that later calls are
  * enqueued on; NULL = the legacy default stream.  Calls on a CUDA context are

@@ -112,6 +112,11 @@ fattn_backend fattn_ctx_backend(const fattn_ctx *ctx) {
     return ctx ? ctx->backend : FATTN_BACKEND_AUTO;
 }
 
+const char *fattn_ctx_engine(const fattn_ctx *ctx) {
+    if (!ctx) return "";
+    return ctx->backend == FATTN_BACKEND_CUDA ? fattn_cuda_engine_name(ctx) : "cpu";
+}
+
 static fattn_status fattn_ctx_set_stream_held(fattn_ctx *ctx, void *stream) {
     if (ctx->backend == FATTN_BACKEND_CPU && stream != NULL)
         return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,

@@ -15,6 +15,11 @@ fattn_status fattn_cuda_ctx_init(fattn_ctx *ctx) {
 
 void fattn_cuda_ctx_free(fattn_ctx *ctx) { (void)ctx; }
 
+const char *fattn_cuda_engine_name(const fattn_ctx *ctx) {
+    (void)ctx;
+    return "cuda";
+}
+
 /* fattn_status NAME(fattn_ctx *, const ARGS *): NO_DEVICE */
 #define FATTN_CUDA_STUB(name, args)                                                                \
     fattn_status name(fattn_ctx *ctx, const args *a) {                                             \

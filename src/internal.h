@@ -85,8 +85,10 @@ fattn_status fattn_cpu_kv_append(fattn_ctx *ctx, const fattn_kv_append_args *a);
 /* CUDA engine (src/cuda; src/cuda_stub.c answers NO_DEVICE when built
  * without CUDA).  Its checks refuse varlen batches: nothing reads cu_seqlens
  * from the device while arguments are checked. */
-int fattn_cuda_available(int device); /* 1 if device is sm_90 */
+int fattn_cuda_available(int device); /* 1 if device is sm_90 (AUTO's choice; CUDA contexts take sm_80+) */
 fattn_status fattn_cuda_ctx_init(fattn_ctx *ctx);
+/* fattn_ctx_engine's text for a CUDA context (context.cu; the stub: "cuda"). */
+const char *fattn_cuda_engine_name(const fattn_ctx *ctx);
 void fattn_cuda_ctx_free(fattn_ctx *ctx);
 fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_args *a);
 fattn_status fattn_cuda_bwd_check(fattn_ctx *ctx, const fattn_bwd_args *a);

@@ -226,6 +226,8 @@ static void test_contexts(void) {
 
     st = fattn_ctx_create(&ctx, FATTN_BACKEND_CPU, 0);
     EXPECT(st == FATTN_OK && ctx && fattn_ctx_backend(ctx) == FATTN_BACKEND_CPU, "cpu ctx");
+    EXPECT(!strcmp(fattn_ctx_engine(ctx), "cpu") && !strcmp(fattn_ctx_engine(NULL), ""), "fattn_ctx_engine: %s",
+           fattn_ctx_engine(ctx));
     EXPECT(fattn_last_error(NULL)[0] == '\0', "creation error not cleared after success");
     int dummy;
     st = fattn_ctx_set_stream(ctx, &dummy);

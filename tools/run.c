@@ -186,7 +186,10 @@ int fattn_cmd_run(int argc, char **argv) {
                  heads_kv == heads ? 0 : heads_kv, hd, causal ? ", causal" : "");
 
     printf("fattn %s - attention forward\n\n", fattn_version_string());
-    printf("  %-18s %s\n", "backend", gpu ? "cuda (GPU)" : "cpu");
+    if (gpu)
+        printf("  %-18s cuda (GPU: %s)\n", "backend", fattn_ctx_engine(ctx));
+    else
+        printf("  %-18s %s\n", "backend", "cpu");
     printf("  %-18s %s\n", "shape", shape);
     if (nvar) {
         char text[96];

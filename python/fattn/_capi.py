@@ -170,6 +170,7 @@ PROTOTYPES = {
     "fattn_ctx_create": (c_enum, [_P(_ctx), c_enum, ctypes.c_int]),
     "fattn_ctx_free": (None, [_ctx]),
     "fattn_ctx_backend": (c_enum, [_ctx]),
+    "fattn_ctx_engine": (ctypes.c_char_p, [_ctx]),
     "fattn_ctx_set_stream": (c_enum, [_ctx, ctypes.c_void_p]),
     "fattn_ctx_set_threads": (c_enum, [_ctx, ctypes.c_int]),
     "fattn_ctx_set_option": (c_enum, [_ctx, c_enum, ctypes.c_int]),

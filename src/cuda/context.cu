@@ -6,11 +6,17 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "cuda_engine.h"
 
 /* ---- device / context ----------------------------------------------------- */
 
+/* AUTO's choice: still Hopper only.  An explicit FATTN_BACKEND_CUDA context
+ * runs the portable engine on any other sm_80+ GPU, but that engine has no
+ * backward yet, and AUTO on such a GPU would take fattn_bwd away from callers
+ * who get it from the CPU today: AUTO moves when the portable backward
+ * lands (issue 41). */
 extern "C" int fattn_cuda_available(int device) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -41,6 +47,46 @@ static const char *no_device_reason(cudaError_t e, char *buf, size_t n) {
     return cudaGetErrorString(e);
 }
 
+/* The kernels a context on this device runs: Hopper's on sm_90, the portable
+ * engine's on every other GPU from sm_80 on.  FATTN_CUDA_ENGINE, read here
+ * once per context (as FATTN_CPU_ISA for CPU contexts): unset, empty or
+ * "auto" = by the architecture; "portable" = the portable engine on any
+ * sm_80+ GPU, Hopper included (tests, comparisons); "hopper" = the Hopper
+ * kernels, UNSUPPORTED elsewhere; anything else INVALID_ARGUMENT. */
+static fattn_status pick_engine(fattn_ctx *ctx, const cudaDeviceProp *prop, cuda_engine_kind *engine) {
+    const int sm = prop->major * 10 + prop->minor;
+    const char *want = getenv("FATTN_CUDA_ENGINE");
+    const bool hopper = sm == 90;
+    if (sm < 80)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "CUDA device %d is sm_%d%d (%s); the CUDA engine needs sm_80 or newer (Ampere, Ada, "
+                          "Hopper, Blackwell)",
+                          ctx->device, prop->major, prop->minor, prop->name);
+    if (!want || !*want || !strcmp(want, "auto")) {
+        *engine = hopper ? CUDA_ENGINE_HOPPER : CUDA_ENGINE_PORTABLE;
+        return FATTN_OK;
+    }
+    if (!strcmp(want, "portable")) {
+        *engine = CUDA_ENGINE_PORTABLE;
+        return FATTN_OK;
+    }
+    if (!strcmp(want, "hopper")) {
+        if (!hopper)
+            return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                              "FATTN_CUDA_ENGINE=hopper: CUDA device %d is sm_%d%d (%s); the Hopper kernels need sm_90",
+                              ctx->device, prop->major, prop->minor, prop->name);
+        *engine = CUDA_ENGINE_HOPPER;
+        return FATTN_OK;
+    }
+    return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                      "FATTN_CUDA_ENGINE=%.64s is not a CUDA engine (auto, hopper or portable, or unset)", want);
+}
+
+extern "C" const char *fattn_cuda_engine_name(const fattn_ctx *ctx) {
+    const fattn_cuda_state *st = (const fattn_cuda_state *)ctx->cuda;
+    return st ? st->name : "cuda";
+}
+
 extern "C" fattn_status fattn_cuda_ctx_init(fattn_ctx *ctx) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
@@ -55,13 +101,20 @@ extern "C" fattn_status fattn_cuda_ctx_init(fattn_ctx *ctx) {
     cudaDeviceProp prop;
     e = cudaGetDeviceProperties(&prop, ctx->device);
     if (e != cudaSuccess) return fattn_fail(ctx, FATTN_ERROR_CUDA, "cudaGetDeviceProperties: %s", cudaGetErrorString(e));
-    if (!(prop.major == 9 && prop.minor == 0))
-        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                          "CUDA device %d is sm_%d%d (%s); the CUDA engine needs a Hopper GPU (sm_90)", ctx->device,
-                          prop.major, prop.minor, prop.name);
+    cuda_engine_kind engine;
+    fattn_status es = pick_engine(ctx, &prop, &engine);
+    if (es != FATTN_OK) return es;
     fattn_cuda_state *st = (fattn_cuda_state *)calloc(1, sizeof(fattn_cuda_state));
     if (!st) return fattn_fail(ctx, FATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
     st->num_sms = prop.multiProcessorCount;
+    st->engine = engine;
+    st->sm = prop.major * 10 + prop.minor;
+    st->smem_optin = (int)prop.sharedMemPerBlockOptin;
+    {
+        const char *forced = getenv("FATTN_CUDA_ENGINE");
+        snprintf(st->name, sizeof st->name, "cuda %s sm_%d%s", engine == CUDA_ENGINE_HOPPER ? "hopper" : "portable",
+                 st->sm, forced && *forced && strcmp(forced, "auto") ? " (FATTN_CUDA_ENGINE)" : "");
+    }
     cudaDriverEntryPointQueryResult q;
     void *fn = NULL;
     e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q);

@@ -21,8 +21,18 @@ struct cuda_owned_ws {
     void *event; /* cudaEvent_t */
 };
 
+/* Which kernels a CUDA context runs: the Hopper engine (hopper/, sm_90 only)
+ * or the portable one (portable/: mma.sync, cp.async, ldmatrix; every GPU
+ * from sm_80 on).  Chosen at context creation (fattn_cuda_ctx_init: by the
+ * architecture, or FATTN_CUDA_ENGINE). */
+enum cuda_engine_kind { CUDA_ENGINE_HOPPER = 0, CUDA_ENGINE_PORTABLE = 1 };
+
 struct fattn_cuda_state {
     int num_sms;
+    cuda_engine_kind engine;
+    int sm;         /* compute capability, 10 x major + minor (90: Hopper) */
+    int smem_optin; /* shared memory per block a kernel may opt in to, bytes */
+    char name[48];  /* fattn_ctx_engine's text */
     void *encode_tiled; /* PFN_cuTensorMapEncodeTiled, from the driver */
     unsigned *tile_counter; /* causal forward's tile scheduler, 2 words, zero between launches */
     void *switch_event;     /* cudaEvent_t recorded after each launch that uses tile_counter */

@@ -9,6 +9,7 @@
 
 #include "cuda_engine.h"
 #include "hopper/fwd/fwd_sm90_dispatch.h"
+#include "portable/fwd_portable.h"
 
 /* ---- limits ------------------------------------------------------------------ */
 
@@ -125,11 +126,55 @@ static fattn_status check_serving_fields(fattn_ctx *ctx, const fattn_problem *p,
     return FATTN_OK;
 }
 
+static bool portable_engine(const fattn_ctx *ctx) {
+    return ((const fattn_cuda_state *)ctx->cuda)->engine == CUDA_ENGINE_PORTABLE;
+}
+
+/* The portable engine (portable/fwd_portable.cuh) on this context's GPU:
+ * 16-bit inputs, head_dim == head_dim_v of fwd_portable_head_dims (64, 128,
+ * 192, 256), causal,
+ * GQA, varlen and seqused_k; no FP8, paged KV or variants yet.  Its grid is
+ * (query tiles, heads_q, batch). */
+static fattn_status portable_fwd_check(fattn_ctx *ctx, const fattn_fwd_args *a) {
+    const fattn_problem *p = &a->p;
+    const int sm = ((const fattn_cuda_state *)ctx->cuda)->sm;
+    char list[64];
+    if (a->q.dtype != FATTN_DTYPE_BF16 && a->q.dtype != FATTN_DTYPE_F16)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "q.dtype %s is not supported by the portable CUDA engine (sm_%d)%s; supported: bf16, f16",
+                          fattn_dtype_name(a->q.dtype), sm,
+                          a->q.dtype == FATTN_DTYPE_E4M3 ? ": it has no FP8 forward yet" : "");
+    if (p->window || p->softcap != 0.0f || a->learnable_sink)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "%s: the portable CUDA engine (sm_%d) has no variants (window, softcap, learnable_sink) "
+                          "yet",
+                          p->window ? "window" : p->softcap != 0.0f ? "softcap" : "learnable_sink", sm);
+    if (a->block_table)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "block_table: the portable CUDA engine (sm_%d) has no paged KV cache yet", sm);
+    if (p->head_dim != p->head_dim_v)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "head_dim %d != head_dim_v %d is not supported by the portable CUDA engine (sm_%d)",
+                          p->head_dim, p->head_dim_v, sm);
+    bool ok = false;
+    for (int i = 0; i < COUNT(fwd_portable_head_dims); ++i) ok = ok || p->head_dim == fwd_portable_head_dims[i];
+    if (!ok)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "head_dim %d is not supported by the portable CUDA engine (sm_%d); supported: %s",
+                          p->head_dim, sm, list_ints(list, sizeof list, fwd_portable_head_dims, COUNT(fwd_portable_head_dims)));
+    if (p->batch > 65535 || p->heads_q > 65535)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "batch %d, heads_q %d: the portable CUDA engine takes at most 65535 of each", p->batch,
+                          p->heads_q);
+    return FATTN_OK;
+}
+
 extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_args *a) {
     const fattn_problem *p = &a->p;
     char list[64];
     fattn_status ss = check_serving_fields(ctx, p, a->seqused_q, a->cache_batch_idx, a->cache_leftpad, "forward");
     if (ss != FATTN_OK) return ss;
+    if (portable_engine(ctx)) return portable_fwd_check(ctx, a);
     bool ok = false;
     for (int i = 0; i < COUNT(fwd_dtypes); ++i) ok = ok || a->q.dtype == fwd_dtypes[i];
     if (!ok)
@@ -208,6 +253,11 @@ static const int bwd_head_dims[] = {64, 128, 256};
 extern "C" fattn_status fattn_cuda_bwd_check(fattn_ctx *ctx, const fattn_bwd_args *a) {
     const fattn_problem *p = &a->p;
     char list[64];
+    if (portable_engine(ctx))
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "the portable CUDA engine (sm_%d) has no backward yet (issue 41); the Hopper engine (sm_90) "
+                          "and the CPU engine have one",
+                          ((const fattn_cuda_state *)ctx->cuda)->sm);
     fattn_status ss = check_serving_fields(ctx, p, a->seqused_q, NULL, NULL, "backward");
     if (ss != FATTN_OK) return ss;
     if (a->seqused_k)
@@ -318,6 +368,7 @@ extern "C" fattn_status fattn_cuda_fwd(fattn_ctx *ctx, const fattn_fwd_args *a) 
     /* read by the kernel's epilogue (api.c checked its alignment) */
     if (a->learnable_sink && (s = cuda_check_device_ptr(ctx, a->learnable_sink, "learnable_sink")) != FATTN_OK)
         return s;
+    if (portable_engine(ctx)) return fwd_portable_launch(ctx, a);
     const cuda_fwd_options opt = fwd_options(ctx);
     if (a->q.dtype == FATTN_DTYPE_E4M3 && !a->p.cu_seqlens_k) {
         fattn_fwd_args b = *a; /* per-head K/V scales as a block the kernels take */

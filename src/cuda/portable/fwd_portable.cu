@@ -1,0 +1,47 @@
+/* fwd_portable.cu - the portable forward's host side: fattn_fwd_args into
+ * PortableFwdParams, the head dim's instance, on the context's device. */
+#include <math.h>
+
+#include "fwd_portable.cuh"
+#include "fwd_portable.h"
+
+const int fwd_portable_head_dims[4] = {64, 128, 192, 256};
+
+fattn_status fwd_portable_launch(fattn_ctx *ctx, const fattn_fwd_args *a) {
+    const fattn_problem *pr = &a->p;
+    PortableFwdParams p;
+    p.q = (const uint16_t *)a->q.data;
+    p.k = (const uint16_t *)a->k.data;
+    p.v = (const uint16_t *)a->v.data;
+    p.o = (uint16_t *)a->o.data;
+    p.lse = a->lse;
+    p.q_sb = a->q.stride_batch; p.q_ss = a->q.stride_seq; p.q_sh = a->q.stride_head;
+    p.k_sb = a->k.stride_batch; p.k_ss = a->k.stride_seq; p.k_sh = a->k.stride_head;
+    p.v_sb = a->v.stride_batch; p.v_ss = a->v.stride_seq; p.v_sh = a->v.stride_head;
+    p.o_sb = a->o.stride_batch; p.o_ss = a->o.stride_seq; p.o_sh = a->o.stride_head;
+    p.seqlen_q = pr->seqlen_q;
+    p.seqlen_k = pr->seqlen_k;
+    p.heads_q = pr->heads_q;
+    p.group = pr->heads_q / pr->heads_kv;
+    p.cu_q = pr->cu_seqlens_q;
+    p.cu_k = pr->cu_seqlens_k;
+    p.total_q = pr->total_q;
+    p.total_k = pr->total_k;
+    p.seqused_k = a->seqused_k;
+    p.scale_log2 = pr->softmax_scale * 1.4426950408889634f;
+    p.causal = pr->causal != 0;
+    const bool bf16 = a->q.dtype == FATTN_DTYPE_BF16;
+    /* varlen: the grid covers the longest sequence; nothing to do without rows */
+    if (pr->seqlen_q <= 0 || (p.cu_q && p.total_q <= 0)) return FATTN_OK;
+    int prev;
+    fattn_status s = cuda_ctx_enter(ctx, &prev);
+    if (s != FATTN_OK) return s;
+    switch (pr->head_dim) {
+    case 64: s = fwd_portable_hdim64(ctx, p, bf16, pr->batch); break;
+    case 128: s = fwd_portable_hdim128(ctx, p, bf16, pr->batch); break;
+    case 192: s = fwd_portable_hdim192(ctx, p, bf16, pr->batch); break;
+    default: s = fwd_portable_hdim256(ctx, p, bf16, pr->batch); break;
+    }
+    cuda_device_leave(prev);
+    return s;
+}

@@ -1,0 +1,292 @@
+/* fwd_portable.cuh - the portable 16-bit forward (issue 41): FlashAttention-2's
+ * design on what every NVIDIA GPU from sm_80 on has (mma.sync m16n8k16,
+ * cp.async, ldmatrix).  One CTA per (query tile, head, batch entry); each warp
+ * owns 16 query rows, so the softmax's row statistics live in one quad of
+ * lanes and no warp waits for another between the two products.
+ *
+ *   Q tile [BM = 16 NW][D] -> shared once; K, V blocks [BN][D] through an
+ *   NS-slot cp.async ring (block n + NS - 1 is in flight while block n is
+ *   used).  Per key block: S = Q K^T (ldmatrix of Q and K, fp32 accumulators),
+ *   scaled into log2 units, masked (sequence end, causal diagonal) on the
+ *   blocks that need it, running max per row (quad shuffles), P = exp2(S - m)
+ *   rounded to 16 bits in registers and used as the A operand of O += P V
+ *   (V through ldmatrix.trans).  O / l and the LSE at the end.
+ *
+ * Shared memory rows are D 16-bit elements, 16-byte chunks XOR-swizzled by
+ * row % 8 so that ldmatrix's eight rows hit eight bank groups.  The kernel
+ * reads q, k, v by their strides (head dim contiguous, rows 16-byte aligned:
+ * entry.cu checks) and writes o with 4-byte stores (entry.cu checks that o
+ * allows them). */
+#pragma once
+#include <math.h>
+#include <stdint.h>
+
+#include "../common/varlen.cuh"
+#include "mma_sm80.cuh"
+
+/* What the kernel reads, filled by fwd_portable_launch (fwd_portable.cu). */
+struct PortableFwdParams {
+    const uint16_t *q, *k, *v;
+    uint16_t *o;
+    float *lse; /* NULL: not written */
+    int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, o_sb, o_ss, o_sh; /* elements */
+    int seqlen_q, seqlen_k; /* fixed length: the lengths; varlen: the longest */
+    int heads_q, group;     /* group = heads_q / heads_kv */
+    const int *cu_q, *cu_k; /* both or neither */
+    int total_q, total_k;   /* varlen: the packed rows */
+    const int *seqused_k;   /* NULL or int32[batch] */
+    float scale_log2;       /* softmax_scale x log2(e) */
+    int causal;
+};
+
+/* The tile shape of a head dim: rows per CTA (16 per warp), keys per block,
+ * ring slots; NS is the larger of two instances, the launcher takes the
+ * smaller where the device's shared memory per block is below the larger's
+ * (sm_86/89: 99 KB). */
+template <int D> struct PortableCfg;
+template <> struct PortableCfg<64> { static constexpr int NW = 8, BN = 64, NS = 3, NS_SMALL = 2; };
+template <> struct PortableCfg<128> { static constexpr int NW = 8, BN = 64, NS = 3, NS_SMALL = 2; };
+template <> struct PortableCfg<192> { static constexpr int NW = 8, BN = 64, NS = 2, NS_SMALL = 1; };
+template <> struct PortableCfg<256> { static constexpr int NW = 4, BN = 64, NS = 2, NS_SMALL = 1; };
+
+template <int D, int NW, int BN, int NS> constexpr int portable_smem_bytes() {
+    return (16 * NW + 2 * NS * BN) * D * 2;
+}
+
+namespace portable {
+
+using namespace sm80;
+
+/* Byte offset of element (r, c) in a swizzled [rows][D] tile; c a multiple of 8
+ * or any column inside the chunk. */
+template <int D> __device__ __forceinline__ uint32_t swz(int r, int c) {
+    return (uint32_t)(r * D + ((((c >> 3) ^ (r & 7))) << 3) + (c & 7)) * 2u;
+}
+
+/* The address of the 16-byte chunk pair j (columns 16j .. 16j + 15) that a
+ * lane reads with ldmatrix, in row `row_bytes` / (2 D) of a swizzled tile:
+ * every ldmatrix row of a lane has the same row % 8 (= lane % 8), so the
+ * swizzled chunk is 2j ^ y with y = lane % 8 ^ (the lane's half chunk), a
+ * per-lane constant: four distinct values over j, the rest immediate
+ * offsets.  (Swizzled per call, the addresses were hoisted one register
+ * each: 227 registers at d128, spills at d256.) */
+__device__ __forceinline__ uint32_t ldsm_addr(uint32_t tile, uint32_t row_bytes, int j, uint32_t y) {
+    return tile + row_bytes + (uint32_t)(j >> 2) * 128u + ((((uint32_t)(j & 3) << 1) ^ y) << 4);
+}
+
+/* R rows of D elements from `src` (row stride in elements) into the swizzled
+ * tile at shared address `dst`; rows >= nvalid become zeros.  Thread tid
+ * copies one 16-byte column chunk of every (NT / CPR)-th row; the loop is
+ * kept rolled: unrolled, its hoisted row addresses cost d256 its spills. */
+template <int D, int R, int NT>
+__device__ __forceinline__ void load_tile(uint32_t dst, const uint16_t *src, int64_t stride, int nvalid, int tid) {
+    constexpr int CPR = D / 8; /* 16-byte chunks per row */
+    if constexpr (NT % CPR == 0) {
+        constexpr int STEP = NT / CPR; /* rows per pass, one fixed chunk per thread */
+        const int c = (tid % CPR) * 8;
+        const uint16_t *s = src + c;
+#pragma unroll 1
+        for (int r = tid / CPR; r < R; r += STEP) {
+            const bool ok = r < nvalid;
+            cp_async_16(dst + swz<D>(r, c), ok ? s + (int64_t)r * stride : src, ok);
+        }
+    } else { /* d192: 24 chunks a row */
+#pragma unroll 1
+        for (int i = tid; i < R * CPR; i += NT) {
+            const int r = i / CPR, c = (i % CPR) * 8;
+            const bool ok = r < nvalid;
+            cp_async_16(dst + swz<D>(r, c), ok ? src + (int64_t)r * stride + c : src, ok);
+        }
+    }
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+} // namespace portable
+
+template <int D, int NW, int BN, int NS, bool BF16>
+__global__ void __launch_bounds__(NW * 32, 1) fwd_portable_kernel(const PortableFwdParams p) {
+    using namespace portable;
+    constexpr int BM = 16 * NW, NT = NW * 32;
+    constexpr int NT_S = BN / 8, NT_O = D / 8; /* 8-column accumulator tiles of S and O per warp */
+    /* D a multiple of 64: the swizzle permutes chunks within each 128-byte group of a row */
+    static_assert(D % 64 == 0 && BN % 16 == 0, "tile shape");
+    extern __shared__ __align__(128) uint8_t smem[];
+    const uint32_t sQ = smem_u32(smem);
+    const uint32_t sK = sQ + BM * D * 2, sV = sK + NS * BN * D * 2;
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int m_block = gridDim.x - 1 - blockIdx.x; /* the longest causal tiles first */
+    const int h = blockIdx.y, b = blockIdx.z, hk = h / p.group;
+
+    /* this sequence's rows */
+    int q0 = 0, len_q = p.seqlen_q, k0 = 0, len_k = p.seqlen_k;
+    if (p.cu_q) {
+        varlen_rows(p.cu_q, b, p.total_q, p.seqlen_q, q0, len_q);
+        varlen_rows(p.cu_k, b, p.total_k, p.seqlen_k, k0, len_k);
+    }
+    if (p.seqused_k) len_k = min(len_k, max(__ldg(p.seqused_k + b), 0));
+    const int m0 = m_block * BM;
+    if (m0 >= len_q) return;
+    const int64_t bq = p.cu_q ? 0 : (int64_t)b; /* varlen: the batch entry is in q0/k0 */
+    const uint16_t *qg = p.q + bq * p.q_sb + (int64_t)(q0 + m0) * p.q_ss + (int64_t)h * p.q_sh;
+    const uint16_t *kg = p.k + bq * p.k_sb + (int64_t)k0 * p.k_ss + (int64_t)hk * p.k_sh;
+    const uint16_t *vg = p.v + bq * p.v_sb + (int64_t)k0 * p.v_ss + (int64_t)hk * p.v_sh;
+
+    /* key blocks this tile visits: causal stops at the last row's diagonal */
+    const int off = len_k - len_q; /* bottom-right aligned: key j visible to row i iff j <= i + off */
+    const int row_last = min(m0 + BM, len_q) - 1;
+    int n_blocks = (len_k + BN - 1) / BN;
+    if (p.causal) {
+        const int last_key = row_last + off;
+        n_blocks = last_key < 0 ? 0 : min(n_blocks, last_key / BN + 1);
+    }
+
+    float acc[NT_O][4];
+#pragma unroll
+    for (int j = 0; j < NT_O; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+    const int r_lo = m0 + warp * 16 + g; /* this thread's rows r_lo, r_lo + 8 (in the sequence) */
+    /* ldmatrix rows and swizzle constants of this lane (ldsm_addr): Q and V
+     * take matrices (rows 0-7, 8-15) x (chunk 0, 1), K (chunk 0, 1) x (rows) */
+    const uint32_t x7 = lane & 7, hi3 = (lane >> 3) & 1, hi4 = lane >> 4;
+    const uint32_t q_row = (warp * 16 + x7 + hi3 * 8) * D * 2, q_y = x7 ^ hi4;
+    const uint32_t k_row = (x7 + hi4 * 8) * D * 2, k_y = x7 ^ hi3;
+    const uint32_t v_row = (x7 + hi3 * 8) * D * 2, v_y = x7 ^ hi4;
+
+    if (n_blocks > 0) {
+        load_tile<D, BM, NT>(sQ, qg, p.q_ss, len_q - m0, tid);
+        cp_async_commit();
+#pragma unroll
+        for (int s = 0; s < NS - 1; ++s) {
+            if (s < n_blocks) {
+                const int nv = len_k - s * BN;
+                load_tile<D, BN, NT>(sK + s * BN * D * 2, kg + (int64_t)s * BN * p.k_ss, p.k_ss, nv, tid);
+                load_tile<D, BN, NT>(sV + s * BN * D * 2, vg + (int64_t)s * BN * p.v_ss, p.v_ss, nv, tid);
+            }
+            cp_async_commit();
+        }
+    }
+
+    for (int n = 0; n < n_blocks; ++n) {
+        {
+            const int nn = n + NS - 1, slot = nn % NS;
+            if (nn < n_blocks) {
+                const int nv = len_k - nn * BN;
+                load_tile<D, BN, NT>(sK + slot * BN * D * 2, kg + (int64_t)nn * BN * p.k_ss, p.k_ss, nv, tid);
+                load_tile<D, BN, NT>(sV + slot * BN * D * 2, vg + (int64_t)nn * BN * p.v_ss, p.v_ss, nv, tid);
+            }
+            cp_async_commit();
+        }
+        cp_async_wait<NS - 1>();
+        __syncthreads();
+        const uint32_t kS = sK + (n % NS) * BN * D * 2, vS = sV + (n % NS) * BN * D * 2;
+
+        /* S = Q K^T for this warp's 16 rows */
+        float s[NT_S][4];
+#pragma unroll
+        for (int j = 0; j < NT_S; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            uint32_t qa[4];
+            ldsm_x4(qa, ldsm_addr(sQ, q_row, kk, q_y));
+#pragma unroll
+            for (int nn = 0; nn < BN / 16; ++nn) {
+                uint32_t kb[4];
+                ldsm_x4(kb, ldsm_addr(kS + nn * 16 * D * 2, k_row, kk, k_y));
+                mma_m16n8k16<BF16>(s[2 * nn], qa, kb[0], kb[1]);
+                mma_m16n8k16<BF16>(s[2 * nn + 1], qa, kb[2], kb[3]);
+            }
+        }
+
+        /* scale into log2 units; mask keys past the sequence and past the diagonal */
+        const int kbase = n * BN;
+        const bool need_mask = kbase + BN > len_k || (p.causal && kbase + BN - 1 > m0 + off);
+#pragma unroll
+        for (int j = 0; j < NT_S; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[j][e] *= p.scale_log2;
+                if (need_mask) {
+                    const int key = kbase + 8 * j + 2 * t + (e & 1), row = r_lo + (e >> 1) * 8;
+                    if (key >= len_k || (p.causal && key > row + off)) s[j][e] = -INFINITY;
+                }
+            }
+
+        /* running max; P = exp2(S - m); rescale O and l by exp2(m_old - m_new) */
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float mx = row_max[r];
+#pragma unroll
+            for (int j = 0; j < NT_S; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+            mx = quad_max(mx);
+            /* a row with every score so far -inf subtracts 0, not -inf (no inf - inf) */
+            const float m_use = mx == -INFINITY ? 0.f : mx;
+            const float alpha = exp2_approx(row_max[r] - m_use);
+            row_max[r] = mx;
+            float sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < NT_S; ++j) {
+                s[j][2 * r] = exp2_approx(s[j][2 * r] - m_use);
+                s[j][2 * r + 1] = exp2_approx(s[j][2 * r + 1] - m_use);
+                sum += s[j][2 * r] + s[j][2 * r + 1];
+            }
+            row_sum[r] = row_sum[r] * alpha + sum;
+#pragma unroll
+            for (int j = 0; j < NT_O; ++j) {
+                acc[j][2 * r] *= alpha;
+                acc[j][2 * r + 1] *= alpha;
+            }
+        }
+
+        /* O += P V: P's accumulator tiles 2kk, 2kk + 1 are the A fragment of keys 16kk .. 16kk + 15 */
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            uint32_t pa[4];
+            pa[0] = pack2<BF16>(s[2 * kk][0], s[2 * kk][1]);
+            pa[1] = pack2<BF16>(s[2 * kk][2], s[2 * kk][3]);
+            pa[2] = pack2<BF16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            pa[3] = pack2<BF16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+            for (int dn = 0; dn < D / 16; ++dn) {
+                uint32_t vb[4];
+                ldsm_x4_trans(vb, ldsm_addr(vS + kk * 16 * D * 2, v_row, dn, v_y));
+                mma_m16n8k16<BF16>(acc[2 * dn], pa, vb[0], vb[1]);
+                mma_m16n8k16<BF16>(acc[2 * dn + 1], pa, vb[2], vb[3]);
+            }
+        }
+        __syncthreads(); /* every warp is done with this slot before it is refilled */
+    }
+    cp_async_wait<0>();
+
+    /* epilogue: O / l, LSE = (m + log2 l) ln 2; a row with l = 0 (no key, or
+     * every score -inf) gets O = 0 and LSE = -inf; NaN stays NaN */
+    const int64_t bo = p.cu_q ? 0 : (int64_t)b;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const float l = quad_sum(row_sum[r]);
+        const int row = r_lo + 8 * r;
+        if (row >= len_q) continue;
+        const bool empty = l == 0.f;
+        const float inv = empty ? 0.f : 1.f / l;
+        uint16_t *og = p.o + bo * p.o_sb + (int64_t)(q0 + row) * p.o_ss + (int64_t)h * p.o_sh;
+#pragma unroll
+        for (int j = 0; j < NT_O; ++j) {
+            const uint32_t w = empty ? 0u : pack2<BF16>(acc[j][2 * r] * inv, acc[j][2 * r + 1] * inv);
+            *reinterpret_cast<uint32_t *>(og + 8 * j + 2 * t) = w;
+        }
+        if (p.lse && t == 0) {
+            const float lse = empty ? -INFINITY : (row_max[r] + __log2f(l)) * 0.69314718055994531f;
+            const int64_t at = p.cu_q ? (int64_t)h * p.total_q + q0 + row
+                                      : ((int64_t)b * p.heads_q + h) * p.seqlen_q + row;
+            p.lse[at] = lse;
+        }
+    }
+}
