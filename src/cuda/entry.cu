@@ -127,7 +127,8 @@ static fattn_status check_serving_fields(fattn_ctx *ctx, const fattn_problem *p,
 }
 
 static bool portable_engine(const fattn_ctx *ctx) {
-    return ((const fattn_cuda_state *)ctx->cuda)->engine == CUDA_ENGINE_PORTABLE;
+    /* a context without device state (tests/test_api_errors.c's host-only checks) is Hopper's */
+    return ctx->cuda && ((const fattn_cuda_state *)ctx->cuda)->engine == CUDA_ENGINE_PORTABLE;
 }
 
 /* The portable engine (portable/fwd_portable.cuh) on this context's GPU:
