@@ -451,8 +451,8 @@ typedef struct fattn_problem {
  *          (window, softcap, learnable_sink; fattn_fwd_fp8 too).
  *          CUDA (Hopper): f16/bf16 take every variant (window, softcap,
  *          learnable_sink), fixed-length and variable-length, on kernels of
- *          their own (the causal tiles with the window at runtime; not yet
- *          run on a GPU at 0.3.0: see docs/status.md); e4m3 (fattn_fwd_fp8
+ *          their own (the causal tiles with the window at runtime; checked
+ *          on an H200: see docs/status.md); e4m3 (fattn_fwd_fp8
  *          included) takes the window with k's scale blocks 1 or multiples
  *          of 128 and v's multiples of 128, softcap and learnable_sink
  *          UNSUPPORTED; the decoding kernel (seqused_k, block_table) takes
