@@ -145,7 +145,7 @@ def _merge_numpy(outs, lses, out_dtype):
         if not isinstance(o, np.ndarray) or not isinstance(l, np.ndarray):
             raise TypeError("fattn.merge: part %d is not a pair of NumPy arrays (got %s, %s)"
                             % (i, type(o).__name__, type(l).__name__))
-        if l.dtype != np.float32:
+        if l.dtype.newbyteorder("=") != np.float32:  # '>f4' is read through a native copy
             raise TypeError("fattn.merge: lse part %d has dtype %s; fattn_merge reads float32 LSEs" % (i, l.dtype))
     dims = check_shapes([o.shape for o in outs], [l.shape for l in lses])
     allow = (_core.F32, _core.F16, _core.BF16)
@@ -157,7 +157,7 @@ def _merge_numpy(outs, lses, out_dtype):
             o = outs[i] = np.ascontiguousarray(o)
             d = _core.describe(o, "outs[%d]" % i, allow)
         descs.append(d)
-    lses = [np.ascontiguousarray(l.astype(np.float32, copy=False)) for l in lses]
+    lses = [np.ascontiguousarray(l, dtype=np.float32) for l in lses]
     odt = out_fattn_dtype([d.dtype for d in descs], _numpy_dtype(np, out_dtype))
     np_dt = {_core.F32: np.dtype(np.float32), _core.F16: np.dtype(np.float16)}.get(odt)
     if np_dt is None:  # bfloat16: ml_dtypes' dtype, the one the bf16 parts have or ml_dtypes'
