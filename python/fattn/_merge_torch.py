@@ -84,7 +84,8 @@ def merge(outs, lses, out_dtype=None):
     _shapes(outs, lses)
     if torch.is_grad_enabled() and any(t.requires_grad for t in list(outs) + list(lses)):
         raise NotImplementedError("fattn.merge is forward only (no backward): call it under torch.no_grad() or on "
-                                  "tensors that do not require grad")
+                                  "tensors that do not require grad (the parts' LSEs from fattn's forward carry no gradient, "
+                                  "so the gradient through merged blocks would be wrong)")
     dt = _torch_dtype(out_dtype)
     if dt is None:
         dt = outs[0].dtype if len({o.dtype for o in outs}) == 1 else torch.float32
