@@ -34,10 +34,11 @@ from . import _capi
 from ._core import (FP8, Context, FattnError, FattnInvalidArgumentError, FattnOutOfMemoryError,  # noqa: F401
                     FattnUnsupportedError, library_path)
 from . import _core
+from ._merge import merge  # noqa: F401, E402 - fattn_merge (fattn.h); in __all__
 
 _lib = _core.lib
 
-__all__ = ["attention", "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "FP8", "Context",
+__all__ = ["attention", "merge", "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "FP8", "Context",
            "FattnError", "FattnInvalidArgumentError", "FattnUnsupportedError", "FattnOutOfMemoryError", "library_path",
            "built_with_cuda", "__version__", "F32", "F16", "BF16", "E4M3", "BACKEND_AUTO", "BACKEND_CPU",
            "BACKEND_CUDA", "OPTION_DISABLE_OVERLAP", "OPTION_DISABLE_PINGPONG", "OPTION_DISABLE_PDL",

@@ -736,3 +736,6 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seq
     wl, wr = window_size if window_size is not None else (-1, -1)
     return fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, bool(causal),
                       scale, bool(deterministic), int(wl), int(wr), float(softcap), sink)
+
+
+from . import _merge_torch  # noqa: E402, F401 - registers <ns>::merge with the other ops
