@@ -14,7 +14,11 @@ or not).  A padded batch is served as transformers' FlashAttention-2 integration
 flash_attn_varlen_func call with cu_seqlens from the mask, causal bottom-right aligned per
 sequence, and the output is scattered back with zeros at the padded query rows.  Queries
 are the last sq positions of the mask (sq == sk, or 1 in decoding, or left padding for
-0 < sq < sk, the same assumption as FlashAttention-2's).  A 4-D mask (a custom one),
+0 < sq < sk, the same assumption as FlashAttention-2's).  Padding-free batches (sequences
+packed into one row, with no mask) are one varlen call too, their cu_seqlens from
+transformers' cu_seq_lens_q/k kwargs or from position_ids that restart, as FlashAttention-2
+reads them (attending across the packed sequences would be silently wrong: eager and SDPA
+mask it).  A 4-D mask (a custom one),
 position biases, dropout and output_attentions raise NotImplementedError.
 
 The variants the models pass to their attention interface are served, forward and
@@ -62,9 +66,38 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     variants = dict(causal=bool(is_causal), softmax_scale=scaling, window_size=window,
                     softcap=kwargs.get("softcap") or 0.0, learnable_sink=kwargs.get("s_aux"))
     q, k, v = (x.transpose(1, 2) for x in (query, key, value))
-    if attention_mask is None:
+    if attention_mask is not None:
+        return _padded_attention(q, k, v, attention_mask, variants), None
+    packed = _packed_seqlens(q, k, kwargs)
+    if packed is None:
         return attention(q, k, v, **variants), None
-    return _padded_attention(q, k, v, attention_mask, variants), None
+    from . import flash_attn_varlen_func
+    b = q.shape[0]
+    out = flash_attn_varlen_func(*(x.reshape(-1, *x.shape[2:]) for x in (q, k, v)), *packed, **variants)
+    return out.view(b, -1, *out.shape[1:]), None
+
+
+def _packed_seqlens(q, k, kwargs):
+    """Padding-free batches (sequences packed into one row, transformers' DataCollatorWithFlattening),
+    which come with no mask: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) from the
+    cu_seq_lens_q/k, max_length_q/k kwargs, else from position_ids that restart in a single row
+    (FlashAttention-2's _is_packed_sequence and prepare_fa_kwargs_from_position_ids), else None."""
+    names = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+    if all(kwargs.get(n) is not None for n in names):
+        cu_q, cu_k, max_q, max_k = (kwargs[n] for n in names)
+        return cu_q.int(), cu_k.int(), int(max_q), int(max_k)
+    pos = kwargs.get("position_ids")
+    if pos is None or q.shape[0] != 1 or q.shape[1] == 1 or q.shape[1] != k.shape[1]:
+        return None
+    import torch
+    pos = pos.reshape(-1).to(q.device)
+    if pos.shape[0] != q.shape[1] or not bool((torch.arange(pos.shape[0], device=pos.device) + pos.min() - pos).any()):
+        return None  # one sequence (its positions may start past 0, as RoBERTa's)
+    # each sequence restarts at the smallest position
+    starts = (pos == pos.min()).nonzero().flatten().int()
+    cu = torch.cat([starts, torch.tensor([pos.shape[0]], dtype=torch.int32, device=pos.device)])
+    longest = int(cu.diff().max())
+    return cu, cu, longest, longest
 
 
 def _padded_attention(q, k, v, mask, variants):

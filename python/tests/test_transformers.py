@@ -2,9 +2,9 @@
 (GQA) and GPT-2 models on the CPU give the logits, gradients and greedy generations of
 attn_implementation="sdpa"; small random Mistral (sliding window), Gemma 2 (sliding window
 and logit softcapping) and gpt-oss (sliding window and learnable sinks) models those of
-"eager"; padded batches (left and right, a KV cache, generate) those of "eager" on their
-tokens; what fattn cannot serve (custom 4-D masks, output_attentions) raises.  The models are built from
-configs in code (no download).  Needs torch, transformers and the library."""
+"eager"; padded batches (left and right, a KV cache, generate) and sequences packed in a row
+those of "eager" on their tokens; what fattn cannot serve (custom 4-D masks, output_attentions)
+raises.  The models are built from configs in code (no download).  Needs torch, transformers and the library."""
 import unittest
 
 import _path  # noqa: F401
@@ -278,6 +278,24 @@ class Transformers(unittest.TestCase):
             grads.append({n: p.grad for n, p in m.named_parameters()})
         for n, g in grads[0].items():
             torch.testing.assert_close(grads[1][n], g, rtol=1e-4, atol=1e-6, msg=n)
+
+    def test_packed_logits_match_eager(self):
+        # padding-free: 3 sequences packed into one row, no mask (DataCollatorWithFlattening); eager masks
+        # across them from the restarting position_ids (without a cache), fattn takes cu_seqlens from them
+        # or from the cu_seq_lens_q/k kwargs
+        ids = torch.randint(3, 128, (1, 12), generator=torch.Generator().manual_seed(12))
+        pos = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 0, 1, 2, 3]])
+        cu = torch.tensor([0, 5, 8, 12], dtype=torch.int32)
+        with torch.no_grad():
+            want = self.model(llama(), "eager").eval()(ids, position_ids=pos, use_cache=False).logits
+            fa = self.model(llama(), "fattn").eval()
+            got = fa(ids, position_ids=pos, use_cache=False).logits
+            got_cu = fa(ids, position_ids=pos, use_cache=False, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=5,
+                        max_length_k=5).logits
+            across = self.model(llama(), "sdpa").eval()(ids, position_ids=pos).logits  # a cache: no packing
+        self.assertLess((got - want).abs().max().item(), 1e-5)
+        self.assertLess((got_cu - want).abs().max().item(), 1e-5)
+        self.assertGreater((across - want).abs().max().item(), 1e-2)  # attending across would be far off
 
     def test_refused(self):
         ids, mask = self.padded("left")
