@@ -2,8 +2,9 @@
 (GQA) and GPT-2 models on the CPU give the logits, gradients and greedy generations of
 attn_implementation="sdpa"; small random Mistral (sliding window), Gemma 2 (sliding window
 and logit softcapping) and gpt-oss (sliding window and learnable sinks) models those of
-"eager"; what fattn cannot serve (padding masks) raises.  The models are built from
-configs in code (no download).  Needs torch, transformers and the library."""
+"eager"; padded batches (left and right, a KV cache, generate) and sequences packed in a row
+those of "eager" on their tokens; what fattn cannot serve (custom 4-D masks, output_attentions)
+raises.  The models are built from configs in code (no download).  Needs torch, transformers and the library."""
 import unittest
 
 import _path  # noqa: F401
@@ -212,15 +213,100 @@ class Transformers(unittest.TestCase):
                     for impl in ("eager", "fattn")]
             self.assertTrue(torch.equal(outs[0], outs[1]), make.__name__)
 
-    def test_padding_is_refused(self):
-        ids = torch.randint(3, 128, (2, 16))
-        mask = torch.ones(2, 16, dtype=torch.long)
-        mask[0, :4] = 0
-        m = self.model(llama(), "fattn")
-        with self.assertRaises(NotImplementedError):
-            m(ids, attention_mask=mask)
-        with torch.no_grad():  # an all-ones mask is no mask
-            m(ids, attention_mask=torch.ones_like(mask))
+    def padded(self, side, lens=(12, 7, 3), s=12):
+        ids = torch.randint(3, 128, (len(lens), s), generator=torch.Generator().manual_seed(10))
+        mask = torch.zeros_like(ids)
+        for i, n in enumerate(lens):
+            mask[i, s - n:] = 1 if side == "left" else 0
+            mask[i, :n] = 1 if side == "right" else mask[i, :n]
+        return ids * mask, mask  # pad_token_id 0 at the pads
+
+    def test_padded_logits_match_eager(self):
+        # left and right padding, one sequence unpadded: the tokens of each sequence as one varlen call
+        # (fattn.hf._padded_attention), compared on the tokens; eager computes the same f32 sums masked
+        for side in ("left", "right"):
+            ids, mask = self.padded(side)
+            tok = mask.bool()
+            with torch.no_grad():
+                want = self.model(llama(), "eager").eval()(ids, attention_mask=mask).logits
+                CALLS.clear()
+                got = self.model(llama(), "fattn_counted").eval()(ids, attention_mask=mask).logits
+                unmasked = self.model(llama(), "eager").eval()(ids).logits
+            self.assertEqual(len(CALLS), 2, side)
+            # measured max |diff| ~1.5e-7 on logits of |x| <= 0.7
+            self.assertLess((got - want)[tok].abs().max().item(), 1e-5, side)
+            # left padding: ignoring the mask would move the tokens' logits far beyond that (right padding: a
+            # causal token sees no pad)
+            if side == "left":
+                self.assertGreater((unmasked - want)[tok].abs().max().item(), 1e-2)
+
+    def test_padded_chunk_after_cache(self):
+        # 3 new tokens after a left-padded prefill: queries the last 3 of 15 mask positions, bottom-right
+        # aligned on each sequence's own keys (the branch between prefill's sq == sk and decoding's sq == 1)
+        ids, mask = self.padded("left")
+        more = torch.randint(3, 128, (3, 3), generator=torch.Generator().manual_seed(11))
+        mask2 = torch.cat([mask, torch.ones_like(more)], 1)
+        logits = []
+        for impl in ("eager", "fattn"):
+            m = self.model(llama(), impl).eval()
+            with torch.no_grad():
+                cache = transformers.DynamicCache(config=m.config)
+                m(ids, attention_mask=mask, use_cache=True, cache=cache)
+                logits.append(m(more, attention_mask=mask2, use_cache=True, cache=cache).logits)
+        self.assertLess((logits[1] - logits[0]).abs().max().item(), 1e-5)
+
+    def test_padded_generate_matches_eager(self):
+        # a batched, left-padded greedy generate: prefill unpadded, then one query per sequence against
+        # the cache's keys of that sequence (the mask says which); a static cache is longer than the mask
+        ids, mask = self.padded("left")
+        for cache in (None, "static"):
+            kw = dict(attention_mask=mask, max_new_tokens=10, do_sample=False, cache_implementation=cache)
+            want = self.model(llama(), "eager").generate(ids, **kw)
+            CALLS.clear()
+            got = self.model(llama(), "fattn_counted").generate(ids, **kw)
+            self.assertIn((3, 4, 1, 16), CALLS, cache)  # decoding steps reached fattn
+            self.assertTrue(torch.equal(got, want), (cache, got, want))
+
+    def test_padded_gradients_match_eager(self):
+        # training on a right-padded batch (labels -100 at the pads): the varlen call's backward
+        ids, mask = self.padded("right", (16, 11, 5), 16)
+        labels = ids.masked_fill(mask == 0, -100)
+        grads = []
+        for impl in ("eager", "fattn"):
+            m = self.model(llama(), impl)
+            m(ids, attention_mask=mask, labels=labels).loss.backward()
+            grads.append({n: p.grad for n, p in m.named_parameters()})
+        for n, g in grads[0].items():
+            torch.testing.assert_close(grads[1][n], g, rtol=1e-4, atol=1e-6, msg=n)
+
+    def test_packed_logits_match_eager(self):
+        # padding-free: 3 sequences packed into one row, no mask (DataCollatorWithFlattening); eager masks
+        # across them from the restarting position_ids (without a cache), fattn takes cu_seqlens from them
+        # or from the cu_seq_lens_q/k kwargs
+        ids = torch.randint(3, 128, (1, 12), generator=torch.Generator().manual_seed(12))
+        pos = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 0, 1, 2, 3]])
+        cu = torch.tensor([0, 5, 8, 12], dtype=torch.int32)
+        with torch.no_grad():
+            want = self.model(llama(), "eager").eval()(ids, position_ids=pos, use_cache=False).logits
+            fa = self.model(llama(), "fattn").eval()
+            got = fa(ids, position_ids=pos, use_cache=False).logits
+            got_cu = fa(ids, position_ids=pos, use_cache=False, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=5,
+                        max_length_k=5).logits
+            across = self.model(llama(), "sdpa").eval()(ids, position_ids=pos).logits  # a cache: no packing
+        self.assertLess((got - want).abs().max().item(), 1e-5)
+        self.assertLess((got_cu - want).abs().max().item(), 1e-5)
+        self.assertGreater((across - want).abs().max().item(), 1e-2)  # attending across would be far off
+
+    def test_refused(self):
+        ids, mask = self.padded("left")
+        m = self.model(llama(), "fattn").eval()
+        with torch.no_grad():
+            with self.assertRaisesRegex(NotImplementedError, "output_attentions"):
+                m(ids, attention_mask=mask, output_attentions=True)
+            custom = torch.zeros(3, 1, 12, 12).masked_fill(torch.ones(12, 12, dtype=torch.bool).triu(1), -1e9)
+            with self.assertRaisesRegex(NotImplementedError, "4-D attention mask"):  # passed through as it is
+                m(ids, attention_mask=custom)
+            m(ids, attention_mask=torch.ones_like(mask))  # an all-ones mask is no mask
 
 
 if __name__ == "__main__":
