@@ -53,6 +53,7 @@
 #include <string.h>
 
 #include "common/fp8.h"
+#include "common/sm80.cuh" /* cp_async_commit, cp_async_wait */
 #include "../cuda_engine.h"
 
 #define QUANT_THREADS 256
@@ -192,10 +193,6 @@ __device__ __forceinline__ void cp_async(uint32_t dst, const char *src, int w) {
         asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(src) : "memory");
     else
         asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
 /* Element i of a chunk as float (exact for every input dtype). */
