@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <vector>
+
 #include "common/testutil.h"
 #include "gpu/cuda_check.h"
 #include "fattn.h"
@@ -95,12 +97,12 @@ static inline fattn_ctx *gpu_cpu_ctx(void) {
  * capped score through the GPU's tanh.approx.f32, and so of each softmax
  * weight, relative (tests/gpu/test_fwd_variants.cu).  Counts failures in
  * tu_failures. */
-static inline void gpu_check_fwd(const char *what, fattn_dtype dt, const double *got, const double *ref,
-                                 size_t count, int d, const float *lse, const double *ref_lse, size_t nlse,
-                                 double extra = 0) {
-    const double tol = (dt == FATTN_DTYPE_BF16 ? 1e-2 : 2e-3) + extra;
-    const double row_tol = (dt == FATTN_DTYPE_BF16 ? 1.6e-2 : 3.9e-3) + 2 * extra;
-    char line[320];
+/* The same check with the three bounds given: O's relative error, the worst
+ * row's, and the LSE's absolute error (the FP8 cases of test_fwd_variants.cu). */
+static inline void gpu_check_fwd_tol(const char *what, const double *got, const double *ref, size_t count, int d,
+                                     const float *lse, const double *ref_lse, size_t nlse, double tol,
+                                     double row_tol, double lse_tol) {
+    char line[400];
     const size_t bad = tu_count_nonfinite(got, count);
     TU_CHECK(bad == 0, "%s: %zu non-finite outputs", what, bad);
     snprintf(line, sizeof line, "%s O rel err", what);
@@ -124,7 +126,27 @@ static inline void gpu_check_fwd(const char *what, fattn_dtype dt, const double 
     }
     TU_CHECK(lse_bad == 0, "%s: %zu LSE entries wrong in kind (-inf / finite / NaN)", what, lse_bad);
     snprintf(line, sizeof line, "%s LSE max abs err", what);
-    TU_EXPECT_LE(lse_err, 1e-3 + extra, line);
+    TU_EXPECT_LE(lse_err, lse_tol, line);
+}
+
+static inline void gpu_check_fwd(const char *what, fattn_dtype dt, const double *got, const double *ref,
+                                 size_t count, int d, const float *lse, const double *ref_lse, size_t nlse,
+                                 double extra = 0) {
+    gpu_check_fwd_tol(what, got, ref, count, d, lse, ref_lse, nlse, (dt == FATTN_DTYPE_BF16 ? 1e-2 : 2e-3) + extra,
+                      (dt == FATTN_DTYPE_BF16 ? 1.6e-2 : 3.9e-3) + 2 * extra, 1e-3 + extra);
+}
+
+/* A variable-length batch of per-sequence lengths lq, lk: cu_seqlens (host,
+ * [batch + 1], from 0) and the longest sequence of each side. */
+static inline void gpu_varlen_offsets(const std::vector<int> &lq, const std::vector<int> &lk,
+                                      std::vector<int32_t> &cq, std::vector<int32_t> &ck, int &maxq, int &maxk) {
+    const size_t B = lq.size();
+    cq.assign(B + 1, 0), ck.assign(B + 1, 0);
+    maxq = maxk = 0;
+    for (size_t b = 0; b < B; ++b) {
+        cq[b + 1] = cq[b] + lq[b], ck[b + 1] = ck[b] + lk[b];
+        maxq = lq[b] > maxq ? lq[b] : maxq, maxk = lk[b] > maxk ? lk[b] : maxk;
+    }
 }
 
 /* The backward's gradient check (test_bwd.cu's header says why these

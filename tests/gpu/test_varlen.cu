@@ -91,12 +91,9 @@ static void check_bwd(fattn_ctx *ctx, tu_rng *rng, const vcase &c, const fattn_f
 
 static void run_case(fattn_ctx *ctx, tu_rng *rng, const vcase &c) {
     const int B = (int)c.lq.size(), HQ = c.hq, HK = c.hkv, D = c.d;
-    std::vector<int32_t> cq(B + 1, 0), ck(B + 1, 0);
-    int maxq = 0, maxk = 0;
-    for (int b = 0; b < B; ++b) {
-        cq[b + 1] = cq[b] + c.lq[b], ck[b + 1] = ck[b] + c.lk[b];
-        maxq = c.lq[b] > maxq ? c.lq[b] : maxq, maxk = c.lk[b] > maxk ? c.lk[b] : maxk;
-    }
+    std::vector<int32_t> cq, ck;
+    int maxq, maxk;
+    gpu_varlen_offsets(c.lq, c.lk, cq, ck, maxq, maxk);
     const int TQ = cq[B], TK = ck[B];
     const size_t nq = (size_t)TQ * HQ * D, nk = (size_t)TK * HK * D, nlse = (size_t)HQ * TQ;
     std::vector<double> q(nq), k(nk), v(nk), ref(nq), ref_lse(nlse), got(nq);

@@ -63,17 +63,24 @@ __device__ __forceinline__ bool bwd_need_mask(const BwdParams &p, int key0, int 
     return m;
 }
 
+/* Group i (elements 4 i .. 4 i + 3) of a 32-float accumulator. */
+__device__ __forceinline__ float4 bwd_group4(const float (&a)[32], int i) {
+    return make_float4(a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3]);
+}
+
 /* dS^T = P^T (dP^T - D) for 8-column group i, in place in dp (element 4 i +
- * e: query column e % 2 of the pair, d the pair's D); LOCAL with softcap
+ * e: query column e % 2 of the pair, d the pair's D; pg the group's four P^T
+ * values); LOCAL with softcap
  * times the cap's derivative 1 - tanh^2, tanh recovered from P and the LSE
  * (l, log2 units): cap tanh = (log2 P + l) / (scale log2 e); P = 0 (masked,
  * or too small to matter) gives 0. */
 template <class C>
-__device__ __forceinline__ void bwd_ds_group(float (&dp)[32], const float (&pt)[32], int i, float2 d, const BwdParams &p,
+__device__ __forceinline__ void bwd_ds_group(float (&dp)[32], float4 pg, int i, float2 d, const BwdParams &p,
                                              float2 l) {
+    const float pv[4] = {pg.x, pg.y, pg.z, pg.w};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-        const float P = pt[4 * i + e];
+        const float P = pv[e];
         float ds = P * (dp[4 * i + e] - ((e & 1) ? d.y : d.x));
         if (C::LOCAL && p.cap_b != 0.f) {
             const float t = (__log2f(P) + ((e & 1) ? l.y : l.x)) * p.cap_t;
@@ -215,10 +222,11 @@ __device__ __forceinline__ void bwd_consumer(const BwdSmem<C> &sm, const BwdPara
         reg_fence(dpt);
         if (C::LOCAL && p.cap_b != 0.f) {
 #pragma unroll
-            for (int i = 0; i < 8; ++i) bwd_ds_group<C>(dpt, st, i, d2[i], p, ld_shared_f32x2(lse + 8 * i + 2 * q4));
+            for (int i = 0; i < 8; ++i)
+                bwd_ds_group<C>(dpt, bwd_group4(st, i), i, d2[i], p, ld_shared_f32x2(lse + 8 * i + 2 * q4));
         } else {
 #pragma unroll
-            for (int i = 0; i < 8; ++i) bwd_ds_group<C>(dpt, st, i, d2[i], p, float2{0.f, 0.f});
+            for (int i = 0; i < 8; ++i) bwd_ds_group<C>(dpt, bwd_group4(st, i), i, d2[i], p, float2{0.f, 0.f});
         }
         bwd_pack_frag<C>(dpt, df);
         uint8_t *dsb = sm.ds(it % C::DS_BUFS);

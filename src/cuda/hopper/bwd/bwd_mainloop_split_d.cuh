@@ -62,16 +62,7 @@ __device__ __forceinline__ void bwd_consumer_split_d(const BwdSmem<C> &sm, const
             for (int i = 0; i < 8; ++i) {
                 const float4 x = ld_shared_f32x4(pt + (i * 128 + t) * 16);
                 const float2 dd = ld_shared_f32x2(dsum + 8 * i + 2 * q4);
-                if (C::LOCAL) {
-                    float p4[32]; /* only group i is read */
-                    p4[4 * i] = x.x, p4[4 * i + 1] = x.y, p4[4 * i + 2] = x.z, p4[4 * i + 3] = x.w;
-                    bwd_ds_group<C>(acc, p4, i, dd, p, cap ? ld_shared_f32x2(lse + 8 * i + 2 * q4) : float2{0.f, 0.f});
-                } else {
-                    acc[4 * i] = x.x * (acc[4 * i] - dd.x);
-                    acc[4 * i + 1] = x.y * (acc[4 * i + 1] - dd.y);
-                    acc[4 * i + 2] = x.z * (acc[4 * i + 2] - dd.x);
-                    acc[4 * i + 3] = x.w * (acc[4 * i + 3] - dd.y);
-                }
+                bwd_ds_group<C>(acc, x, i, dd, p, cap ? ld_shared_f32x2(lse + 8 * i + 2 * q4) : float2{0.f, 0.f});
                 /* elements 4 i .. 4 i + 3 = pairs j = 2 (i % 2), + 1 of ks = i / 2 */
                 pf[i / 2][2 * (i % 2)] = C::BF16 ? pack_bf16x2(x.x, x.y) : pack_f16x2(x.x, x.y);
                 pf[i / 2][2 * (i % 2) + 1] = C::BF16 ? pack_bf16x2(x.z, x.w) : pack_f16x2(x.z, x.w);
