@@ -53,7 +53,7 @@
 #include <string.h>
 
 #include "common/fp8.h"
-#include "common/sm80.cuh" /* cp_async_commit, cp_async_wait */
+#include "../common/sm80.cuh" /* cp_async_commit, cp_async_wait */
 #include "../cuda_engine.h"
 
 #define QUANT_THREADS 256
