@@ -57,12 +57,6 @@ struct FwdConsumer {
     float qf[2];
     const float *ks_row, *vs_row;
     float sk_g[C::NG], sv_g[C::NG], sv_units; /* per column group of SG keys */
-    float lr[C::NG], inv_ratio[C::NG], v_ratio; /* the block's V scales against O's unit (fp8_units) */
-    /* the next block's scales loaded and O's unit for it worked out a
-     * block ahead (fp8_prefetch), the unit kept across blocks (fp8_units);
-     * three consumers (d64) have no registers for that (ptxas spills):
-     * they load at the top of the step and move O to every block's scale */
-    static constexpr bool FP8_AHEAD = NC == 2;
     float kcol[C::KCOL ? BN / 4 : 1];
     uint32_t qfrag[C::QREG ? C::QREGK : 1][4]; /* QREG: this tile's Q, A fragments per 16 columns */
     uint64_t desc_q_tile;
@@ -192,40 +186,7 @@ struct FwdConsumer {
             (void)col0;
         }
     }
-    /* FP8: the next key block's scales (blocks run from the last down),
-     * loaded once this block's are used, so no load is waited for at the
-     * top of a step */
-    __device__ __forceinline__ void fp8_prefetch(int n, int col0) {
-        if constexpr (C::FP8)
-            if (FP8_AHEAD && n > 0) {
-                fp8_load(col0 - BN);
-                fp8_units(false);
-            }
-    }
-    /* FP8: O's V unit for the block whose scales are in sv_g, off the path
-     * from its S to its exponentials.  O stays in units of one V scale
-     * while the block's largest is within [1/4, 1] of it, else moves to
-     * that scale (so P keeps all but the bottom 2 of its e4m3 binades); a
-     * group below the unit gets its ratio into P (an exponent offset, so P
-     * stays <= 256) and out of the row sum. */
-    __device__ __forceinline__ void fp8_units(bool first) {
-        if constexpr (C::FP8) {
-            float sv_ref = sv_g[0];
-#pragma unroll
-            for (int g = 1; g < C::NG; ++g) sv_ref = fmaxf(sv_ref, sv_g[g]);
-            const float unit =
-                !FP8_AHEAD || first || sv_ref > sv_units || sv_ref < 0.25f * sv_units ? sv_ref : sv_units;
-#pragma unroll
-            for (int g = 0; g < C::NG; ++g) {
-                const bool one = C::NG == 1 && !FP8_AHEAD; /* the unit is the block's scale */
-                inv_ratio[g] = one ? 1.f : __fdividef(unit, sv_g[g]);
-                lr[g] = one ? 0.f : -__log2f(inv_ratio[g]);
-            }
-            v_ratio = first ? 1.f : __fdividef(sv_units, unit);
-            sv_units = unit;
-        }
-    }
-    /* mask and online softmax of the block in sacc */
+    /* mask and online softmax of the block in sacc (first: the tile's first) */
     __device__ __forceinline__ void softmax(const FwdMask<C> &mask, FwdSoftmax<C> &sf, int col0, bool first,
                                             float (&alpha)[2], bool &rescale) {
         if constexpr (C::FP8) {
@@ -240,14 +201,25 @@ struct FwdConsumer {
             for (int g = 0; g < C::NG; ++g)
 #pragma unroll
                 for (int r = 0; r < 2; ++r) f[g][r] = C::KCOL ? qf[r] : qf[r] * sk_g[g];
-            if (!FP8_AHEAD && !first) fp8_units(false);
+            /* V: the block's largest scale is the unit of O from here on; a
+             * group with a smaller one gets its ratio into P (an exponent
+             * offset, so P stays <= 256) and out of the row sum */
+            float sv_ref = sv_g[0], lr[C::NG], inv_ratio[C::NG];
+#pragma unroll
+            for (int g = 1; g < C::NG; ++g) sv_ref = fmaxf(sv_ref, sv_g[g]);
+#pragma unroll
+            for (int g = 0; g < C::NG; ++g) {
+                inv_ratio[g] = C::NG == 1 ? 1.f : __fdividef(sv_ref, sv_g[g]);
+                lr[g] = C::NG == 1 ? 0.f : -__log2f(inv_ratio[g]);
+            }
             mask.apply(sacc, col0);
             sf.step_fp8(sacc, f, lr, inv_ratio, alpha);
-            /* O goes to this block's unit (fp8_units); rescaled only when a
-             * row of the warp moved or the unit did (warp-uniform) */
-            alpha[0] *= v_ratio;
-            alpha[1] *= v_ratio;
-            rescale = !FP8_AHEAD || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f);
+            /* O (in units of the previous block's V scale) goes to this one's */
+            const float ratio = first ? 1.f : __fdividef(sv_units, sv_ref);
+            alpha[0] *= ratio;
+            alpha[1] *= ratio;
+            sv_units = sv_ref;
+            rescale = true;
         } else {
             (void)first;
             /* LOCAL: softcap at runtime (a uniform branch: calls without it
@@ -289,7 +261,7 @@ struct FwdConsumer {
     __device__ __forceinline__ void overlap_step(int s, uint32_t ph, int pv_s, uint32_t pv_ph, int n, int qi,
                                                  int col0, const FwdMask<C> &mask, FwdSoftmax<C> &sf,
                                                  float (&alpha)[2], bool &rescale) {
-        if (!FP8_AHEAD) fp8_load(col0);
+        fp8_load(col0);
         /* V_{j-1} landed before K_j: waiting for both before the fence keeps
          * ptxas from injecting a second warpgroup.arrive (C7519) between the
          * two GEMMs */
@@ -312,7 +284,6 @@ struct FwdConsumer {
         release(&sm.empty_k[s]);
         if (!C::QREG_ALL && n == 0) mbar_arrive(&sm.empty_q[qi]);
         softmax(mask, sf, col0, false, alpha, rescale); /* under the PV GEMM */
-        fp8_prefetch(n, col0);
         FWD_TRACE(6);
         /* keeps the wait below the softmax in the SASS (both rows' sums) */
         if (C::SCHED_FENCE) sched_fence(__float_as_uint(sf.row_sum[0]) & __float_as_uint(sf.row_sum[1]));
@@ -333,7 +304,7 @@ struct FwdConsumer {
     __device__ __forceinline__ void serial_step(int s, uint32_t ph, int pv_s, uint32_t pv_ph, int n, int qi, int col0,
                                                 const FwdMask<C> &mask, FwdSoftmax<C> &sf, float (&alpha)[2],
                                                 bool &rescale) {
-        if (!FP8_AHEAD) fp8_load(col0);
+        fp8_load(col0);
         fwd_rescale_o<C>(oacc, alpha, rescale);
         mbar_wait<C::SLEEP>(&sm.full_v[pv_s], pv_ph);
         mbar_wait<C::SLEEP>(&sm.full_k[s], ph);
@@ -351,7 +322,6 @@ struct FwdConsumer {
         release(&sm.empty_k[s]);
         if (!C::QREG_ALL && n == 0) mbar_arrive(&sm.empty_q[qi]);
         softmax(mask, sf, col0, false, alpha, rescale);
-        fp8_prefetch(n, col0);
         convert_p();
     }
     /* The tile's last PV GEMM, alone, then its epilogue (split_t >= 0: a
@@ -406,7 +376,6 @@ struct FwdConsumer {
         /* peeled first block: S, softmax (no PV yet).  Data is waited for
          * before taking the token, so a warpgroup never holds it idle. */
         fp8_load((n + n_lo) * BN);
-        fp8_units(true);
         mbar_wait<C::SLEEP>(&sm.full_k[s], ph);
         FWD_TRACE(2);
         pp_sync();
@@ -422,7 +391,6 @@ struct FwdConsumer {
         release(&sm.empty_k[s]);
         if (!C::QREG_ALL && n == 0) mbar_arrive(&sm.empty_q[qi]);
         softmax(mask, sf, (n + n_lo) * BN, true, alpha, rescale);
-        fp8_prefetch(n, (n + n_lo) * BN);
         convert_p();
         FWD_TRACE(6);
         int prev_s = s;

@@ -127,9 +127,9 @@ struct FwdSoftmax {
      * f = log2(e) softmax_scale q_scale k_scale (the scales vary, so row_max
      * is kept scaled, in log2 units), and P = exp2(s f - max + 8 + lr) in
      * [0, 256] so that its e4m3 codes use the format's range (FA3); lr <= 0
-     * is the log2 of the group's V scale over O's unit (fwd_mainloop.cuh),
-     * taken back out of the row sum (inv_ratio), which is summed on this P
-     * before it is rounded. */
+     * is the log2 of the group's V scale over the block's largest (0 with one
+     * group), taken back out of the row sum (inv_ratio), which is summed on
+     * this P before it is rounded. */
     __device__ __forceinline__ void step_fp8(float (&s)[C::BN / 2], const float (&f)[C::NG][2],
                                              const float (&lr)[C::NG], const float (&inv_ratio)[C::NG],
                                              float (&alpha)[2]) {
@@ -139,15 +139,9 @@ struct FwdSoftmax {
             float mx = -INFINITY;
 #pragma unroll
             for (int g = 0; g < C::NG; ++g) {
-                /* four partial maxima: a chain a quarter as deep before the first exponential */
-                static_assert(GI >= 4, "SG >= 32 keys per column group");
-                float m4[4];
+                float mg = -INFINITY;
 #pragma unroll
-                for (int i = g * GI; i < (g + 1) * GI; ++i) {
-                    const float m2 = fmaxf(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]);
-                    m4[i % 4] = i < g * GI + 4 ? m2 : fmaxf(m4[i % 4], m2);
-                }
-                const float mg = fmaxf(fmaxf(m4[0], m4[1]), fmaxf(m4[2], m4[3]));
+                for (int i = g * GI; i < (g + 1) * GI; ++i) mg = fmaxf(mg, fmaxf(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]));
                 mx = C::NG == 1 ? mg : fmaxf(mx, mg * f[g][r]);
             }
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
@@ -170,7 +164,7 @@ struct FwdSoftmax {
                     s[4 * i + 2 * r + 1] = bb;
                     sg += a + bb;
                 }
-                sum = fmaf(sg, inv_ratio[g], sum);
+                sum = C::NG == 1 ? sg : fmaf(sg, inv_ratio[g], sum);
             }
             row_sum[r] = row_sum[r] * alpha[r] + sum;
         }
