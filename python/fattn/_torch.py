@@ -432,13 +432,15 @@ def _fwd_e4m3_fake(q, k, v, q_descale, k_descale, v_descale, causal, softmax_sca
     return o.to(torch.bfloat16 if out_bf16 else torch.float16), lse
 
 
+# As FA3's FP8 call: inputs that require grad run the forward; a backward through it raises
+fwd_e4m3.register_autograd(_fp8_backward, setup_context=_fp8_setup_context)
+
+
 def attention_e4m3(q, k, v, causal, softmax_scale, q_descale, k_descale, v_descale, window_size=None):
     """flash_attn_func's e4m3 path: (out bf16, lse)."""
     for n, t in (("q", q), ("k", k), ("v", v)):
         if t.dtype != torch.float8_e4m3fn:
             raise TypeError("fattn: %s has dtype %s; with e4m3 q, k and v all three must be float8_e4m3fn" % (n, t.dtype))
-    if _requires_grad(q, k, v):
-        raise _core.fp8_grad_error()
     dims = _core.check_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape))
     wl, wr = window_size if window_size is not None else (-1, -1)
     return fwd_e4m3(q, k, v, q_descale, k_descale, v_descale, bool(causal),

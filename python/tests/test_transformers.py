@@ -5,6 +5,7 @@ and logit softcapping) and gpt-oss (sliding window and learnable sinks) models t
 "eager"; padded batches (left and right, a KV cache, generate) and sequences packed in a row
 those of "eager" on their tokens; what fattn cannot serve (custom 4-D masks, output_attentions)
 raises.  The models are built from configs in code (no download).  Needs torch, transformers and the library."""
+import inspect
 import unittest
 
 import _path  # noqa: F401
@@ -249,10 +250,12 @@ class Transformers(unittest.TestCase):
         logits = []
         for impl in ("eager", "fattn"):
             m = self.model(llama(), impl).eval()
+            # transformers 5.2x names the argument cache; earlier ones past_key_values (then `cache` is ignored)
+            kw = "cache" if "cache" in inspect.signature(m.forward).parameters else "past_key_values"
             with torch.no_grad():
                 cache = transformers.DynamicCache(config=m.config)
-                m(ids, attention_mask=mask, use_cache=True, cache=cache)
-                logits.append(m(more, attention_mask=mask2, use_cache=True, cache=cache).logits)
+                m(ids, attention_mask=mask, use_cache=True, **{kw: cache})
+                logits.append(m(more, attention_mask=mask2, use_cache=True, **{kw: cache}).logits)
         self.assertLess((logits[1] - logits[0]).abs().max().item(), 1e-5)
 
     def test_padded_generate_matches_eager(self):

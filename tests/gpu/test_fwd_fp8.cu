@@ -924,7 +924,8 @@ static void run_case(fattn_ctx *ctx, fattn_ctx *cpu, tu_rng *rng, const fcase &c
 /* A small e4m3 call of the kind the contract serves (codes 1.0, scales 1),
  * O and LSE poisoned; returns the status and whether O and LSE are untouched. */
 static fattn_status small_call(fattn_ctx *ctx, int bk, int bv, fattn_dtype odt, int *untouched) {
-    const int S = 64, H = 2, D = 128;
+    /* longer than every refused block: a block covering the whole sequence is one scale, served */
+    const int S = 300, H = 2, D = 128;
     const size_t n = (size_t)S * H * D, ns = (size_t)H * S, osz = n * fattn_dtype_size(odt);
     uint8_t *codes;
     float *scales, *lse;
@@ -983,6 +984,13 @@ static void refusals(fattn_ctx *ctx) {
         printf("  [%s] refused: %s: status %d (%s), \"%s\"%s\n", ok ? "ok" : "FAIL", r.what, (int)st,
                fattn_status_string(st), msg, untouched ? "" : ", MEMORY WRITTEN");
     }
+    /* K and V blocks of 320 and 1000 rows cover the 300 keys: one scale each, served */
+    int untouched = 1;
+    const fattn_status st = small_call(ctx, 320, 1000, FATTN_DTYPE_BF16, &untouched);
+    const int ok = st == FATTN_OK && !untouched;
+    if (!ok) tu_failures++;
+    printf("  [%s] served: K/V scale_block 320/1000 over 300 keys: status %d (%s)%s\n", ok ? "ok" : "FAIL", (int)st,
+           fattn_status_string(st), untouched ? ", nothing written" : "");
 }
 
 /* fattn_fwd_fp8 with a K block it does not serve: UNSUPPORTED, nothing written */
