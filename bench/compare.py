@@ -383,12 +383,12 @@ def take_turns(res, fns, fl, iters, rounds=3, rotate=True, settle_ms=0.0, cooldo
 
 # ------------------------------------------------------------------ FP8 rows (--fp8)
 
-FP8_BACKENDS = ("fattn", "fattn-fp8", "fattn-fp8-e2e", "fa3", "fa3-fp8")
-FP8_LABEL = {"fattn": "fattn bf16", "fattn-fp8": "fattn FP8", "fattn-fp8-e2e": "fattn e2e", "fa3": "FA3 bf16",
-             "fa3-fp8": "FA3 FP8"}
+FP8_BACKENDS = ("fattn", "fattn-fp8", "fattn-fp8-b", "fattn-fp8-e2e", "fa3", "fa3-fp8")
+FP8_LABEL = {"fattn": "fattn bf16", "fattn-fp8": "fattn FP8", "fattn-fp8-b": "FP8 lib-b", "fattn-fp8-e2e": "fattn e2e",
+             "fa3": "FA3 bf16", "fa3-fp8": "FA3 FP8"}
 # ratio columns of the FP8 table: (header, numerator, denominator)
-FP8_RATIOS = (("FP8/FA3-8", "fattn-fp8", "fa3-fp8"), ("e2e/bf16", "fattn-fp8-e2e", "fattn"),
-              ("e2e/FA3-16", "fattn-fp8-e2e", "fa3"))
+FP8_RATIOS = (("FP8/FA3-8", "fattn-fp8", "fa3-fp8"), ("new/old", "fattn-fp8", "fattn-fp8-b"),
+              ("e2e/bf16", "fattn-fp8-e2e", "fattn"), ("e2e/FA3-16", "fattn-fp8-e2e", "fa3"))
 FP8_BLOCK = 128  # rows per scale of Q, K and V: fattn's kernel alone and fattn_fwd_fp8
 FP8_BLOCK_D128_KV = 128  # K and V at head dim 128 (--fp8-d128-kv-block; 192 selects its 192-key kernels)
 
@@ -447,18 +447,20 @@ def e4m3_head(x):
     return (xf / sc[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).contiguous(), sc
 
 
-def fp8_fwd_args(codes, scales, o, lse, causal):
-    """fattn_fwd's arguments (python/fattn/_capi.py's structs) for packed e4m3 q, k, v [b, s, h, d] with
-    float32 scales [b, h, ceil(s / block)] (blocks: fp8_blocks(d)), bf16 o and float32 lse [b, h, s].
+def fp8_fwd_args(codes, scales, o, lse, causal, mod=None):
+    """fattn_fwd's arguments (python/fattn/_capi.py's structs; of module mod, fattn_b for the
+    --fattn-lib-b library) for packed e4m3 q, k, v [b, s, h, d] with float32 scales
+    [b, h, ceil(s / block)] (blocks: fp8_blocks(d)), bf16 o and float32 lse [b, h, s].
     The struct holds pointers: it keeps the tensors alive."""
-    from fattn import _capi
+    mod = mod or fattn
+    _capi = mod._capi
     b, s, h, d = codes[0].shape
     st = (s * h * d, h * d, d)  # packed BSHD strides, in elements
     a = _capi.FwdArgs()
     a.p = _capi.Problem(b, s, s, h, h, d, d, 0.0, int(bool(causal)), None, None)
-    a.q, a.k, a.v = (_capi.Tensor(c.data_ptr(), fattn.E4M3, st[0], st[1], st[2], sc.data_ptr(), blk)
+    a.q, a.k, a.v = (_capi.Tensor(c.data_ptr(), mod.E4M3, st[0], st[1], st[2], sc.data_ptr(), blk)
                      for c, sc, blk in zip(codes, scales, fp8_blocks(d)))
-    a.o = _capi.Tensor(o.data_ptr(), fattn.BF16, st[0], st[1], st[2], None, 0)
+    a.o = _capi.Tensor(o.data_ptr(), mod.BF16, st[0], st[1], st[2], None, 0)
     a.lse = lse.data_ptr()
     a._keep = (codes, scales, o, lse)
     return a
@@ -476,8 +478,10 @@ class Fp8Case:
     backend's call: `calls` is [(name, fn, None)] in `backends` order; a backend whose set-up fails
     (fattn_fwd_fp8 missing, FA3 not loaded) gets a call that raises why."""
 
-    def __init__(self, ctx, b, s, h, d, causal, seed, backends, fa3=None):
+    def __init__(self, ctx, b, s, h, d, causal, seed, backends, fa3=None, fb=None):
         g = torch.Generator(device="cuda").manual_seed(seed)
+        self.fb = fb  # FattnB: the --fattn-lib-b library, for fattn-fp8-b
+        self.coded = None
         self.q, self.k, self.v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
                                   for _ in range(3))
         ctx.set_stream(torch.cuda.current_stream().cuda_stream)
@@ -508,11 +512,17 @@ class Fp8Case:
                 with ctx._lock:
                     ctx._check(fn(ctx._handle(), ctypes.byref(args), ctypes.byref(opt)), "fattn_fwd_fp8")
             return e2e
-        if name == "fattn-fp8":
-            coded = [e4m3_block(x, blk) for x, blk in zip((q, k, v), fp8_blocks(q.shape[-1]))]
-            args = fp8_fwd_args([c for c, _ in coded], [sc for _, sc in coded],
-                                self.out.setdefault(name, torch.empty_like(q)), lse(), causal)
-            return lambda: ctx.fwd_raw(args)
+        if name in ("fattn-fp8", "fattn-fp8-b"):
+            if self.coded is None:  # both libraries on the same codes
+                self.coded = [e4m3_block(x, blk) for x, blk in zip((q, k, v), fp8_blocks(q.shape[-1]))]
+            coded = self.coded
+            c = ctx if name == "fattn-fp8" else self.fb.ctx
+            if name == "fattn-fp8-b":
+                c.set_stream(torch.cuda.current_stream().cuda_stream)
+            args = fp8_fwd_args([c_ for c_, _ in coded], [sc for _, sc in coded],
+                                self.out.setdefault(name, torch.empty_like(q)), lse(), causal,
+                                None if name == "fattn-fp8" else self.fb.mod)
+            return lambda: c.fwd_raw(args)
         if fa3 is None:
             raise RuntimeError("FA3 not loaded")
         if name == "fa3":
@@ -532,11 +542,11 @@ class Fp8Case:
         return self.out.get(name, r)
 
 
-def bench_fp8_case(ctx, b, s, h, d, causal, a, backends, fa3=None):
+def bench_fp8_case(ctx, b, s, h, d, causal, a, backends, fa3=None, fb=None):
     """One FP8 row: every backend once (the failing ones record <name>_error, and are not timed;
     maxdiff against fattn's bf16 O), then the others take turns as in bench_case."""
     t_row = time.perf_counter()
-    case = Fp8Case(ctx, b, s, h, d, causal, 1234 + s + d, backends, fa3)
+    case = Fp8Case(ctx, b, s, h, d, causal, 1234 + s + d, backends, fa3, fb)
     res = {"dtype": "fp8", "batch": b, "seqlen": s, "heads": h, "head_dim": d, "causal": bool(causal)}
     fns, ref = [], None
     for name, fn, be in sorted(case.calls, key=lambda c: c[0] != "fattn"):  # fattn's O first: the reference
@@ -572,13 +582,15 @@ def fp8_ratio(r, num, den):
 def main_fp8(a, ap):
     """--fp8: fattn's FP8 kernel alone and FA3's, fattn_fwd_fp8 from bf16 inputs (quantise, rotate,
     attend), fattn bf16 and FA3 bf16, taking turns per row; ratios per row and over the rows."""
-    for opt, given in (("--ablation", a.ablation), ("--fattn-lib-b", a.fattn_lib_b), ("--ab-option", a.ab_option)):
+    for opt, given in (("--ablation", a.ablation), ("--ab-option", a.ab_option)):
         if given:
             ap.error("%s is not available with --fp8" % opt)
     global FP8_BLOCK_D128_KV
     FP8_BLOCK_D128_KV = a.fp8_d128_kv_block
-    backends = a.backends.split(",") if a.backends else list(FP8_BACKENDS)
+    backends = a.backends.split(",") if a.backends else [n for n in FP8_BACKENDS if n != "fattn-fp8-b" or a.fattn_lib_b]
     bad = [n for n in backends if n not in FP8_BACKENDS]
+    if ("fattn-fp8-b" in backends) != bool(a.fattn_lib_b):
+        ap.error("--fp8: backend fattn-fp8-b and --fattn-lib-b go together")
     if bad or not backends or len(set(backends)) != len(backends):
         ap.error("--backends with --fp8: %s (from %s, once each)" % (",".join(bad) or "a name twice",
                                                                      ",".join(FP8_BACKENDS)))
@@ -604,9 +616,12 @@ def main_fp8(a, ap):
     if IMPORT_ERROR is not None:
         sys.exit("compare.py: %s (torch and the fattn library are needed; --dry-run runs without)" % IMPORT_ERROR)
     ctx = fattn.Context(fattn.BACKEND_CUDA, 0)
+    fb = FattnB(a.fattn_lib_b, a.fattn_py_b) if a.fattn_lib_b else None
     init_clocks(a)
     if a.no_pdl:
         ctx.set_option(fattn.OPTION_DISABLE_PDL, 1)
+        if fb:
+            fb.ctx.set_option(fb.mod.OPTION_DISABLE_PDL, 1)
     print("device: %s, torch %s, fattn %s (%s); backend order %s, settle %.0f ms, cool-down %.0f ms per turn" % (
         torch.cuda.get_device_name(), torch.__version__, fattn.__version__, fattn.library_path, a.order,
         a.settle_ms, a.cooldown_ms))
@@ -626,7 +641,7 @@ def main_fp8(a, ap):
     print("\n" + hdr + "\n" + "-" * len(hdr))
     errors_seen = set()
     for _, d, causal, s, b, h in rows:
-        r = bench_fp8_case(ctx, b, s, h, d, causal, a, backends, fa3)
+        r = bench_fp8_case(ctx, b, s, h, d, causal, a, backends, fa3, fb)
         out["results"].append(r)
         out["elapsed_s"] = round(time.perf_counter() - T0)
         if a.json:  # after every row, so a command stopped at its time limit keeps the rows it measured
