@@ -510,7 +510,7 @@ typedef struct fattn_problem {
  *   seqlen_q (the prefill of a cache is one call), f32 arithmetic on the
  *   dequantised rows, as for every dtype.  CUDA (Hopper): the decoding
  *   kernel's shapes only: fixed-length batches, q f16 | bf16, seqlen_q <=
- *   16 and seqlen_q * heads_q / heads_kv <= 64 (32 at head_dim 256),
+ *   16 and seqlen_q * heads_q / heads_kv <= 64 (16 at head_dim 256),
  *   head_dim == head_dim_v in {64, 128, 256}, contiguous or paged (page_size
  *   a power of two >= 16), seqused_k, causal and the variants as for 16-bit
  *   caches; k and v 16-byte aligned with strides multiples of 16 bytes
@@ -520,7 +520,8 @@ typedef struct fattn_problem {
  *   P before P is rounded to q's type for the PV product (the FP8 forward's
  *   v scale placement), so the result is a 16-bit kernel's over the
  *   dequantised cache: with f16 q a v scale above 65504 (a block amax above
- *   ~2.9e7) overflows P to Inf.
+ *   ~2.9e7) overflows P to Inf, and a product of P and a v scale below
+ *   2^-126 flushes to zero (the kernels' f32 arithmetic flushes subnormals).
  * NaN and Inf in the inputs reach O and LSE as in torch's SDPA, through
  * the keys a row sees and nothing else:
  *   - a NaN in q makes its row's O and LSE NaN; a NaN (or a +inf score) in
