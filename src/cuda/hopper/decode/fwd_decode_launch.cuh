@@ -72,6 +72,27 @@ static fattn_status decode_kv8_setup(fattn_ctx *ctx, const fattn_fwd_args *a, De
     return FATTN_OK;
 }
 
+/* KV8: CTAs per SM of the instance (its registers and shared memory), asked
+ * of the runtime once per device */
+template <class C>
+static fattn_status decode_kv8_per_sm(fattn_ctx *ctx, int *per_sm) {
+    static std::atomic<int> known[64];
+    const int dev = ctx->device;
+    if (dev < 64 && known[dev].load(std::memory_order_relaxed) > 0) {
+        *per_sm = known[dev].load(std::memory_order_relaxed);
+        return FATTN_OK;
+    }
+    fattn_status s = decode_smem_attr<C>(ctx);
+    if (s != FATTN_OK) return s;
+    int n = 0;
+    cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fwd_decode_kernel<C>, C::THREADS, C::SMEM_BYTES);
+    if (e != cudaSuccess) return fattn_fail(ctx, FATTN_ERROR_CUDA, "cudaOccupancyMaxActiveBlocksPerMultiprocessor: %s",
+                                            cudaGetErrorString(e));
+    *per_sm = n > 0 ? n : 1;
+    if (dev < 64) known[dev].store(*per_sm, std::memory_order_relaxed);
+    return FATTN_OK;
+}
+
 template <class C>
 static fattn_status decode_run(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v) {
     const fattn_problem *pr = &a->p;
@@ -133,7 +154,13 @@ static fattn_status decode_run(fattn_ctx *ctx, const fattn_fwd_args *a, const fw
         const int64_t wnb = (span + C::BN - 1) / C::BN + 1;
         if (wnb < nblocks) nblocks = (int)wnb;
     }
-    const int slots = st->num_sms * (C::D <= 128 ? 2 : 1);
+    /* KV8: the CTAs an SM holds as the registers allow (d128 with 64 rows
+     * takes ~225 a thread, one CTA; the others two at d <= 128) */
+    int per_sm = C::D <= 128 ? 2 : 1;
+    if constexpr (C::KV8) {
+        if ((s = decode_kv8_per_sm<C>(ctx, &per_sm)) != FATTN_OK) return s;
+    }
+    const int slots = st->num_sms * per_sm;
     int bps = nblocks;
     int splits = v.split ? decode_splits(pr->batch * pr->heads_kv, nblocks, slots, &bps) : 1;
     void *ws = NULL;
