@@ -36,12 +36,35 @@ __device__ __forceinline__ float f32_amax(float m, float x) {
     asm("{\n .reg .f32 t;\n abs.f32 t, %2;\n max.f32 %0, %1, t;\n}" : "=f"(r) : "f"(m), "f"(x));
     return r;
 }
+/* fattn_f32_to_e4m3 (src/common/fp8.c) in integer arithmetic, for GPUs
+ * without the e4m3 cvt (before sm_89: fattn_kv_append's sm_80 code) */
+__device__ __forceinline__ uint32_t e4m3_of_bits(float x) {
+    const uint32_t u = __float_as_uint(x), sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return 0x7fu;        /* NaN, sign dropped */
+    if (a > 0x43e80000u) return sign | 0x7eu; /* > 464 and inf: 448 */
+    if (a >= 0x3c800000u) {                   /* normal: 3 of 23 mantissa bits, to nearest even */
+        const uint32_t r = a + 0x7ffffu + ((a >> 20) & 1u);
+        return sign | ((r >> 20) - (120u << 3));
+    }
+    const uint32_t e = a >> 23;
+    if (e < 115u) return sign; /* below 2^-12: +-0 */
+    const uint32_t mant = (a & 0x7fffffu) | 0x800000u, shift = 141u - e;
+    uint32_t q = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (q & 1u))) q++;
+    return sign | q;
+}
+
 /* Two floats to two e4m3 codes, lo in the low byte: cvt puts its first
  * source in the upper byte.  Bitwise fattn_f32_to_e4m3 (src/common/fp8.c). */
 __device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
     uint16_t r;
     asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
     return r;
+#else
+    return e4m3_of_bits(lo) | e4m3_of_bits(hi) << 8;
+#endif
 }
 
 /* amax / 448 floored at FLT_MIN, fattn_e4m3_scale of the CPU (an amax of
