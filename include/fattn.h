@@ -336,7 +336,9 @@ FATTN_API const char *fattn_dtype_name(fattn_dtype dtype);
  * Every scale must be > 0; +Inf is allowed (it is what fattn_quantize
  * writes for a block holding Inf, and makes the block's values NaN).  A CPU
  * context reads the whole scale array on the host before any work and
- * refuses a NaN, zero or negative entry (INVALID_ARGUMENT naming it).  A
+ * refuses a NaN, zero or negative entry (INVALID_ARGUMENT naming it); of an
+ * FP8 KV cache (e4m3 k and v beside 16-bit q, fattn_fwd) only the entries
+ * of the keys the call uses.  A
  * CUDA context reads scales on the device only: there a NaN, zero,
  * negative or subnormal (< 2^-126: its kernels flush it to zero) scale
  * gives unspecified values, NaN included.
