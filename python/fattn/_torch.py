@@ -513,27 +513,46 @@ def _kvcache_impl(q, k_cache, v_cache, k, v, cache_seqlens, page_table, causal, 
     return out, lse
 
 
-@torch.library.custom_op(_NS + "::fwd_kvcache", mutates_args=("k_cache", "v_cache", "k_scale", "v_scale"))
+@torch.library.custom_op(_NS + "::fwd_kvcache", mutates_args=("k_cache", "v_cache"))
 def fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: Optional[torch.Tensor],
                 v: Optional[torch.Tensor], cache_seqlens: Optional[torch.Tensor], page_table: Optional[torch.Tensor],
                 causal: bool, softmax_scale: float, disable_split: bool, window_left: int = -1,
                 window_right: int = -1, softcap: float = 0.0,
-                learnable_sink: Optional[torch.Tensor] = None, k_scale: Optional[torch.Tensor] = None,
-                v_scale: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                learnable_sink: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Decoding on a KV cache: k, v (or None) appended in place into k_cache, v_cache at the rows
     cache_seqlens (int32 [b]) says (fattn_kv_append), then attention of q over each sequence's first
     cache_seqlens (+ k's seqlen when appending) keys (fattn_fwd with seqused_k; cache_seqlens None = all
     keys).  page_table int32 [b, max_pages] (contiguous): the caches are page pools [num_pages, page_size,
-    hkv, d].  disable_split: FATTN_OPTION_DISABLE_SPLIT for the call.  The variants as fwd's.  k_scale,
-    v_scale (float32, written by the append): an e4m3 cache's scales (kvcache checks them).
+    hkv, d].  disable_split: FATTN_OPTION_DISABLE_SPLIT for the call.  The variants as fwd's.
     (out [b, sq, hq, dv], lse [b, hq, sq] float32, the sink included).  No autograd."""
     return _kvcache_impl(q, k_cache, v_cache, k, v, cache_seqlens, page_table, causal, softmax_scale, disable_split,
-                         window_left, window_right, softcap, _op_sink(learnable_sink, q), k_scale, v_scale)
+                         window_left, window_right, softcap, _op_sink(learnable_sink, q))
 
 
 @fwd_kvcache.register_fake
 def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, cache_seqlens, page_table, causal, softmax_scale, disable_split,
                       *variants):
+    b, sq, hq, _ = q.shape
+    return (q.new_empty((b, sq, hq, v_cache.shape[3])), q.new_empty((b, hq, sq), dtype=torch.float32))
+
+
+# An op of its own for an FP8 cache: its scales are written (mutated) too, and a
+# mutated argument must not be Optional (torch's in-place bookkeeping indexes it).
+@torch.library.custom_op(_NS + "::fwd_kvcache_fp8", mutates_args=("k_cache", "v_cache", "k_scale", "v_scale"))
+def fwd_kvcache_fp8(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor,
+                    v_scale: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor],
+                    cache_seqlens: Optional[torch.Tensor], page_table: Optional[torch.Tensor], causal: bool,
+                    softmax_scale: float, disable_split: bool, window_left: int = -1, window_right: int = -1,
+                    softcap: float = 0.0,
+                    learnable_sink: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """fwd_kvcache on an FP8 KV cache: float8_e4m3fn k_cache, v_cache with their float32 scales
+    k_scale, v_scale (kvcache's checks), which an append writes as it quantises k, v."""
+    return _kvcache_impl(q, k_cache, v_cache, k, v, cache_seqlens, page_table, causal, softmax_scale, disable_split,
+                         window_left, window_right, softcap, _op_sink(learnable_sink, q), k_scale, v_scale)
+
+
+@fwd_kvcache_fp8.register_fake
+def _fwd_kvcache_fp8_fake(q, k_cache, v_cache, k_scale, v_scale, *rest):
     b, sq, hq, _ = q.shape
     return (q.new_empty((b, sq, hq, v_cache.shape[3])), q.new_empty((b, hq, sq), dtype=torch.float32))
 
@@ -643,8 +662,11 @@ def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale,
                                   % (kv.dims.dv, kv.dims.d))
     scale = _core.resolve_scale(softmax_scale, kv.dims.d)
     wl, wr = window_size if window_size is not None else (-1, -1)
+    if k_scale is not None:
+        return fwd_kvcache_fp8(q, k_cache, v_cache, k_scale, v_scale, k, v, cache_seqlens, page_table, bool(causal),
+                               scale, bool(disable_split), int(wl), int(wr), float(softcap), sink)
     return fwd_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, bool(causal), scale,
-                       bool(disable_split), int(wl), int(wr), float(softcap), sink, k_scale, v_scale)
+                       bool(disable_split), int(wl), int(wr), float(softcap), sink)
 
 
 # ---------------------------------------------------------------------------
