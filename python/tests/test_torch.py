@@ -1749,9 +1749,9 @@ class KvCache8(unittest.TestCase):
     new rows: each within e4m3's rounding (2^-4 of the element, or 2^-10 of the block's amax near zero)
     of the row appended, per-token scales amax / 448, and the forward then sees the dequantised rows."""
 
-    def run_case(self, paged, per_token, append, sq, causal, dtype, device="cpu"):
-        kc, vc, table = kv_setup(paged, cap=64, d=32, seed=sq + 10 * per_token)
-        q, k, v = kv_new(sq=sq, s_new=sq, d=32, dtype=dtype, seed=sq)
+    def run_case(self, paged, per_token, append, sq, causal, dtype, device="cpu", d=32):
+        kc, vc, table = kv_setup(paged, cap=64, d=d, seed=sq + 10 * per_token)
+        q, k, v = kv_new(sq=sq, s_new=sq, d=d, dtype=dtype, seed=sq)
         kc8, ks = kv8_quantise(kc, per_token)
         vc8, vs = kv8_quantise(vc, per_token)
         lens = torch.tensor([0, 17, 64 - sq], dtype=torch.int32)
@@ -1832,8 +1832,8 @@ class KvCache8Cuda(unittest.TestCase):
                 for sq, causal in ((1, False), (3, True)):
                     for dtype in (torch.bfloat16, torch.float16):
                         g = KvCache8("run_case")
-                        gpu = g.run_case(paged, per_token, True, sq, causal, dtype, device="cuda")
-                        cpu = g.run_case(paged, per_token, True, sq, causal, dtype, device="cpu")
+                        gpu = g.run_case(paged, per_token, True, sq, causal, dtype, device="cuda", d=128)
+                        cpu = g.run_case(paged, per_token, True, sq, causal, dtype, device="cpu", d=128)
                         for a, b in zip(gpu[:4], cpu[:4]):
                             self.assertTrue(torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
                                                         b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b))
