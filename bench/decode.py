@@ -12,7 +12,12 @@ bandwidth (a 4 GiB tensor copied, read + write bytes) measured in the same run. 
 events around --calls back-to-back calls, the median of --iters samples per round, the backends
 taking turns within each round (--rounds rounds, the best round's median reported, as compare.py).
 Correctness: each backend's O against fattn's contiguous O (max |diff|), and fattn's paged O
-against its contiguous O (bits)."""
+against its contiguous O (bits).
+An FP8 KV cache (fattn.h 0.5; --no-fp8 leaves it out): the paged cache quantised to e4m3 with
+float32 scales per token ("fattn fp8 tok") and per page ("fattn fp8 page"), bf16 q; its TB/s
+column counts the 16-bit cache's bytes (the "16-bit equivalent": the same keys over the FP8
+call's time), the bytes it reads are printed beside it, and its max |diff| against fattn's O
+includes e4m3's rounding of K and V."""
 import argparse
 import json
 import os
@@ -61,6 +66,7 @@ def main():
     ap.add_argument("--iters", type=int, default=7)
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--json")
+    ap.add_argument("--no-fp8", action="store_true", help="without the FP8 KV cache rows")
     a = ap.parse_args()
     hq, hk = (int(x) for x in a.heads.split("/"))
     d, sq, page = a.head_dim, a.seqlen_q, a.page
@@ -111,6 +117,28 @@ def main():
         pargs.block_table = table.data_ptr()
         pargs.page_size, pargs.num_pages, pargs.max_pages_per_seq = page, b * npp, npp
         calls = [("fattn", lambda: ctx.fwd_raw(args)), ("fattn paged", lambda: ctx.fwd_raw(pargs))]
+        fp8_bytes, fp8_out, keep = {}, {}, []
+        if not a.no_fp8:
+            for name, per_token in (("fattn fp8 tok", True), ("fattn fp8 page", False)):
+                o8, lse8 = torch.empty_like(q), torch.empty_like(lse)
+                a8 = ctx.fwd_args(q, k, v, o8, lse8, False)
+                for tn, pool in (("k", kp), ("v", vp)):
+                    x = pool.float()
+                    amax = x.abs().amax(dim=3) if per_token else x.abs().amax(dim=(1, 3))  # [pages, page, hk] / [pages, hk]
+                    sc = (amax / 448.0).clamp_min(2.0 ** -126)
+                    codes = (x / (sc[..., None] if per_token else sc[:, None, :, None])).to(torch.float8_e4m3fn)
+                    sc = (sc.permute(0, 2, 1) if per_token else sc).contiguous()  # [pages, hk, page] / [pages, hk]
+                    keep += [codes, sc]
+                    t = getattr(a8, tn)
+                    t.data, t.dtype, t.scale, t.scale_block = codes.data_ptr(), fattn.E4M3, sc.data_ptr(), 1 if per_token else page
+                    t.stride_batch, t.stride_seq, t.stride_head = page * hk * d, hk * d, d
+                    del x
+                a8.block_table = table.data_ptr()
+                a8.page_size, a8.num_pages, a8.max_pages_per_seq = page, b * npp, npp
+                fp8_bytes[name] = 2.0 * b * sk * hk * (d + (4 if per_token else 0))
+                calls.append((name, (lambda z: lambda: ctx.fwd_raw(z))(a8)))
+                fp8_out[name] = o8
+                keep += [o8, lse8, a8]
         if fa3 is not None:
             calls.append(("fa3", lambda: fa3(q, k, v, causal=False)))
             if fa3_kv is not None:
@@ -132,6 +160,7 @@ def main():
                 print("  %s: %s" % (name, str(e).splitlines()[0][:200]))
                 calls.remove((name, fn))
         outs["fattn"], outs["fattn paged"] = o, op
+        outs.update(fp8_out)
         for rnd in range(a.rounds):
             order = calls[rnd % len(calls):] + calls[:rnd % len(calls)]
             for name, fn in order:
@@ -151,19 +180,25 @@ def main():
             if name == "fattn paged":
                 same = bool(torch.equal(op, o)) and bool(torch.equal(lsep, lse))
             tbs = kv_bytes / ms / 1e9
-            print("  %-12s %8.4f ms  %5.2f TB/s (%3.0f%% of copy)  %6.1f TFLOPs/s%s%s" %
-                  (name, ms, tbs, 100 * tbs / copy_tbs, fl / ms / 1e9,
+            read = "" if name not in fp8_bytes else "  (reads %.2f TB/s)" % (fp8_bytes[name] / ms / 1e9)
+            print("  %-14s %8.4f ms  %5.2f TB/s (%3.0f%% of copy)  %6.1f TFLOPs/s%s%s%s" %
+                  (name, ms, tbs, 100 * tbs / copy_tbs, fl / ms / 1e9, read,
                    "" if diff is None else "  max|O - fattn's| %.2e" % diff,
                    "" if same is None else ("  bits = contiguous" if same else "  bits differ from contiguous")))
             row["backends"][name] = {"ms": ms, "tbs": tbs, "tflops": fl / ms / 1e9, "max_diff": diff,
                                      "same_bits": same}
+            if name in fp8_bytes:
+                row["backends"][name]["read_tbs"] = fp8_bytes[name] / ms / 1e9
         for ref in ("fa3", "fa3 paged", "cudnn"):
             if ref in best:
                 print("  fattn / %s: %.2fx%s" % (ref, best[ref] / best["fattn"],
                       "; fattn paged / %s: %.2fx" % (ref, best[ref] / best["fattn paged"]) if "paged" in ref else ""))
         print("  paged / contiguous (fattn): %.3f" % (best["fattn"] / best["fattn paged"]))
+        for name in fp8_bytes:
+            if name in best:
+                print("  %s / fattn paged (speed-up of the FP8 cache): %.2fx" % (name, best["fattn paged"] / best[name]))
         rows.append(row)
-        del q, k, v, kp, vp, o, op
+        del q, k, v, kp, vp, o, op, keep, fp8_out
         torch.cuda.empty_cache()
     if a.json:
         with open(a.json, "w") as f:

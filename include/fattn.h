@@ -91,7 +91,7 @@ extern "C" {
 /* ------------------------------------------------------------------------ */
 
 #define FATTN_VERSION_MAJOR 0
-#define FATTN_VERSION_MINOR 4
+#define FATTN_VERSION_MINOR 5
 #define FATTN_VERSION_PATCH 0
 /* 0.2: fattn_fwd_args gained the serving fields (seqused_k, block_table,
  * page_size, num_pages, max_pages_per_seq); fattn_kv_append.  Code built
@@ -106,7 +106,14 @@ extern "C" {
  * seqused_q and seqused_k; cu_seqlens_q may come without cu_seqlens_k (a
  * variable-length batch of queries against fixed-length or paged keys).
  * Zero-initialised structs keep 0.3's meaning; code built against 0.3's
- * header must be rebuilt (the structs grew). */
+ * header must be rebuilt (the structs grew).
+ * 0.5: an FP8 KV cache with 16-bit queries: fattn_fwd takes e4m3 k and v
+ * (with their fattn_tensor scales, one per (page or batch entry, kv head,
+ * block of scale_block rows)) beside f16, bf16 or f32 q; fattn_kv_append
+ * quantises f32 / f16 / bf16 new rows into e4m3 caches and writes their
+ * scales (fattn_kv_append_args, FP8 caches).  No struct grew and no field
+ * changed meaning: code built against 0.4's header works unchanged, and
+ * every call 0.4 accepted means what it meant. */
 #define FATTN_VERSION_NUMBER \
     (FATTN_VERSION_MAJOR * 10000 + FATTN_VERSION_MINOR * 100 + FATTN_VERSION_PATCH)
 
@@ -329,7 +336,9 @@ FATTN_API const char *fattn_dtype_name(fattn_dtype dtype);
  * Every scale must be > 0; +Inf is allowed (it is what fattn_quantize
  * writes for a block holding Inf, and makes the block's values NaN).  A CPU
  * context reads the whole scale array on the host before any work and
- * refuses a NaN, zero or negative entry (INVALID_ARGUMENT naming it).  A
+ * refuses a NaN, zero or negative entry (INVALID_ARGUMENT naming it); of an
+ * FP8 KV cache (e4m3 k and v beside 16-bit q, fattn_fwd) only the entries
+ * of the keys the call uses.  A
  * CUDA context reads scales on the device only: there a NaN, zero,
  * negative or subnormal (< 2^-126: its kernels flush it to zero) scale
  * gives unspecified values, NaN included.
@@ -337,6 +346,8 @@ FATTN_API const char *fattn_dtype_name(fattn_dtype dtype);
  * (varlen: [1, heads, ceil(total_tokens / scale_block)], blocks counted over
  * the packed token index).  Row r of batch b, head h uses
  * scale[(b * heads + h) * nblocks + r / scale_block].  Unused for other dtypes.
+ * A page pool (fattn_fwd_args.block_table) counts pages as batch entries
+ * and page_size as seqlen: [num_pages, heads, ceil(page_size / scale_block)].
  * A scale_block of at least seqlen gives one scale per (batch entry, head):
  * FlashAttention-3's q/k/v_descale granularity (its q_descale is per kv
  * head: repeat it over each query-head group for q's [batch, heads_q]);
@@ -440,10 +451,11 @@ typedef struct fattn_problem {
 /*
  * Forward.
  *   q:  [batch, seqlen_q, heads_q,  head_dim]    f32 | f16 | bf16 | e4m3
- *   k:  [batch, seqlen_k, heads_kv, head_dim]    same dtype as q
- *   v:  [batch, seqlen_k, heads_kv, head_dim_v]  same dtype as q
+ *   k:  [batch, seqlen_k, heads_kv, head_dim]    same dtype as q, or e4m3
+ *                                                 (an FP8 KV cache, below)
+ *   v:  [batch, seqlen_k, heads_kv, head_dim_v]  the dtype of k
  *   o:  [batch, seqlen_q, heads_q,  head_dim_v]  f32 | f16 | bf16
- *       (16-bit and f32 inputs: o.dtype == q.dtype; e4m3 inputs: o f16/bf16/f32)
+ *       (16-bit and f32 q: o.dtype == q.dtype; e4m3 q: o f16/bf16/f32)
  *   lse: optional float32 [batch, heads_q, seqlen_q] (varlen: [heads_q, total_q]),
  *        natural-log log-sum-exp of each row of scaled scores; -inf for a row
  *        that sees no key.
@@ -475,6 +487,43 @@ typedef struct fattn_problem {
  *          16 bytes.  Variable-length batches (cu_seqlens, with total_q and
  *          total_k): f16/bf16 only (e4m3 UNSUPPORTED), seqused_k allowed
  *          (below), batch x ceil(seqlen_q / 64) x heads_q < 2^31.
+ * FP8 KV cache (0.5; FlashInfer's and vLLM's fp8 cache with 16-bit
+ * queries): q f16, bf16 or f32 with k and v e4m3 (both; o.dtype ==
+ * q.dtype).  Key j's K row is k's codes times its k.scale entry, its V row
+ * v's codes times its v.scale entry (fattn_tensor: rows r of batch entry or
+ * page e, kv head h read scale[(e * heads_kv + h) * nblocks + r /
+ * scale_block]).  The two granularities a cache uses:
+ *   - per (page, kv head): scale_block >= page_size, scales float32
+ *     [num_pages, heads_kv, 1] (contiguous cache: scale_block >= seqlen_k,
+ *     [batch or cache_batch, heads_kv, 1], one per (sequence, kv head));
+ *   - per (token, kv head): scale_block = 1, scales float32 [num_pages,
+ *     heads_kv, page_size] (contiguous: [batch, heads_kv, seqlen_k]).
+ *   Any other scale_block >= 1 means what fattn_tensor says, on every
+ *   engine.  k and v may use different scale_blocks.  fattn_kv_append
+ *   writes codes and scales in this layout (fattn_kv_append_args).
+ * Only the scales of the keys a row can use are read (its sequence's used
+ * keys, cache_leftpad .. end - 1, through the block table): pages and
+ * rows no sequence uses may hold anything, unwritten scales included.  A
+ * CPU context checks those scales on the host (> 0, +Inf allowed,
+ * INVALID_ARGUMENT naming the entry), a CUDA context reads them on the
+ * device only (fattn_tensor's rule: a NaN, zero or negative one gives
+ * unspecified values).
+ * Engines: CPU: every shape, variant and serving field of fattn_fwd, any
+ *   seqlen_q (the prefill of a cache is one call), f32 arithmetic on the
+ *   dequantised rows, as for every dtype.  CUDA (Hopper): the decoding
+ *   kernel's shapes only: fixed-length batches, q f16 | bf16, seqlen_q <=
+ *   16 and seqlen_q * heads_q / heads_kv <= 64 (16 at head_dim 256),
+ *   head_dim == head_dim_v in {64, 128, 256}, contiguous or paged (page_size
+ *   a power of two >= 16), seqused_k, causal and the variants as for 16-bit
+ *   caches; k and v 16-byte aligned with strides multiples of 16 bytes
+ *   (TMA).  Other shapes are UNSUPPORTED until the paged prefill kernel
+ *   exists (the CPU engine serves them).  The codes are converted exactly
+ *   to q's 16-bit type; K's scale multiplies the f32 scores, V's multiplies
+ *   P before P is rounded to q's type for the PV product (the FP8 forward's
+ *   v scale placement), so the result is a 16-bit kernel's over the
+ *   dequantised cache: with f16 q a v scale above 65504 (a block amax above
+ *   ~2.9e7) overflows P to Inf, and a product of P and a v scale below
+ *   2^-126 flushes to zero (the kernels' f32 arithmetic flushes subnormals).
  * NaN and Inf in the inputs reach O and LSE as in torch's SDPA, through
  * the keys a row sees and nothing else:
  *   - a NaN in q makes its row's O and LSE NaN; a NaN (or a +inf score) in
@@ -541,7 +590,8 @@ typedef struct fattn_fwd_args {
      *   read the table on the host, and such a page reads as zeros there
      *   (TMA bounds), never out of bounds.
      * CUDA: on fixed-length batches, seqused_k and block_table are served
-     *   by the decoding kernel only: 16-bit inputs, seqlen_q <= 16 and
+     *   by the decoding kernel only: 16-bit inputs (or 16-bit q with an FP8
+ *   KV cache), seqlen_q <= 16 and
      *   seqlen_q * heads_q / heads_kv <= 64 (32 at head_dim 256), which is
      *   also what every such call runs on without them; page_size a power
      *   of two >= 16 (16 .. 256 tested).  Others: UNSUPPORTED.  With
@@ -700,8 +750,8 @@ FATTN_API fattn_status fattn_merge(fattn_ctx *ctx, const fattn_merge_args *args)
  *   k_new, v_new: [batch, seqlen_new, heads_kv, head_dim]  f32 | f16 | bf16,
  *       any strides (head_dim contiguous)
  *   k_cache, v_cache: the caches, the dtype of k_new (all four tensors one
- *       dtype; e4m3 caches not yet: INVALID_ARGUMENT); v's rows are
- *       head_dim long too.
+ *       dtype), or both e4m3 (an FP8 cache, below: k_new and v_new then
+ *       f32 | f16 | bf16, one dtype); v's rows are head_dim long too.
  *     block_table NULL: contiguous [batch, capacity, heads_kv, head_dim],
  *       any strides; row j of sequence b is (b, j).  capacity >= 1, and
  *       page_size, num_pages, max_pages_per_seq must be 0.
@@ -716,7 +766,7 @@ FATTN_API fattn_status fattn_merge(fattn_ctx *ctx, const fattn_merge_args *args)
  * batch, seqlen_new, heads_kv >= 1 (seqlen_new 0 is INVALID_ARGUMENT, not
  * a no-op), head_dim 1..512 on every engine (UNSUPPORTED above: the CPU
  * forward's limit).  The bytes of each row are copied as they are (NaN
- * payloads included).  Only the appended rows are written: every other
+ * payloads included; FP8 caches: quantised, below).  Only the appended rows are written: every other
  * byte of the caches (rows, padding between strided rows, other pages) is
  * left as it was.  k_cache and v_cache are the call's outputs: each spans
  * its whole cache (a pool all num_pages pages), which must not overlap the
@@ -741,6 +791,36 @@ FATTN_API fattn_status fattn_merge(fattn_ctx *ctx, const fattn_merge_args *args)
  *     [0, num_pages)) is skipped, every head: nothing is written for it,
  *     the other rows are.  A cache row that two new rows write ends up
  *     holding bytes of either, possibly mixed within the row.
+ * FP8 caches (0.5): k_cache and v_cache e4m3, each with its float32
+ *   scales (k_cache.scale, scale_block >= 1, 4-byte aligned) in fattn_fwd's
+ *   layout: [num_pages, heads_kv, ceil(page_size / scale_block)] for page
+ *   pools, [batch, heads_kv, ceil(capacity / scale_block)] for a
+ *   contiguous cache (scale_block 1: per (token, kv head); >= page_size:
+ *   per (page, kv head)).  The scales are read and written: they count as
+ *   outputs for the overlap rules.  The new rows of each (sequence, kv
+ *   head) are quantised block by block of the scales:
+ *   - a block whose first row (r % scale_block == 0 of its page or cache
+ *     row) this call writes gets scale = max(amax / 448, 2^-126) over the
+ *     rows of the block that this sequence's call writes (amax of |x|,
+ *     NaN left out; 1 when they are all zero; +Inf when one is +-Inf),
+ *     stored in its entry: fattn_quantize's rule (scale_block 1: each
+ *     row's own amax);
+ *   - any other block keeps its stored scale (an earlier append's), which
+ *     is read (CPU: checked > 0 before anything is written,
+ *     INVALID_ARGUMENT naming the entry; CUDA: unspecified codes if not);
+ *   then code = fattn_f32_to_e4m3(x / scale): the quotient rounded once
+ *   to f32 (IEEE division), then to e4m3 to nearest even, saturating to
+ *   +-448 (NaN codes NaN; with an Inf in the block its Inf entries code
+ *   NaN and the others +-0, so every value of the block reads NaN, as
+ *   fattn_quantize's).  So rows appended later into a block whose scale
+ *   is set saturate at 448 x its scale: per-page scales suit pages
+ *   written whole (a prefill) or values bounded by the page's first
+ *   rows; decoding token by token loses nothing to saturation with
+ *   scale_block 1.  Two sequences appending in one call into one scale
+ *   block of a shared page, one of them writing its first row: the
+ *   other's rows are coded with either scale (unspecified).  Both
+ *   engines give the same bits.  CUDA: scale_block < page_size must
+ *   divide page_size (UNSUPPORTED otherwise).
  * Engines: CPU (the context's threads for large appends); CUDA (Hopper):
  *   any head_dim and strides as above, no alignment beyond the elements':
  *   16-byte loads and stores where the four tensors' addresses and strides

@@ -186,8 +186,14 @@ fattn_status fattn_fwd_prepare(fattn_ctx *ctx, fattn_fwd_args *args, const int32
     CHECK(fattn_check_dtype(ctx, a.k.dtype, "k"));
     CHECK(fattn_check_dtype(ctx, a.v.dtype, "v"));
     CHECK(fattn_check_dtype(ctx, a.o.dtype, "o"));
-    CHECK(fattn_check_same_dtype(ctx, &a.k, "k", a.q.dtype, "q"));
-    CHECK(fattn_check_same_dtype(ctx, &a.v, "v", a.q.dtype, "q"));
+    /* an FP8 KV cache (0.5): e4m3 k and v beside 16-bit or f32 q */
+    const int kv8 = a.k.dtype == FATTN_DTYPE_E4M3 && a.q.dtype != FATTN_DTYPE_E4M3;
+    if (kv8 && fp8_blocks)
+        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                          "k.dtype e4m3: fattn_fwd_fp8 quantises f32, f16 or bf16 inputs itself (an e4m3 "
+                          "KV cache goes to fattn_fwd)");
+    if (!kv8) CHECK(fattn_check_same_dtype(ctx, &a.k, "k", a.q.dtype, "q"));
+    CHECK(fattn_check_same_dtype(ctx, &a.v, "v", a.k.dtype, "k"));
     if (fp8_blocks) {
         /* fattn_fwd_fp8: 16-bit or f32 inputs, o any output dtype, scales ignored */
         if (a.q.dtype == FATTN_DTYPE_E4M3)
@@ -222,8 +228,9 @@ fattn_status fattn_fwd_prepare(fattn_ctx *ctx, fattn_fwd_args *args, const int32
     CHECK(fattn_check_data_aligned(ctx, &a.o, "o"));
     CHECK(fattn_check_aligned(ctx, a.lse, sizeof(float), "lse", "f32"));
     CHECK(fattn_check_aligned(ctx, a.learnable_sink, sizeof(float), "learnable_sink", "f32"));
-    if (a.q.dtype == FATTN_DTYPE_E4M3) {
+    if (a.q.dtype == FATTN_DTYPE_E4M3)
         CHECK(fattn_check_aligned(ctx, a.q.scale, sizeof(float), "q.scale", "f32"));
+    if (a.k.dtype == FATTN_DTYPE_E4M3) {
         CHECK(fattn_check_aligned(ctx, a.k.scale, sizeof(float), "k.scale", "f32"));
         CHECK(fattn_check_aligned(ctx, a.v.scale, sizeof(float), "v.scale", "f32"));
     }
@@ -290,8 +297,13 @@ fattn_status fattn_fwd_prepare(fattn_ctx *ctx, fattn_fwd_args *args, const int32
     /* e4m3 scales: host memory on a CPU context, read after every other check */
     if (!fp8_blocks && ctx->backend == FATTN_BACKEND_CPU) {
         CHECK(fattn_check_e4m3_scale_values(ctx, &a.q, &ts.q, "q.scale"));
-        CHECK(fattn_check_e4m3_scale_values(ctx, &a.k, &ts.k, "k.scale"));
-        CHECK(fattn_check_e4m3_scale_values(ctx, &a.v, &ts.v, "v.scale"));
+        if (kv8) {
+            /* a cache: only the used keys' scales (unwritten pages may hold anything) */
+            CHECK(fattn_cpu_kv8_scale_check(ctx, &a));
+        } else {
+            CHECK(fattn_check_e4m3_scale_values(ctx, &a.k, &ts.k, "k.scale"));
+            CHECK(fattn_check_e4m3_scale_values(ctx, &a.v, &ts.v, "v.scale"));
+        }
     }
     if (total_q) *total_q = ts.total_q;
     if (total_k) *total_k = ts.total_k;
@@ -564,11 +576,21 @@ static fattn_status check_kv_append_dtype(fattn_ctx *ctx, const fattn_kv_append_
         const char *name;
     } all[] = {{&a->k_new, "k_new"}, {&a->v_new, "v_new"}, {&a->k_cache, "k_cache"}, {&a->v_cache, "v_cache"}};
     for (int i = 0; i < 4; i++) CHECK(fattn_check_dtype(ctx, all[i].t->dtype, all[i].name));
-    for (int i = 1; i < 4; i++) CHECK(fattn_check_same_dtype(ctx, all[i].t, all[i].name, a->k_new.dtype, "k_new"));
+    CHECK(fattn_check_same_dtype(ctx, &a->v_new, "v_new", a->k_new.dtype, "k_new"));
     if (a->k_new.dtype == FATTN_DTYPE_E4M3)
         return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
-                          "k_new.dtype e4m3 is not supported by fattn_kv_append (f32, f16, bf16 "
-                          "only: an e4m3 cache would need its scales appended too)");
+                          "k_new.dtype e4m3: fattn_kv_append takes f32, f16 or bf16 new rows (an e4m3 "
+                          "cache quantises them itself)");
+    /* an FP8 cache (0.5): both caches e4m3, each with its scales */
+    if (a->k_cache.dtype != FATTN_DTYPE_E4M3)
+        CHECK(fattn_check_same_dtype(ctx, &a->k_cache, "k_cache", a->k_new.dtype, "k_new"));
+    CHECK(fattn_check_same_dtype(ctx, &a->v_cache, "v_cache", a->k_cache.dtype, "k_cache"));
+    CHECK(fattn_check_e4m3_scale(ctx, &a->k_cache, "k_cache"));
+    CHECK(fattn_check_e4m3_scale(ctx, &a->v_cache, "v_cache"));
+    if (a->k_cache.dtype == FATTN_DTYPE_E4M3) {
+        CHECK(fattn_check_aligned(ctx, a->k_cache.scale, sizeof(float), "k_cache.scale", "f32"));
+        CHECK(fattn_check_aligned(ctx, a->v_cache.scale, sizeof(float), "v_cache.scale", "f32"));
+    }
     for (int i = 0; i < 4; i++)
         if (!all[i].t->data)
             return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT, "%s.data is NULL", all[i].name);
@@ -632,8 +654,11 @@ static fattn_status fattn_kv_append_held(fattn_ctx *ctx, const fattn_kv_append_a
         const fattn_span in[] = {fattn_tensor_span(&a.k_new, &skn), fattn_tensor_span(&a.v_new, &svn),
                                  fattn_array_span("cache_seqlens", a.cache_seqlens, a.batch, sizeof(int32_t)),
                                  fattn_array_span("block_table", a.block_table, ntable, sizeof(int32_t))};
-        const fattn_span out[] = {fattn_tensor_span(&a.k_cache, &skc), fattn_tensor_span(&a.v_cache, &svc)};
-        CHECK(fattn_check_disjoint(ctx, out, 2, in, 4));
+        /* an FP8 cache's scales are read and written: outputs */
+        const fattn_span out[] = {fattn_tensor_span(&a.k_cache, &skc), fattn_tensor_span(&a.v_cache, &svc),
+                                  fattn_scale_span("k_cache.scale", &a.k_cache, &skc),
+                                  fattn_scale_span("v_cache.scale", &a.v_cache, &svc)};
+        CHECK(fattn_check_disjoint(ctx, out, 4, in, 4));
     }
     if (a.block_table) a.capacity = 0; /* ignored: the engines never see a stale value */
 

@@ -70,6 +70,10 @@ fattn_status fattn_cpu_varlen_totals(fattn_ctx *ctx, const fattn_problem *p, int
  * [0, num_pages).  The backward's: seqused_q and seqused_k >= 0. */
 fattn_status fattn_cpu_serving_check(fattn_ctx *ctx, const fattn_fwd_args *a);
 fattn_status fattn_cpu_bwd_serving_check(fattn_ctx *ctx, const fattn_bwd_args *a);
+/* An FP8 KV cache (e4m3 k and v, q not e4m3; CPU contexts only), after
+ * fattn_cpu_serving_check: the k and v scales of every key a sequence uses
+ * are > 0 (the scales of unused pages and rows are not read). */
+fattn_status fattn_cpu_kv8_scale_check(fattn_ctx *ctx, const fattn_fwd_args *a);
 fattn_status fattn_cpu_fwd(fattn_ctx *ctx, const fattn_fwd_args *a);
 fattn_status fattn_cpu_bwd(fattn_ctx *ctx, const fattn_bwd_args *a);
 fattn_status fattn_cpu_quantize(fattn_ctx *ctx, const fattn_quantize_args *a);

@@ -384,9 +384,13 @@ static void check_refusals(tu_rng *rng) {
     /* dtypes */
     REFUSE(a_.k_cache.dtype = (fattn_dtype)7, INV, "k_cache.dtype 7 is not a fattn_dtype");
     REFUSE(a_.v_new.dtype = FATTN_DTYPE_F16, INV, "v_new.dtype f16 differs from k_new.dtype f32");
-    REFUSE(a_.v_cache.dtype = FATTN_DTYPE_BF16, INV, "v_cache.dtype bf16 differs from k_new.dtype f32");
+    REFUSE(a_.v_cache.dtype = FATTN_DTYPE_BF16, INV, "v_cache.dtype bf16 differs from k_cache.dtype f32");
+    REFUSE(a_.k_cache.dtype = FATTN_DTYPE_BF16, INV, "k_cache.dtype bf16 differs from k_new.dtype f32");
     REFUSE((a_.k_new.dtype = a_.v_new.dtype = a_.k_cache.dtype = a_.v_cache.dtype = FATTN_DTYPE_E4M3), INV,
-           "e4m3 is not supported by fattn_kv_append");
+           "k_new.dtype e4m3: fattn_kv_append takes f32, f16 or bf16 new rows");
+    /* an FP8 cache (0.5; test_cpu_kv8.c): both caches e4m3, with scales */
+    REFUSE(a_.k_cache.dtype = FATTN_DTYPE_E4M3, INV, "v_cache.dtype f32 differs from k_cache.dtype e4m3");
+    REFUSE((a_.k_cache.dtype = a_.v_cache.dtype = FATTN_DTYPE_E4M3), INV, "k_cache.scale is NULL");
 
     /* pointers */
     REFUSE(a_.k_new.data = NULL, INV, "k_new.data is NULL");

@@ -315,7 +315,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                             q_descale=None, k_descale=None, v_descale=None, softmax_scale=None, causal=False,
                             window_size=(-1, -1), attention_chunk=0, softcap=0.0, rotary_interleaved=True,
                             scheduler_metadata=None, num_splits=0, pack_gqa=None, sm_margin=0,
-                            return_softmax_lse=False, learnable_sink=None):
+                            return_softmax_lse=False, learnable_sink=None, k_scale=None, v_scale=None):
     """FlashAttention-3's flash_attn_with_kvcache (flash_attn_interface), the
     decoding step, served by fattn: fattn_kv_append, then fattn_fwd with
     seqused_k (and block_table for a paged cache).  Torch tensors (CUDA or CPU).
@@ -350,7 +350,22 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     64/128/256, sq <= 16 and sq * hq / hkv <= 64, 32 at d 256, page_size a
     power of two >= 16); others raise FattnUnsupportedError, after the append
     when k, v are given (the rows are then written past cache_seqlens, where
-    the next append writes them again)."""
+    the next append writes them again).
+
+    An FP8 KV cache (fattn.h 0.5; vLLM's and FlashInfer's k_scale / v_scale
+    names, after FA3's arguments): k_cache and v_cache torch.float8_e4m3fn
+    with q float16, bfloat16 or float32, and k_scale, v_scale contiguous
+    float32 tensors on q's device, each [num_pages, hkv] (one scale per page
+    and kv head) or [num_pages, hkv, page_size] (one per token and kv head);
+    a contiguous cache [b, hkv] or [b, hkv, capacity].  Key j's values are
+    its codes times its scale.  k, v (q's dtype) are quantised as they are
+    appended and their scales written in place (fattn.h, fattn_kv_append:
+    a page's scale is set by the append that writes its first row, later
+    rows keep it and saturate at 448 x scale; per-token scales never
+    saturate).  CPU tensors: any shape; CUDA: the decoding kernel's shapes
+    (q float16 / bfloat16, sq * hq / hkv <= 64, 16 at d 256), others raise
+    FattnUnsupportedError.  k_scale / v_scale without an e4m3 cache, or an
+    e4m3 cache without them: ValueError."""
     no = _refuser("fattn.flash_attn_with_kvcache")
     for name, val in (("qv", qv), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
                       ("rotary_seqlens", rotary_seqlens), ("cache_batch_idx", cache_batch_idx),
@@ -365,5 +380,5 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     if not _is_torch(q):
         raise TypeError("fattn.flash_attn_with_kvcache takes torch tensors, got a %s" % type(q).__name__)
     out, lse = _torch_module().kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale, causal,
-                                       num_splits == 1, ws, softcap, learnable_sink)
+                                       num_splits == 1, ws, softcap, learnable_sink, k_scale, v_scale)
     return (out, lse) if return_softmax_lse else out

@@ -8,7 +8,7 @@ header: edit both together, or the ctest `python_capi` fails.
 import ctypes
 
 # The header's version macros (FATTN_VERSION_MAJOR/MINOR/PATCH).
-VERSION = (0, 4, 0)
+VERSION = (0, 5, 0)
 
 # typedef enum name -> {enumerator: value}, in the header's order.
 ENUMS = {

@@ -681,13 +681,23 @@ def check_kvcache_shapes(qs, kcs, vcs, ks=None, vs=None, table_shape=None):
     return KvDims(Dims(b, sq, sk, hq, hkv, d, vcs[3]), paged, capacity, page_size, num_pages, max_pages, s_new)
 
 
-def kv_append_struct(kv, knd, vnd, kcd, vcd, cache_seqlens, block_table):
+def cache_structs(kcd, vcd, scales):
+    """fattn_tensors of the caches; scales: None, or an e4m3 cache's (k scale
+    pointer, k scale_block, v scale pointer, v scale_block)."""
+    if scales is None:
+        return tensor_struct(kcd), tensor_struct(vcd)
+    return tensor_struct(kcd, scales[0], scales[1]), tensor_struct(vcd, scales[2], scales[3])
+
+
+def kv_append_struct(kv, knd, vnd, kcd, vcd, cache_seqlens, block_table, scales=None):
     """fattn_kv_append_args of appending k (knd) and v (vnd) to the caches kcd,
     vcd (Descs) at the rows int32 cache_seqlens (a pointer) says; block_table:
-    the int32 [batch, max_pages] table's pointer when paged."""
+    the int32 [batch, max_pages] table's pointer when paged; scales: an e4m3
+    cache's (cache_structs)."""
     a = _capi.KvAppendArgs()
     a.batch, a.seqlen_new, a.heads_kv, a.head_dim = kv.dims.b, kv.seqlen_new, kv.dims.hkv, kv.dims.d
-    a.k_new, a.v_new, a.k_cache, a.v_cache = (tensor_struct(x) for x in (knd, vnd, kcd, vcd))
+    a.k_new, a.v_new = tensor_struct(knd), tensor_struct(vnd)
+    a.k_cache, a.v_cache = cache_structs(kcd, vcd, scales)
     a.capacity = kv.capacity
     a.cache_seqlens = cache_seqlens
     if kv.paged:
@@ -697,11 +707,13 @@ def kv_append_struct(kv, knd, vnd, kcd, vcd, cache_seqlens, block_table):
 
 
 def fwd_kvcache_struct(kv, qd, kcd, vcd, od, lse, causal, softmax_scale, seqused_k, block_table,
-                       variants=NO_VARIANTS):
+                       variants=NO_VARIANTS, scales=None):
     """fattn_fwd_args of attention over a cache: kcd, vcd the contiguous caches
     or the page pools (their batch dimension is the page, as fattn.h says),
-    seqused_k the int32 [batch] used key counts (a pointer, or None = all)."""
+    seqused_k the int32 [batch] used key counts (a pointer, or None = all);
+    scales: an e4m3 cache's (cache_structs)."""
     a = fwd_struct(kv.dims, qd, kcd, vcd, od, lse, causal, softmax_scale, seqused_k=seqused_k, variants=variants)
+    a.k, a.v = cache_structs(kcd, vcd, scales)
     if kv.paged:
         a.block_table = block_table
         a.page_size, a.num_pages, a.max_pages_per_seq = kv.page_size, kv.num_pages, kv.max_pages

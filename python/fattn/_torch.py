@@ -461,8 +461,14 @@ def _cache_desc(t, name):
     return d
 
 
+def _kv8_scale_block(scale, cache):
+    """fattn_tensor's scale_block of an e4m3 cache's scales: [entries, hkv] one per
+    page or sequence (the cache's rows), [entries, hkv, rows] one per token."""
+    return 1 if scale.dim() == 3 else cache.shape[1]
+
+
 def _kvcache_impl(q, k_cache, v_cache, k, v, cache_seqlens, page_table, causal, softmax_scale, disable_split,
-                  window_left=-1, window_right=-1, softcap=0.0, sink=None):
+                  window_left=-1, window_right=-1, softcap=0.0, sink=None, k_scale=None, v_scale=None):
     kv = _core.check_kvcache_shapes(q.shape, k_cache.shape, v_cache.shape, None if k is None else k.shape,
                                     None if v is None else v.shape,
                                     None if page_table is None else page_table.shape)
@@ -483,6 +489,10 @@ def _kvcache_impl(q, k_cache, v_cache, k, v, cache_seqlens, page_table, causal, 
     ctx = _context(q.device)
     q, qd = _readable(q, "q")
     kcd, vcd = _cache_desc(k_cache, "k_cache"), _cache_desc(v_cache, "v_cache")
+    scales = None  # an e4m3 cache: (k scale pointer, block, v scale pointer, block)
+    if k_scale is not None:
+        scales = (k_scale.data_ptr(), _kv8_scale_block(k_scale, k_cache), v_scale.data_ptr(),
+                  _kv8_scale_block(v_scale, v_cache))
     seqlens_ptr = cache_seqlens.data_ptr() if cache_seqlens is not None else None
     table_ptr = page_table.data_ptr() if page_table is not None else None
     seqused = cache_seqlens
@@ -494,12 +504,12 @@ def _kvcache_impl(q, k_cache, v_cache, k, v, cache_seqlens, page_table, causal, 
     with ctx._lock:
         _on_current_stream(ctx, q.device)
         if append:
-            ctx.kv_append_raw(_core.kv_append_struct(kv, knd, vnd, kcd, vcd, seqlens_ptr, table_ptr))
+            ctx.kv_append_raw(_core.kv_append_struct(kv, knd, vnd, kcd, vcd, seqlens_ptr, table_ptr, scales))
         if dims.empty:
             return _new_outputs(dims, q, None, sink)
         a = _core.fwd_kvcache_struct(kv, qd, kcd, vcd, od, lse.data_ptr(), causal, softmax_scale,
                                      seqused.data_ptr() if seqused is not None else None, table_ptr,
-                                     _variants(window_left, window_right, softcap, sink))
+                                     _variants(window_left, window_right, softcap, sink), scales)
         with ctx.option_set(_core.OPTION_DISABLE_SPLIT, int(bool(disable_split))):
             ctx.fwd_raw(a)
     return out, lse
@@ -528,6 +538,27 @@ def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, cache_seqlens, page_table, caus
     return (q.new_empty((b, sq, hq, v_cache.shape[3])), q.new_empty((b, hq, sq), dtype=torch.float32))
 
 
+# An op of its own for an FP8 cache: its scales are written (mutated) too, and a
+# mutated argument must not be Optional (torch's in-place bookkeeping indexes it).
+@torch.library.custom_op(_NS + "::fwd_kvcache_fp8", mutates_args=("k_cache", "v_cache", "k_scale", "v_scale"))
+def fwd_kvcache_fp8(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor,
+                    v_scale: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor],
+                    cache_seqlens: Optional[torch.Tensor], page_table: Optional[torch.Tensor], causal: bool,
+                    softmax_scale: float, disable_split: bool, window_left: int = -1, window_right: int = -1,
+                    softcap: float = 0.0,
+                    learnable_sink: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """fwd_kvcache on an FP8 KV cache: float8_e4m3fn k_cache, v_cache with their float32 scales
+    k_scale, v_scale (kvcache's checks), which an append writes as it quantises k, v."""
+    return _kvcache_impl(q, k_cache, v_cache, k, v, cache_seqlens, page_table, causal, softmax_scale, disable_split,
+                         window_left, window_right, softcap, _op_sink(learnable_sink, q), k_scale, v_scale)
+
+
+@fwd_kvcache_fp8.register_fake
+def _fwd_kvcache_fp8_fake(q, k_cache, v_cache, k_scale, v_scale, *rest):
+    b, sq, hq, _ = q.shape
+    return (q.new_empty((b, sq, hq, v_cache.shape[3])), q.new_empty((b, hq, sq), dtype=torch.float32))
+
+
 _INT_DTYPES = (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)
 
 
@@ -546,17 +577,56 @@ def _int32_on(t, name, device, shape):
     return t.to(torch.int32).contiguous()
 
 
+def _check_kv8(q, k_cache, v_cache, k_scale, v_scale):
+    """An FP8 KV cache's tensors (flash_attn_with_kvcache's docstring): True for
+    an e4m3 cache with its scales, False for a 16-bit one without; TypeError /
+    ValueError naming the tensor otherwise."""
+    e4m3 = [isinstance(t, torch.Tensor) and t.dtype == torch.float8_e4m3fn for t in (k_cache, v_cache)]
+    if not any(e4m3):
+        if k_scale is not None or v_scale is not None:
+            raise ValueError("fattn: k_scale and v_scale go with a float8_e4m3fn k_cache and v_cache (an FP8 KV "
+                             "cache); the caches are %s" % (k_cache.dtype,))
+        return False
+    if not all(e4m3):
+        raise TypeError("fattn: k_cache and v_cache must both be float8_e4m3fn (an FP8 KV cache), got %s and %s"
+                        % (k_cache.dtype, v_cache.dtype))
+    if not isinstance(q, torch.Tensor) or q.dtype not in _DTYPES:
+        raise TypeError("fattn: an FP8 KV cache takes float16, bfloat16 or float32 q, got %s"
+                        % (getattr(q, "dtype", type(q).__name__),))
+    if not (q.device == k_cache.device == v_cache.device):
+        raise ValueError("fattn: q, k_cache and v_cache must be on one device, got %s, %s and %s"
+                         % (q.device, k_cache.device, v_cache.device))
+    for name, sc, cache in (("k_scale", k_scale, k_cache), ("v_scale", v_scale, v_cache)):
+        if sc is None:
+            raise ValueError("fattn: a float8_e4m3fn cache needs %s (float32 [num_pages, hkv] per page or "
+                             "[num_pages, hkv, page_size] per token)" % name)
+        want2, want3 = (cache.shape[0], cache.shape[2]), (cache.shape[0], cache.shape[2], cache.shape[1])
+        if not isinstance(sc, torch.Tensor) or sc.dtype != torch.float32 or not sc.is_contiguous() \
+                or sc.device != q.device or tuple(sc.shape) not in (want2, want3):
+            raise ValueError("fattn: %s must be a contiguous float32 tensor on %s of shape %s (one scale per page "
+                             "or sequence and kv head) or %s (per token and kv head), got %s"
+                             % (name, q.device, want2, want3,
+                                "%s %s on %s" % (sc.dtype, tuple(sc.shape), sc.device)
+                                if isinstance(sc, torch.Tensor) else type(sc).__name__))
+    return True
+
+
 def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale, causal, disable_split,
-            window_size=None, softcap=0.0, learnable_sink=None):
+            window_size=None, softcap=0.0, learnable_sink=None, k_scale=None, v_scale=None):
     """fattn.flash_attn_with_kvcache once its FA3 arguments are checked: (out, lse);
-    window_size None or (left, right), softcap, learnable_sink: fattn.attention's."""
-    _check_inputs(q, k_cache, v_cache)
+    window_size None or (left, right), softcap, learnable_sink: fattn.attention's;
+    k_scale, v_scale: an FP8 KV cache's scales (_check_kv8)."""
+    if _check_kv8(q, k_cache, v_cache, k_scale, v_scale):
+        _check_inputs(q, q, q)
+    else:
+        _check_inputs(q, k_cache, v_cache)
     if (k is None) != (v is None):
         raise ValueError("fattn: k and v (the rows to append) must be given together")
     if k is not None:
         _check_inputs(q, k, v)
     grads = [n for n, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v),
-                            ("learnable_sink", learnable_sink)) if isinstance(t, torch.Tensor) and t.requires_grad]
+                            ("learnable_sink", learnable_sink), ("k_scale", k_scale), ("v_scale", v_scale))
+             if isinstance(t, torch.Tensor) and t.requires_grad]
     if grads and torch.is_grad_enabled():
         raise NotImplementedError("fattn.flash_attn_with_kvcache is forward only (decoding; FlashAttention's has no "
                                   "backward either), but %s require%s grad: call it under torch.no_grad() or "
@@ -594,6 +664,9 @@ def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale,
                                   % (kv.dims.dv, kv.dims.d))
     scale = _core.resolve_scale(softmax_scale, kv.dims.d)
     wl, wr = window_size if window_size is not None else (-1, -1)
+    if k_scale is not None:
+        return fwd_kvcache_fp8(q, k_cache, v_cache, k_scale, v_scale, k, v, cache_seqlens, page_table, bool(causal),
+                               scale, bool(disable_split), int(wl), int(wr), float(softcap), sink)
     return fwd_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, bool(causal), scale,
                        bool(disable_split), int(wl), int(wr), float(softcap), sink)
 

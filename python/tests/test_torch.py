@@ -1240,7 +1240,7 @@ FA3_KVCACHE_ARGS = ["q", "k_cache", "v_cache", "k", "v", "qv", "rotary_cos", "ro
                     "max_seqlen_q", "rotary_seqlens", "q_descale", "k_descale", "v_descale", "softmax_scale",
                     "causal", "window_size", "attention_chunk", "softcap", "rotary_interleaved",
                     "scheduler_metadata", "num_splits", "pack_gqa", "sm_margin", "return_softmax_lse",
-                    "learnable_sink"]  # FA3's, then FA4's sink
+                    "learnable_sink", "k_scale", "v_scale"]  # FA3's, then FA4's sink, then an FP8 cache's scales
 
 
 class KvCache(unittest.TestCase):
@@ -1735,6 +1735,135 @@ def varlen_grads(q, k, v, dout, cu_q, cu_k, mq, mk, causal):
     peer = grads(ref, q, k, v, dout)
     got = grads(lambda a, b, c: fattn.flash_attn_varlen_func(a, b, c, cu_q, cu_k, mq, mk, causal=causal), q, k, v, dout)
     return got, peer, want
+
+
+# ---------------------------------------------------------------------------
+# An FP8 KV cache (fattn.h 0.5): float8_e4m3fn caches with k_scale / v_scale
+# ---------------------------------------------------------------------------
+
+def kv8_quantise(cache, per_token):
+    """(codes float8_e4m3fn, scales float32) of a float cache [e, rows, hkv, d]: scales [e, hkv, rows]
+    (per token) or [e, hkv] (per page or sequence), max(amax / 448, 2^-126); the codes by torch's
+    conversion of x / scale (|x / scale| <= 448 up to a rounding)."""
+    x = cache.float()
+    amax = x.abs().amax(dim=3) if per_token else x.abs().amax(dim=(1, 3))  # [e, rows, hkv] or [e, hkv]
+    scale = (amax / 448.0).clamp_min(2.0 ** -126)
+    bc = scale[..., None] if per_token else scale[:, None, :, None]
+    codes = (x / bc).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    return codes, (scale.permute(0, 2, 1).contiguous() if per_token else scale.contiguous())
+
+
+def kv8_values(codes, scale):
+    """The float64 values of an e4m3 cache [e, rows, hkv, d] with scales [e, hkv, rows] or [e, hkv]."""
+    bc = scale.double().permute(0, 2, 1)[..., None] if scale.dim() == 3 else scale.double()[:, None, :, None]
+    return codes.double() * bc
+
+
+class KvCache8(unittest.TestCase):
+    """flash_attn_with_kvcache with an FP8 cache on CPU tensors (the CPU engine): the output against the
+    float64 reference over the dequantised cache (code x scale): the quantisation is in the reference, so
+    the tolerance is the query dtype's (float32 1e-5; bf16 output 2e-2 relative).  An append quantises the
+    new rows: each within e4m3's rounding (2^-4 of the element, or 2^-10 of the block's amax near zero)
+    of the row appended, per-token scales amax / 448, and the forward then sees the dequantised rows."""
+
+    def run_case(self, paged, per_token, append, sq, causal, dtype, device="cpu", d=32):
+        kc, vc, table = kv_setup(paged, cap=64, d=d, seed=sq + 10 * per_token)
+        q, k, v = kv_new(sq=sq, s_new=sq, d=d, dtype=dtype, seed=sq)
+        kc8, ks = kv8_quantise(kc, per_token)
+        vc8, vs = kv8_quantise(vc, per_token)
+        lens = torch.tensor([0, 17, 64 - sq], dtype=torch.int32)
+        if not append:
+            k = v = None
+        dev = lambda t: None if t is None else t.to(device)  # noqa: E731
+        kcd, vcd, ksd, vsd = dev(kc8), dev(vc8), dev(ks), dev(vs)
+        o, lse = fattn.flash_attn_with_kvcache(dev(q), kcd, vcd, dev(k), dev(v), cache_seqlens=dev(lens),
+                                               page_table=dev(table), causal=causal, return_softmax_lse=True,
+                                               k_scale=ksd, v_scale=vsd)
+        kcd, vcd, ksd, vsd, o, lse = (t.cpu() for t in (kcd, vcd, ksd, vsd, o, lse))
+        kvals, vvals = kv8_values(kcd, ksd), kv8_values(vcd, vsd)
+        if append:  # the appended rows, read back through the table
+            for bi in range(3):
+                for t in range(sq):
+                    pos = int(lens[bi]) + t
+                    e, r = (int(table[bi, pos // 16]), pos % 16) if paged else (bi, pos)
+                    for name, got, x in (("k", kvals[e, r], k[bi, t]), ("v", vvals[e, r], v[bi, t])):
+                        x = x.double()
+                        err = (got - x).abs()
+                        bound = x.abs() * 2.0 ** -4 + x.abs().amax() * 2.0 ** -10 + 1e-30
+                        if per_token or r == 0:
+                            self.assertTrue(bool((err <= bound).all()), "%s row %d of sequence %d" % (name, pos, bi))
+        want_o, want_lse, _, _ = kvcache_reference(q.double(), kvals, vvals, None, None,
+                                                   lens + (sq if append else 0), table, causal)
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        msg = "paged %s per_token %s append %s sq %d causal %s %s %s" % (paged, per_token, append, sq, causal,
+                                                                          dtype, device)
+        self.assertEqual(o.dtype, dtype, msg)
+        self.assertLess(rel(o, want_o), tol, msg)
+        fin = torch.isfinite(want_lse)
+        self.assertTrue(torch.equal(torch.isfinite(lse), fin), msg)
+        torch.testing.assert_close(lse[fin].double(), want_lse[fin], rtol=1e-3, atol=1e-3)
+        return kcd, vcd, ksd, vsd, o
+
+    def test_matches_reference(self):
+        for paged in (False, True):
+            for per_token in (False, True):
+                for append in (False, True):
+                    for sq, causal in ((1, False), (3, True)):
+                        self.run_case(paged, per_token, append, sq, causal, torch.float32)
+        self.run_case(True, True, True, 1, False, torch.bfloat16)
+
+    def test_refusals(self):
+        kc, vc, table = kv_setup(True, cap=64, d=32)
+        q, _, _ = kv_new(d=32)
+        kc8, ks = kv8_quantise(kc, True)
+        vc8, vs = kv8_quantise(vc, True)
+        lens = torch.tensor([5, 6, 7], dtype=torch.int32)
+        call = lambda **kw: fattn.flash_attn_with_kvcache(q, kw.pop("kc", kc8), kw.pop("vc", vc8),  # noqa: E731
+                                                          cache_seqlens=lens, page_table=table, **kw)
+        with self.assertRaisesRegex(ValueError, "k_scale and v_scale go with a float8_e4m3fn"):
+            fattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table, k_scale=ks, v_scale=vs)
+        with self.assertRaisesRegex(ValueError, "needs v_scale"):
+            call(k_scale=ks)
+        with self.assertRaisesRegex(TypeError, "must both be float8_e4m3fn"):
+            call(vc=vc, k_scale=ks, v_scale=vs)
+        with self.assertRaisesRegex(ValueError, "k_scale must be a contiguous float32"):
+            call(k_scale=ks.double(), v_scale=vs)
+        with self.assertRaisesRegex(ValueError, "v_scale must be a contiguous float32"):
+            call(k_scale=ks, v_scale=vs[:, :1])
+        bad = vs.clone()
+        bad[int(table[0, 0]), 0, 2] = 0.0  # a used key's scale
+        with self.assertRaisesRegex(fattn.FattnError, "v.scale"):
+            call(k_scale=ks, v_scale=bad)
+
+
+@unittest.skipUnless(HOPPER, "needs a Hopper GPU")
+class KvCache8Cuda(unittest.TestCase):
+    """The FP8 cache on CUDA tensors (the decoding kernel's KV8 instances and the CUDA fattn_kv_append): bf16
+    and f16 q, head dim 128, GQA 8/2; the output within 2e-2 of the float64 reference over the dequantised
+    cache; the caches and scales after an append bit for bit those of the same call on CPU copies (one
+    quantiser); shapes past the decoding kernel refused (no paged prefill yet)."""
+
+    def test_matches_reference_and_cpu(self):
+        for paged in (False, True):
+            for per_token in (False, True):
+                for sq, causal in ((1, False), (3, True)):
+                    for dtype in (torch.bfloat16, torch.float16):
+                        g = KvCache8("run_case")
+                        gpu = g.run_case(paged, per_token, True, sq, causal, dtype, device="cuda", d=128)
+                        cpu = g.run_case(paged, per_token, True, sq, causal, dtype, device="cpu", d=128)
+                        for a, b in zip(gpu[:4], cpu[:4]):
+                            self.assertTrue(torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
+                                                        b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b))
+
+    def test_prefill_refused(self):
+        kc, vc, table = kv_setup(True, cap=64, d=128, device="cuda")
+        kc8, ks = kv8_quantise(kc, True)
+        vc8, vs = kv8_quantise(vc, True)
+        q = torch.randn(3, 32, 8, 128, device="cuda", dtype=torch.bfloat16)
+        with self.assertRaisesRegex(fattn.FattnUnsupportedError, "paged prefill"):
+            fattn.flash_attn_with_kvcache(q, kc8, vc8, cache_seqlens=torch.full((3,), 40, dtype=torch.int32,
+                                                                                device="cuda"),
+                                          page_table=table, k_scale=ks, v_scale=vs)
 
 
 class Varlen(unittest.TestCase):

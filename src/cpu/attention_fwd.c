@@ -291,7 +291,8 @@ fattn_status fattn_cpu_fwd(fattn_ctx *ctx, const fattn_fwd_args *a) {
     if (a->block_table) j.m.rows_k = a->page_size;
 
     float lut[256];
-    if (a->q.dtype == FATTN_DTYPE_E4M3) {
+    /* e4m3 inputs, or an FP8 KV cache beside 16-bit or f32 q */
+    if (a->q.dtype == FATTN_DTYPE_E4M3 || a->k.dtype == FATTN_DTYPE_E4M3) {
         fattn_e4m3_table(lut);
         j.lut = lut;
     }

@@ -8,15 +8,26 @@
  * append larger than KV_APPEND_TASK_BYTES is spread over the context's
  * threads in tasks of whole new rows (each task writes rows no other task
  * writes: the check below refuses a cache row written twice), a decoding
- * step (a few KB) stays on the calling thread. */
+ * step (a few KB) stays on the calling thread.
+ *
+ * FP8 caches quantise instead of copying: each (sequence, kv head) is one
+ * task, its new rows walked in runs that stay inside one scale block; a run
+ * that starts its block sets the block's scale from its amax, others keep
+ * the stored scale (fattn.h).  The stored scales a call reads are checked
+ * before anything is written. */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/fp8.h"
+#include "cpu/load.h"
 #include "cpu/threads.h"
 #include "internal.h"
 
 #define KV_APPEND_TASK_BYTES ((int64_t)1 << 20)
+/* api.c's head_dim limit (FATTN_KV_APPEND_MAX_HEAD_DIM): one row of floats on the stack */
+#define FATTN_KV_APPEND_MAX_ROW 512
 
 /* ---- the entries --------------------------------------------------------------- */
 
@@ -163,9 +174,126 @@ static void append_task(void *arg, int64_t task, int worker) {
     }
 }
 
+/* ---- FP8 caches: quantised rows (fattn.h, fattn_kv_append_args) ---------------- */
+
+/* Cache row `pos` of sequence b: batch entry or page *e, row *r in it. */
+static inline void cache_loc(const fattn_kv_append_args *a, int32_t b, int64_t pos, int64_t *e, int64_t *r) {
+    if (!a->block_table) {
+        *e = b;
+        *r = pos;
+        return;
+    }
+    *e = a->block_table[(int64_t)b * a->max_pages_per_seq + pos / a->page_size];
+    *r = pos % a->page_size;
+}
+
+/* One run of sequence b's new rows t0 .. *t1 - 1 inside one scale block of
+ * cache c (its entry, the block's scale index, and whether the run starts
+ * at the block's first row). */
+typedef struct scale_run {
+    int64_t t1, scale_idx;
+    int first;
+} scale_run;
+
+static scale_run next_run(const fattn_kv_append_args *a, const fattn_tensor *c, int32_t b, int32_t h,
+                          int64_t t0) {
+    const int64_t sb = c->scale_block, rows = a->block_table ? a->page_size : a->capacity;
+    const int64_t nblocks = (rows + sb - 1) / sb, pos0 = (int64_t)a->cache_seqlens[b];
+    int64_t e, r, e2, r2;
+    cache_loc(a, b, pos0 + t0, &e, &r);
+    scale_run run;
+    run.first = r % sb == 0;
+    run.scale_idx = (e * a->heads_kv + h) * nblocks + r / sb;
+    run.t1 = t0 + 1;
+    while (run.t1 < a->seqlen_new) {
+        cache_loc(a, b, pos0 + run.t1, &e2, &r2);
+        if (e2 != e || r2 / sb != r / sb) break;
+        run.t1++;
+    }
+    return run;
+}
+
+/* The stored scale of every block a run appends to without starting it is
+ * read: > 0 (fattn_tensor's rule), checked before anything is written. */
+static fattn_status check_stored_scales(fattn_ctx *ctx, const fattn_kv_append_args *a) {
+    const fattn_tensor *c[2] = {&a->k_cache, &a->v_cache};
+    const char *name[2] = {"k_cache.scale", "v_cache.scale"};
+    for (int i = 0; i < 2; i++)
+        for (int32_t b = 0; b < a->batch; b++)
+            for (int32_t h = 0; h < a->heads_kv; h++)
+                for (int64_t t = 0; t < a->seqlen_new;) {
+                    const scale_run run = next_run(a, c[i], b, h, t);
+                    const float s = c[i]->scale[run.scale_idx];
+                    if (!run.first && !(s > 0.0f))
+                        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                                          "%s[%lld] = %g: sequence %d appends rows %lld..%lld of kv head %d "
+                                          "to a scale block it does not start, whose stored scale must be "
+                                          "> 0 (an earlier append's)",
+                                          name[i], (long long)run.scale_idx, (double)s, (int)b,
+                                          (long long)(a->cache_seqlens[b] + t),
+                                          (long long)(a->cache_seqlens[b] + run.t1 - 1), (int)h);
+                    t = run.t1;
+                }
+    return FATTN_OK;
+}
+
+/* Sequence b's new rows of head h quantised into cache c, run by run: a run
+ * that starts its block sets the block's scale from its own amax, any other
+ * keeps the stored one (fattn_quantize's scale and codes). */
+static void quantise_head(const fattn_kv_append_args *a, const fattn_tensor *src, const fattn_tensor *c,
+                          int32_t b, int32_t h) {
+    float row[FATTN_KV_APPEND_MAX_ROW];
+    const int d = a->head_dim;
+    const int64_t pos0 = (int64_t)a->cache_seqlens[b];
+    for (int64_t t0 = 0; t0 < a->seqlen_new;) {
+        const scale_run run = next_run(a, c, b, h, t0);
+        float scale = c->scale[run.scale_idx];
+        if (run.first) {
+            float m = 0.0f;
+            for (int64_t t = t0; t < run.t1; t++) {
+                fattn_load_row(src, b * src->stride_batch + t * src->stride_seq + h * src->stride_head, d, 1.0f,
+                               NULL, row);
+                for (int i = 0; i < d; i++) m = fmaxf(m, fabsf(row[i])); /* fmaxf skips NaN */
+            }
+            scale = m > 0.0f ? fattn_e4m3_scale(m) : 1.0f;
+            c->scale[run.scale_idx] = scale;
+        }
+        for (int64_t t = t0; t < run.t1; t++) {
+            int64_t e, r;
+            cache_loc(a, b, pos0 + t, &e, &r);
+            fattn_load_row(src, b * src->stride_batch + t * src->stride_seq + h * src->stride_head, d, 1.0f, NULL,
+                           row);
+            uint8_t *dst = (uint8_t *)c->data + e * c->stride_batch + r * c->stride_seq + h * c->stride_head;
+            for (int i = 0; i < d; i++) dst[i] = fattn_f32_to_e4m3(row[i] / scale);
+        }
+        t0 = run.t1;
+    }
+}
+
+/* One (sequence, kv head) unit: its K and V rows. */
+static void quantise_task(void *arg, int64_t unit, int worker) {
+    (void)worker;
+    const fattn_kv_append_args *a = (const fattn_kv_append_args *)arg;
+    const int32_t b = (int32_t)(unit / a->heads_kv), h = (int32_t)(unit % a->heads_kv);
+    quantise_head(a, &a->k_new, &a->k_cache, b, h);
+    quantise_head(a, &a->v_new, &a->v_cache, b, h);
+}
+
 fattn_status fattn_cpu_kv_append(fattn_ctx *ctx, const fattn_kv_append_args *a) {
     fattn_status st = check_entries(ctx, a);
     if (st != FATTN_OK) return st;
+    if (a->k_cache.dtype == FATTN_DTYPE_E4M3) {
+        if ((st = check_stored_scales(ctx, a)) != FATTN_OK) return st;
+        const int64_t units = (int64_t)a->batch * a->heads_kv;
+        const int64_t bytes = (int64_t)a->seqlen_new * a->head_dim * 2 * units;
+        int nthreads = bytes < KV_APPEND_TASK_BYTES ? 1 : fattn_cpu_thread_count(ctx->threads);
+        if ((int64_t)nthreads > units) nthreads = (int)units;
+        if (nthreads <= 1)
+            for (int64_t u = 0; u < units; u++) quantise_task((void *)a, u, 0);
+        else
+            fattn_parallel_for(nthreads, units, quantise_task, (void *)a);
+        return FATTN_OK;
+    }
 
     append_job j;
     j.a = a;

@@ -2,6 +2,7 @@
  * strides (internal.h: fattn_cpu_*_check), and its host-side checks of
  * variable-length batches and of the serving fields (seqused_q, seqused_k,
  * cache_batch_idx, cache_leftpad, block_table). */
+#include "cpu/attention_common.h"
 #include "internal.h"
 
 /* The CPU engine keeps a few rows of head_dim floats on the stack. */
@@ -119,4 +120,43 @@ fattn_status fattn_cpu_bwd_serving_check(fattn_ctx *ctx, const fattn_bwd_args *a
     fattn_status st = check_nonnegative(ctx, a->seqused_q, a->p.batch, "seqused_q");
     if (st != FATTN_OK) return st;
     return check_nonnegative(ctx, a->seqused_k, a->p.batch, "seqused_k");
+}
+
+/* The e4m3 scales of the keys each sequence uses (an FP8 KV cache: e4m3 k
+ * and v beside 16-bit or f32 q), after fattn_cpu_serving_check: > 0 (NaN,
+ * zero and negative refused, +Inf allowed, as fattn_tensor says).  The rest
+ * of the scale arrays belongs to pages and rows no sequence uses, which a
+ * cache leaves unwritten, so it is not read. */
+fattn_status fattn_cpu_kv8_scale_check(fattn_ctx *ctx, const fattn_fwd_args *a) {
+    const fattn_problem *p = &a->p;
+    const fattn_seq_fields f = {a->seqused_q, a->seqused_k, a->cache_batch_idx, a->cache_leftpad};
+    const int64_t rows = a->block_table ? a->page_size : fattn_rows_k(p);
+    const fattn_tensor *t[2] = {&a->k, &a->v};
+    const char *name[2] = {"k.scale", "v.scale"};
+    for (int64_t b = 0; b < p->batch; b++) {
+        const fattn_seq sq = fattn_seq_get(p, &f, b);
+        for (int64_t j = 0; j < sq.klen; j++) {
+            const int64_t pos = sq.k0 + j;
+            int64_t e = sq.kb, r = pos;
+            if (a->block_table) {
+                e = a->block_table[b * a->max_pages_per_seq + pos / a->page_size];
+                r = pos % a->page_size;
+            }
+            for (int i = 0; i < 2; i++) {
+                const int64_t sb = t[i]->scale_block, nblocks = (rows + sb - 1) / sb;
+                const int64_t idx = (e * p->heads_kv) * nblocks + r / sb;
+                for (int64_t h = 0; h < p->heads_kv; h++) {
+                    const float s = t[i]->scale[idx + h * nblocks];
+                    if (!(s > 0.0f))
+                        return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
+                                          "%s[%lld] = %g (key %lld of sequence %d, kv head %lld): e4m3 "
+                                          "dequantisation scales must be > 0 (NaN, zero and negative scales "
+                                          "are refused)",
+                                          name[i], (long long)(idx + h * nblocks), (double)s, (long long)j,
+                                          (int)b, (long long)h);
+                }
+            }
+        }
+    }
+    return FATTN_OK;
 }

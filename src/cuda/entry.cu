@@ -101,6 +101,34 @@ static fattn_status check_fwd_variants(fattn_ctx *ctx, const fattn_fwd_args *a) 
     return FATTN_OK;
 }
 
+/* An FP8 KV cache (fattn.h 0.5): e4m3 k and v with f16 / bf16 q, served by
+ * the decoding kernel's KV8 instances (fwd_decode_kv8.cu) only: the shapes
+ * that need the paged prefill kernel, which does not exist yet, are refused
+ * here by name (the CPU engine serves them).  Any scale_block: the kernel
+ * looks each key's scale up. */
+static fattn_status check_fwd_kv8(fattn_ctx *ctx, const fattn_fwd_args *a) {
+    const fattn_problem *p = &a->p;
+    if (a->q.dtype != FATTN_DTYPE_BF16 && a->q.dtype != FATTN_DTYPE_F16)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "an FP8 KV cache with q.dtype %s is not supported by the CUDA engine: q bf16 or f16 (the "
+                          "CPU engine also takes f32)",
+                          fattn_dtype_name(a->q.dtype));
+    if (p->cu_seqlens_q || p->cu_seqlens_k)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "an FP8 KV cache (e4m3 k and v) with cu_seqlens is not supported by the CUDA engine: its "
+                          "decoding kernel takes fixed-length batches, and the paged prefill kernel that would take "
+                          "variable-length queries does not exist yet (the CPU engine serves them)");
+    if (!fwd_decode_eligible(a))
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "an FP8 KV cache (e4m3 k and v) is served on the CUDA engine by the decoding kernel only: "
+                          "seqlen_q <= %d and seqlen_q * heads_q / heads_kv <= %d at head_dim %d (here %d and %d); the "
+                          "paged prefill kernel that would serve longer queries does not exist yet (the CPU engine "
+                          "serves any seqlen_q)",
+                          FWD_DECODE_MAX_SEQLEN_Q, fwd_decode_max_rows_of(a), p->head_dim, p->seqlen_q,
+                          p->seqlen_q * (p->heads_q / p->heads_kv));
+    return FATTN_OK;
+}
+
 /* FlashAttention-3's serving arguments of 0.4 (fattn.h, fattn_fwd_args):
  * the CPU engine serves them; the kernels do not read them yet, so each is
  * refused by name rather than ignored. */
@@ -175,6 +203,11 @@ extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_arg
     char list[64];
     fattn_status ss = check_serving_fields(ctx, p, a->seqused_q, a->cache_batch_idx, a->cache_leftpad, "forward");
     if (ss != FATTN_OK) return ss;
+    if (fwd_kv8(a) && portable_engine(ctx))
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "an FP8 KV cache (e4m3 k and v with %s q) is not served by the portable CUDA engine (sm_%d); "
+                          "the Hopper engine's decoding kernel and the CPU engine serve it",
+                          fattn_dtype_name(a->q.dtype), ((const fattn_cuda_state *)ctx->cuda)->sm);
     if (portable_engine(ctx)) return portable_fwd_check(ctx, a);
     bool ok = false;
     for (int i = 0; i < COUNT(fwd_dtypes); ++i) ok = ok || a->q.dtype == fwd_dtypes[i];
@@ -198,6 +231,10 @@ extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_arg
                               "scale per key) or a multiple of %d, V's a multiple of %d; at head dim 128 also both "
                               "multiples of %d",
                               kb, vb, FWD_FP8_SCALE_UNIT, FWD_FP8_SCALE_UNIT, FWD_FP8_SCALE_UNIT_D128);
+    }
+    if (fwd_kv8(a)) {
+        fattn_status ks = check_fwd_kv8(ctx, a);
+        if (ks != FATTN_OK) return ks;
     }
     fattn_status vs = check_fwd_variants(ctx, a);
     if (vs != FATTN_OK) return vs;
@@ -226,9 +263,9 @@ extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_arg
                           p->batch, p->seqlen_q, p->heads_q);
     /* (api.c refuses block_table with cu_seqlens on every engine) */
     const bool varlen = p->cu_seqlens_q || p->cu_seqlens_k;
-    /* fixed-length seqused_k and paged K/V: the decoding kernel only
-     * (fwd_decode.cu); varlen seqused_k: the varlen kernels */
-    if (!varlen && (a->seqused_k || a->block_table)) {
+    /* fixed-length seqused_k, paged K/V and FP8 caches: the decoding
+     * kernel only (fwd_decode.cu); varlen seqused_k: the varlen kernels */
+    if (!varlen && (a->seqused_k || a->block_table || fwd_kv8(a))) {
         if (!fwd_decode_eligible(a))
             return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                               "seqused_k and block_table need the CUDA decoding kernel: 16-bit inputs, seqlen_q <= %d "
@@ -237,7 +274,7 @@ extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_arg
                               p->seqlen_q * (p->heads_q / p->heads_kv));
         if (!fwd_decode_softcap_ok(a))
             return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                              "softcap with seqused_k or block_table at head_dim 256 and %d rows (seqlen_q x "
+                              "softcap with seqused_k, block_table or an FP8 KV cache at head_dim 256 and %d rows (seqlen_q x "
                               "heads_q / heads_kv): the CUDA decoding kernel takes softcap at head dim 256 for up "
                               "to 16 rows",
                               p->seqlen_q * (p->heads_q / p->heads_kv));
@@ -341,8 +378,9 @@ extern "C" fattn_status fattn_cuda_fwd(fattn_ctx *ctx, const fattn_fwd_args *a) 
     if ((s = check_tma_input(ctx, &a->k, "k")) != FATTN_OK) return s;
     if ((s = check_tma_input(ctx, &a->v, "v")) != FATTN_OK) return s;
     if ((s = cuda_check_device_ptr(ctx, a->o.data, "o")) != FATTN_OK) return s;
-    if (a->q.dtype == FATTN_DTYPE_E4M3) {
-        if ((s = cuda_check_device_ptr(ctx, a->q.scale, "q.scale")) != FATTN_OK) return s;
+    if (a->q.dtype == FATTN_DTYPE_E4M3 && (s = cuda_check_device_ptr(ctx, a->q.scale, "q.scale")) != FATTN_OK)
+        return s;
+    if (a->k.dtype == FATTN_DTYPE_E4M3) {
         if ((s = cuda_check_device_ptr(ctx, a->k.scale, "k.scale")) != FATTN_OK) return s;
         if ((s = cuda_check_device_ptr(ctx, a->v.scale, "v.scale")) != FATTN_OK) return s;
     }

@@ -15,6 +15,13 @@
  * softcap (bounds widened by cap x 2^-11, gpu_check_fwd's extra) and
  * learnable sinks, with split keys, seqused_k and paged caches.  Exit 77
  * without a Hopper GPU (FATTN_REQUIRE_GPU=1: a failure).
+ * An FP8 KV cache (fattn.h 0.5: e4m3 k and v, the KV8 instances): the
+ * same cases with the keys quantised on the host (scales per token, per
+ * page or sequence, blocks of 8, K and V apart), NaN codes and NaN scales
+ * where no sequence looks, and the oracle on the dequantised values
+ * (code x scale, exact in double), so gpu_check_fwd's 16-bit tolerances
+ * hold: the kernel's own rounding is the 16-bit path's (codes exact in
+ * 16 bits, K's scale on the f32 scores, V's on P before its rounding).
  * FATTN_TEST_SMALL=1: the small cases only (compute-sanitizer). */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -40,7 +47,71 @@ struct dcase {
     double softcap;
     int has_sink;
     double sink_base;
+    /* an FP8 KV cache (fattn.h 0.5): 0 none; the scale_block of K and V:
+     * 1 per token, 2 per page (contiguous: per sequence), 3 K per token and
+     * V per page, 4 blocks of 8 rows */
+    int kv8;
 };
+
+/* scale_block of K (i = 0) or V (1) for the mode: `unit` rows a page or sequence */
+static int kv8_block(int mode, int i, int unit) {
+    switch (mode) {
+    case 1: return 1;
+    case 2: return unit;
+    case 3: return i == 0 ? 1 : unit;
+    default: return 8;
+    }
+}
+
+/* The FP8 cache of one tensor: codes where the 16-bit cache has its rows
+ * (0x7F, NaN, elsewhere), scales max(amax / 448, 2^-126) of each block's used
+ * rows (NaN for blocks nobody uses), and x replaced by what the cache holds
+ * (code x scale, exact in double), for the oracle. */
+static void kv8_quantise(std::vector<double> &x, const std::vector<int32_t> &used, const std::vector<int32_t> &table,
+                         int B, int SK, int HK, int D, int page, int maxp, int entries, int sb,
+                         std::vector<uint8_t> &codes, std::vector<float> &scales) {
+    const int rows = page ? page : SK, nb = (rows + sb - 1) / sb;
+    const size_t row = (size_t)HK * D;
+    codes.assign((size_t)entries * rows * row, 0x7F);
+    scales.assign((size_t)entries * HK * nb, NAN);
+    std::vector<float> amax(scales.size(), 0.f);
+    auto where = [&](int b, int j, int &e, int &r) {
+        e = page ? table[(size_t)b * maxp + j / page] : b;
+        r = page ? j % page : j;
+    };
+    for (int pass = 0; pass < 3; ++pass)
+        for (int b = 0; b < B; ++b)
+            for (int j = 0; j < used[b]; ++j) {
+                int e, r;
+                where(b, j, e, r);
+                for (int h = 0; h < HK; ++h) {
+                    const size_t si = ((size_t)e * HK + h) * nb + r / sb;
+                    double *xs = &x[((size_t)b * SK + j) * row + (size_t)h * D];
+                    uint8_t *cs = &codes[((size_t)e * rows + r) * row + (size_t)h * D];
+                    for (int i = 0; i < D; ++i) {
+                        const float f = (float)xs[i];
+                        if (pass == 0) amax[si] = fmaxf(amax[si], fabsf(f));
+                        if (pass == 1 && i == 0) scales[si] = amax[si] > 0.f ? fmaxf(amax[si] / 448.f, 0x1p-126f) : 1.f;
+                        if (pass == 2) {
+                            cs[i] = fattn_f32_to_e4m3(f / scales[si]);
+                            xs[i] = (double)fattn_e4m3_to_f32(cs[i]) * scales[si];
+                        }
+                    }
+                }
+            }
+}
+
+/* the pool or cache of codes and scales on the device, as k or v */
+static void kv8_upload(fattn_tensor *t, const std::vector<uint8_t> &codes, const std::vector<float> &scales, int sb,
+                       std::vector<void *> &frees) {
+    void *dc, *ds;
+    CK(cudaMalloc(&dc, codes.size()));
+    CK(cudaMalloc(&ds, scales.size() * 4));
+    CK(cudaMemcpy(dc, codes.data(), codes.size(), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(ds, scales.data(), scales.size() * 4, cudaMemcpyHostToDevice));
+    t->data = dc, t->dtype = FATTN_DTYPE_E4M3, t->scale = (float *)ds, t->scale_block = sb;
+    frees.push_back(dc), frees.push_back(ds);
+}
 
 static uint16_t nan16(fattn_dtype dt) { return dt == FATTN_DTYPE_BF16 ? 0x7FC0 : 0x7E00; }
 
@@ -155,12 +226,28 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const dcase &c) {
             t->stride_batch = (int64_t)c.page * HK * D;
         }
     }
+    std::vector<void *> kv8_frees;
+    if (c.kv8) {
+        /* the same keys, quantised: the oracle then sees the dequantised values */
+        const int unit = c.page ? c.page : SK, entries = c.page ? npages : B;
+        const int sbk = kv8_block(c.kv8, 0, unit), sbv = kv8_block(c.kv8, 1, unit);
+        std::vector<uint8_t> kc, vc;
+        std::vector<float> ks, vs;
+        kv8_quantise(k, used, table, B, SK, HK, D, c.page, maxp, entries, sbk, kc, ks);
+        kv8_quantise(v, used, table, B, SK, HK, D, c.page, maxp, entries, sbv, vc, vs);
+        kv8_upload(&a.k, kc, ks, sbk, kv8_frees);
+        kv8_upload(&a.v, vc, vs, sbv, kv8_frees);
+    }
     if (c.no_split) TU_EXPECT_OK(fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_SPLIT, 1));
     const fattn_status st = fattn_fwd(ctx, &a);
     if (c.no_split) TU_EXPECT_OK(fattn_ctx_set_option(ctx, FATTN_OPTION_DISABLE_SPLIT, 0));
     char what[320];
     snprintf(what, sizeof what, "%s b%d sq%d sk%d h%d/%d d%d%s%s%s%s", fattn_dtype_name(c.dt), B, SQ, SK, HQ, HK, D,
              c.causal ? " causal" : "", c.page ? " paged" : "", c.used ? " seqused_k" : "", c.no_split ? " no-split" : "");
+    if (c.kv8) {
+        const size_t len = strlen(what);
+        snprintf(what + len, sizeof what - len, " e4m3 cache (mode %d)", c.kv8);
+    }
     if (c.window || c.softcap != 0 || c.has_sink) {
         const size_t len = strlen(what);
         snprintf(what + len, sizeof what - len, " window %s(%d, %d) softcap %g sink %s%g", c.window ? "" : "off ",
@@ -199,6 +286,7 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const dcase &c) {
     gpu_check_fwd(what, c.dt, got.data(), ref.data(), nq, D, glse.data(), ref_lse.data(), nlse, c.softcap * 0x1p-11);
     cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dout), cudaFree(dlse), cudaFree(dused), cudaFree(dtable);
     if (dsink) cudaFree(dsink);
+    for (void *x : kv8_frees) cudaFree(x);
 }
 
 /* what the CUDA engine refuses, with O left as it was */
@@ -223,6 +311,18 @@ static void refusals(fattn_ctx *ctx) {
     a.block_table = dt, a.page_size = 24, a.num_pages = 2, a.max_pages_per_seq = 4; /* not a power of two */
     st = fattn_fwd(ctx, &a);
     TU_CHECK(st == FATTN_ERROR_UNSUPPORTED, "page_size 24: %s", fattn_status_string(st));
+    /* an FP8 KV cache outside the decoding kernel's shapes: no paged prefill yet */
+    a.block_table = NULL, a.page_size = a.num_pages = a.max_pages_per_seq = 0;
+    a.k.dtype = a.v.dtype = FATTN_DTYPE_E4M3;
+    a.k.scale = a.v.scale = (float *)dt, a.k.scale_block = a.v.scale_block = 1;
+    a.p.seqlen_q = 64;
+    st = fattn_fwd(ctx, &a);
+    TU_CHECK(st == FATTN_ERROR_UNSUPPORTED && strstr(fattn_last_error(ctx), "paged prefill"),
+             "FP8 cache at seqlen_q 64: %s: %s", fattn_status_string(st), fattn_last_error(ctx));
+    a.p.seqlen_q = 8, a.p.head_dim = 256, a.p.heads_q = 4, a.p.heads_kv = 1; /* 32 rows at d256 */
+    st = fattn_fwd(ctx, &a);
+    TU_CHECK(st == FATTN_ERROR_UNSUPPORTED && strstr(fattn_last_error(ctx), "<= 16 at head_dim 256"),
+             "FP8 cache, 32 rows at d256: %s: %s", fattn_status_string(st), fattn_last_error(ctx));
     std::vector<uint16_t> h((size_t)B * S * H * D);
     CK(cudaMemcpy(h.data(), o, h.size() * 2, cudaMemcpyDeviceToHost));
     size_t changed = 0;
@@ -270,6 +370,26 @@ int main(void) {
         {2, 1, 2000, 8, 8, 256, 0, BF, 256, 1, 0, 1, 500, 500, 2, 1, 0},    /* paged d256, 1 row, softcap */
         {1, 16, 5, 4, 4, 64, 1, BF, 0, 0, 0, 1, 2, -1, 0, 1, 0},            /* rows that see no key: LSE = sink */
         {4, 1, 100, 4, 1, 64, 0, F16, 32, 1, 0, 0, 0, 0, 30, 1, 8},         /* softcap and sink, no window */
+        /* an FP8 KV cache (last field: the scales' mode, kv8_block) */
+        {2, 1, 1, 8, 2, 128, 0, BF, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+        {4, 1, 1000, 32, 8, 128, 0, BF, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2},    /* per sequence */
+        {1, 1, 20000, 32, 8, 128, 0, F16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},  /* split keys */
+        {1, 1, 4097, 8, 1, 128, 0, BF, 0, 0, 1, 0, 0, 0, 0, 0, 0, 3},     /* unsplit */
+        {5, 1, 600, 32, 8, 128, 0, BF, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1},     /* seqused_k */
+        {3, 4, 300, 8, 2, 64, 1, F16, 0, 1, 0, 0, 0, 0, 0, 0, 0, 4},
+        {2, 16, 777, 8, 2, 128, 1, BF, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},     /* 64 rows */
+        {2, 8, 500, 8, 2, 128, 1, F16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3},     /* 32 rows */
+        {1, 1, 3000, 4, 4, 256, 0, BF, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1},
+        {2, 4, 500, 8, 2, 256, 1, F16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2},     /* 16 rows at d256 */
+        {3, 1, 1000, 32, 8, 128, 0, BF, 16, 1, 0, 0, 0, 0, 0, 0, 0, 1},   /* paged, per token */
+        {3, 1, 1000, 32, 8, 128, 0, BF, 16, 1, 0, 0, 0, 0, 0, 0, 0, 2},   /* paged, per page */
+        {2, 2, 777, 16, 4, 128, 1, F16, 64, 0, 0, 0, 0, 0, 0, 0, 0, 3},
+        {2, 1, 2000, 8, 8, 256, 0, BF, 256, 1, 0, 0, 0, 0, 0, 0, 0, 2},
+        {4, 1, 100, 4, 1, 64, 0, BF, 32, 1, 0, 0, 0, 0, 0, 0, 0, 4},
+        {3, 4, 5000, 32, 8, 128, 1, BF, 128, 1, 0, 0, 0, 0, 0, 0, 0, 1},
+        {1, 16, 5, 4, 4, 64, 1, BF, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},        /* rows that see no key */
+        {3, 1, 1000, 32, 8, 128, 0, BF, 16, 1, 0, 1, 200, 0, 0, 1, -30, 1}, /* paged, window, sink */
+        {3, 4, 300, 8, 2, 64, 1, F16, 0, 1, 0, 1, 37, 5, 2, 0, 0, 2},       /* causal + window, softcap */
     };
     const int small = getenv("FATTN_TEST_SMALL") != NULL; /* sanitizer runs: small shapes only */
     for (const auto &c : cases)

@@ -21,7 +21,10 @@
  *     cache_seqlens + seqlen_new, against the CPU engine's append + forward
  *     on f32 copies of the same 16-bit values, within gpu_check_fwd's
  *     16-bit tolerances (gpu_testutil.h); the appended pool's bytes are also
- *     the CPU's.
+ *     the CPU's;
+ *   - FP8 caches (fp8_case): the quantised codes and scales bitwise the
+ *     CPU's after each append, and the forward over them against the CPU's
+ *     forward on the same bytes; scale_block 6 on pages of 16 refused.
  * Exit 77 without a Hopper GPU (FATTN_REQUIRE_GPU=1: a failure). */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -529,6 +532,187 @@ static void decode_step(tu_rng *rng, fattn_dtype dt, int d, int ps, int sn, int 
     cudaFree(dout), cudaFree(dlse);
 }
 
+/* ---- FP8 caches (fattn.h 0.5) ------------------------------------------------------
+ * A few appends (5 rows, then 1, then 3) into e4m3 caches whose rows and
+ * scales start as random codes (no NaN) and random positive scales, as if
+ * earlier appends had written them: the GPU's codes and scales after each
+ * append must be the CPU's bytes (the same quantiser: e4m3_quant.cuh), runs
+ * that start a scale block and runs that keep its stored scale (and
+ * saturate) both.  Then fattn_fwd on the GPU over the cache (block table,
+ * seqused_k, GQA, causal or not) against the CPU engine's forward on the
+ * same bytes with f32 queries holding the same 16-bit values, within
+ * gpu_check_fwd's 16-bit tolerances: the e4m3 values are in both. */
+static int g_fp8_steps, g_fp8_ok;
+
+static void fp8_case(tu_rng *rng, fattn_dtype dt, int d, int ps, int sbk, int sbv, int causal) {
+    const int B = 4, HQ = 8, HK = 2, steps[3] = {5, 1, 3};
+    const int32_t prefix[4] = {0, 13, 16, 70};
+    const int maxlen = 70 + 9;
+    const int mpps = ps ? (maxlen + ps - 1) / ps + 1 : 0;
+    const int rows = ps ? mpps * ps : maxlen + 5;
+    const int np = ps ? B * mpps + 3 : B;
+    const int prow = ps ? ps : rows;
+    const size_t row = (size_t)HK * d, ncache = (size_t)np * prow * row;
+    const int nbk = (prow + sbk - 1) / sbk, nbv = (prow + sbv - 1) / sbv;
+    char what[160];
+    snprintf(what, sizeof what, "fp8 cache %s d%d %s%d scale_block k %d v %d %s", fattn_dtype_name(dt), d,
+             ps ? "page " : "contiguous ", ps ? ps : rows, sbk, sbv, causal ? "causal" : "non-causal");
+    std::vector<int32_t> table;
+    if (ps) {
+        std::vector<int> perm(np);
+        for (int i = 0; i < np; i++) perm[i] = i;
+        for (int i = np - 1; i > 0; i--) std::swap(perm[i], perm[tu_rng_u64(rng) % (uint64_t)(i + 1)]);
+        table.assign(perm.begin(), perm.begin() + (size_t)B * mpps);
+    }
+    std::vector<uint8_t> kc(ncache), vc(ncache);
+    fill_bytes(rng, kc), fill_bytes(rng, vc);
+    for (auto *c : {&kc, &vc})
+        for (auto &x : *c)
+            if ((x & 0x7F) == 0x7F) x = 0; /* no NaN codes in the prefix the forward reads */
+    std::vector<float> ks((size_t)np * HK * nbk), vs((size_t)np * HK * nbv);
+    for (auto &x : ks) x = (float)(0.002 + 0.01 * tu_rng_uniform(rng));
+    for (auto &x : vs) x = (float)(0.002 + 0.01 * tu_rng_uniform(rng));
+    uint8_t *dkc, *dvc;
+    float *dks, *dvs;
+    int32_t *dseq, *dtab = NULL, *dused;
+    CK(cudaMalloc(&dkc, ncache));
+    CK(cudaMalloc(&dvc, ncache));
+    CK(cudaMalloc(&dks, ks.size() * 4));
+    CK(cudaMalloc(&dvs, vs.size() * 4));
+    CK(cudaMalloc(&dseq, B * 4));
+    CK(cudaMalloc(&dused, B * 4));
+    CK(cudaMemcpy(dkc, kc.data(), ncache, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dvc, vc.data(), ncache, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dks, ks.data(), ks.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dvs, vs.data(), vs.size() * 4, cudaMemcpyHostToDevice));
+    if (ps) {
+        CK(cudaMalloc(&dtab, table.size() * 4));
+        CK(cudaMemcpy(dtab, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+    }
+    std::vector<int32_t> pos(prefix, prefix + B);
+    int sn = 0;
+    for (int st = 0; st < 3; st++) {
+        sn = steps[st];
+        std::vector<double> x((size_t)B * sn * row), y(x.size());
+        tu_fill_normal(rng, x.data(), x.size()), tu_fill_normal(rng, y.data(), y.size());
+        for (size_t i = 0; i < x.size(); i += 7) x[i] *= 8.0; /* beyond some stored scales: saturation */
+        const size_t es = fattn_dtype_size(dt);
+        std::vector<uint8_t> xn(x.size() * es), yn(x.size() * es);
+        tu_to_dtype(x.data(), x.size(), dt, xn.data()), tu_to_dtype(y.data(), y.size(), dt, yn.data());
+        void *dxn, *dyn;
+        CK(cudaMalloc(&dxn, xn.size()));
+        CK(cudaMalloc(&dyn, yn.size()));
+        CK(cudaMemcpy(dxn, xn.data(), xn.size(), cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dyn, yn.data(), yn.size(), cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dseq, pos.data(), B * 4, cudaMemcpyHostToDevice));
+        fattn_kv_append_args a;
+        memset(&a, 0, sizeof a);
+        a.batch = B, a.seqlen_new = sn, a.heads_kv = HK, a.head_dim = d;
+        if (ps) a.page_size = ps, a.num_pages = np, a.max_pages_per_seq = mpps;
+        else a.capacity = rows;
+        fattn_kv_append_args h = a, g = a;
+        h.k_new = fattn_tensor_bshd(xn.data(), dt), h.v_new = fattn_tensor_bshd(yn.data(), dt);
+        h.k_cache = fattn_tensor_bshd(kc.data(), FATTN_DTYPE_E4M3), h.v_cache = fattn_tensor_bshd(vc.data(), FATTN_DTYPE_E4M3);
+        h.k_cache.scale = ks.data(), h.v_cache.scale = vs.data();
+        h.cache_seqlens = pos.data(), h.block_table = ps ? table.data() : NULL;
+        g.k_new = fattn_tensor_bshd(dxn, dt), g.v_new = fattn_tensor_bshd(dyn, dt);
+        g.k_cache = fattn_tensor_bshd(dkc, FATTN_DTYPE_E4M3), g.v_cache = fattn_tensor_bshd(dvc, FATTN_DTYPE_E4M3);
+        g.k_cache.scale = dks, g.v_cache.scale = dvs;
+        g.cache_seqlens = dseq, g.block_table = dtab;
+        h.k_cache.scale_block = g.k_cache.scale_block = sbk;
+        h.v_cache.scale_block = g.v_cache.scale_block = sbv;
+        fattn_status s1 = fattn_kv_append(g_cpu, &h), s2 = fattn_kv_append(g_gpu, &g);
+        TU_CHECK(s1 == FATTN_OK && s2 == FATTN_OK, "%s step %d: cpu %s (%s), gpu %s (%s)", what, st,
+                 fattn_status_string(s1), fattn_last_error(g_cpu), fattn_status_string(s2), fattn_last_error(g_gpu));
+        CK(cudaDeviceSynchronize());
+        std::vector<uint8_t> gk(ncache), gv(ncache);
+        std::vector<float> gks(ks.size()), gvs(vs.size());
+        CK(cudaMemcpy(gk.data(), dkc, ncache, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(gv.data(), dvc, ncache, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(gks.data(), dks, ks.size() * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(gvs.data(), dvs, vs.size() * 4, cudaMemcpyDeviceToHost));
+        const bool ok = gk == kc && gv == vc && memcmp(gks.data(), ks.data(), ks.size() * 4) == 0 &&
+                        memcmp(gvs.data(), vs.data(), vs.size() * 4) == 0;
+        TU_CHECK(ok, "%s step %d (%d new rows): the GPU's codes or scales differ from the CPU's", what, st, sn);
+        g_fp8_steps++, g_fp8_ok += ok;
+        for (int b = 0; b < B; b++) pos[b] += sn;
+        cudaFree(dxn), cudaFree(dyn);
+    }
+    /* the forward over every used key: the GPU on its cache, the CPU on the same bytes */
+    const size_t nq = (size_t)B * sn * HQ * d, nlse = (size_t)B * HQ * sn;
+    std::vector<double> q(nq);
+    tu_fill_normal(rng, q.data(), nq);
+    std::vector<uint16_t> q16(nq), o16(nq);
+    std::vector<float> q32(nq), o32(nq), lse32(nlse), glse(nlse);
+    tu_to_dtype(q.data(), nq, dt, q16.data());
+    tu_from_dtype(q16.data(), nq, dt, q.data());
+    tu_to_dtype(q.data(), nq, FATTN_DTYPE_F32, q32.data());
+    void *dq, *dout;
+    float *dlse;
+    CK(cudaMalloc(&dq, nq * 2));
+    CK(cudaMalloc(&dout, nq * 2));
+    CK(cudaMalloc(&dlse, nlse * 4));
+    CK(cudaMemcpy(dq, q16.data(), nq * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemset(dout, 0xFF, nq * 2));
+    CK(cudaMemset(dlse, 0xFF, nlse * 4));
+    CK(cudaMemcpy(dused, pos.data(), B * 4, cudaMemcpyHostToDevice));
+    fattn_fwd_args f;
+    memset(&f, 0, sizeof f);
+    f.p = tu_problem(B, sn, rows, HQ, HK, d, 0, causal, NULL, NULL);
+    if (ps) f.page_size = ps, f.num_pages = np, f.max_pages_per_seq = mpps;
+    fattn_fwd_args fc = f, fg = f;
+    fc.q = fattn_tensor_bshd(q32.data(), FATTN_DTYPE_F32), fc.o = fattn_tensor_bshd(o32.data(), FATTN_DTYPE_F32);
+    fc.k = fattn_tensor_bshd(kc.data(), FATTN_DTYPE_E4M3), fc.v = fattn_tensor_bshd(vc.data(), FATTN_DTYPE_E4M3);
+    fc.k.scale = ks.data(), fc.v.scale = vs.data(), fc.lse = lse32.data();
+    fc.seqused_k = pos.data(), fc.block_table = ps ? table.data() : NULL;
+    fg.q = fattn_tensor_bshd(dq, dt), fg.o = fattn_tensor_bshd(dout, dt);
+    fg.k = fattn_tensor_bshd(dkc, FATTN_DTYPE_E4M3), fg.v = fattn_tensor_bshd(dvc, FATTN_DTYPE_E4M3);
+    fg.k.scale = dks, fg.v.scale = dvs, fg.lse = dlse;
+    fg.seqused_k = dused, fg.block_table = dtab;
+    fc.k.scale_block = fg.k.scale_block = sbk;
+    fc.v.scale_block = fg.v.scale_block = sbv;
+    fattn_status s1 = fattn_fwd(g_cpu, &fc), s2 = fattn_fwd(g_gpu, &fg);
+    TU_CHECK(s1 == FATTN_OK && s2 == FATTN_OK, "%s: fattn_fwd: cpu %s (%s), gpu %s (%s)", what, fattn_status_string(s1),
+             fattn_last_error(g_cpu), fattn_status_string(s2), fattn_last_error(g_gpu));
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(o16.data(), dout, nq * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(glse.data(), dlse, nlse * 4, cudaMemcpyDeviceToHost));
+    std::vector<double> got(nq), ref(nq), ref_lse(nlse);
+    tu_from_dtype(o16.data(), nq, dt, got.data());
+    tu_from_dtype(o32.data(), nq, FATTN_DTYPE_F32, ref.data());
+    for (size_t i = 0; i < nlse; i++) ref_lse[i] = lse32[i];
+    gpu_check_fwd(what, dt, got.data(), ref.data(), nq, d, glse.data(), ref_lse.data(), nlse);
+    cudaFree(dq), cudaFree(dout), cudaFree(dlse), cudaFree(dkc), cudaFree(dvc), cudaFree(dks), cudaFree(dvs);
+    cudaFree(dseq), cudaFree(dused), cudaFree(dtab);
+}
+
+/* what the CUDA engine refuses for FP8 caches, nothing written */
+static void fp8_refusals(void) {
+    uint8_t *buf;
+    CK(cudaMalloc(&buf, 1 << 16));
+    CK(cudaMemset(buf, 0x11, 1 << 16));
+    float *sc = (float *)(buf + 32768);
+    int32_t *seq = (int32_t *)(buf + 60000), *tab = seq + 4;
+    CK(cudaMemset(seq, 0, 64));
+    fattn_kv_append_args a;
+    memset(&a, 0, sizeof a);
+    a.batch = 1, a.seqlen_new = 1, a.heads_kv = 1, a.head_dim = 64;
+    a.k_new = fattn_tensor_bshd(buf, FATTN_DTYPE_BF16), a.v_new = fattn_tensor_bshd(buf + 128, FATTN_DTYPE_BF16);
+    a.k_cache = fattn_tensor_bshd(buf + 4096, FATTN_DTYPE_E4M3), a.v_cache = fattn_tensor_bshd(buf + 8192, FATTN_DTYPE_E4M3);
+    a.k_cache.scale = sc, a.v_cache.scale = sc + 64;
+    a.k_cache.scale_block = 6, a.v_cache.scale_block = 1; /* 6 does not divide the page of 16 */
+    a.cache_seqlens = seq, a.block_table = tab, a.page_size = 16, a.num_pages = 2, a.max_pages_per_seq = 2;
+    fattn_status st = fattn_kv_append(g_gpu, &a);
+    TU_CHECK(st == FATTN_ERROR_UNSUPPORTED && strstr(fattn_last_error(g_gpu), "scale_block 6 with page_size 16"),
+             "scale_block 6, page 16: %s: %s", fattn_status_string(st), fattn_last_error(g_gpu));
+    std::vector<uint8_t> h(1 << 16);
+    CK(cudaMemcpy(h.data(), buf, h.size(), cudaMemcpyDeviceToHost));
+    size_t changed = 0;
+    for (size_t i = 0; i < 60000; i++) changed += h[i] != 0x11;
+    TU_CHECK(changed == 0, "a refused FP8 append wrote %zu bytes", changed);
+    cudaFree(buf);
+}
+
 int main(void) {
     g_gpu = gpu_ctx_or_skip();
     if (fattn_ctx_create(&g_cpu, FATTN_BACKEND_CPU, 0) != FATTN_OK) {
@@ -554,6 +738,15 @@ int main(void) {
             for (int sn = 1; sn <= 5; sn += 4)
                 for (int causal = 0; causal < 2; causal++)
                     decode_step(&rng, dts[di], (di + pi + causal) % 2 ? 64 : 128, pss[pi], sn, causal);
+
+    /* FP8 caches: scales per token, per page, per 8 rows of a page, per sequence, K and V apart */
+    const int fp8_cfg[][4] = {{16, 1, 1, 64}, {16, 16, 16, 128}, {32, 8, 32, 64}, {0, 1, 1, 128}, {0, 1000, 1, 64},
+                              {64, 64, 1, 256}};
+    for (int ci = 0; ci < 6; ci++)
+        for (int di = 0; di < 2; di++)
+            fp8_case(&rng, dts[di], fp8_cfg[ci][3], fp8_cfg[ci][0], fp8_cfg[ci][1], fp8_cfg[ci][2], (ci + di) % 2);
+    printf("FP8 cache appends equal to the CPU engine's codes and scales: %d of %d\n", g_fp8_ok, g_fp8_steps);
+    fp8_refusals();
 
     fattn_ctx_free(g_gpu);
     fattn_ctx_free(g_cpu);

@@ -53,6 +53,7 @@
 #include <string.h>
 
 #include "common/fp8.h"
+#include "../common/e4m3_quant.cuh"
 #include "../common/sm80.cuh" /* cp_async_commit, cp_async_wait */
 #include "../cuda_engine.h"
 
@@ -106,41 +107,7 @@ struct quant_params {
     float norm;          /* (float)(1 / sqrt((double)d)) */
 };
 
-/* ---- float arithmetic without .ftz (see the top of the file) -------------- */
-
-/* name(a, b): one PTX instruction, a and b its operands */
-#define QUANT_F32_OP2(name, ins)                                                                   \
-    __device__ __forceinline__ float name(float a, float b) {                                      \
-        float r;                                                                                   \
-        asm(ins " %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));                                        \
-        return r;                                                                                  \
-    }
-QUANT_F32_OP2(f32_add, "add.rn.f32")
-QUANT_F32_OP2(f32_sub, "sub.rn.f32")
-QUANT_F32_OP2(f32_mul, "mul.rn.f32")
-QUANT_F32_OP2(f32_div, "div.rn.f32") /* IEEE division, correctly rounded, subnormals kept */
-QUANT_F32_OP2(f32_max, "max.f32")
-#undef QUANT_F32_OP2
-/* a * s + b rounded once; with s = +-1 the product is exact, so this is
- * a + b or b - a rounded once, bitwise the CPU's add or subtract. */
-__device__ __forceinline__ float f32_fma(float a, float s, float b) {
-    float r;
-    asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(s), "f"(b));
-    return r;
-}
-/* max(m, |x|), NaN x leaving m (fmaxf(m, fabsf(x)) of the CPU). */
-__device__ __forceinline__ float f32_amax(float m, float x) {
-    float r;
-    asm("{\n .reg .f32 t;\n abs.f32 t, %2;\n max.f32 %0, %1, t;\n}" : "=f"(r) : "f"(m), "f"(x));
-    return r;
-}
-/* Two floats to two e4m3 codes, lo in the low byte: cvt puts its first
- * source in the upper byte.  Bitwise fattn_f32_to_e4m3 (src/common/fp8.c). */
-__device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
-    uint16_t r;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-    return r;
-}
+/* ---- float arithmetic without .ftz: common/e4m3_quant.cuh ---------------------- */
 
 /* ---- memory ----------------------------------------------------------------- */
 
@@ -298,16 +265,6 @@ __device__ __forceinline__ void rotate_chunk(float (&x)[E], uint32_t sbits, int 
  * quotient exact for any br with ceil(2^32 / br)). */
 __device__ __forceinline__ int onchip_slot(int rl, const quant_params &p) {
     return p.br == 1 ? rl : (int)__umulhi((uint32_t)rl, p.br_magic);
-}
-
-/* amax / 448 floored at FLT_MIN, fattn_e4m3_scale of the CPU (an amax of
- * f32 subnormals would give scale 0 and NaN codes for its zeros).  max.f32
- * without .ftz; Inf stays Inf. */
-__device__ __forceinline__ float scale_of_nonzero_amax(float amax) {
-    return f32_max(f32_div(amax, FATTN_E4M3_MAX), FATTN_E4M3_SCALE_MIN);
-}
-__device__ __forceinline__ float scale_of_amax(uint32_t amax_bits) {
-    return amax_bits ? scale_of_nonzero_amax(__uint_as_float(amax_bits)) : 1.0f;
 }
 
 /* ---- x / scale for a chunk ----------------------------------------------------

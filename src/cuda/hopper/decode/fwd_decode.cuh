@@ -20,7 +20,14 @@
  * LOCAL (the variants, issue 37; instances of their own, so the others keep
  * their code): a sliding window (a CTA's splits cover only the key blocks
  * its rows can see), softcap before the mask, and the learnable sink in the
- * final normalisation (one split) or in the combine (several). */
+ * final normalisation (one split) or in the combine (several).
+ * KV8 (an FP8 KV cache, fattn.h 0.5; instances of their own, in
+ * fwd_decode_kv8.cu): the stages hold e4m3 codes (TMA, unswizzled) and each
+ * key's K and V scales (the producer warp's lanes fetch them); the
+ * consumers convert a stage into the 16-bit tiles the 16-bit path reads
+ * (exact), release it, and run the same loop with K's scale multiplied into
+ * S and V's into P before P is rounded, as the FP8 forward places its v
+ * scale. */
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -47,12 +54,16 @@ struct DecParams {
     int win_left, win_right;
     float cap_a, cap_b;
     const float *sink;
+    /* KV8 only (after every field the other instances read): the e4m3
+     * scales, scale index (entry * heads_kv + kv head) * nblocks + row / sb */
+    const float *k_scale, *v_scale;
+    int k_sb, v_sb, k_nblocks, v_nblocks;
 };
 
-template <int D_, int WM_, bool BF16_, bool PAGED_, bool LOCAL_ = false>
+template <int D_, int WM_, bool BF16_, bool PAGED_, bool LOCAL_ = false, bool KV8_ = false>
 struct DecCfg {
     static constexpr int D = D_, WM = WM_, WN = 4 / WM_, BN = 64;
-    static constexpr bool BF16 = BF16_, PAGED = PAGED_, LOCAL = LOCAL_;
+    static constexpr bool BF16 = BF16_, PAGED = PAGED_, LOCAL = LOCAL_, KV8 = KV8_;
     /* LOCAL's softcap: not at d256 with 32 rows, where its tanh spilled 92
      * bytes at 255 registers (fwd_decode_softcap_ok keeps such calls off) */
     static constexpr bool SOFTCAP = LOCAL_ && !(D_ == 256 && WM_ == 2);
@@ -60,12 +71,25 @@ struct DecCfg {
     static constexpr int NT = KW / 8;  /* S n-tiles per warp */
     static constexpr int SLABS = D / 64;
     static constexpr int TILE_BYTES = BN * D * 2; /* K or V block: SLABS slabs of BN rows x 128 bytes */
-    /* D <= 128: two CTAs per SM (96 KB each); d256: one, 3 x 64 KB */
-    static constexpr int STAGES = D == 256 ? 3 : D == 128 ? 3 : 6;
-    static constexpr int OFF_BAR = STAGES * 2 * TILE_BYTES;
+    /* KV8: a stage is e4m3 K and V blocks (BN rows of D bytes) and their
+     * scales (BN of K's, BN of V's); the 16-bit tiles the consumers convert
+     * them into sit at 0, the ring after them */
+    static constexpr int TILE8 = BN * D, SCALES = 2 * BN * 4;
+    static constexpr int OFF_RING = KV8 ? 2 * TILE_BYTES : 0;
+    /* D <= 128: two CTAs per SM (96 KB each; KV8 ~100 KB); d256: one, 3 x 64 KB (KV8 4 x 32 KB) */
+    static constexpr int STAGES = KV8 ? (D == 64 ? 8 : 4) : D == 256 ? 3 : D == 128 ? 3 : 6;
+    static constexpr int STAGE_BYTES = KV8 ? 2 * TILE8 : 2 * TILE_BYTES;
+    static constexpr int OFF_SC = OFF_RING + STAGES * STAGE_BYTES; /* KV8: each stage's scales */
+    static constexpr int OFF_SC16 = OFF_SC + (KV8 ? STAGES * SCALES : 0); /* KV8: the converted block's */
+    static constexpr int OFF_BAR = OFF_SC16 + (KV8 ? SCALES : 0);
     static constexpr int OFF_ML = OFF_BAR + 2 * STAGES * 8;    /* per warp: max, sum of its 16 rows */
     static constexpr int SMEM_BYTES = OFF_ML + 4 * 16 * 2 * 4 + 1024; /* + alignment slack */
     static constexpr int THREADS = 160; /* warps 0-3 consumers, warp 4 the producer */
+    /* KV8: one CTA per SM as the bound ptxas plans registers for (two fit by
+     * shared memory at D <= 128; without it ptxas kept d128's 32-row tile at
+     * 168 registers and spilled a loop invariant); 0 = no bound, the 16-bit
+     * instances' code */
+    static constexpr int MIN_CTAS = KV8 ? 1 : 0;
     static_assert(4 * 16 * D * 4 <= 2 * TILE_BYTES, "the merge's O scratch fits in stage 0");
 };
 
@@ -141,6 +165,140 @@ __device__ __forceinline__ void dec_produce(const DecParams &p, const CUtensorMa
         mbar_expect_tx_arrive(&full[s], 2 * C::TILE_BYTES);
         dec_load_block<C>(p, tm_k, tm_v, sm + s * 2 * C::TILE_BYTES, sm + s * 2 * C::TILE_BYTES + C::TILE_BYTES,
                           &full[s], n, hk, b, len);
+    }
+}
+
+/* KV8: the e4m3 K and V codes of key block n, BN rows of D bytes each
+ * (unswizzled: the consumers read them row by row), contiguous or page by
+ * page as dec_load_block */
+template <class C>
+__device__ __forceinline__ void dec_load_block8(const DecParams &p, const CUtensorMap *tm_k, const CUtensorMap *tm_v,
+                                                uint8_t *kst, uint8_t *vst, uint64_t *bar, int n, int hk, int b,
+                                                int len) {
+    if constexpr (C::PAGED) {
+        const int pb = p.page_size < C::BN ? p.page_size : C::BN;
+        for (int k0 = 0; k0 < C::BN; k0 += pb) {
+            const int key = n * C::BN + k0;
+            int pg = p.num_pages, row = 0;
+            if (key < len) {
+                pg = p.block_table[(int64_t)b * p.max_pages + (key >> p.page_shift)];
+                row = key & (p.page_size - 1);
+            }
+            tma_load_4d(kst + k0 * C::D, tm_k, 0, row, hk, pg, bar);
+            tma_load_4d(vst + k0 * C::D, tm_v, 0, row, hk, pg, bar);
+        }
+    } else {
+        (void)len;
+        tma_load_4d(kst, tm_k, 0, n * C::BN, hk, b, bar);
+        tma_load_4d(vst, tm_v, 0, n * C::BN, hk, b, bar);
+    }
+}
+
+/* KV8: the K and V scales of key `key` of sequence b (0 past its keys, or
+ * for a table entry outside the pool, whose codes TMA reads as zeros) */
+template <class C>
+__device__ __forceinline__ void dec_key_scales(const DecParams &p, int key, int hk, int b, int len, float &ks,
+                                               float &vs) {
+    ks = vs = 0.f;
+    if (key >= len) return;
+    int e = b, row = key;
+    if constexpr (C::PAGED) {
+        e = __ldg(p.block_table + (int64_t)b * p.max_pages + (key >> p.page_shift));
+        row = key & (p.page_size - 1);
+        if (e < 0 || e >= p.num_pages) return;
+    }
+    const int64_t eh = (int64_t)e * p.heads_kv + hk;
+    ks = __ldg(p.k_scale + eh * p.k_nblocks + row / p.k_sb);
+    vs = __ldg(p.v_scale + eh * p.v_nblocks + row / p.v_sb);
+}
+
+/* KV8: the whole producer warp.  Lane 0 issues each block's TMA loads (one
+ * arrival with the bytes); every lane stores the scales of keys lane and
+ * lane + 32 into the stage, loaded before the wait for the stage so that
+ * their latency hides under it, and arrives (full's count: 1 + 32). */
+template <class C>
+__device__ __forceinline__ void dec_produce8(const DecParams &p, const CUtensorMap *tm_k, const CUtensorMap *tm_v,
+                                            uint8_t *sm, uint64_t *full, uint64_t *empty, int n_lo, int n_hi, int hk,
+                                            int b, int len, int lane) {
+    constexpr int STAGES = C::STAGES, BN = C::BN;
+    static_assert(BN == 64, "two keys a lane");
+    if (lane == 0) {
+        tma_prefetch_desc(tm_k);
+        tma_prefetch_desc(tm_v);
+    }
+    for (int n = n_lo, it = 0; n < n_hi; ++n, ++it) {
+        const int s = it % STAGES;
+        float ks0, vs0, ks1, vs1;
+        dec_key_scales<C>(p, n * BN + lane, hk, b, len, ks0, vs0);
+        dec_key_scales<C>(p, n * BN + lane + 32, hk, b, len, ks1, vs1);
+        if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
+        uint8_t *kst = sm + C::OFF_RING + s * C::STAGE_BYTES;
+        if (lane == 0) {
+            mbar_expect_tx_arrive(&full[s], 2 * C::TILE8);
+            dec_load_block8<C>(p, tm_k, tm_v, kst, kst + C::TILE8, &full[s], n, hk, b, len);
+        }
+        float *sc = (float *)(sm + C::OFF_SC + s * C::SCALES);
+        sc[lane] = ks0, sc[lane + 32] = ks1;
+        sc[BN + lane] = vs0, sc[BN + lane + 32] = vs1;
+        mbar_arrive(&full[s]);
+    }
+}
+
+/* KV8: two e4m3 codes (lo in the low byte) to two of q's 16-bit type, lo in
+ * the low half; exact (every e4m3 value is an f16 and a bf16) */
+template <bool BF16>
+__device__ __forceinline__ uint32_t dec_e4m3x2(uint32_t two) {
+    uint32_t h;
+    asm("{\n .reg .b16 c;\n cvt.u16.u32 c, %1;\n cvt.rn.f16x2.e4m3x2 %0, c;\n}" : "=r"(h) : "r"(two));
+    if constexpr (BF16) {
+        float lo, hi;
+        asm("{\n .reg .f16 l, u;\n mov.b32 {l, u}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, u;\n}"
+            : "=f"(lo), "=f"(hi)
+            : "r"(h));
+        return pack_bf16x2(lo, hi);
+    }
+    return h;
+}
+
+/* KV8: 8 codes to 8 16-bit values (one 16-byte chunk of a 16-bit row) */
+template <bool BF16>
+__device__ __forceinline__ uint4 dec_e4m3x8(const uint2 &w) {
+    return make_uint4(dec_e4m3x2<BF16>(w.x & 0xFFFFu), dec_e4m3x2<BF16>(w.x >> 16), dec_e4m3x2<BF16>(w.y & 0xFFFFu),
+                      dec_e4m3x2<BF16>(w.y >> 16));
+}
+
+/* KV8: stage s's codes of key block n into the 16-bit K and V tiles at sm
+ * (dec_sw's layout, what the 16-bit path loads), V rows past the sequence
+ * as zeros (0 x whatever the cache holds there = 0 in P V), and the stage's
+ * scales copied beside them; the 128 consumer threads share the work, 8
+ * codes (one 16-byte chunk of 16-bit values) at a time, which keeps the
+ * registers it needs beside O and Q's fragments few (d256, 32 rows: 255) */
+template <class C>
+__device__ __forceinline__ void dec_convert(uint8_t *sm, int s, int n, int len) {
+    constexpr int D = C::D, BN = C::BN, CH = D / 8; /* 8-byte chunks of codes a row */
+    const uint8_t *k8 = sm + C::OFF_RING + s * C::STAGE_BYTES, *v8 = k8 + C::TILE8;
+    uint8_t *k16 = sm, *v16 = sm + C::TILE_BYTES;
+    const int tid = threadIdx.x;
+    ((float *)(sm + C::OFF_SC16))[tid] = ((const float *)(sm + C::OFF_SC + s * C::SCALES))[tid];
+#pragma unroll 2
+    for (int x = tid; x < BN * CH; x += 128) {
+        const int key = x / CH, c = x % CH;
+        *(uint4 *)(k16 + dec_sw<BN>(key, c * 8)) = dec_e4m3x8<C::BF16>(*(const uint2 *)(k8 + key * D + c * 8));
+        uint2 w = *(const uint2 *)(v8 + key * D + c * 8);
+        if (n * BN + key >= len) w = make_uint2(0, 0);
+        *(uint4 *)(v16 + dec_sw<BN>(key, c * 8)) = dec_e4m3x8<C::BF16>(w);
+    }
+}
+
+/* KV8: S's (or P's) columns times the scale of their keys (ksc: the block's
+ * BN scales in shared memory) */
+template <class C>
+__device__ __forceinline__ void dec_scale_cols(float (&sacc)[C::NT][4], const float *ksc, int kw0, int t) {
+#pragma unroll
+    for (int i = 0; i < C::NT; ++i) {
+        const float2 sc = *(const float2 *)(ksc + kw0 + i * 8 + 2 * t);
+        sacc[i][0] *= sc.x, sacc[i][1] *= sc.y;
+        sacc[i][2] *= sc.x, sacc[i][3] *= sc.y;
     }
 }
 
@@ -265,7 +423,7 @@ __device__ __forceinline__ void dec_epilogue(const DecParams &p, uint8_t *sm, fl
 }
 
 template <class C>
-__global__ void __launch_bounds__(C::THREADS)
+__global__ void __launch_bounds__(C::THREADS, C::MIN_CTAS)
     fwd_decode_kernel(const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
                       const __grid_constant__ DecParams p) {
     constexpr int D = C::D, BN = C::BN, STAGES = C::STAGES;
@@ -277,7 +435,7 @@ __global__ void __launch_bounds__(C::THREADS)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
-            mbar_init(&full[s], 1);
+            mbar_init(&full[s], C::KV8 ? 33 : 1); /* KV8: the TMA arrival and the 32 lanes' scales */
             mbar_init(&empty[s], 4);
         }
     }
@@ -298,7 +456,8 @@ __global__ void __launch_bounds__(C::THREADS)
     }
 
     if (warp == 4) {
-        if (lane == 0) dec_produce<C>(p, &tm_k, &tm_v, sm, full, empty, n_lo, n_hi, hk, b, len);
+        if constexpr (C::KV8) dec_produce8<C>(p, &tm_k, &tm_v, sm, full, empty, n_lo, n_hi, hk, b, len, lane);
+        else if (lane == 0) dec_produce<C>(p, &tm_k, &tm_v, sm, full, empty, n_lo, n_hi, hk, b, len);
         return;
     }
 
@@ -351,6 +510,15 @@ __global__ void __launch_bounds__(C::THREADS)
         const int s = it % STAGES;
         mbar_wait(&full[s], (it / STAGES) & 1);
         uint8_t *kst = sm + s * 2 * C::TILE_BYTES, *vst = kst + C::TILE_BYTES;
+        if constexpr (C::KV8) {
+            /* the 16-bit tiles: free once every warp is past the previous
+             * block, converted, then the stage goes back to the producer */
+            if (it > 0) named_bar_sync(2, 128);
+            dec_convert<C>(sm, s, n, len);
+            named_bar_sync(2, 128);
+            if (lane == 0) mbar_arrive(&empty[s]);
+            kst = sm, vst = sm + C::TILE_BYTES;
+        }
         const uint32_t kbase = smem_u32(kst), vbase = smem_u32(vst);
         /* S = Q K^T for this warp's KW keys */
         float sacc[C::NT][4];
@@ -368,6 +536,8 @@ __global__ void __launch_bounds__(C::THREADS)
                 mma_m16n8k16<C::BF16>(sacc[2 * np], qf[kk], bk[0], bk[1]);
                 mma_m16n8k16<C::BF16>(sacc[2 * np + 1], qf[kk], bk[2], bk[3]);
             }
+        /* KV8: K's scales, per key, on S */
+        if constexpr (C::KV8) dec_scale_cols<C>(sacc, (const float *)(sm + C::OFF_SC16), kw0, t);
         /* LOCAL: softcap (a uniform branch), before the mask */
         if constexpr (C::SOFTCAP) dec_softcap<C>(p, sacc);
         /* mask the keys past the sequence or the causal bound (LOCAL: the
@@ -426,7 +596,7 @@ __global__ void __launch_bounds__(C::THREADS)
         /* V rows past the sequence: zeros, so that 0 x (whatever is there) = 0;
          * the warps of the first row block cover every key once, and all four
          * meet before reading (tail is the same for the whole CTA) */
-        if (tail) {
+        if (!C::KV8 && tail) { /* KV8: zeroed by dec_convert */
             if (wm == 0 && key0 + C::KW > len)
                 for (int x = lane; x < C::KW * C::SLABS * 8; x += 32) {
                     const int row = kw0 + x / (C::SLABS * 8), c = x % (C::SLABS * 8);
@@ -435,12 +605,16 @@ __global__ void __launch_bounds__(C::THREADS)
                 }
             named_bar_sync(2, 128);
         }
+        /* KV8: V's scales, per key, on P (l has the unscaled P) */
+        if constexpr (C::KV8) dec_scale_cols<C>(sacc, (const float *)(sm + C::OFF_SC16) + BN, kw0, t);
         /* O += P V, P's fragments straight from S's accumulators */
         dec_pv<C>(oacc, sacc, vbase, kw0, j8, rr);
-        /* the zeroing above was a generic-proxy write the next TMA load overwrites */
-        if (tail) fence_async_shared();
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[s]);
+        if constexpr (!C::KV8) {
+            /* the zeroing above was a generic-proxy write the next TMA load overwrites */
+            if (tail) fence_async_shared();
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[s]);
+        }
     }
 
     dec_epilogue<C>(p, sm, ml, oacc, mrow, lrow, warp, g, t, split, hk, b);

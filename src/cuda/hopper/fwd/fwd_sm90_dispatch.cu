@@ -73,7 +73,7 @@ fattn_status fwd_sm90_launch(fattn_ctx *ctx, const fattn_fwd_args *a, const cuda
     }
     /* the variants too (its LOCAL instances), but softcap where it has none */
     if (fwd_decode_eligible(a) && fwd_decode_softcap_ok(a)) {
-        s = fwd_decode_launch(ctx, a, v);
+        s = fwd_kv8(a) ? fwd_decode_kv8_launch(ctx, a, v) : fwd_decode_launch(ctx, a, v);
         cuda_device_leave(prev);
         return s;
     }

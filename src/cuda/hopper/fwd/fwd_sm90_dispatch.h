@@ -62,12 +62,23 @@ fattn_status fwd_sm90_fp8_hdim256(fattn_ctx *ctx, const fattn_fwd_args *a, const
 
 /* Decoding (fwd_decode.cu): seqlen_q <= FWD_DECODE_MAX_SEQLEN_Q queries whose
  * GQA group packs into one tile of <= FWD_DECODE_MAX_ROWS rows (group x
- * seqlen_q; half that at head dim 256), 16-bit, fixed-length batches; the only path for seqused_k and
- * paged K/V on the CUDA engine. */
+ * seqlen_q; half that at head dim 256), 16-bit q (with a 16-bit or an FP8 cache), fixed-length batches; the
+ * only path for seqused_k, paged K/V and FP8 caches on the CUDA engine. */
 #define FWD_DECODE_MAX_SEQLEN_Q 16
 #define FWD_DECODE_MAX_ROWS 64
 /* d256 with 64 rows spilled 96 bytes (4 row blocks: S of 64 keys beside O and Q) */
 inline int fwd_decode_max_rows(int head_dim) { return head_dim == 256 ? FWD_DECODE_MAX_ROWS / 2 : FWD_DECODE_MAX_ROWS; }
+/* An FP8 KV cache (e4m3 k and v, 16-bit q; fwd_decode_kv8.cu): the decoding
+ * kernel's shapes only, until the paged prefill exists (entry.cu refuses
+ * the others). */
+inline bool fwd_kv8(const fattn_fwd_args *a) {
+    return a->k.dtype == FATTN_DTYPE_E4M3 && a->q.dtype != FATTN_DTYPE_E4M3;
+}
+/* The rows a call's instances take: an FP8 cache at d256 16 (with 32 rows
+ * its scales beside O, Q and S spilled at 255 registers) */
+inline int fwd_decode_max_rows_of(const fattn_fwd_args *a) {
+    return fwd_kv8(a) && a->p.head_dim == 256 ? FWD_DECODE_MAX_ROWS / 4 : fwd_decode_max_rows(a->p.head_dim);
+}
 bool fwd_decode_eligible(const fattn_fwd_args *a);
 /* The decoding kernel's variants (its LOCAL instances): all but softcap at
  * head dim 256 with more than 16 rows (DecCfg::SOFTCAP) */
@@ -77,3 +88,4 @@ inline bool fwd_decode_softcap_ok(const fattn_fwd_args *a) {
 /* Variable-length batches (cu_seqlens; fwd_sm90_varlen.cu): 16-bit. */
 fattn_status fwd_sm90_varlen(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v);
 fattn_status fwd_decode_launch(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v);
+fattn_status fwd_decode_kv8_launch(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v);
