@@ -137,7 +137,9 @@ class NumpyMerge(unittest.TestCase):
 
 @unittest.skipUnless(HAVE_TORCH, "torch is not installed")
 class TorchMerge(unittest.TestCase):
-    def qkv(self, dtype=torch.float32, device="cpu", b=2, sq=40, sk=40, hq=4, hkv=2, d=32):
+    def qkv(self, dtype=None, device="cpu", b=2, sq=40, sk=40, hq=4, hkv=2, d=32):
+        # (no torch default here: the class body runs without torch too, before its skip)
+        dtype = torch.float32 if dtype is None else dtype
         g = torch.Generator().manual_seed(0)
         return tuple(torch.randn(s, generator=g).to(dtype=dtype, device=device)
                      for s in ((b, sq, hq, d), (b, sk, hkv, d), (b, sk, hkv, d)))
