@@ -391,7 +391,10 @@ typedef struct fattn_problem {
      * lse are packed as above, k and v are [batch, seqlen_k, ...] (or a
      * cache: fattn_fwd_args, Serving), every sequence has seqlen_k keys
      * (before seqused_k); FlashAttention-3's flash_attn_with_kvcache with
-     * cu_seqlens_q.  CPU engine only (CUDA: UNSUPPORTED).  cu_seqlens_k
+     * cu_seqlens_q.  CUDA (Hopper): the forward, 16-bit, on the varlen
+     * kernels (k and v dense [batch, seqlen_k, ...] or page pools with
+     * page_size a power of two >= 16; the variants too); its backward and
+     * the portable engine: UNSUPPORTED.  cu_seqlens_k
      * alone is INVALID_ARGUMENT.  Checked where the arrays live, never through a
      * copy from the device:
      * - a CPU context checks them on the host before any work
@@ -594,12 +597,17 @@ typedef struct fattn_fwd_args {
  *   KV cache), seqlen_q <= 16 and
      *   seqlen_q * heads_q / heads_kv <= 64 (32 at head_dim 256), which is
      *   also what every such call runs on without them; page_size a power
-     *   of two >= 16 (16 .. 256 tested).  Others: UNSUPPORTED.  With
-     *   cu_seqlens, seqused_k is served by the variable-length kernels
-     *   (forward only: the CUDA fattn_bwd has no seqused_k yet); there the rows of v
-     *   past a sequence's used keys, in the key block that holds its last
-     *   used key, must be finite: a NaN or Inf there reaches O as NaN (0 x
-     *   Inf), as the next sequence's rows can (fattn_problem). */
+     *   of two >= 16 (16 .. 256 tested).  Others: UNSUPPORTED (give the
+     *   queries as a variable-length batch, cu_seqlens_q alone, for any
+     *   count).  With cu_seqlens, seqused_k and (cu_seqlens_q alone)
+     *   block_table are served by the variable-length kernels (forward
+     *   only: the CUDA fattn_bwd has no seqused_k yet; 16-bit k and v;
+     *   page_size a power of two >= 16); there the rows of v past a
+     *   sequence's used keys, in the key block that holds its last used key
+     *   (its page, or the pages its table names past them, a page number
+     *   outside the pool reading as zeros), must be finite: a NaN or Inf
+     *   there reaches O as NaN (0 x Inf), as the next sequence's rows can
+     *   (fattn_problem). */
     const int32_t *seqused_k;
     const int32_t *block_table;
     int32_t page_size;

@@ -352,11 +352,11 @@ fattn_status fattn_problem_shapes(fattn_ctx *ctx, const fattn_problem *p, fattn_
          * cu_seqlens are host memory: nothing is read from a device here. */
         if (ctx->backend != FATTN_BACKEND_CPU) {
             /* the arrays are device memory: the extents come from the totals */
-            if (p->total_q < 1 || p->total_k < 1)
+            if (p->total_q < 1 || (varlen_k && p->total_k < 1))
                 return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
-                                  "a variable-length batch on a CUDA context needs total_q and total_k "
-                                  "(cu_seqlens_q[batch], cu_seqlens_k[batch], >= 1; here %d, %d): the "
-                                  "engine does not read cu_seqlens on the host",
+                                  "a variable-length batch on a CUDA context needs total_q and (with "
+                                  "cu_seqlens_k) total_k (cu_seqlens_q[batch], cu_seqlens_k[batch], >= 1; "
+                                  "here %d, %d): the engine does not read cu_seqlens on the host",
                                   (int)p->total_q, (int)p->total_k);
             ts->total_q = p->total_q;
             ts->total_k = p->total_k;

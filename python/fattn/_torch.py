@@ -510,8 +510,21 @@ def _kvcache_impl(q, k_cache, v_cache, k, v, cache_seqlens, page_table, causal, 
         a = _core.fwd_kvcache_struct(kv, qd, kcd, vcd, od, lse.data_ptr(), causal, softmax_scale,
                                      seqused.data_ptr() if seqused is not None else None, table_ptr,
                                      _variants(window_left, window_right, softcap, sink), scales)
-        with ctx.option_set(_core.OPTION_DISABLE_SPLIT, int(bool(disable_split))):
+        try:
+            with ctx.option_set(_core.OPTION_DISABLE_SPLIT, int(bool(disable_split))):
+                ctx.fwd_raw(a)
+        except _core.FattnUnsupportedError:
+            # more query rows than the CUDA decoding kernel takes: the same call as varlen queries on the
+            # cache (cu_seqlens_q alone: the varlen kernels' KV-cache instances), whose LSE is [hq, b * sq]
+            if not (q.is_cuda and scales is None and q.is_contiguous() and out.is_contiguous() and dims.sq > 0):
+                raise
+            lse_v = torch.empty((dims.hq, dims.b * dims.sq), dtype=torch.float32, device=q.device)
+            cu_q = torch.arange(0, (dims.b + 1) * dims.sq, dims.sq, dtype=torch.int32, device=q.device)
+            a.p.cu_seqlens_q = cu_q.data_ptr()
+            a.p.total_q = dims.b * dims.sq
+            a.lse = lse_v.data_ptr()
             ctx.fwd_raw(a)
+            lse.copy_(lse_v.view(dims.hq, dims.b, dims.sq).permute(1, 0, 2))
     return out, lse
 
 

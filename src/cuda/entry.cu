@@ -134,7 +134,7 @@ static fattn_status check_fwd_kv8(fattn_ctx *ctx, const fattn_fwd_args *a) {
  * refused by name rather than ignored. */
 static fattn_status check_serving_fields(fattn_ctx *ctx, const fattn_problem *p, const int32_t *seqused_q,
                                          const int32_t *cache_batch_idx, const int32_t *cache_leftpad,
-                                         const char *call) {
+                                         bool kv_cache_ok, const char *call) {
     const struct {
         const void *set;
         const char *name;
@@ -146,7 +146,7 @@ static fattn_status check_serving_fields(fattn_ctx *ctx, const fattn_problem *p,
             return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                               "%s is not supported by the CUDA engine's %s yet (the CPU engine serves it)",
                               fields[i].name, call);
-    if (p->cu_seqlens_q && !p->cu_seqlens_k)
+    if (p->cu_seqlens_q && !p->cu_seqlens_k && !kv_cache_ok)
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                           "cu_seqlens_q without cu_seqlens_k (varlen queries against fixed-length keys) is not "
                           "supported by the CUDA engine's %s yet (the CPU engine serves it)",
@@ -201,7 +201,9 @@ static fattn_status portable_fwd_check(fattn_ctx *ctx, const fattn_fwd_args *a) 
 extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_args *a) {
     const fattn_problem *p = &a->p;
     char list[64];
-    fattn_status ss = check_serving_fields(ctx, p, a->seqused_q, a->cache_batch_idx, a->cache_leftpad, "forward");
+    /* varlen queries on a KV cache: the Hopper varlen kernels (FwdVarlen) */
+    fattn_status ss = check_serving_fields(ctx, p, a->seqused_q, a->cache_batch_idx, a->cache_leftpad,
+                                           !portable_engine(ctx), "forward");
     if (ss != FATTN_OK) return ss;
     if (fwd_kv8(a) && portable_engine(ctx))
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
@@ -261,8 +263,16 @@ extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_arg
                           "variable-length batch of %d sequences, the longest %d queries, %d heads: batch x "
                           "ceil(seqlen_q / 64) x heads_q exceeds 2^31 - 1 tiles for the CUDA engine",
                           p->batch, p->seqlen_q, p->heads_q);
-    /* (api.c refuses block_table with cu_seqlens on every engine) */
+    /* (api.c refuses block_table with cu_seqlens_k on every engine) */
     const bool varlen = p->cu_seqlens_q || p->cu_seqlens_k;
+    /* varlen queries on a paged cache: the varlen kernels load a key block
+     * in boxes of gcd(its rows, page_size), each inside one page; a power
+     * of two >= 16 keeps them >= 16 rows (every BN is a multiple of 16) and
+     * the page arithmetic to shifts, as the decoding kernel's */
+    if (varlen && a->block_table && (a->page_size < 16 || (a->page_size & (a->page_size - 1))))
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "page_size %d with cu_seqlens_q is not supported by the CUDA engine: a power of two >= 16",
+                          a->page_size);
     /* fixed-length seqused_k, paged K/V and FP8 caches: the decoding
      * kernel only (fwd_decode.cu); varlen seqused_k: the varlen kernels */
     if (!varlen && (a->seqused_k || a->block_table || fwd_kv8(a))) {
@@ -296,7 +306,7 @@ extern "C" fattn_status fattn_cuda_bwd_check(fattn_ctx *ctx, const fattn_bwd_arg
                           "the portable CUDA engine (sm_%d) has no backward yet (issue 41); the Hopper engine (sm_90) "
                           "and the CPU engine have one",
                           ((const fattn_cuda_state *)ctx->cuda)->sm);
-    fattn_status ss = check_serving_fields(ctx, p, a->seqused_q, NULL, NULL, "backward");
+    fattn_status ss = check_serving_fields(ctx, p, a->seqused_q, NULL, NULL, false, "backward");
     if (ss != FATTN_OK) return ss;
     if (a->seqused_k)
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,

@@ -62,6 +62,13 @@ struct FwdVarlen {
     const int *cu_q, *cu_k;
     const int *seqused_k; /* or NULL: sequence b's first seqused_k[b] keys only */
     int total_q, total_k;
+    /* cu_k NULL (varlen queries on a KV cache): sequence b's keys are rows
+     * 0 .. seqlen_k - 1 of batch entry b of k and v, or with block_table
+     * pages of 2^page_shift rows (key j: row j & page_mask of page
+     * block_table[b * max_pages + (j >> page_shift)]), each key block loaded
+     * as BN / kv_box boxes of kv_box rows (kv_box divides BN and the page) */
+    const int *block_table;
+    int page_shift, page_mask, max_pages, kv_box;
 };
 /* LOCAL (the variants, issue 37): the parameter after FwdParams of those
  * instances only.  Query i sees key j iff i + off - left <= j <= i + off +

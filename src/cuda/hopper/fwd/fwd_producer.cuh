@@ -96,6 +96,10 @@ struct FwdProducer {
      * the whole block: its own half and the peer's) */
     __device__ __forceinline__ void load_kv(uint8_t *dst, const CUtensorMap *map, int n, int hk, int b, int k0,
                                             uint64_t *bar) const {
+        if constexpr (C::KVCACHE) { /* a KV cache (FwdVarlen): batch entry b's rows, or its pages */
+            load_kv_cache(dst, map, n, hk, b, bar);
+            return;
+        }
         /* VARLEN: rows of the packed tensor from the sequence's first key */
         const int row = (C::VARLEN ? k0 : 0) + n * C::BN, bb = C::VARLEN ? 0 : b;
         constexpr int PER_CTA = C::SLABS / C::CLUSTER;
@@ -107,6 +111,27 @@ struct FwdProducer {
                                       (uint16_t)0x3);
             else
                 tma_load_4d(dst + c * C::BN * C::SW, map, c * C::SLAB_COLS, row, hk, bb, bar);
+        }
+    }
+    /* VARLEN on a KV cache: key block n of sequence b from batch entry b
+     * (one box of BN rows), or from its pages, a box of kv_box rows at a
+     * time, each from the page that holds it (a page number out of the
+     * pool reads as zeros: TMA bounds) */
+    __device__ __forceinline__ void load_kv_cache(uint8_t *dst, const CUtensorMap *map, int n, int hk, int b,
+                                                  uint64_t *bar) const {
+        const int k0 = n * C::BN;
+        if (!vl->block_table) {
+#pragma unroll
+            for (int c = 0; c < C::SLABS; ++c)
+                tma_load_4d(dst + c * C::BN * C::SW, map, c * C::SLAB_COLS, k0, hk, b, bar);
+            return;
+        }
+        for (int r = 0; r < C::BN; r += vl->kv_box) {
+            const int key = k0 + r;
+            const int page = __ldg(vl->block_table + b * vl->max_pages + min(key >> vl->page_shift, vl->max_pages - 1));
+#pragma unroll
+            for (int c = 0; c < C::SLABS; ++c)
+                tma_load_4d(dst + (c * C::BN + r) * C::SW, map, c * C::SLAB_COLS, key & vl->page_mask, hk, page, bar);
         }
     }
     /* Q is read once, from DRAM: pull the next tile's Q into L2 a tile ahead
@@ -147,7 +172,8 @@ struct FwdProducer {
             const int hk = h / p.group;
             FWD_TRACE(20);
             /* QEARLY loads the next Q itself after this tile's first V: no prefetch */
-            if (!C::QEARLY && t_next < p.num_tiles) prefetch_q(t_next);
+            /* (KVCACHE: the page walk has the producer's registers) */
+            if (!C::QEARLY && !C::KVCACHE && t_next < p.num_tiles) prefetch_q(t_next);
             if (nblocks == 0) {
                 /* every row masked: the consumers only write O = 0, LSE = -inf
                  * (QEARLY: this tile was handed over already; hand over the next) */

@@ -76,7 +76,12 @@ __device__ __forceinline__ FwdSeq fwd_seq(const FwdParams &p, const FwdVarlen *v
     FwdSeq s;
     if constexpr (C::VARLEN) {
         varlen_rows(vl->cu_q, b, vl->total_q, p.seqlen_q, s.q0, s.len_q);
-        varlen_rows(vl->cu_k, b, vl->total_k, p.seqlen_k, s.k0, s.len_k);
+        if constexpr (C::KVCACHE) { /* batch entry (or pages of) b, FwdVarlen */
+            s.k0 = 0;
+            s.len_k = p.seqlen_k;
+        } else {
+            varlen_rows(vl->cu_k, b, vl->total_k, p.seqlen_k, s.k0, s.len_k);
+        }
         if (vl->seqused_k) s.len_k = min(s.len_k, max(__ldg(vl->seqused_k + b), 0));
     } else {
         (void)vl, (void)b;

@@ -247,6 +247,7 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, const
     if (!sp) grid = p.num_tiles < max_ctas ? p.num_tiles : max_ctas; /* num_tiles is even with a cluster */
 
     CUtensorMap tq, tk, tv;
+    int vl_box = C::BN;
     FwdFp8 f8;
     memset(&f8, 0, sizeof f8);
     if constexpr (C::FP8) {
@@ -284,12 +285,25 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, const
                               a->k.scale_block, a->v.scale_block, C::SG);
     } else {
         /* VARLEN: maps over the packed [total, heads, dim] tensors (batch 1);
-         * a tile's rows start at its sequence's first row (FwdVarlen) */
-        const int64_t rq = C::VARLEN ? pr->total_q : pr->seqlen_q, rk = C::VARLEN ? pr->total_k : pr->seqlen_k;
-        const int64_t bt = C::VARLEN ? 1 : pr->batch;
-        if ((s = cuda_make_tensor_map(ctx, &tq, &a->q, C::D, rq, pr->heads_q, bt, 64, "q")) != FATTN_OK) return s;
-        if ((s = cuda_make_tensor_map(ctx, &tk, &a->k, C::D, rk, pr->heads_kv, bt, C::BN, "k")) != FATTN_OK) return s;
-        if ((s = cuda_make_tensor_map(ctx, &tv, &a->v, C::D, rk, pr->heads_kv, bt, C::BN, "v")) != FATTN_OK) return s;
+         * a tile's rows start at its sequence's first row (FwdVarlen); on a
+         * KV cache (no cu_seqlens_k) k and v keep their batch, or pages */
+        const int64_t rq = C::VARLEN ? pr->total_q : pr->seqlen_q;
+        int64_t rk = C::VARLEN ? pr->total_k : pr->seqlen_k, bk = C::VARLEN ? 1 : pr->batch;
+        int kv_box = C::BN;
+        if (C::KVCACHE) {
+            rk = a->block_table ? a->page_size : pr->seqlen_k;
+            bk = a->block_table ? a->num_pages : pr->batch;
+            if (a->block_table) kv_box = fwd_kv_box(C::BN, a->page_size);
+            if (kv_box < 8) /* entry.cu asks for page sizes that make it >= 16 */
+                return fattn_fail(ctx, FATTN_ERROR_INTERNAL, "paged forward: page_size %d with key blocks of %d",
+                                  a->page_size, C::BN);
+        }
+        vl_box = kv_box;
+        if ((s = cuda_make_tensor_map(ctx, &tq, &a->q, C::D, rq, pr->heads_q, C::VARLEN ? 1 : pr->batch, 64, "q")) !=
+            FATTN_OK)
+            return s;
+        if ((s = cuda_make_tensor_map(ctx, &tk, &a->k, C::D, rk, pr->heads_kv, bk, kv_box, "k")) != FATTN_OK) return s;
+        if ((s = cuda_make_tensor_map(ctx, &tv, &a->v, C::D, rk, pr->heads_kv, bk, kv_box, "v")) != FATTN_OK) return s;
     }
     const FwdLocal loc = fwd_local_of(a, C::BM, C::BN, C::VARLEN);
     FwdVarlen vl;
@@ -298,6 +312,14 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, const
     vl.seqused_k = a->seqused_k;
     vl.total_q = pr->total_q;
     vl.total_k = pr->total_k;
+    vl.block_table = a->block_table;
+    if (C::KVCACHE != (C::VARLEN && !pr->cu_seqlens_k))
+        return fattn_fail(ctx, FATTN_ERROR_INTERNAL, "varlen forward: a KV-cache instance for packed keys or back");
+    vl.page_shift = 0;
+    while (a->block_table && (1 << vl.page_shift) < a->page_size) ++vl.page_shift; /* a power of two (entry.cu) */
+    vl.page_mask = a->block_table ? a->page_size - 1 : 0;
+    vl.max_pages = a->max_pages_per_seq;
+    vl.kv_box = vl_box;
     /* OTMA: O through TMA stores where TMA can address it (o_wide: base and
      * strides 16-byte multiples; strides below 2^40 bytes), else the
      * kernel's register stores (the map is then never read) */

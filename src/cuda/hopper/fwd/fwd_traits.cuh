@@ -43,6 +43,11 @@ struct FwdOpts {
      * kernel parameter of these instances only; set with causal, whose
      * dynamic longest-first scheduler and mask path it generalises */
     bool local = false;
+    /* with varlen: queries packed by cu_seqlens_q, keys in a KV cache (no
+     * cu_seqlens_k): batch entry b of k and v, or pages of a block_table
+     * (FwdVarlen); instances of their own, so the producer's page walk
+     * costs the packed-keys instances no registers */
+    bool kvcache = false;
 };
 
 /* the same options without the key split (the instance that runs when the
@@ -127,6 +132,7 @@ struct FwdCfg {
     static constexpr bool DYNAMIC = CAUSAL; /* causal tiles are grabbed from an atomic counter, longest first */
     static constexpr int CLUSTER = O.cluster;
     static constexpr bool VARLEN = O.varlen;
+    static constexpr bool KVCACHE = O.varlen && O.kvcache;
     /* O stores of 16 bytes after a quad transpose; three consumers (160
      * registers) spill with the transpose and store 4 bytes */
     static constexpr int OSTORE = NC == 2 ? 16 : 4;
@@ -140,7 +146,9 @@ struct FwdCfg {
     static constexpr bool PRODUCER_24 = NC == 2 && CLUSTER == 1 && D > 64 && !FP8;
     /* FP8: the V transposers need 40 */
     static constexpr int REGS_PRODUCER = O.preg ? O.preg : FP8 ? 40 : PRODUCER_24 ? 24 : 32;
-    static constexpr int REGS_CONSUMER = NC == 2 ? (REGS_PRODUCER == 24 ? 240 : 232) : FP8 ? 152 : 160;
+    /* two consumers: 240 beside a 24-register producer, 232 beside 32 or 40, 224 beside 56 (KVCACHE) */
+    static constexpr int REGS_CONSUMER =
+        NC == 2 ? (REGS_PRODUCER == 24 ? 240 : REGS_PRODUCER > 40 ? 224 : 232) : FP8 ? 152 : 160;
     /* setmaxnreg.inc waits until the CTA's pool has the registers: the split
      * must fit in the launch's allocation, or the consumers hang (v6) */
     static_assert(REGS_PRODUCER * 128 + REGS_CONSUMER * 128 * NC <= 65536 / (128 * (NC + 1)) / 8 * 8 * 128 * (NC + 1),

@@ -16,8 +16,22 @@ constexpr FwdOpts fwd_opts_varlen(FwdOpts o, bool bf16) {
     return o;
 }
 
+constexpr FwdOpts fwd_opts_kvcache(FwdOpts o, bool bf16) {
+    o = fwd_opts_varlen(o, bf16);
+    o.kvcache = true;
+    /* the page walk beside the causal sequence order spilled 8-24 bytes in
+     * a 40-register producer */
+    if (o.nc == 2) o.preg = 56;
+    return o;
+}
+
 template <fwd_kernel K>
 static fattn_status run_varlen(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v) {
+    /* cu_seqlens_q alone: the keys in a KV cache, dense or paged */
+    if (!a->p.cu_seqlens_k) {
+        if (v.bf16) return fwd_sm90_run<FwdCfg<fwd_opts_kvcache(fwd_kernel_opts(K), true)>>(ctx, a, v);
+        return fwd_sm90_run<FwdCfg<fwd_opts_kvcache(fwd_kernel_opts(K), false)>>(ctx, a, v);
+    }
     if (v.bf16) return fwd_sm90_run<FwdCfg<fwd_opts_varlen(fwd_kernel_opts(K), true)>>(ctx, a, v);
     return fwd_sm90_run<FwdCfg<fwd_opts_varlen(fwd_kernel_opts(K), false)>>(ctx, a, v);
 }

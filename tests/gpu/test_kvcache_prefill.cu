@@ -1,0 +1,252 @@
+/* test_kvcache_prefill.cu - varlen queries on a KV cache (chunked prefill):
+ * fattn_fwd with cu_seqlens_q alone, keys in a dense cache [batch,
+ * capacity, heads_kv, d] or a paged pool through block_table, each
+ * sequence's used keys in seqused_k, on the Hopper varlen kernels'
+ * KVCACHE instances (fwd_sm90_varlen.cu), against the FP64 oracle on each
+ * sequence's used keys in order.
+ *
+ * Ragged query chunks (empty, 1, 17, not multiples of a tile), caches longer
+ * than their chunk (the chunk is the last queries: causal is bottom-right
+ * aligned on the used keys), GQA, head dims 64/128/256, bf16 and f16, page
+ * sizes 16, 64 and 256 with the pages shuffled in the pool and shared pages
+ * past the used keys, a window with softcap (the LOCAL instances).  Unused
+ * cache rows hold finite noise (fattn.h: they must be finite); one case puts
+ * page numbers outside the pool past the used keys (they read as zeros).
+ * Inputs N(0,1) from a fixed seed (FATTN_TEST_SEED overrides); O and LSE
+ * poisoned with NaN bytes; tolerances: gpu_check_fwd (gpu_testutil.h), the
+ * dense forward's.  Also: page sizes the kernels cannot take are refused
+ * with O untouched.  Exit 77 without a Hopper GPU (FATTN_REQUIRE_GPU=1: a
+ * failure); FATTN_TEST_SMALL=1: the small cases only (compute-sanitizer). */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "common/oracle.h"
+#include "gpu/gpu_testutil.h"
+#include "fattn.h"
+
+struct kcase {
+    std::vector<int> lq, used; /* per sequence: new queries, used cache keys (>= lq) */
+    int capacity;              /* seqlen_k: keys a sequence may hold */
+    int page;                  /* 0: a dense cache; else page_size */
+    int hq, hkv, d, causal;
+    fattn_dtype dt;
+    int window = 0, wl = 0, wr = 0;
+    float softcap = 0.f;
+    int wild_pages = 0; /* table entries past the used keys outside the pool */
+};
+
+static void run_case(fattn_ctx *ctx, tu_rng *rng, const kcase &c) {
+    const int B = (int)c.lq.size(), HQ = c.hq, HK = c.hkv, D = c.d, CAP = c.capacity;
+    std::vector<int32_t> cq, cused;
+    int maxq, dummy;
+    gpu_varlen_offsets(c.lq, c.used, cq, cused, maxq, dummy);
+    const int TQ = cq[B];
+    const size_t row = (size_t)HK * D, nq = (size_t)TQ * HQ * D, nlse = (size_t)HQ * TQ;
+    /* the logical keys of each sequence (capacity rows, used or not) */
+    std::vector<double> q(nq), kl((size_t)B * CAP * row), vl((size_t)B * CAP * row);
+    tu_fill_normal(rng, q.data(), nq);
+    tu_fill_normal(rng, kl.data(), kl.size());
+    tu_fill_normal(rng, vl.data(), vl.size());
+    tu_round_to(q.data(), nq, c.dt);
+    tu_round_to(kl.data(), kl.size(), c.dt);
+    tu_round_to(vl.data(), vl.size(), c.dt);
+    /* the cache: dense [B, CAP] rows, or pages of a pool in shuffled order */
+    const int max_pages = c.page ? (CAP + c.page - 1) / c.page : 0;
+    const int num_pages = c.page ? B * max_pages + 3 : 0; /* 3 spare pages of noise */
+    const size_t cache_rows = c.page ? (size_t)num_pages * c.page : (size_t)B * CAP;
+    std::vector<double> kc(cache_rows * row), vc(cache_rows * row);
+    tu_fill_normal(rng, kc.data(), kc.size());
+    tu_fill_normal(rng, vc.data(), vc.size());
+    tu_round_to(kc.data(), kc.size(), c.dt);
+    tu_round_to(vc.data(), vc.size(), c.dt);
+    std::vector<int32_t> table;
+    if (c.page) {
+        std::vector<int32_t> perm(num_pages);
+        for (int i = 0; i < num_pages; ++i) perm[i] = i;
+        for (int i = num_pages - 1; i > 0; --i) std::swap(perm[i], perm[(int)(tu_rng_uniform(rng) * (i + 1)) % (i + 1)]);
+        table.assign((size_t)B * max_pages, 0);
+        int next = 0;
+        for (int b = 0; b < B; ++b)
+            for (int j = 0; j < max_pages; ++j) {
+                const bool used = j * c.page < c.used[b];
+                int32_t pg = used ? perm[next++] : perm[num_pages - 1 - (j % 3)]; /* shared noise pages */
+                if (!used && c.wild_pages) pg = (j % 2) ? -7 : num_pages + 1000;
+                table[(size_t)b * max_pages + j] = pg;
+                if (!used) continue;
+                for (int r = 0; r < c.page && j * c.page + r < CAP; ++r) {
+                    const size_t src = ((size_t)b * CAP + j * c.page + r) * row, dst = ((size_t)pg * c.page + r) * row;
+                    std::copy(kl.begin() + src, kl.begin() + src + row, kc.begin() + dst);
+                    std::copy(vl.begin() + src, vl.begin() + src + row, vc.begin() + dst);
+                }
+            }
+    } else {
+        for (int b = 0; b < B; ++b)
+            for (int j = 0; j < c.used[b]; ++j) {
+                const size_t at = ((size_t)b * CAP + j) * row;
+                std::copy(kl.begin() + at, kl.begin() + at + row, kc.begin() + at);
+                std::copy(vl.begin() + at, vl.begin() + at + row, vc.begin() + at);
+            }
+    }
+    std::vector<uint16_t> h16(std::max(nq, kc.size()));
+    void *dq, *dk, *dv, *dout;
+    float *dlse;
+    int32_t *dcq, *dused, *dtable = NULL;
+    CK(cudaMalloc(&dq, nq * 2));
+    CK(cudaMalloc(&dk, kc.size() * 2));
+    CK(cudaMalloc(&dv, vc.size() * 2));
+    CK(cudaMalloc(&dout, nq * 2));
+    CK(cudaMalloc(&dlse, nlse * 4));
+    CK(cudaMalloc(&dcq, (B + 1) * 4));
+    CK(cudaMalloc(&dused, B * 4));
+    tu_to_dtype(q.data(), nq, c.dt, h16.data());
+    CK(cudaMemcpy(dq, h16.data(), nq * 2, cudaMemcpyHostToDevice));
+    tu_to_dtype(kc.data(), kc.size(), c.dt, h16.data());
+    CK(cudaMemcpy(dk, h16.data(), kc.size() * 2, cudaMemcpyHostToDevice));
+    tu_to_dtype(vc.data(), vc.size(), c.dt, h16.data());
+    CK(cudaMemcpy(dv, h16.data(), vc.size() * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dcq, cq.data(), (B + 1) * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dused, c.used.data(), B * 4, cudaMemcpyHostToDevice));
+    if (c.page) {
+        CK(cudaMalloc(&dtable, table.size() * 4));
+        CK(cudaMemcpy(dtable, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+    }
+    CK(cudaMemset(dout, 0xFF, nq * 2));
+    CK(cudaMemset(dlse, 0xFF, nlse * 4));
+    fattn_fwd_args a;
+    memset(&a, 0, sizeof a);
+    a.p = tu_problem(B, maxq, CAP, HQ, HK, D, 0, c.causal, dcq, NULL);
+    a.p.total_q = TQ;
+    a.p.window = c.window, a.p.window_left = c.wl, a.p.window_right = c.wr, a.p.softcap = c.softcap;
+    a.q = fattn_tensor_bshd(dq, c.dt), a.k = fattn_tensor_bshd(dk, c.dt), a.v = fattn_tensor_bshd(dv, c.dt);
+    a.o = fattn_tensor_bshd(dout, c.dt);
+    a.lse = dlse;
+    a.seqused_k = dused;
+    if (c.page) {
+        a.block_table = dtable, a.page_size = c.page, a.num_pages = num_pages, a.max_pages_per_seq = max_pages;
+        /* a pool of pages: batch = page (fattn.h) */
+        a.k.stride_batch = a.v.stride_batch = (int64_t)c.page * row;
+    } else {
+        a.k.stride_batch = a.v.stride_batch = (int64_t)CAP * row;
+    }
+    a.k.stride_seq = a.v.stride_seq = (int64_t)row, a.k.stride_head = a.v.stride_head = D;
+    char what[240];
+    snprintf(what, sizeof what, "%s kv-cache prefill b%d (q %d tokens, max %d; cap %d, %s %d) h%d/%d d%d%s%s%s",
+             fattn_dtype_name(c.dt), B, TQ, maxq, CAP, c.page ? "page" : "dense", c.page, HQ, HK, D,
+             c.causal ? " causal" : "", c.window ? " window" : "", c.wild_pages ? " wild pages" : "");
+    const fattn_status st = fattn_fwd(ctx, &a);
+    TU_CHECK(st == FATTN_OK, "%s: %s: %s", what, fattn_status_string(st), fattn_last_error(ctx));
+    const cudaError_t e = cudaDeviceSynchronize();
+    TU_CHECK(e == cudaSuccess, "%s: kernel failed: %s", what, cudaGetErrorString(e));
+    if (e != cudaSuccess) exit(1);
+    std::vector<double> got(nq), ref(nq), ref_lse(nlse);
+    CK(cudaMemcpy(h16.data(), dout, nq * 2, cudaMemcpyDeviceToHost));
+    tu_from_dtype(h16.data(), nq, c.dt, got.data());
+    std::vector<float> glse(nlse);
+    CK(cudaMemcpy(glse.data(), dlse, nlse * 4, cudaMemcpyDeviceToHost));
+    /* the oracle: each sequence's used keys, packed */
+    std::vector<double> kp, vp;
+    for (int b = 0; b < B; ++b) {
+        const size_t at = (size_t)b * CAP * row;
+        kp.insert(kp.end(), kl.begin() + at, kl.begin() + at + (size_t)c.used[b] * row);
+        vp.insert(vp.end(), vl.begin() + at, vl.begin() + at + (size_t)c.used[b] * row);
+    }
+    oracle_problem op;
+    memset(&op, 0, sizeof op);
+    op.batch = B, op.seqlen_q = maxq, op.seqlen_k = CAP, op.heads_q = HQ, op.heads_kv = HK, op.head_dim = D;
+    op.head_dim_v = D, op.causal = c.causal, op.cu_seqlens_q = cq.data(), op.cu_seqlens_k = cused.data();
+    op.window = c.window, op.window_left = c.wl, op.window_right = c.wr, op.softcap = c.softcap;
+    oracle_fwd(&op, q.data(), kp.data(), vp.data(), ref.data(), ref_lse.data());
+    gpu_check_fwd(what, c.dt, got.data(), ref.data(), nq, D, glse.data(), ref_lse.data(), nlse,
+                  c.softcap > 0 ? c.softcap * ldexp(1.0, -11) : 0.0);
+    cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dout), cudaFree(dlse), cudaFree(dcq), cudaFree(dused);
+    if (dtable) cudaFree(dtable);
+}
+
+/* Page sizes the varlen kernels cannot take (not a power of two >= 16):
+ * UNSUPPORTED with a message, O untouched. */
+static void refusals(fattn_ctx *ctx) {
+    const int B = 2, S = 8, CAP = 96, H = 2, D = 64;
+    for (int page : {8, 24}) {
+        const int max_pages = (CAP + page - 1) / page, num_pages = B * max_pages;
+        void *dq, *dk, *dout;
+        int32_t *dcq, *dtable;
+        CK(cudaMalloc(&dq, (size_t)B * S * H * D * 2));
+        CK(cudaMalloc(&dk, (size_t)num_pages * page * H * D * 2));
+        CK(cudaMalloc(&dout, (size_t)B * S * H * D * 2));
+        CK(cudaMalloc(&dcq, (B + 1) * 4));
+        CK(cudaMalloc(&dtable, (size_t)B * max_pages * 4));
+        const int32_t cq[3] = {0, S, 2 * S};
+        CK(cudaMemcpy(dcq, cq, sizeof cq, cudaMemcpyHostToDevice));
+        CK(cudaMemset(dq, 0, (size_t)B * S * H * D * 2));
+        CK(cudaMemset(dk, 0, (size_t)num_pages * page * H * D * 2));
+        CK(cudaMemset(dtable, 0, (size_t)B * max_pages * 4));
+        CK(cudaMemset(dout, 0x5A, (size_t)B * S * H * D * 2));
+        fattn_fwd_args a;
+        memset(&a, 0, sizeof a);
+        a.p = tu_problem(B, S, CAP, H, H, D, 0, 1, dcq, NULL);
+        a.p.total_q = B * S;
+        a.q = fattn_tensor_bshd(dq, FATTN_DTYPE_BF16), a.o = fattn_tensor_bshd(dout, FATTN_DTYPE_BF16);
+        a.k = a.v = fattn_tensor_bshd(dk, FATTN_DTYPE_BF16);
+        a.block_table = dtable, a.page_size = page, a.num_pages = num_pages, a.max_pages_per_seq = max_pages;
+        const fattn_status st = fattn_fwd(ctx, &a);
+        std::vector<uint16_t> h((size_t)B * S * H * D);
+        CK(cudaMemcpy(h.data(), dout, h.size() * 2, cudaMemcpyDeviceToHost));
+        size_t changed = 0;
+        for (uint16_t x : h) changed += x != 0x5A5A;
+        TU_CHECK(st == FATTN_ERROR_UNSUPPORTED && changed == 0, "page_size %d with cu_seqlens_q: %s (%s), %zu written",
+                 page, fattn_status_string(st), fattn_last_error(ctx), changed);
+        printf("  [ok] refused: page_size %d: \"%s\"\n", page, fattn_last_error(ctx));
+        cudaFree(dq), cudaFree(dk), cudaFree(dout), cudaFree(dcq), cudaFree(dtable);
+    }
+}
+
+int main(void) {
+    fattn_ctx *ctx = gpu_ctx_or_skip();
+    tu_rng rng;
+    tu_rng_init(&rng, (uint64_t)tu_seed());
+    const int small = getenv("FATTN_TEST_SMALL") != NULL;
+    const fattn_dtype BF = FATTN_DTYPE_BF16, F16 = FATTN_DTYPE_F16;
+    std::vector<kcase> cases;
+    /* small: every head dim, dense and paged, both masks */
+    for (int d : {64, 128, 256})
+        for (int page : {0, 16, 64})
+            for (int causal : {0, 1}) {
+                kcase c;
+                c.lq = {1, 17, 0, 40}, c.used = {30, 17, 5, 200}, c.capacity = 256, c.page = page;
+                c.hq = 4, c.hkv = 2, c.d = d, c.causal = causal, c.dt = (d == 128 && causal) ? F16 : BF;
+                cases.push_back(c);
+            }
+    { /* a window with softcap (LOCAL), paged */
+        kcase c;
+        c.lq = {33, 100}, c.used = {150, 100}, c.capacity = 160, c.page = 16;
+        c.hq = 8, c.hkv = 2, c.d = 128, c.causal = 1, c.dt = BF, c.window = 1, c.wl = 40, c.wr = 0, c.softcap = 20.f;
+        cases.push_back(c);
+    }
+    { /* page numbers outside the pool past the used keys */
+        kcase c;
+        c.lq = {5, 64}, c.used = {20, 64}, c.capacity = 256, c.page = 16, c.wild_pages = 1;
+        c.hq = 2, c.hkv = 2, c.d = 64, c.causal = 1, c.dt = BF;
+        cases.push_back(c);
+    }
+    if (!small) {
+        for (int d : {64, 128, 256})
+            for (int page : {0, 16, 256}) {
+                kcase c; /* a chunk of a long prompt after its earlier chunks, and short ones beside it */
+                c.lq = {1000, 1, 333, 4097 - 3000}, c.used = {3000, 1500, 333, 4097}, c.capacity = 4224;
+                c.page = page, c.hq = 8, c.hkv = 2, c.d = d, c.causal = 1, c.dt = d == 64 ? F16 : BF;
+                cases.push_back(c);
+                c.causal = 0;
+                cases.push_back(c);
+            }
+    }
+    for (const kcase &c : cases) run_case(ctx, &rng, c);
+    refusals(ctx);
+    fattn_ctx_free(ctx);
+    return tu_finish("gpu kv-cache prefill");
+}
