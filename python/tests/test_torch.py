@@ -777,6 +777,17 @@ class Cuda(unittest.TestCase):
             self.assertEqual(o.device.type, "cuda")
             self.assertLess(rel(o.cpu(), reference(q.double(), k.double(), v.double(), causal)), 2e-2)
 
+    def test_head_dims_96_192(self):
+        # issue 37: head dims 96 and 192, and 192 with head_dim_v 128 (DeepSeek MLA prefill), GQA, causal with
+        # unequal lengths, on the Hopper forward
+        for d, dv, causal, (sq, sk) in ((96, 96, False, (300, 300)), (96, 96, True, (200, 333)),
+                                        (192, 192, True, (300, 300)), (192, 192, False, (1, 77)),
+                                        (192, 128, True, (333, 200)), (192, 128, False, (300, 300))):
+            q, k, v = inputs(d=d, dv=dv, sq=sq, sk=sk, dtype=torch.bfloat16)
+            o = fattn.attention(*(x.cuda() for x in (q, k, v)), causal=causal)
+            self.assertEqual((o.device.type, o.dtype, o.shape[-1]), ("cuda", torch.bfloat16, dv))
+            self.assertLess(rel(o.cpu(), reference(q.double(), k.double(), v.double(), causal)), 2e-2, (d, dv, causal))
+
     def test_backward_matches_reference(self):
         # the Hopper backward (bf16 gradients: ~3e-3 relative, as cuDNN's) against float64 autograd
         for d, causal, (sq, sk) in ((64, False, (300, 300)), (128, True, (200, 333)), (128, False, (1, 77)),
