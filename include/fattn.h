@@ -788,8 +788,8 @@ FATTN_API fattn_status fattn_kv_append(fattn_ctx *ctx, const fattn_kv_append_arg
  * Engines: CPU: as for fattn_fwd (window, softcap and dsink included).
  *          CUDA (Hopper): window, softcap and dsink (seqlen_q + seqlen_k <
  *          2^30; a learnable_sink without dsink is not read, since dq, dk,
- *          dv need only the sink-aware forward's o and lse); bf16 / f16, head_dim == head_dim_v in {64, 128,
- *          256}, batch and heads_q <= 65535, fixed-length or variable-length
+ *          dv need only the sink-aware forward's o and lse); bf16 / f16, head_dim == head_dim_v in {64, 96,
+ *          128, 192, 256} or head_dim 192 with head_dim_v 128, batch and heads_q <= 65535, fixed-length or variable-length
  *          batches (cu_seqlens with total_q and total_k; the workspace then
  *          holds (total_q / 64 + batch + 1) x heads_q 64-row blocks); q, k, v, dout
  *          16-byte aligned with strides multiples of 16 bytes (TMA);

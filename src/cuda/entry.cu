@@ -267,8 +267,10 @@ extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_arg
     return FATTN_OK;
 }
 
-/* What the Hopper backward serves (src/cuda/hopper/instances/bwd_sm90.cu). */
-static const int bwd_head_dims[] = {64, 128, 256};
+/* What the Hopper backward serves (src/cuda/hopper/instances/bwd_sm90*.cu):
+ * head_dim == head_dim_v of these, or 192 with head_dim_v 128 (96 and 192
+ * run the d128 and d256 kernels, BwdOpts.hd and hdv). */
+static const int bwd_head_dims[] = {64, 96, 128, 192, 256};
 
 extern "C" fattn_status fattn_cuda_bwd_check(fattn_ctx *ctx, const fattn_bwd_args *a) {
     const fattn_problem *p = &a->p;
@@ -291,10 +293,10 @@ extern "C" fattn_status fattn_cuda_bwd_check(fattn_ctx *ctx, const fattn_bwd_arg
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                           "q.dtype %s is not supported by the CUDA engine's backward; supported: bf16, f16",
                           fattn_dtype_name(a->q.dtype));
-    if (p->head_dim != p->head_dim_v)
+    if (p->head_dim != p->head_dim_v && !(p->head_dim == 192 && p->head_dim_v == 128))
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                          "head_dim %d != head_dim_v %d is not supported by the Hopper backward", p->head_dim,
-                          p->head_dim_v);
+                          "head_dim %d != head_dim_v %d is not supported by the Hopper backward (only 192 with 128)",
+                          p->head_dim, p->head_dim_v);
     bool ok = false;
     for (int i = 0; i < COUNT(bwd_head_dims); ++i) ok = ok || p->head_dim == bwd_head_dims[i];
     if (!ok)

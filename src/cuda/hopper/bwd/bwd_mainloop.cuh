@@ -10,7 +10,10 @@
 #include "bwd_scheduler.cuh"
 
 /* A consumer's S^T = K_w Q^T (or, dp, dP^T = V_w dO^T) for the iteration in
- * stage s (issue only: one commit group). */
+ * stage s (issue only: one commit group); k-steps up to the larger of the
+ * call's head dims (BwdCfg::HD, HDV: the columns past them are zeros), the
+ * same count for both, since at d256 dp differs between the consumers and a
+ * divergent count serialised the wgmmas (ptxas C7520). */
 template <class C>
 __device__ __forceinline__ void bwd_issue_sdp(const BwdSmem<C> &sm, uint64_t desc_kv, int s, bool dp, float (&acc)[32]) {
     using WS = wgmma_op<64, C::BF16>; /* m64 (keys) n64 (queries) */
@@ -19,8 +22,9 @@ __device__ __forceinline__ void bwd_issue_sdp(const BwdSmem<C> &sm, uint64_t des
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-        WS::ss(acc, desc_add(desc_kv, (kk / 4) * BN * 128 + (kk % 4) * 32),
-               desc_add(desc_b, (kk / 4) * BM * 128 + (kk % 4) * 32), kk > 0);
+        if (16 * kk < (C::HD > C::HDV ? C::HD : C::HDV))
+            WS::ss(acc, desc_add(desc_kv, (kk / 4) * BN * 128 + (kk % 4) * 32),
+                   desc_add(desc_b, (kk / 4) * BM * 128 + (kk % 4) * 32), kk > 0);
     wgmma_commit();
 }
 
