@@ -69,7 +69,7 @@ struct FwdEpilogue {
     }
     /* OTMA: O / l of this warp's 16 rows (erow + 16 warp ..) through its
      * staging buffer and a TMA store; inv: 1 / l of rows r0 and r0 + 8 */
-    __device__ __forceinline__ void store_o_tma(const float (&o)[C::DV / 2], const float (&inv)[2], int eb, int eh,
+    __device__ __forceinline__ void store_o_tma(const float (&o)[C::PV_N / 2], const float (&inv)[2], int eb, int eh,
                                                 int erow) {
         if constexpr (C::OTMA) {
             flush_o_store();
@@ -146,7 +146,7 @@ struct FwdEpilogue {
         return inv;
     }
     /* O / l and LSE of a finished tile (rows erow + r0, + 8 of head eh, batch eb) */
-    __device__ __forceinline__ void store(const float (&o)[C::DV / 2], const float (&rmax)[2], const float (&rsum)[2],
+    __device__ __forceinline__ void store(const float (&o)[C::PV_N / 2], const float (&rmax)[2], const float (&rsum)[2],
                                           int eb, int eh, int erow, float osc = 1.f) {
         if (C::OTMA && p.o_wide == 2) {
             float inv[2];
@@ -211,7 +211,7 @@ struct FwdEpilogue {
      * counts itself on its tile's counter, and the warp that completes the
      * count merges every piece from the workspace, in worker order, and
      * writes the tile.  o is the merge's scratch afterwards. */
-    __device__ __forceinline__ void split_finish(float (&o)[C::DV / 2], const float (&rmax)[2], const float (&rsum)[2],
+    __device__ __forceinline__ void split_finish(float (&o)[C::PV_N / 2], const float (&rmax)[2], const float (&rsum)[2],
                                                  int t, int eb, int eh, int erow) {
         if constexpr (C::SPLIT) {
             constexpr int NC = C::NC;
@@ -249,7 +249,7 @@ struct FwdEpilogue {
             float mm[2] = {-INFINITY, -INFINITY};
             l[0] = l[1] = 0.f;
 #pragma unroll
-            for (int i = 0; i < C::DV / 2; ++i) o[i] = 0.f;
+            for (int i = 0; i < C::PV_N / 2; ++i) o[i] = 0.f;
             for (int x = w_first; x <= w_last; ++x) {
                 const float4 *src = slot(x);
                 const float4 ml = __ldcg(src + (CH - 1) * 128);

@@ -79,6 +79,11 @@ struct FwdCfg {
      * GEMMs stop at D (QK^T's k-steps) and DV (the PV GEMM's N) */
     static constexpr int SLABS = (D + SLAB_COLS - 1) / SLAB_COLS;
     static constexpr int V_SLABS = (DV + SLAB_COLS - 1) / SLAB_COLS; /* of V and OTMA's O */
+    /* the PV GEMM's N and O's accumulator columns: DV.  At DV 96 that is 1.5
+     * swizzle atoms of the MN-major V tile, not yet run on a device (issue
+     * 37); V_SLABS * SLAB_COLS (its columns past DV zeros, never stored) is
+     * the fallback should the hardware want whole atoms */
+    static constexpr int PV_N = DV;
     /* k-steps of the QK^T GEMM (k16 16-bit, k32 e4m3: 32 bytes each) and per slab */
     static constexpr int QK_STEPS = D * ELEM / 32, STEPS_PER_SLAB = SW / 32;
     /* P's A fragments: one per k-step of the PV GEMM */
