@@ -91,9 +91,9 @@ struct FwdProducer {
         }
         hand_over_each(tile, load, m, h, b, q0);
     }
-    /* K or V block n into a stage (SLABS: K's or V's): all slabs, or with a cluster this CTA's
-     * half of them, multicast to both CTAs (each CTA's full barrier expects
-     * the whole block: its own half and the peer's) */
+    /* K or V block n into a stage (SLABS: K's or V's): all slabs, or with a
+     * cluster this CTA's half of them, multicast to both CTAs (each CTA's
+     * full barrier expects the whole block: its own half and the peer's) */
     template <int SLABS>
     __device__ __forceinline__ void load_kv(uint8_t *dst, const CUtensorMap *map, int n, int hk, int b, int k0,
                                             uint64_t *bar) const {
