@@ -272,10 +272,11 @@ FATTN_API fattn_status fattn_ctx_set_threads(fattn_ctx *ctx, int threads);
  * ignored.  May change between releases. */
 typedef enum fattn_option {
     /* CUDA forward: turn off the intra-warpgroup overlap of softmax with the
-     * GEMMs (bf16, non-causal kernels; others always run the full design). */
+     * GEMMs (bf16, non-causal kernels of head dims 64, 128, 256; others
+     * always run the full design). */
     FATTN_OPTION_DISABLE_OVERLAP = 0,
     /* CUDA forward: turn off pingpong scheduling of the consumer warpgroups
-     * (bf16, non-causal kernels). */
+     * (bf16, non-causal kernels of head dims 64, 128, 256). */
     FATTN_OPTION_DISABLE_PINGPONG = 1,
     /* CUDA forward: launch without programmatic dependent launch (by default
      * a kernel's set-up may overlap the end of the previous kernel in the
@@ -486,7 +487,13 @@ typedef struct fattn_problem {
  *          block of subnormal-range values, scale 2^-126, after a block of
  *          ordinary nonzero ones) can overflow O to Inf / NaN there; the
  *          CPU engine has no such limit); head_dim == head_dim_v in
- *          {64, 128, 256}, data pointers 16-byte aligned, strides multiples of
+ *          {64, 128, 256}, and for f16/bf16 also in {96, 192} or head_dim
+ *          192 with head_dim_v 128 (DeepSeek MLA prefill): fixed-length
+ *          and variable-length, causal, GQA, window, softcap and
+ *          learnable_sink; e4m3 inputs and seqused_k / block_table on
+ *          fixed-length batches (the decoding kernel) at head dims 96 and
+ *          192 are UNSUPPORTED (variable-length batches take seqused_k);
+ *          data pointers 16-byte aligned, strides multiples of
  *          16 bytes.  Variable-length batches (cu_seqlens, with total_q and
  *          total_k): f16/bf16 only (e4m3 UNSUPPORTED), seqused_k allowed
  *          (below), batch x ceil(seqlen_q / 64) x heads_q < 2^31.
@@ -869,8 +876,8 @@ FATTN_API fattn_status fattn_kv_append(fattn_ctx *ctx, const fattn_kv_append_arg
  * Engines: CPU: as for fattn_fwd (window, softcap and dsink included).
  *          CUDA (Hopper): window, softcap and dsink (seqlen_q + seqlen_k <
  *          2^30; a learnable_sink without dsink is not read, since dq, dk,
- *          dv need only the sink-aware forward's o and lse); bf16 / f16, head_dim == head_dim_v in {64, 128,
- *          256}, batch and heads_q <= 65535, fixed-length or variable-length
+ *          dv need only the sink-aware forward's o and lse); bf16 / f16, head_dim == head_dim_v in {64, 96,
+ *          128, 192, 256} or head_dim 192 with head_dim_v 128, batch and heads_q <= 65535, fixed-length or variable-length
  *          batches (cu_seqlens with total_q and total_k; the workspace then
  *          holds (total_q / 64 + batch + 1) x heads_q 64-row blocks); q, k, v, dout
  *          16-byte aligned with strides multiples of 16 bytes (TMA);

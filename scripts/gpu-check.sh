@@ -84,7 +84,7 @@ step "compute-sanitizer (small shapes)"
 {
   for tool in memcheck racecheck synccheck; do
     want sanitizer || want $tool || continue
-    for t in gpu_test_fwd gpu_test_fwd_fp8 gpu_test_bwd gpu_test_varlen gpu_test_kvcache_prefill gpu_test_decode gpu_test_fwd_variants gpu_test_bwd_variants; do
+    for t in gpu_test_fwd gpu_test_fwd_fp8 gpu_test_bwd gpu_test_bwd_hdims gpu_test_varlen gpu_test_kvcache_prefill gpu_test_decode gpu_test_fwd_variants gpu_test_bwd_variants; do
       echo "--- $tool $t"
       FATTN_TEST_SMALL=1 timeout 600 compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/tests/$t" 2>&1 | tail -6
       echo "$tool $t rc=${PIPESTATUS[0]}"

@@ -620,6 +620,38 @@ static void test_cuda_varlen_unread(void) {
 #endif
 }
 
+/* Head dims 96 and 192 (issue 37): the CUDA engine's 16-bit forward and
+ * backward serve them; what it has no kernel for is refused by name before
+ * anything is read (e4m3, the decoding kernel's seqused_k on fixed-length
+ * batches, head_dim_v other than 128 at 192), on the fake context above. */
+static void test_cuda_head_dims(void) {
+#ifdef FATTN_WITH_CUDA
+    static fattn_ctx fake;
+    memset(&fake, 0, sizeof fake);
+    fake.backend = FATTN_BACKEND_CUDA;
+    static float scale[64];
+    const int32_t *bad = (const int32_t *)(uintptr_t)16;
+    FWD_FAIL(&fake,
+             (a_.p.head_dim = 96, a_.q.dtype = a_.k.dtype = a_.v.dtype = FATTN_DTYPE_E4M3,
+              a_.o.dtype = FATTN_DTYPE_BF16, a_.q.scale = a_.k.scale = a_.v.scale = scale,
+              a_.q.scale_block = a_.k.scale_block = a_.v.scale_block = 128),
+             UNS, "head_dim 96 with e4m3");
+    FWD_FAIL(&fake,
+             (a_.p.head_dim = 192, a_.p.head_dim_v = 128, a_.seqused_k = bad,
+              a_.q.dtype = a_.k.dtype = a_.v.dtype = a_.o.dtype = FATTN_DTYPE_BF16),
+             UNS, "seqused_k at head_dim 192");
+    FWD_FAIL(&fake,
+             (a_.p.head_dim = 192, a_.p.head_dim_v = 96,
+              a_.q.dtype = a_.k.dtype = a_.v.dtype = a_.o.dtype = FATTN_DTYPE_BF16),
+             UNS, "only 192 with 128");
+    BWD_FAIL(&fake,
+             (a_.p.head_dim = 192, a_.p.head_dim_v = 96,
+              a_.q.dtype = a_.k.dtype = a_.v.dtype = a_.o.dtype = a_.dout.dtype = FATTN_DTYPE_BF16,
+              a_.dq.dtype = a_.dk.dtype = a_.dv.dtype = FATTN_DTYPE_BF16),
+             UNS, "only 192 with 128");
+#endif
+}
+
 static void test_quantize(fattn_ctx *ctx) {
     poison_outputs();
     expect_fail("quantize NULL ctx", NULL, fattn_quantize(NULL, NULL), INV, "ctx", __LINE__);
@@ -686,6 +718,7 @@ int main(void) {
     test_overlap(ctx);
     fattn_ctx_free(ctx);
     test_cuda_varlen_unread();
+    test_cuda_head_dims();
 
     printf("test_api_errors: %d checks, %d failures\n", checks, failures);
     return failures ? 1 : 0;

@@ -16,7 +16,8 @@ static const char *BENCH_HELP =
     "\n"
     "Forward throughput sweep: total tokens fixed (batch = tokens / seqlen), hidden\n"
     "size 2048 (heads = 2048 / head_dim), every seqlen x head dim x causal mode.\n"
-    "FLOPs = 4 * batch * heads * seqlen^2 * head_dim (halved when causal), over the\n"
+    "FLOPs = 4 * batch * heads * seqlen^2 * head_dim (halved when causal; with\n"
+    "--head-dim-v, 2 * batch * heads * seqlen^2 * (head_dim + head_dim_v)), over the\n"
     "median time.  Progress on stderr, the table on stdout.\n"
     "\n"
     "Defaults: GPU tokens 16384, seqlens 512,1024,2048,4096,8192,16384, bf16, 20 iters;\n"
@@ -28,6 +29,8 @@ static const char *BENCH_HELP =
     "  --hidden N                heads * head_dim (default 2048)\n"
     "  --seqlens LIST            comma-separated sequence lengths\n"
     "  --head-dims LIST          comma-separated head dims (default 64,128,256)\n"
+    "  --head-dim-v N            V's and O's head dim at every head dim (default: each\n"
+    "                            one's own; the CUDA engine: 128 with head dim 192)\n"
     "  --causal both|0|1         which masks to run (default both)\n"
     "  --dtype f32|f16|bf16      input and output type\n"
     "  --fp8 off|block|rotate    FP8 end to end through fattn_fwd_fp8: the 16-bit or f32\n"
@@ -464,7 +467,7 @@ static int bench_varlen(const char *cmd, fattn_ctx *ctx, const varlen_opts *o) {
 /* ---- the prefill sweep ---- */
 
 typedef struct bench_row {
-    int32_t batch, seqlen, heads, head_dim, causal;
+    int32_t batch, seqlen, heads, head_dim, head_dim_v, causal;
     double ms, flops;
 } bench_row;
 
@@ -479,6 +482,7 @@ static void prefill_fields(const void *rows, int i, int gpu, bench_fields *out) 
     put(out, "batch", NULL, 5, 0, 0, r->batch);
     put(out, "heads", "heads", 5, 0, 0, r->heads);
     put(out, NULL, "head_dim", 0, 0, 0, r->head_dim);
+    put(out, NULL, "head_dim_v", 0, 0, 0, r->head_dim_v);
     put(out, NULL, "causal", 0, 0, 0, r->causal);
     put(out, "time (ms)", "ms", 9, 3, 6, r->ms);
     put(out, NULL, "flops", 0, 0, 0, r->flops);
@@ -528,6 +532,7 @@ typedef struct prefill_opts {
     int nseq;
     const int32_t *hdims;
     int nhd, causal_lo, causal_hi;
+    int32_t hdim_v; /* 0: each head dim's own */
     int fp8; /* 0 off, 1 block scales, 2 block scales + rotation */
     fattn_dtype dtype;
     const char *csv, *json;
@@ -566,11 +571,12 @@ static int bench_prefill(const char *cmd, fattn_ctx *ctx, const prefill_opts *o)
                 p.seqlen_q = p.seqlen_k = seqlens[s];
                 p.batch = tokens / seqlens[s];
                 p.head_dim = hdims[h];
+                p.head_dim_v = o->hdim_v ? o->hdim_v : hdims[h];
                 p.heads_q = p.heads_kv = hidden / hdims[h];
                 p.causal = c;
                 progress(n, ncases, gpu, dtype);
-                fprintf(stderr, "batch %d seqlen %d heads %d head dim %d%s ...", p.batch,
-                        p.seqlen_q, p.heads_q, p.head_dim, c ? " causal" : "");
+                fprintf(stderr, "batch %d seqlen %d heads %d head dim %d/%d%s ...", p.batch,
+                        p.seqlen_q, p.heads_q, p.head_dim, p.head_dim_v, c ? " causal" : "");
                 fflush(stderr);
                 tool_problem tp;
                 tool_problem_init(cmd, ctx, &tp, &p, dtype, (uint64_t)n + 1);
@@ -580,7 +586,7 @@ static int bench_prefill(const char *cmd, fattn_ctx *ctx, const prefill_opts *o)
                 r->ms = tool_time_fwd_fp8(cmd, ctx, &tp.a, fp8 ? &fo : NULL, gpu ? 3 : 1, iters);
                 tool_problem_free(ctx, &tp);
                 r->batch = p.batch, r->seqlen = p.seqlen_q, r->heads = p.heads_q;
-                r->head_dim = p.head_dim, r->causal = c;
+                r->head_dim = p.head_dim, r->head_dim_v = p.head_dim_v, r->causal = c;
                 r->flops = tool_fwd_flops(&p);
                 fprintf(stderr, " %.3f ms, %.1f %s\n", r->ms, per_s(r->flops, r->ms, gpu),
                         flops_unit(gpu));
@@ -592,9 +598,11 @@ static int bench_prefill(const char *cmd, fattn_ctx *ctx, const prefill_opts *o)
     static const char *const fp8_name[] = {"", ", FP8 end to end (block scales)",
                                            ", FP8 end to end (block scales + rotation)"};
     static const char *const fp8_json[] = {"off", "block", "rotate"};
-    printf("fattn %s forward sweep: backend %s, dtype %s%s, %d tokens, hidden %d, median of %d\n\n",
+    printf("fattn %s forward sweep: backend %s, dtype %s%s, %d tokens, hidden %d, median of %d",
            fattn_version_string(), gpu ? "cuda" : "cpu", fattn_dtype_name(dtype), fp8_name[fp8], tokens,
            hidden, iters);
+    if (o->hdim_v) printf(", head_dim_v %d", o->hdim_v);
+    printf("\n\n");
     bench_fields meta = {0};
     put_meta(&meta, NULL, gpu, dtype);
     put_text(&meta, NULL, "fp8", 0, fp8_json[fp8], 0);
@@ -609,7 +617,7 @@ static int bench_prefill(const char *cmd, fattn_ctx *ctx, const prefill_opts *o)
 int fattn_cmd_bench(int argc, char **argv) {
     const char *cmd = "fattn bench";
     fattn_backend backend = FATTN_BACKEND_AUTO;
-    int32_t tokens = 0, hidden = 2048, iters = 0, threads = 0;
+    int32_t tokens = 0, hidden = 2048, iters = 0, threads = 0, hdim_v = 0;
     int32_t seqlens[32], hdims[16];
     int nseq = 0, nhd = 0, causal_lo = 0, causal_hi = 1, dtype_set = 0;
     fattn_dtype dtype = FATTN_DTYPE_F32;
@@ -666,6 +674,9 @@ int fattn_cmd_bench(int argc, char **argv) {
             only_in(&only, "--seqlens", SWEEP_PREFILL);
         } else if ((v = tool_opt(cmd, argc, argv, &i, "--head-dims"))) {
             nhd = tool_parse_list(cmd, "--head-dims", v, hdims, 16, 1);
+        } else if ((v = tool_opt(cmd, argc, argv, &i, "--head-dim-v"))) {
+            hdim_v = tool_parse_int(cmd, "--head-dim-v", v, 1, INT32_MAX);
+            only_in(&only, "--head-dim-v", SWEEP_PREFILL);
         } else if ((v = tool_opt(cmd, argc, argv, &i, "--causal"))) {
             if (!strcmp(v, "both")) causal_lo = 0, causal_hi = 1;
             else if (!strcmp(v, "0")) causal_lo = causal_hi = 0;
@@ -753,7 +764,7 @@ int fattn_cmd_bench(int argc, char **argv) {
     memset(&po, 0, sizeof po);
     po.tokens = tokens, po.hidden = hidden, po.iters = iters, po.fp8 = fp8;
     po.seqlens = seqlens, po.nseq = nseq, po.hdims = hdims, po.nhd = nhd;
-    po.causal_lo = causal_lo, po.causal_hi = causal_hi;
+    po.causal_lo = causal_lo, po.causal_hi = causal_hi, po.hdim_v = hdim_v;
     po.dtype = dtype, po.csv = csv, po.json = json;
     int rc = bench_prefill(cmd, ctx, &po);
     fattn_ctx_free(ctx);

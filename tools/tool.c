@@ -339,7 +339,9 @@ double tool_time_fwd_calls(const char *cmd, fattn_ctx *ctx, const fattn_fwd_args
 }
 
 double tool_fwd_flops(const fattn_problem *p) {
-    double f = 4.0 * p->batch * p->heads_q * (double)p->seqlen_q * p->seqlen_k * p->head_dim;
+    /* 2 for QK^T over head_dim, 2 for PV over head_dim_v (0: head_dim) */
+    const double dv = p->head_dim_v ? p->head_dim_v : p->head_dim;
+    double f = 2.0 * p->batch * p->heads_q * (double)p->seqlen_q * p->seqlen_k * (p->head_dim + dv);
     if (p->causal && p->seqlen_q == p->seqlen_k) f *= 0.5;
     return f;
 }

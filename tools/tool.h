@@ -73,7 +73,7 @@ double tool_time_fwd_fp8(const char *cmd, fattn_ctx *ctx, const fattn_fwd_args *
  * fattn_fwd, back to back (timed as tool_time_fwd, over the whole round). */
 double tool_time_fwd_calls(const char *cmd, fattn_ctx *ctx, const fattn_fwd_args *a, int ncalls,
                            int warmup, int iters);
-/* FLOPs of a forward as DESIGN.md section 7 counts them. */
+/* FLOPs of a forward as DESIGN.md section 7 counts them (the PV half over head_dim_v). */
 double tool_fwd_flops(const fattn_problem *p);
 /* Median of n doubles (sorts in place). */
 double tool_median(double *x, int n);

@@ -783,6 +783,32 @@ class Cuda(unittest.TestCase):
             self.assertEqual(o.device.type, "cuda")
             self.assertLess(rel(o.cpu(), reference(q.double(), k.double(), v.double(), causal)), 2e-2)
 
+    def test_head_dims_96_192(self):
+        # issue 37: head dims 96 and 192, and 192 with head_dim_v 128 (DeepSeek MLA prefill), GQA, causal with
+        # unequal lengths, on the Hopper forward
+        for d, dv, causal, (sq, sk) in ((96, 96, False, (300, 300)), (96, 96, True, (200, 333)),
+                                        (192, 192, True, (300, 300)), (192, 192, False, (1, 77)),
+                                        (192, 128, True, (333, 200)), (192, 128, False, (300, 300))):
+            q, k, v = inputs(d=d, dv=dv, sq=sq, sk=sk, dtype=torch.bfloat16)
+            o = fattn.attention(*(x.cuda() for x in (q, k, v)), causal=causal)
+            self.assertEqual((o.device.type, o.dtype, o.shape[-1]), ("cuda", torch.bfloat16, dv))
+            self.assertLess(rel(o.cpu(), reference(q.double(), k.double(), v.double(), causal)), 2e-2, (d, dv, causal))
+
+    def test_head_dims_96_192_backward(self):
+        # issue 37: the Hopper backward at head dims 96, 192 and 192/128 against float64 autograd (bf16 gradients,
+        # the tolerance of test_backward_matches_reference)
+        for d, dv, causal, (sq, sk) in ((96, 96, True, (200, 333)), (192, 192, False, (300, 300)),
+                                        (192, 128, True, (300, 300)), (192, 128, False, (1, 77))):
+            q, k, v = inputs(d=d, dv=dv, sq=sq, sk=sk, dtype=torch.bfloat16)
+            g = torch.randn(q.shape[:3] + (dv,), generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+            xs = [x.cuda().requires_grad_(True) for x in (q, k, v)]
+            fattn.attention(*xs, causal=causal).backward(g.cuda())
+            ref = [x.double().requires_grad_(True) for x in (q, k, v)]
+            reference(*ref, causal=causal).backward(g.double())
+            for name, x, r in zip("qkv", xs, ref):
+                self.assertEqual((x.grad.device.type, x.grad.dtype, x.grad.shape), ("cuda", torch.bfloat16, r.shape))
+                self.assertLess(rel(x.grad.cpu(), r.grad), 1e-2, "d%d/%d causal %s d%s" % (d, dv, causal, name))
+
     def test_backward_matches_reference(self):
         # the Hopper backward (bf16 gradients: ~3e-3 relative, as cuDNN's) against float64 autograd
         for d, causal, (sq, sk) in ((64, False, (300, 300)), (128, True, (200, 333)), (128, False, (1, 77)),

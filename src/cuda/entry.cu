@@ -13,8 +13,11 @@
 
 /* ---- limits ------------------------------------------------------------------ */
 
-/* What the Hopper forward serves (src/cuda/hopper/instances/fwd_sm90_*hdim*.cu). */
-static const int fwd_head_dims[] = {64, 128, 256};
+/* What the Hopper forward serves (src/cuda/hopper/instances/fwd_sm90_*hdim*.cu):
+ * head_dim == head_dim_v of these, or 192 with head_dim_v 128 (16-bit); FP8
+ * and the decoding kernel only fwd_fp8_head_dims. */
+static const int fwd_head_dims[] = {64, 96, 128, 192, 256};
+static const int fwd_fp8_head_dims[] = {64, 128, 256};
 static const fattn_dtype fwd_dtypes[] = {FATTN_DTYPE_BF16, FATTN_DTYPE_F16, FATTN_DTYPE_E4M3};
 /* FP8: K's scale blocks are 1 (per key) or multiples of this, V's multiples
  * of it; every FP8 kernel's key block divides it, or is split into column
@@ -240,15 +243,24 @@ extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_arg
     }
     fattn_status vs = check_fwd_variants(ctx, a);
     if (vs != FATTN_OK) return vs;
-    if (p->head_dim != p->head_dim_v)
+    if (p->head_dim != p->head_dim_v && !(p->head_dim == 192 && p->head_dim_v == 128))
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                          "head_dim %d != head_dim_v %d is not supported by the Hopper kernel", p->head_dim, p->head_dim_v);
+                          "head_dim %d != head_dim_v %d is not supported by the Hopper kernels (only 192 with 128)",
+                          p->head_dim, p->head_dim_v);
     ok = false;
     for (int i = 0; i < COUNT(fwd_head_dims); ++i) ok = ok || p->head_dim == fwd_head_dims[i];
     if (!ok)
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                           "head_dim %d is not supported by the Hopper kernels; supported: %s", p->head_dim,
                           list_ints(list, sizeof list, fwd_head_dims, COUNT(fwd_head_dims)));
+    /* head dims 96 and 192 (issue 37): the 16-bit kernels only */
+    bool fp8_dim = false;
+    for (int i = 0; i < COUNT(fwd_fp8_head_dims); ++i) fp8_dim = fp8_dim || p->head_dim == fwd_fp8_head_dims[i];
+    if (!fp8_dim && a->q.dtype == FATTN_DTYPE_E4M3)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "head_dim %d with e4m3 inputs is not supported by the Hopper FP8 kernels; supported: %s "
+                          "(16-bit inputs also take 96 and 192)",
+                          p->head_dim, list_ints(list, sizeof list, fwd_fp8_head_dims, COUNT(fwd_fp8_head_dims)));
     /* Variable-length batches: 16-bit, with the packed rows given (api.c
      * takes the extents from total_q/total_k: nothing reads cu_seqlens on
      * the host); the kernel reads cu_seqlens on the device */
@@ -276,6 +288,14 @@ extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_arg
     /* fixed-length seqused_k, paged K/V and FP8 caches: the decoding
      * kernel only (fwd_decode.cu); varlen seqused_k: the varlen kernels */
     if (!varlen && (a->seqused_k || a->block_table || fwd_kv8(a))) {
+        if (!fp8_dim) /* head dims 96, 192: no decoding kernel instance yet */
+            return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                              "%s at head_dim %d (head_dim_v %d): the CUDA decoding kernel, the only one that reads "
+                              "it on fixed-length batches, serves head_dim == head_dim_v in %s (variable-length "
+                              "batches take seqused_k and block_table at every head dim)",
+                              a->block_table ? "block_table" : a->seqused_k ? "seqused_k" : "an FP8 KV cache",
+                              p->head_dim, p->head_dim_v,
+                              list_ints(list, sizeof list, fwd_fp8_head_dims, COUNT(fwd_fp8_head_dims)));
         if (!fwd_decode_eligible(a))
             return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                               "seqused_k and block_table need the CUDA decoding kernel: 16-bit inputs, seqlen_q <= %d "
@@ -295,8 +315,10 @@ extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_arg
     return FATTN_OK;
 }
 
-/* What the Hopper backward serves (src/cuda/hopper/instances/bwd_sm90.cu). */
-static const int bwd_head_dims[] = {64, 128, 256};
+/* What the Hopper backward serves (src/cuda/hopper/instances/bwd_sm90*.cu):
+ * head_dim == head_dim_v of these, or 192 with head_dim_v 128 (96 and 192
+ * run the d128 and d256 kernels, BwdOpts.hd and hdv). */
+static const int bwd_head_dims[] = {64, 96, 128, 192, 256};
 
 extern "C" fattn_status fattn_cuda_bwd_check(fattn_ctx *ctx, const fattn_bwd_args *a) {
     const fattn_problem *p = &a->p;
@@ -319,10 +341,10 @@ extern "C" fattn_status fattn_cuda_bwd_check(fattn_ctx *ctx, const fattn_bwd_arg
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                           "q.dtype %s is not supported by the CUDA engine's backward; supported: bf16, f16",
                           fattn_dtype_name(a->q.dtype));
-    if (p->head_dim != p->head_dim_v)
+    if (p->head_dim != p->head_dim_v && !(p->head_dim == 192 && p->head_dim_v == 128))
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                          "head_dim %d != head_dim_v %d is not supported by the Hopper backward", p->head_dim,
-                          p->head_dim_v);
+                          "head_dim %d != head_dim_v %d is not supported by the Hopper backward (only 192 with 128)",
+                          p->head_dim, p->head_dim_v);
     bool ok = false;
     for (int i = 0; i < COUNT(bwd_head_dims); ++i) ok = ok || p->head_dim == bwd_head_dims[i];
     if (!ok)

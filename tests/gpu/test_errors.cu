@@ -105,8 +105,10 @@ int main(void) {
     const fattn_fwd_args good = base_args();
     fattn_fwd_args a;
 
-    a = good; a.p.head_dim = 96;
-    expect(ctx, &a, FATTN_ERROR_UNSUPPORTED, "head_dim 96", "head dim 96");
+    a = good; a.p.head_dim = 80;
+    expect(ctx, &a, FATTN_ERROR_UNSUPPORTED, "head_dim 80", "head dim 80");
+    a = good; a.p.head_dim = 192; a.p.head_dim_v = 128; a.seqused_k = (const int32_t *)dq;
+    expect(ctx, &a, FATTN_ERROR_UNSUPPORTED, "decoding kernel", "seqused_k at head dim 192/128 (fixed-length)");
     a = good; a.p.head_dim_v = 64;
     expect(ctx, &a, FATTN_ERROR_UNSUPPORTED, "head_dim_v", "head_dim != head_dim_v");
     a = good; a.q.data = dq + 2; a.k.data = dk; /* 2-byte offset: bf16-aligned, not 16-byte */
@@ -146,8 +148,8 @@ int main(void) {
      * overlap check, so the small buffers above stand in for huge tensors */
     const fattn_bwd_args bgood = bwd_base_args();
     fattn_bwd_args b;
-    b = bgood; b.p.head_dim = b.p.head_dim_v = 96;
-    expect_bwd(ctx, &b, FATTN_ERROR_UNSUPPORTED, "head_dim 96", "head dim 96");
+    b = bgood; b.p.head_dim = b.p.head_dim_v = 80;
+    expect_bwd(ctx, &b, FATTN_ERROR_UNSUPPORTED, "head_dim 80", "head dim 80");
     b = bgood; b.q.dtype = b.k.dtype = b.v.dtype = b.o.dtype = b.dout.dtype = FATTN_DTYPE_F32;
     b.dq.dtype = b.dk.dtype = b.dv.dtype = FATTN_DTYPE_F32;
     expect_bwd(ctx, &b, FATTN_ERROR_UNSUPPORTED, "f32", "f32 inputs");

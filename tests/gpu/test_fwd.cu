@@ -27,6 +27,7 @@ struct fwd_case {
     tu_layout layout;
     int o_off; /* O placed this many elements past a 16-byte boundary (0: aligned) */
     const char *variant; /* the fattn_ctx_set_option knobs set for this case, for the report */
+    int dv;              /* head_dim_v; 0: d */
 };
 
 /* run_case with the device memory exhausted around the fattn_fwd call
@@ -50,11 +51,12 @@ static int hog_device_memory(void **hog) {
 
 static int run_case(fattn_ctx *ctx, tu_rng *rng, const fwd_case &c) {
     const int fails_before = tu_failures;
+    const int hdv = c.dv ? c.dv : c.d; /* head_dim_v */
     tu_tensor q, k, v, o;
     tu_tensor_alloc(&q, c.dt, c.batch, c.sq, c.hq, c.d, c.layout, 1);
     tu_tensor_alloc(&k, c.dt, c.batch, c.sk, c.hkv, c.d, c.layout, 1);
-    tu_tensor_alloc(&v, c.dt, c.batch, c.sk, c.hkv, c.d, c.layout, 1);
-    tu_tensor_alloc(&o, c.dt, c.batch, c.sq, c.hq, c.d, c.layout, 1);
+    tu_tensor_alloc(&v, c.dt, c.batch, c.sk, c.hkv, hdv, c.layout, 1);
+    tu_tensor_alloc(&o, c.dt, c.batch, c.sq, c.hq, hdv, c.layout, 1);
     double *hq = (double *)tu_malloc(q.count * 8), *hk = (double *)tu_malloc(k.count * 8);
     double *hv = (double *)tu_malloc(v.count * 8), *ref = (double *)tu_malloc(o.count * 8);
     double *got = (double *)tu_malloc(o.count * 8);
@@ -90,6 +92,7 @@ static int run_case(fattn_ctx *ctx, tu_rng *rng, const fwd_case &c) {
     a.p.heads_q = c.hq;
     a.p.heads_kv = c.hkv;
     a.p.head_dim = c.d;
+    a.p.head_dim_v = hdv;
     a.p.causal = c.causal;
     a.q = q.t; a.q.data = dq;
     a.k = k.t; a.k.data = dk;
@@ -131,14 +134,15 @@ static int run_case(fattn_ctx *ctx, tu_rng *rng, const fwd_case &c) {
     oracle_problem op;
     memset(&op, 0, sizeof op);
     op.batch = c.batch; op.seqlen_q = c.sq; op.seqlen_k = c.sk; op.heads_q = c.hq; op.heads_kv = c.hkv;
-    op.head_dim = c.d; op.head_dim_v = c.d; op.causal = c.causal;
+    op.head_dim = c.d; op.head_dim_v = hdv; op.causal = c.causal;
     oracle_fwd(&op, hq, hk, hv, ref, ref_lse);
 
-    char what[256];
-    snprintf(what, sizeof what, "%s b%d sq%d sk%d h%d/%d d%d %s%s%s%s%s", fattn_dtype_name(c.dt), c.batch,
-             c.sq, c.sk, c.hq, c.hkv, c.d, c.causal ? "causal " : "", c.layout == TU_BHSD ? "BHSD" : "BSHD",
+    char what[256], dvs[16] = "";
+    if (hdv != c.d) snprintf(dvs, sizeof dvs, "/%d", hdv);
+    snprintf(what, sizeof what, "%s b%d sq%d sk%d h%d/%d d%d%s %s%s%s%s%s", fattn_dtype_name(c.dt), c.batch,
+             c.sq, c.sk, c.hq, c.hkv, c.d, dvs, c.causal ? "causal " : "", c.layout == TU_BHSD ? "BHSD" : "BSHD",
              c.o_off ? " O+4B" : "", c.variant ? " " : "", c.variant ? c.variant : "");
-    gpu_check_fwd(what, c.dt, got, ref, o.count, c.d, lse, ref_lse, nlse);
+    gpu_check_fwd(what, c.dt, got, ref, o.count, hdv, lse, ref_lse, nlse);
 
     cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dout); cudaFree(dlse);
     tu_tensor_free(&q); tu_tensor_free(&k); tu_tensor_free(&v); tu_tensor_free(&o);
@@ -432,6 +436,38 @@ int main(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
         if (only && (long)cases[i].sq * cases[i].sk > 300 * 300) continue;
         run_case(ctx, &rng, cases[i]);
+    }
+    /* head dims 96, 192 and 192 with head_dim_v 128 (issue 37), each on the
+     * shapes above: one tile; seqlen_q 1 against 4097 keys (MQA, split);
+     * causal both ways (rows with no key); BHSD; several waves (causal
+     * dynamic, GQA); split tails past one wave and below it; O 4-byte
+     * aligned; SKIPDIAG (d192 causal, sq > sk); SITOUT (1030 rows) */
+    const int hd[3][2] = {{96, 96}, {192, 192}, {192, 128}};
+    for (int i = 0; i < 3; ++i) {
+        const int d = hd[i][0], dv = hd[i][1];
+        if (gpu_portable_forced() && (d == 96 || dv != d)) continue; /* the portable engine: 64, 128, 192, 256 */
+        const fwd_case hcases[] = {
+            {2, 128, 128, 2, 1, d, 0, H, TU_BSHD, 0, NULL, dv},
+            {2, 128, 128, 2, 2, d, 1, B, TU_BSHD, 0, NULL, dv},
+            {2, 1, 4097, 8, 1, d, 0, B, TU_BSHD, 0, NULL, dv},
+            {2, 17, 300, 2, 2, d, 1, H, TU_BSHD, 0, NULL, dv},
+            {2, 129, 17, 2, 2, d, 1, B, TU_BHSD, 0, NULL, dv},
+            {1, 250, 300, 20, 4, d, 0, B, TU_BSHD, 2, NULL, dv},
+            {1, 200, 200, 2, 1, d, 1, H, TU_BHSD, 2, NULL, dv},
+            {1, 1000, 1000, 2, 2, d, 1, B, TU_BHSD, 0, NULL, dv},
+            {1, 4097, 4097, 1, 1, d, 0, H, TU_BSHD, 0, NULL, dv},
+            {2, 1500, 300, 12, 4, d, 1, H, TU_BSHD, 0, NULL, dv},
+            {3, 257, 257, 4, 2, d, 1, B, TU_BHSD, 0, NULL, dv},
+            {1, 1000, 2000, 17, 17, d, 0, B, TU_BSHD, 0, NULL, dv},
+            {1, 40, 2000, 2, 1, d, 0, H, TU_BHSD, 0, NULL, dv},
+            {1, 1030, 2000, 16, 4, d, 0, H, TU_BSHD, 0, NULL, dv},
+            {1, 700, 300, 2, 1, d, 1, B, TU_BSHD, 0, NULL, dv},
+            {2, 1024, 1024, 16, 4, d, 1, B, TU_BSHD, 0, NULL, dv},
+        };
+        for (const fwd_case &hc : hcases) {
+            if (only && (long)hc.sq * hc.sk > 300 * 300) continue;
+            run_case(ctx, &rng, hc);
+        }
     }
     /* the ablation's kernels (bf16 non-causal, fattn_ctx_set_option): overlap
      * and/or pingpong off, and the softmax always under the warpgroup's own

@@ -5,7 +5,8 @@
  * tensors against the oracle, fattn_fwd_fp8 against the CPU engine's).
  *
  * Shapes with tails (seqlens 1, 17, 1000, 4097), GQA, causal with unequal
- * lengths both ways, head dims 64/128/256, bf16 and f16; windows (0, 0),
+ * lengths both ways, head dims 64/128/256 (16-bit also 96, 192 and 192 with
+ * head_dim_v 128), bf16 and f16; windows (0, 0),
  * (1, 1), (37, 5) (smaller than a tile), longer than the sequence,
  * left-only, right-only, and with causal; sinks -30, 0, +30 (f16: +8, since
  * +30 scales O below f16's smallest subnormal) and NULL; softcap 15 and 30
@@ -41,6 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "common/oracle.h"
@@ -60,6 +62,7 @@ struct vcase {
     double softcap;
     int sink;
     double qmul; /* Q scaled up (large logits) */
+    int dv = 0;  /* head_dim_v; 0: d */
 };
 
 static vcase mk(fattn_dtype dt, int d, int B, int sq, int sk, int hq, int hkv, int causal, int window, int wl, int wr,
@@ -71,7 +74,7 @@ static vcase mk(fattn_dtype dt, int d, int B, int sq, int sk, int hq, int hkv, i
 }
 
 static void run_case(fattn_ctx *ctx, tu_rng *rng, const vcase &c) {
-    const int B = c.varlen ? (int)c.lq.size() : c.batch, HQ = c.hq, HK = c.hkv, D = c.d;
+    const int B = c.varlen ? (int)c.lq.size() : c.batch, HQ = c.hq, HK = c.hkv, D = c.d, DV = c.dv ? c.dv : c.d;
     std::vector<int32_t> cq(B + 1, 0), ck(B + 1, 0);
     int maxq = 0, maxk = 0;
     for (int b = 0; b < B; ++b) {
@@ -81,32 +84,33 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const vcase &c) {
     }
     const int TQ = cq[B], TK = ck[B];
     const size_t nq = (size_t)TQ * HQ * D, nk = (size_t)TK * HK * D, nlse = (size_t)HQ * TQ;
-    std::vector<double> q(nq), k(nk), v(nk), ref(nq), ref_lse(nlse), got(nq), sink(HQ);
+    const size_t nv = (size_t)TK * HK * DV, no = (size_t)TQ * HQ * DV;
+    std::vector<double> q(nq), k(nk), v(nv), ref(no), ref_lse(nlse), got(no), sink(HQ);
     tu_fill_normal(rng, q.data(), nq);
     tu_fill_normal(rng, k.data(), nk);
-    tu_fill_normal(rng, v.data(), nk);
+    tu_fill_normal(rng, v.data(), nv);
     for (size_t i = 0; i < nq; ++i) q[i] *= c.qmul;
     tu_round_to(q.data(), nq, c.dt);
     tu_round_to(k.data(), nk, c.dt);
-    tu_round_to(v.data(), nk, c.dt);
+    tu_round_to(v.data(), nv, c.dt);
     std::vector<float> sinkf(HQ);
     for (int h = 0; h < HQ; ++h) sinkf[h] = (float)(sink_base[c.sink] + 0.25 * (h % 3)), sink[h] = sinkf[h];
-    std::vector<uint16_t> h16(nq > nk ? nq : nk);
+    std::vector<uint16_t> h16(std::max(std::max(nq, no), std::max(nk, nv)));
     void *dq, *dk, *dv, *dout;
     float *dlse, *dsink = NULL;
     int32_t *dcq = NULL, *dck = NULL;
     CK(cudaMalloc(&dq, nq * 2));
     CK(cudaMalloc(&dk, nk * 2));
-    CK(cudaMalloc(&dv, nk * 2));
-    CK(cudaMalloc(&dout, nq * 2));
+    CK(cudaMalloc(&dv, nv * 2));
+    CK(cudaMalloc(&dout, no * 2));
     CK(cudaMalloc(&dlse, nlse * 4));
     tu_to_dtype(q.data(), nq, c.dt, h16.data());
     CK(cudaMemcpy(dq, h16.data(), nq * 2, cudaMemcpyHostToDevice));
     tu_to_dtype(k.data(), nk, c.dt, h16.data());
     CK(cudaMemcpy(dk, h16.data(), nk * 2, cudaMemcpyHostToDevice));
-    tu_to_dtype(v.data(), nk, c.dt, h16.data());
-    CK(cudaMemcpy(dv, h16.data(), nk * 2, cudaMemcpyHostToDevice));
-    CK(cudaMemset(dout, 0xFF, nq * 2));
+    tu_to_dtype(v.data(), nv, c.dt, h16.data());
+    CK(cudaMemcpy(dv, h16.data(), nv * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemset(dout, 0xFF, no * 2));
     CK(cudaMemset(dlse, 0xFF, nlse * 4));
     if (c.sink != SINK_NONE) {
         CK(cudaMalloc(&dsink, HQ * 4));
@@ -124,6 +128,7 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const vcase &c) {
     } else {
         a.p = tu_problem(B, maxq, maxk, HQ, HK, D, 0, c.causal, NULL, NULL);
     }
+    a.p.head_dim_v = DV;
     a.p.window = c.window, a.p.window_left = c.wl, a.p.window_right = c.wr;
     a.p.softcap = (float)c.softcap;
     a.q = fattn_tensor_bshd(dq, c.dt), a.k = fattn_tensor_bshd(dk, c.dt), a.v = fattn_tensor_bshd(dv, c.dt);
@@ -131,8 +136,8 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const vcase &c) {
     a.lse = dlse;
     a.learnable_sink = dsink;
     char what[300];
-    snprintf(what, sizeof what, "%s %s b%d sq%d sk%d h%d/%d d%d%s window %s(%d, %d) softcap %g sink %s%s",
-             fattn_dtype_name(c.dt), c.varlen ? "varlen" : "fixed", B, maxq, maxk, HQ, HK, D,
+    snprintf(what, sizeof what, "%s %s b%d sq%d sk%d h%d/%d d%d/%d%s window %s(%d, %d) softcap %g sink %s%s",
+             fattn_dtype_name(c.dt), c.varlen ? "varlen" : "fixed", B, maxq, maxk, HQ, HK, D, DV,
              c.causal ? " causal" : "", c.window ? "" : "off ", c.wl, c.wr, c.softcap,
              c.sink == SINK_NONE ? "NULL" : c.sink == SINK_M30 ? "-30" : c.sink == SINK_0 ? "0" : c.sink == SINK_P30 ? "+30" : "+8",
              c.qmul != 1 ? " (Q x8)" : "");
@@ -141,8 +146,8 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const vcase &c) {
     const cudaError_t e = cudaDeviceSynchronize();
     TU_CHECK(e == cudaSuccess, "%s: kernel failed: %s", what, cudaGetErrorString(e));
     if (e != cudaSuccess) exit(1);
-    CK(cudaMemcpy(h16.data(), dout, nq * 2, cudaMemcpyDeviceToHost));
-    tu_from_dtype(h16.data(), nq, c.dt, got.data());
+    CK(cudaMemcpy(h16.data(), dout, no * 2, cudaMemcpyDeviceToHost));
+    tu_from_dtype(h16.data(), no, c.dt, got.data());
     std::vector<float> glse(nlse);
     CK(cudaMemcpy(glse.data(), dlse, nlse * 4, cudaMemcpyDeviceToHost));
     /* the fixed-length LSE is [batch, heads, seqlen_q]; the oracle's, given
@@ -150,14 +155,14 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const vcase &c) {
     oracle_problem op;
     memset(&op, 0, sizeof op);
     op.batch = B, op.seqlen_q = maxq, op.seqlen_k = maxk, op.heads_q = HQ, op.heads_kv = HK, op.head_dim = D;
-    op.head_dim_v = D, op.causal = c.causal;
+    op.head_dim_v = DV, op.causal = c.causal;
     if (c.varlen) op.cu_seqlens_q = cq.data(), op.cu_seqlens_k = ck.data();
     op.window = c.window, op.window_left = c.wl, op.window_right = c.wr;
     op.softcap = c.softcap;
     op.sink = c.sink != SINK_NONE ? sink.data() : NULL;
     oracle_fwd(&op, q.data(), k.data(), v.data(), ref.data(), ref_lse.data());
     const double capx = c.softcap * 0x1p-11; /* tanh.approx.f32: the capped score's absolute error */
-    gpu_check_fwd(what, c.dt, got.data(), ref.data(), nq, D, glse.data(), ref_lse.data(), nlse, capx);
+    gpu_check_fwd(what, c.dt, got.data(), ref.data(), no, DV, glse.data(), ref_lse.data(), nlse, capx);
     cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dout), cudaFree(dlse);
     if (dsink) cudaFree(dsink);
     if (dcq) cudaFree(dcq), cudaFree(dck);
@@ -352,10 +357,13 @@ int main(void) {
     tu_rng rng;
     tu_rng_init(&rng, (uint64_t)tu_seed());
     const fattn_dtype dts[2] = {FATTN_DTYPE_BF16, FATTN_DTYPE_F16};
+    const bool small = getenv("FATTN_TEST_SMALL") != NULL;
     const int dims[3] = {64, 128, 256};
-    for (int di = 0; di < 3; ++di)
+    /* the 16-bit head dims (d, head_dim_v): issue 37 added 96, 192, 192/128 */
+    const int hdims[6][2] = {{64, 64}, {128, 128}, {256, 256}, {96, 96}, {192, 192}, {192, 128}};
+    for (int di = 0; di < 6; ++di)
         for (int ti = 0; ti < 2; ++ti) {
-            const int d = dims[di];
+            const int d = hdims[di][0], dv = hdims[di][1];
             const fattn_dtype dt = dts[ti];
             const int big = dt == FATTN_DTYPE_BF16 ? SINK_P30 : SINK_P8;
             std::vector<vcase> cs = {
@@ -386,10 +394,14 @@ int main(void) {
             };
             /* the longest: causal with a left side at 4097 (d64, d128) */
             if (d <= 128) cs.push_back(mk(dt, d, 1, 4097, 4097, 1, 1, 1, 1, 1000, -1, 0, big));
-            for (const vcase &c : cs) run_case(ctx, &rng, c);
+            for (vcase &c : cs) c.dv = dv;
+            /* sanitizer runs (FATTN_TEST_SMALL): a quarter of the new head dims' cases */
+            for (size_t i = 0; i < cs.size(); ++i)
+                if (!small || di < 3 || i % 4 == 0) run_case(ctx, &rng, cs[i]);
             /* variable length: empty, 1, 17 and 1000-query sequences, keys 17 .. 4097 */
             vcase vc = mk(dt, d, 0, 0, 0, 4, 2, 0, 1, 37, 5, 30, SINK_0, 8);
             vc.varlen = true;
+            vc.dv = dv;
             vc.lq = {1, 17, 0, 1000, 17};
             vc.lk = {17, 1000, 5, 4097, 17};
             run_case(ctx, &rng, vc);

@@ -36,7 +36,9 @@ struct vcase {
     fattn_dtype dt;
     int det = 0;           /* the backward in deterministic mode (twice) */
     std::vector<int> used; /* seqused_k per sequence (forward only), or none */
+    int dv = 0;            /* head_dim_v; 0: d */
 };
+
 
 /* The backward of the same call (q, k, v, and the GPU forward's o and lse in
  * a), dout N(0, 1), dq/dk/dv poisoned, against oracle_bwd with test_bwd.cu's
@@ -44,17 +46,18 @@ struct vcase {
 static void check_bwd(fattn_ctx *ctx, tu_rng *rng, const vcase &c, const fattn_fwd_args &a, const oracle_problem &op,
                       const std::vector<double> &q, const std::vector<double> &k, const std::vector<double> &v,
                       const char *what) {
-    const size_t nq = q.size(), nk = k.size();
-    std::vector<double> dout(nq), ref[3] = {std::vector<double>(nq), std::vector<double>(nk), std::vector<double>(nk)};
-    tu_fill_normal(rng, dout.data(), nq);
-    tu_round_to(dout.data(), nq, c.dt);
+    const size_t nq = q.size(), nk = k.size(), nv = v.size();
+    const size_t no = nq / op.head_dim * op.head_dim_v; /* O and dout */
+    std::vector<double> dout(no), ref[3] = {std::vector<double>(nq), std::vector<double>(nk), std::vector<double>(nv)};
+    tu_fill_normal(rng, dout.data(), no);
+    tu_round_to(dout.data(), no, c.dt);
     oracle_bwd(&op, q.data(), k.data(), v.data(), dout.data(), ref[0].data(), ref[1].data(), ref[2].data());
-    std::vector<uint16_t> h16(nq > nk ? nq : nk);
+    std::vector<uint16_t> h16(std::max(std::max(nq, no), std::max(nk, nv)));
     void *ddo, *dg[3];
-    const size_t n[3] = {nq, nk, nk};
-    CK(cudaMalloc(&ddo, nq * 2));
-    tu_to_dtype(dout.data(), nq, c.dt, h16.data());
-    CK(cudaMemcpy(ddo, h16.data(), nq * 2, cudaMemcpyHostToDevice));
+    const size_t n[3] = {nq, nk, nv};
+    CK(cudaMalloc(&ddo, no * 2));
+    tu_to_dtype(dout.data(), no, c.dt, h16.data());
+    CK(cudaMemcpy(ddo, h16.data(), no * 2, cudaMemcpyHostToDevice));
     for (int t = 0; t < 3; ++t) CK(cudaMalloc(&dg[t], n[t] * 2));
     fattn_bwd_args ba;
     memset(&ba, 0, sizeof ba);
@@ -90,27 +93,28 @@ static void check_bwd(fattn_ctx *ctx, tu_rng *rng, const vcase &c, const fattn_f
 }
 
 static void run_case(fattn_ctx *ctx, tu_rng *rng, const vcase &c) {
-    const int B = (int)c.lq.size(), HQ = c.hq, HK = c.hkv, D = c.d;
+    const int B = (int)c.lq.size(), HQ = c.hq, HK = c.hkv, D = c.d, DV = c.dv ? c.dv : c.d;
     std::vector<int32_t> cq, ck;
     int maxq, maxk;
     gpu_varlen_offsets(c.lq, c.lk, cq, ck, maxq, maxk);
     const int TQ = cq[B], TK = ck[B];
     const size_t nq = (size_t)TQ * HQ * D, nk = (size_t)TK * HK * D, nlse = (size_t)HQ * TQ;
-    std::vector<double> q(nq), k(nk), v(nk), ref(nq), ref_lse(nlse), got(nq);
+    const size_t nv = (size_t)TK * HK * DV, no = (size_t)TQ * HQ * DV;
+    std::vector<double> q(nq), k(nk), v(nv), ref(no), ref_lse(nlse), got(no);
     tu_fill_normal(rng, q.data(), nq);
     tu_fill_normal(rng, k.data(), nk);
-    tu_fill_normal(rng, v.data(), nk);
+    tu_fill_normal(rng, v.data(), nv);
     tu_round_to(q.data(), nq, c.dt);
     tu_round_to(k.data(), nk, c.dt);
-    tu_round_to(v.data(), nk, c.dt);
-    std::vector<uint16_t> h16(nq > nk ? nq : nk);
+    tu_round_to(v.data(), nv, c.dt);
+    std::vector<uint16_t> h16(std::max(std::max(nq, no), std::max(nk, nv)));
     void *dq, *dk, *dv, *dout;
     float *dlse;
     int32_t *dcq, *dck;
     CK(cudaMalloc(&dq, nq * 2));
     CK(cudaMalloc(&dk, nk * 2));
-    CK(cudaMalloc(&dv, nk * 2));
-    CK(cudaMalloc(&dout, nq * 2));
+    CK(cudaMalloc(&dv, nv * 2));
+    CK(cudaMalloc(&dout, no * 2));
     CK(cudaMalloc(&dlse, nlse * 4));
     CK(cudaMalloc(&dcq, (B + 1) * 4));
     CK(cudaMalloc(&dck, (B + 1) * 4));
@@ -118,15 +122,16 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const vcase &c) {
     CK(cudaMemcpy(dq, h16.data(), nq * 2, cudaMemcpyHostToDevice));
     tu_to_dtype(k.data(), nk, c.dt, h16.data());
     CK(cudaMemcpy(dk, h16.data(), nk * 2, cudaMemcpyHostToDevice));
-    tu_to_dtype(v.data(), nk, c.dt, h16.data());
-    CK(cudaMemcpy(dv, h16.data(), nk * 2, cudaMemcpyHostToDevice));
+    tu_to_dtype(v.data(), nv, c.dt, h16.data());
+    CK(cudaMemcpy(dv, h16.data(), nv * 2, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dcq, cq.data(), (B + 1) * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dck, ck.data(), (B + 1) * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemset(dout, 0xFF, nq * 2));
+    CK(cudaMemset(dout, 0xFF, no * 2));
     CK(cudaMemset(dlse, 0xFF, nlse * 4));
     fattn_fwd_args a;
     memset(&a, 0, sizeof a);
     a.p = tu_problem(B, maxq, maxk, HQ, HK, D, 0, c.causal, dcq, dck);
+    a.p.head_dim_v = DV;
     a.p.total_q = TQ, a.p.total_k = TK;
     a.q = fattn_tensor_bshd(dq, c.dt), a.k = fattn_tensor_bshd(dk, c.dt), a.v = fattn_tensor_bshd(dv, c.dt);
     a.o = fattn_tensor_bshd(dout, c.dt);
@@ -138,21 +143,23 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const vcase &c) {
         a.seqused_k = dused;
     }
     char what[200];
-    snprintf(what, sizeof what, "%s varlen b%d (q %d, k %d tokens, max %d/%d) h%d/%d d%d%s%s", fattn_dtype_name(c.dt),
-             B, TQ, TK, maxq, maxk, HQ, HK, D, c.causal ? " causal" : "", c.used.empty() ? "" : " seqused_k");
+    char dvs[16] = "";
+    if (DV != D) snprintf(dvs, sizeof dvs, "/%d", DV);
+    snprintf(what, sizeof what, "%s varlen b%d (q %d, k %d tokens, max %d/%d) h%d/%d d%d%s%s%s", fattn_dtype_name(c.dt),
+             B, TQ, TK, maxq, maxk, HQ, HK, D, dvs, c.causal ? " causal" : "", c.used.empty() ? "" : " seqused_k");
     const fattn_status st = fattn_fwd(ctx, &a);
     TU_CHECK(st == FATTN_OK, "%s: %s: %s", what, fattn_status_string(st), fattn_last_error(ctx));
     const cudaError_t e = cudaDeviceSynchronize();
     TU_CHECK(e == cudaSuccess, "%s: kernel failed: %s", what, cudaGetErrorString(e));
     if (e != cudaSuccess) exit(1);
-    CK(cudaMemcpy(h16.data(), dout, nq * 2, cudaMemcpyDeviceToHost));
-    tu_from_dtype(h16.data(), nq, c.dt, got.data());
+    CK(cudaMemcpy(h16.data(), dout, no * 2, cudaMemcpyDeviceToHost));
+    tu_from_dtype(h16.data(), no, c.dt, got.data());
     std::vector<float> glse(nlse);
     CK(cudaMemcpy(glse.data(), dlse, nlse * 4, cudaMemcpyDeviceToHost));
     oracle_problem op;
     memset(&op, 0, sizeof op);
     op.batch = B, op.seqlen_q = maxq, op.seqlen_k = maxk, op.heads_q = HQ, op.heads_kv = HK, op.head_dim = D;
-    op.head_dim_v = D, op.causal = c.causal, op.cu_seqlens_q = cq.data(), op.cu_seqlens_k = ck.data();
+    op.head_dim_v = DV, op.causal = c.causal, op.cu_seqlens_q = cq.data(), op.cu_seqlens_k = ck.data();
     if (c.used.empty()) {
         oracle_fwd(&op, q.data(), k.data(), v.data(), ref.data(), ref_lse.data());
     } else {
@@ -163,14 +170,15 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const vcase &c) {
             const int n = std::max(0, std::min(c.used[b], c.lk[b]));
             cu2[b + 1] = cu2[b] + n;
             const size_t row = (size_t)HK * D, at = (size_t)ck[b] * row;
+            const size_t row_v = (size_t)HK * DV, at_v = (size_t)ck[b] * row_v;
             k2.insert(k2.end(), k.begin() + at, k.begin() + at + n * row);
-            v2.insert(v2.end(), v.begin() + at, v.begin() + at + n * row);
+            v2.insert(v2.end(), v.begin() + at_v, v.begin() + at_v + n * row_v);
         }
         op.cu_seqlens_k = cu2.data();
         oracle_fwd(&op, q.data(), k2.data(), v2.data(), ref.data(), ref_lse.data());
         op.cu_seqlens_k = ck.data();
     }
-    gpu_check_fwd(what, c.dt, got.data(), ref.data(), nq, D, glse.data(), ref_lse.data(), nlse);
+    gpu_check_fwd(what, c.dt, got.data(), ref.data(), no, DV, glse.data(), ref_lse.data(), nlse);
     double work = 0; /* score entries: the single-threaded oracle's cost */
     for (int b = 0; b < B; ++b) work += (double)c.lq[b] * c.lk[b];
     /* the portable engine has no backward yet (gpu_portable_forced) */
@@ -270,6 +278,27 @@ int main(void) {
     u2.used = {-4, 33, 200};
     cases.push_back(u1);
     cases.push_back(u2);
+    /* head dims 96, 192 and 192 with head_dim_v 128 (issue 37), forward
+     * and backward: empty sequences, tails, causal both ways (rows with no
+     * key), GQA, MQA, seqused_k (forward only) */
+    {
+        const int hd[3][2] = {{96, 96}, {192, 192}, {192, 128}};
+        for (int i = 0; i < 3; ++i) {
+            const int d = hd[i][0], dv = hd[i][1];
+            if (gpu_portable_forced() && (d == 96 || dv != d)) continue; /* the portable engine: 64, 128, 192, 256 */
+            vcase a{{5, 0, 17}, {5, 3, 17}, 4, 2, d, 1, i == 1 ? F16 : BF};
+            vcase b{{300, 17, 1}, {17, 300, 65}, 4, 1, d, 1, i == 1 ? BF : F16};
+            vcase e{{130, 1, 64}, {100, 1000, 64}, 2, 2, d, 0, BF};
+            vcase u{{7, 40, 1, 130}, {200, 150, 64, 300}, 4, 2, d, 1, F16};
+            u.used = {5, 0, 64, 1000};
+            for (vcase *x : {&a, &b, &e, &u}) x->dv = dv, cases.push_back(*x);
+            if (!small) {
+                vcase l{{1000, 17, 4097, 0, 333}, {1000, 17, 4097, 5, 777}, 8, 2, d, 1, BF};
+                vcase m{{2000, 100, 1}, {2000, 150, 3000}, 4, 1, d, 0, F16};
+                for (vcase *x : {&l, &m}) x->dv = dv, cases.push_back(*x);
+            }
+        }
+    }
     if (!small) {
         cases.push_back({{1000, 17, 4097, 0, 333}, {1000, 17, 4097, 5, 777}, 8, 2, 128, 1, BF});
         cases.push_back({{1000, 17, 4097, 0, 333}, {1000, 17, 4097, 5, 777}, 8, 2, 128, 0, F16});

@@ -16,7 +16,8 @@ __device__ __forceinline__ int64_t bwd_kv_offset(int b, const BwdSeq &sq, int64_
 
 /* A consumer's N columns of dK and dV from column col0, rows key_r and key_r
  * + 8 (the accumulator's: element 4 i + e is row key_r + 8 (e / 2), column
- * col0 + 8 i + 2 q4 + e % 2); rows at or past seqlen_k are not written. */
+ * col0 + 8 i + 2 q4 + e % 2); rows at or past seqlen_k, and columns past
+ * the call's head dims (BwdCfg::HD, HDV), are not written. */
 template <class C, int N>
 __device__ __forceinline__ void bwd_store_dkdv(const BwdParams &p, const BwdSeq &sq, int b, int hk, int key_r,
                                                int col0, int q4, const float (&dk)[N / 2], const float (&dv)[N / 2]) {
@@ -31,8 +32,11 @@ __device__ __forceinline__ void bwd_store_dkdv(const BwdParams &p, const BwdSeq 
             const int col = col0 + 8 * i + 2 * q4;
             const float k0 = dk[4 * i + 2 * e2] * p.scale, k1 = dk[4 * i + 2 * e2 + 1] * p.scale;
             const float v0 = dv[4 * i + 2 * e2], v1 = dv[4 * i + 2 * e2 + 1];
-            *(uint32_t *)(gk + key * p.dk_ss + col) = C::BF16 ? pack_bf16x2(k0, k1) : pack_f16x2(k0, k1);
-            *(uint32_t *)(gv + key * p.dv_ss + col) = C::BF16 ? pack_bf16x2(v0, v1) : pack_f16x2(v0, v1);
+            /* columns past the call's head dims (BwdOpts.hd, hdv) are not its */
+            if (C::HD == C::D || col < C::HD)
+                *(uint32_t *)(gk + key * p.dk_ss + col) = C::BF16 ? pack_bf16x2(k0, k1) : pack_f16x2(k0, k1);
+            if (C::HDV == C::D || col < C::HDV)
+                *(uint32_t *)(gv + key * p.dv_ss + col) = C::BF16 ? pack_bf16x2(v0, v1) : pack_f16x2(v0, v1);
         }
     }
 }

@@ -10,7 +10,10 @@
 #include "bwd_scheduler.cuh"
 
 /* A consumer's S^T = K_w Q^T (or, dp, dP^T = V_w dO^T) for the iteration in
- * stage s (issue only: one commit group). */
+ * stage s (issue only: one commit group); k-steps up to the larger of the
+ * call's head dims (BwdCfg::HD, HDV: the columns past them are zeros), the
+ * same count for both, since at d256 dp differs between the consumers and a
+ * divergent count serialised the wgmmas (ptxas C7520). */
 template <class C>
 __device__ __forceinline__ void bwd_issue_sdp(const BwdSmem<C> &sm, uint64_t desc_kv, int s, bool dp, float (&acc)[32]) {
     using WS = wgmma_op<64, C::BF16>; /* m64 (keys) n64 (queries) */
@@ -19,8 +22,9 @@ __device__ __forceinline__ void bwd_issue_sdp(const BwdSmem<C> &sm, uint64_t des
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-        WS::ss(acc, desc_add(desc_kv, (kk / 4) * BN * 128 + (kk % 4) * 32),
-               desc_add(desc_b, (kk / 4) * BM * 128 + (kk % 4) * 32), kk > 0);
+        if (16 * kk < (C::HD > C::HDV ? C::HD : C::HDV))
+            WS::ss(acc, desc_add(desc_kv, (kk / 4) * BN * 128 + (kk % 4) * 32),
+                   desc_add(desc_b, (kk / 4) * BM * 128 + (kk % 4) * 32), kk > 0);
     wgmma_commit();
 }
 
@@ -134,13 +138,14 @@ __device__ __forceinline__ void bwd_consumer(const BwdSmem<C> &sm, const BwdPara
     const int cw = threadIdx.x / 128 - 1, wq = warp % 4;
     const int r0 = 16 * wq + lane / 4, q4 = lane % 4;
     const int T = iter.total;
-    using WD = wgmma_op<D, C::BF16>;  /* dV, dK: m64 nD, B MN-major */
+    constexpr int DN = C::DKV_N; /* dK's and dV's columns: D, or the call's head dim (BwdOpts.hd) */
+    using WD = wgmma_op<DN, C::BF16>; /* dV, dK: m64 nDN, B MN-major */
     using WS = wgmma_op<64, C::BF16>; /* S^T, dP^T with K_w, V_w in registers (KREG) */
     using WQ = wgmma_tnsp<DQ_N, C::BF16>; /* dQ: A and B MN-major */
-    using WT = wgmma_tnsp<D, C::BF16>;    /* DKSS: dK with A from shared memory, B MN-major */
-    float dv[D / 2], dk[D / 2];
+    using WT = wgmma_tnsp<DN, C::BF16>;   /* DKSS: dK with A from shared memory, B MN-major */
+    float dv[DN / 2], dk[DN / 2];
 #pragma unroll
-    for (int i = 0; i < D / 2; ++i) dv[i] = dk[i] = 0.f;
+    for (int i = 0; i < DN / 2; ++i) dv[i] = dk[i] = 0.f;
     if (T > 0) mbar_wait(sm.full_kv, 0);
     const uint64_t desc_k = smem_desc_sw128(sm.k() + cw * 64 * 128, 16, 1024);
     const uint64_t desc_v = smem_desc_sw128(sm.v() + cw * 64 * 128, 16, 1024);
@@ -267,5 +272,5 @@ __device__ __forceinline__ void bwd_consumer(const BwdSmem<C> &sm, const BwdPara
         if (lane == 0) mbar_arrive(&sm.empty_qdo[s]);
     };
     for (int it = 0; it < T; ++it) step(it);
-    bwd_store_dkdv<C, D>(p, sq, b, hk, key0 + r0, 0, q4, dk, dv);
+    bwd_store_dkdv<C, DN>(p, sq, b, hk, key0 + r0, 0, q4, dk, dv);
 }

@@ -48,10 +48,11 @@ __global__ void __launch_bounds__(256) bwd_pre_kernel(const uint16_t *o, int64_t
     }
 }
 
-/* dq = softmax_scale dq_acc (tiles in bwd_dq_index's order), two elements per thread. */
+/* dq = softmax_scale dq_acc (tiles of 64 x dt columns in bwd_dq_index's
+ * order; dt the kernel's head dim, d <= dt the call's), two elements per thread. */
 template <bool BF16>
 __global__ void __launch_bounds__(256) bwd_post_kernel(const float *acc, uint16_t *dq, int64_t q_sb, int64_t q_ss,
-                                                       int64_t q_sh, int heads, int seqlen_q, int width, int d,
+                                                       int64_t q_sh, int heads, int seqlen_q, int width, int d, int dt,
                                                        float scale, int64_t pairs) {
     const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= pairs) return;
@@ -61,7 +62,7 @@ __global__ void __launch_bounds__(256) bwd_post_kernel(const float *acc, uint16_
     const int i = (int)(row % seqlen_q);
     const int64_t bh = row / seqlen_q;
     const int h = (int)(bh % heads), b = (int)(bh / heads);
-    const float *tile = acc + (bh * ((seqlen_q + 63) / 64) + i / 64) * 64 * d;
+    const float *tile = acc + (bh * ((seqlen_q + 63) / 64) + i / 64) * 64 * dt;
     const float2 x = *(const float2 *)(tile + bwd_dq_index(i % 64, c, width)); /* c even: c, c + 1 adjacent */
     uint16_t *dst = dq + b * q_sb + i * q_ss + h * q_sh + c;
     bwd_store16x2<BF16>(dst, x.x * scale, x.y * scale);
@@ -103,16 +104,17 @@ __global__ void __launch_bounds__(256) bwd_pre_varlen_kernel(const uint16_t *o, 
 }
 
 /* VARLEN postprocess: block (m, h, b) writes dq = softmax_scale dq_acc for
- * the rows of query block m of sequence b that exist. */
+ * the rows of query block m of sequence b that exist (tiles of 64 x dt
+ * columns, d <= dt written). */
 template <bool BF16>
 __global__ void __launch_bounds__(256) bwd_post_varlen_kernel(const float *acc, uint16_t *dq, int64_t q_ss, int64_t q_sh,
                                                               const int *cu_q, int total_q, int max_q, int rb_total,
-                                                              int width, int d, float scale) {
+                                                              int width, int d, int dt, float scale) {
     const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     int q0, lq;
     varlen_rows(cu_q, b, total_q, max_q, q0, lq);
     if (m * 64 >= lq) return;
-    const float *tile = acc + ((size_t)h * rb_total + bwd_varlen_rb(q0, b) + m) * 64 * d;
+    const float *tile = acc + ((size_t)h * rb_total + bwd_varlen_rb(q0, b) + m) * 64 * dt;
     const int rows = min(64, lq - m * 64);
     for (int t = threadIdx.x; t < rows * d / 2; t += blockDim.x) {
         const int r = 2 * t / d, c = 2 * t % d;

@@ -85,7 +85,8 @@ dim3 bwd_grid(const fattn_problem *pr, BwdParams &p) {
     if (C::LPT && (uint64_t)nblk * pr->heads_kv * pr->batch <= 0x7FFFFFFFu) {
         /* as many kv heads a group as keep their Q, dO (16-bit) and dQ
          * accumulator (fp32) within 32 MiB of the 60 MB L2 */
-        const double head_bytes = (double)pr->seqlen_q * C::D * 8.0 * (pr->heads_q / pr->heads_kv);
+        const double head_bytes =
+            (double)pr->seqlen_q * (2.0 * C::HD + 2.0 * C::HDV + 4.0 * C::D) * (pr->heads_q / pr->heads_kv);
         const double g = (32.0 * 1024 * 1024) / (head_bytes > 1.0 ? head_bytes : 1.0);
         p.lpt_group = g < 1.0 ? 1 : g > (double)pr->heads_kv * pr->batch ? pr->heads_kv * pr->batch : (int)g;
         grid = dim3(nblk * (unsigned)pr->heads_kv * (unsigned)pr->batch, 1, 1);

@@ -23,7 +23,7 @@ template <class C>
 fattn_status bwd_sm90_run(fattn_ctx *ctx, const fattn_bwd_args *a) {
     const fattn_problem *pr = &a->p;
     const cudaStream_t stream = (cudaStream_t)ctx->stream;
-    constexpr int D = C::D;
+    constexpr int D = C::D, HD = C::HD, HDV = C::HDV; /* the kernel's head dim, the call's */
     BwdParams p;
     memset(&p, 0, sizeof p);
     p.batch = pr->batch;
@@ -74,14 +74,16 @@ fattn_status bwd_sm90_run(fattn_ctx *ctx, const fattn_bwd_args *a) {
     p.dsum = (const float *)((char *)ws + acc_bytes + row_bytes);
     p.dq_sem = (int *)((char *)ws + acc_bytes + 2 * row_bytes);
 
-    /* VARLEN: maps over the packed [total, heads, dim] tensors (batch 1) */
+    /* VARLEN: maps over the packed [total, heads, dim] tensors (batch 1).
+     * The call's head dims: D / 64 boxes of 64 columns load the kernel's
+     * tiles, TMA filling the columns past HD (HDV) with zeros */
     const int rq = C::VARLEN ? pr->total_q : pr->seqlen_q, rk = C::VARLEN ? pr->total_k : pr->seqlen_k;
     const int bt = C::VARLEN ? 1 : pr->batch;
     CUtensorMap tq, tk, tv, tdo, tstats;
-    if ((s = cuda_make_tensor_map(ctx, &tq, &a->q, D, rq, pr->heads_q, bt, C::BM, "q")) != FATTN_OK) return s;
-    if ((s = cuda_make_tensor_map(ctx, &tk, &a->k, D, rk, pr->heads_kv, bt, C::BN, "k")) != FATTN_OK) return s;
-    if ((s = cuda_make_tensor_map(ctx, &tv, &a->v, D, rk, pr->heads_kv, bt, C::BN, "v")) != FATTN_OK) return s;
-    if ((s = cuda_make_tensor_map(ctx, &tdo, &a->dout, D, rq, pr->heads_q, bt, C::BM, "dout")) != FATTN_OK) return s;
+    if ((s = cuda_make_tensor_map(ctx, &tq, &a->q, HD, rq, pr->heads_q, bt, C::BM, "q")) != FATTN_OK) return s;
+    if ((s = cuda_make_tensor_map(ctx, &tk, &a->k, HD, rk, pr->heads_kv, bt, C::BN, "k")) != FATTN_OK) return s;
+    if ((s = cuda_make_tensor_map(ctx, &tv, &a->v, HDV, rk, pr->heads_kv, bt, C::BN, "v")) != FATTN_OK) return s;
+    if ((s = cuda_make_tensor_map(ctx, &tdo, &a->dout, HDV, rq, pr->heads_q, bt, C::BM, "dout")) != FATTN_OK) return s;
 
     /* LSE and D side by side as one f32 tensor [2 batch][heads][m_blocks][64]
      * (VARLEN: [2][heads][rb_total][64]): 64 rows per box */
@@ -111,12 +113,12 @@ fattn_status bwd_sm90_run(fattn_ctx *ctx, const fattn_bwd_args *a) {
             bwd_pre_varlen_kernel<C::BF16><<<qgrid, 256, 0, stream>>>(
                 (const uint16_t *)a->o.data, a->o.stride_seq, a->o.stride_head, (const uint16_t *)a->dout.data,
                 a->dout.stride_seq, a->dout.stride_head, a->lse, (float *)p.lse2, (float *)p.dsum, p.cu_q, p.total_q,
-                pr->seqlen_q, p.rb_total, D);
+                pr->seqlen_q, p.rb_total, HDV);
     } else {
         bwd_pre_kernel<C::BF16><<<(unsigned)((rows + 7) / 8), 256, 0, stream>>>(
             (const uint16_t *)a->o.data, a->o.stride_batch, a->o.stride_seq, a->o.stride_head,
             (const uint16_t *)a->dout.data, a->dout.stride_batch, a->dout.stride_seq, a->dout.stride_head, a->lse,
-            (float *)p.lse2, (float *)p.dsum, pr->heads_q, pr->seqlen_q, p.sq_pad, D, (int64_t)rows);
+            (float *)p.lse2, (float *)p.dsum, pr->heads_q, pr->seqlen_q, p.sq_pad, HDV, (int64_t)rows);
     }
     if ((s = bwd_launch_error(ctx, "preprocess")) != FATTN_OK) return s;
     if (a->dsink) {
@@ -140,12 +142,12 @@ fattn_status bwd_sm90_run(fattn_ctx *ctx, const fattn_bwd_args *a) {
         if (p.m_blocks > 0)
             bwd_post_varlen_kernel<C::BF16><<<qgrid, 256, 0, stream>>>(
                 p.dq_acc, (uint16_t *)a->dq.data, a->dq.stride_seq, a->dq.stride_head, p.cu_q, p.total_q,
-                pr->seqlen_q, p.rb_total, C::DQ_N, D, pr->softmax_scale);
+                pr->seqlen_q, p.rb_total, C::DQ_N, HD, D, pr->softmax_scale);
     } else {
-        const int64_t pairs = (int64_t)pr->batch * pr->heads_q * pr->seqlen_q * D / 2;
+        const int64_t pairs = (int64_t)pr->batch * pr->heads_q * pr->seqlen_q * HD / 2;
         bwd_post_kernel<C::BF16><<<(unsigned)((pairs + 255) / 256), 256, 0, stream>>>(
             p.dq_acc, (uint16_t *)a->dq.data, a->dq.stride_batch, a->dq.stride_seq, a->dq.stride_head, pr->heads_q,
-            pr->seqlen_q, C::DQ_N, D, pr->softmax_scale, pairs);
+            pr->seqlen_q, C::DQ_N, HD, D, pr->softmax_scale, pairs);
     }
     if ((s = bwd_launch_error(ctx, "postprocess")) != FATTN_OK) return s;
     return cuda_bwd_workspace_done(ctx);
@@ -175,6 +177,22 @@ fattn_status bwd_run_local(fattn_ctx *ctx, const fattn_bwd_args *a, bool bf16) {
  * only d(sink), bwd_dsink_kernel, beside any instance). */
 inline bool bwd_wants_local(const fattn_problem *pr) { return pr->window || pr->softcap > 0.f; }
 
+/* The instances of base options O (head dim; fixed-length or VARLEN): a
+ * window or softcap on the LOCAL ones, else by mask and dtype. */
+template <BwdOpts O>
+fattn_status bwd_run_base(fattn_ctx *ctx, const fattn_bwd_args *a, bool causal, bool bf16) {
+    if (bwd_wants_local(&a->p)) return bwd_run_local<O>(ctx, a, bf16);
+    return bwd_run_opts<O>(ctx, a, causal, bf16);
+}
+
 /* variable-length batches: the instances of bwd_sm90_varlen.cu (D 64, 128, 256) */
 template <int D>
 fattn_status bwd_sm90_varlen_d(fattn_ctx *ctx, const fattn_bwd_args *a, bool causal, bool bf16);
+/* head dims 96, 192 and 192/128 (issue 37: the d128 and d256 kernels with
+ * BwdOpts.hd, hdv), fixed-length and VARLEN, one file each */
+fattn_status bwd_sm90_hdim96(fattn_ctx *ctx, const fattn_bwd_args *a, bool causal, bool bf16);
+fattn_status bwd_sm90_hdim192(fattn_ctx *ctx, const fattn_bwd_args *a, bool causal, bool bf16);
+fattn_status bwd_sm90_hdim192_128(fattn_ctx *ctx, const fattn_bwd_args *a, bool causal, bool bf16);
+fattn_status bwd_sm90_varlen_hdim96(fattn_ctx *ctx, const fattn_bwd_args *a, bool causal, bool bf16);
+fattn_status bwd_sm90_varlen_hdim192(fattn_ctx *ctx, const fattn_bwd_args *a, bool causal, bool bf16);
+fattn_status bwd_sm90_varlen_hdim192_128(fattn_ctx *ctx, const fattn_bwd_args *a, bool causal, bool bf16);

@@ -77,12 +77,19 @@ struct BwdOpts {
     /* the variants' kernel: a sliding window (causal included) and softcap
      * from BwdParams at run time (issue 37); not with causal */
     bool local = false;
+    /* the call's head dims of Q, K (hd) and of V, O, dO (hdv) where they are
+     * smaller than d (issue 37: 96 on the d128 kernel, 192 and 192/128 on
+     * the d256 one); hd 0: d, hdv 0: hd.  TMA fills the columns past them
+     * with zeros, so every product is exact and the columns past them of
+     * dQ, dK, dV are zero and not written */
+    int hd = 0, hdv = 0;
 };
 
 template <BwdOpts O>
 struct BwdCfg {
     static constexpr BwdOpts OPTS = O;
     static constexpr int D = O.d;
+    static constexpr int HD = O.hd ? O.hd : D, HDV = O.hdv ? O.hdv : HD; /* the call's (above) */
     /* d256: the consumers split the head dim of 64 keys, not 128 keys (top of file) */
     static constexpr bool SPLIT_D = D == 256;
     static constexpr int BN = SPLIT_D ? 64 : 128, BM = 64, STAGES = 2;
@@ -93,7 +100,12 @@ struct BwdCfg {
     /* each consumer's dQ tile: D / 2 columns over all the block's keys (d256:
      * over the 64 keys both consumers share) */
     static constexpr int DQ_N = D / 2;
-    static constexpr int DKV_N = SPLIT_D ? D / 2 : D; /* columns of each consumer's dK, dV */
+    /* columns of each consumer's dK, dV: at d64 / d128 the call's head dim
+     * (96: the dV and dK GEMMs' N = 96, 1.5 swizzle atoms of the MN-major dO
+     * and Q tiles, as the forward's PV_N; D is the fallback); at d256 half of
+     * D (a count that differed between the consumers would serialise their
+     * wgmmas) */
+    static constexpr int DKV_N = SPLIT_D ? D / 2 : HD;
     /* the writer may lag an iteration; SPLIT_D: the dQ tile of stage s is the
      * Q/dO stage s itself (STAGES of them) */
     static constexpr int DQ_STAGES = 2, DS_BUFS = 2;
@@ -127,6 +139,8 @@ struct BwdCfg {
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
     static_assert(BAR_FREE < 16, "named barriers");
     static_assert(D == 64 || D == 128 || D == 256, "head dims of this tiling");
+    static_assert(HD <= D && HDV <= D && HD % 16 == 0 && HDV % 16 == 0, "the call's head dims within the kernel's");
+    static_assert(SPLIT_D || HD == HDV, "d64 / d128: one head dim for dK and dV (DKV_N)");
     static_assert(!(LOCAL && CAUSAL), "LOCAL kernels take causal as the window (-1, 0)");
     static_assert(!KREG || D == 64, "K_w, V_w in registers: d64 (16 registers each)");
     /* d256: K 32 + V 32 + 2 stages x (Q 32 + dO 32, then the dQ tile) + dS^T

@@ -47,7 +47,7 @@ struct FwdEpilogue {
             if (lane == 0) {
                 const uint8_t *stage = smem + C::OFF_OST + (wg * 4 + warp) * C::OST_WARP_BYTES;
 #pragma unroll
-                for (int c = 0; c < C::SLABS; ++c) tma_store_4d(tm_o, stage + c * 2048, c * 64, erow, eh, eb);
+                for (int c = 0; c < C::V_SLABS; ++c) tma_store_4d(tm_o, stage + c * 2048, c * 64, erow, eh, eb);
                 bulk_commit_group();
             }
         } else {
@@ -69,7 +69,7 @@ struct FwdEpilogue {
     }
     /* OTMA: O / l of this warp's 16 rows (erow + 16 warp ..) through its
      * staging buffer and a TMA store; inv: 1 / l of rows r0 and r0 + 8 */
-    __device__ __forceinline__ void store_o_tma(const float (&o)[C::D / 2], const float (&inv)[2], int eb, int eh,
+    __device__ __forceinline__ void store_o_tma(const float (&o)[C::PV_N / 2], const float (&inv)[2], int eb, int eh,
                                                 int erow) {
         if constexpr (C::OTMA) {
             flush_o_store();
@@ -85,7 +85,7 @@ struct FwdEpilogue {
             if (lane == 0) bulk_wait_read_all(); /* the previous tile's store has read the buffer */
             __syncwarp();
 #pragma unroll
-            for (int i = 0; i < C::D / 8; i += 2) {
+            for (int i = 0; i < C::DV / 8; i += 2) {
                 const int ib = i + (lane >> 4);
                 const uint32_t addr = sbase + (ib / 8) * 2048 + mrow * 128 + (((ib % 8) ^ (mrow & 7)) << 4);
                 stsm_x4(addr, packed(i, 0), packed(i, 1), packed(i + 1, 0), packed(i + 1, 1));
@@ -146,7 +146,7 @@ struct FwdEpilogue {
         return inv;
     }
     /* O / l and LSE of a finished tile (rows erow + r0, + 8 of head eh, batch eb) */
-    __device__ __forceinline__ void store(const float (&o)[C::D / 2], const float (&rmax)[2], const float (&rsum)[2],
+    __device__ __forceinline__ void store(const float (&o)[C::PV_N / 2], const float (&rmax)[2], const float (&rsum)[2],
                                           int eb, int eh, int erow, float osc = 1.f) {
         if (C::OTMA && p.o_wide == 2) {
             float inv[2];
@@ -173,7 +173,7 @@ struct FwdEpilogue {
                  * ^1) so each lane owns 8 adjacent columns, one 16-byte
                  * store instead of four 4-byte ones */
 #pragma unroll
-                for (int j = 0; j < C::D / 32; ++j) {
+                for (int j = 0; j < C::DV / 32; ++j) {
                     uint32_t m0 = packed(4 * j), m1 = packed(4 * j + 1), m2 = packed(4 * j + 2), m3 = packed(4 * j + 3);
                     const bool lo_half = (q4 & 2) == 0, even = (q4 & 1) == 0;
                     uint32_t s0 = lo_half ? m2 : m0, s1 = lo_half ? m3 : m1;
@@ -188,7 +188,7 @@ struct FwdEpilogue {
                 }
             } else if (row_ok) {
 #pragma unroll
-                for (int i = 0; i < C::D / 8; ++i) *(uint32_t *)(orow + 2 * (8 * i + 2 * q4)) = packed(i);
+                for (int i = 0; i < C::DV / 8; ++i) *(uint32_t *)(orow + 2 * (8 * i + 2 * q4)) = packed(i);
             }
         }
     }
@@ -203,7 +203,7 @@ struct FwdEpilogue {
                 if (loc->sink) lse = __ldg(loc->sink + eh);
             if (p.lse && q4 == 0) p.lse[lse_index(eb, eh, row)] = lse;
             uint8_t *orow = o_row(eb, eh, row);
-            for (int i = 0; i < C::D / 8; ++i) *(uint32_t *)(orow + 2 * (8 * i + 2 * q4)) = 0u;
+            for (int i = 0; i < C::DV / 8; ++i) *(uint32_t *)(orow + 2 * (8 * i + 2 * q4)) = 0u;
         }
     }
     /* SPLIT: a piece of tile t (keys split over workers) is finished: its
@@ -211,14 +211,14 @@ struct FwdEpilogue {
      * counts itself on its tile's counter, and the warp that completes the
      * count merges every piece from the workspace, in worker order, and
      * writes the tile.  o is the merge's scratch afterwards. */
-    __device__ __forceinline__ void split_finish(float (&o)[C::D / 2], const float (&rmax)[2], const float (&rsum)[2],
+    __device__ __forceinline__ void split_finish(float (&o)[C::PV_N / 2], const float (&rmax)[2], const float (&rsum)[2],
                                                  int t, int eb, int eh, int erow) {
         if constexpr (C::SPLIT) {
             constexpr int NC = C::NC;
             const int rank = t % C::CLUSTER, wt = t / C::CLUSTER, rel = wt - sp.first;
             const int w_first = sp.owners[rel] & 0xffff, w_last = sp.owners[rel] >> 16;
             const int self = (int)blockIdx.x / C::CLUSTER;
-            constexpr int CH = C::D / 8 + 1; /* float4 per thread: O, then (max r0, max r0+8, sum, sum) */
+            constexpr int CH = C::DV / 8 + 1; /* float4 per thread: O, then (max r0, max r0+8, sum, sum) */
             /* worker x's piece of this tile: slot 0 if x's range starts in it, else 1 */
             auto slot = [&](int x) {
                 const int sl = sp.tile[x] == wt ? 0 : 1;
@@ -230,7 +230,7 @@ struct FwdEpilogue {
             {
                 float4 *dst = slot(self);
 #pragma unroll
-                for (int c = 0; c < C::D / 8; ++c)
+                for (int c = 0; c < C::DV / 8; ++c)
                     __stcg(dst + c * 128, make_float4(o[4 * c], o[4 * c + 1], o[4 * c + 2], o[4 * c + 3]));
                 __stcg(dst + (CH - 1) * 128, make_float4(rmax[0], rmax[1], l[0], l[1]));
             }
@@ -249,7 +249,7 @@ struct FwdEpilogue {
             float mm[2] = {-INFINITY, -INFINITY};
             l[0] = l[1] = 0.f;
 #pragma unroll
-            for (int i = 0; i < C::D / 2; ++i) o[i] = 0.f;
+            for (int i = 0; i < C::PV_N / 2; ++i) o[i] = 0.f;
             for (int x = w_first; x <= w_last; ++x) {
                 const float4 *src = slot(x);
                 const float4 ml = __ldcg(src + (CH - 1) * 128);
@@ -264,7 +264,7 @@ struct FwdEpilogue {
                     mm[r] = mn;
                 }
 #pragma unroll
-                for (int c = 0; c < C::D / 8; ++c) {
+                for (int c = 0; c < C::DV / 8; ++c) {
                     const float4 v = __ldcg(src + c * 128);
                     o[4 * c + 0] = o[4 * c + 0] * fa[0] + v.x * fb[0];
                     o[4 * c + 1] = o[4 * c + 1] * fa[0] + v.y * fb[0];

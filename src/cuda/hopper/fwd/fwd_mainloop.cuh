@@ -3,7 +3,8 @@
  *   S = Q K^T        wgmma, both operands in shared memory (SS), or the first
  *                    QREGK k-steps with Q in registers (RS, B K-major)
  *   online softmax   registers (fwd_softmax.cuh)
- *   O += P V         wgmma with P from registers (RS), V MN-major (trans-b)
+ *   O += P V         wgmma with P from registers (RS), V MN-major (trans-b);
+ *                    N = DV, V's head dim (192 with 128: issue 37)
  * OVERLAP (paper §3.2): S_j = Q K_j^T is issued together with O += P_{j-1}
  *   V_{j-1}, and the softmax of block j runs while the PV GEMM is in flight.
  * PINGPONG (paper §3.1): the consumers take turns issuing their GEMMs, a
@@ -30,7 +31,7 @@ template <class C, class SP>
 struct FwdConsumer {
     static constexpr int D = C::D, BN = C::BN, BM = C::BM, NC = C::NC, STAGES = C::STAGES;
     using WG = wgmma_op<BN, C::BF16>; /* S = Q K^T: m64 n=BN k16 */
-    using WGO = wgmma_op<D, C::BF16>; /* O += P V:  m64 n=D  k16 */
+    using WGO = wgmma_op<C::PV_N, C::BF16>; /* O += P V:  m64 n=DV k16 (fwd_traits.cuh: PV_N) */
 
     const FwdParams &p;
     const SP &sp;
@@ -49,7 +50,7 @@ struct FwdConsumer {
 #endif
 
     float sacc[BN / 2];
-    float oacc[D / 2];
+    float oacc[C::PV_N / 2];
     uint32_t pfrag[C::P_STEPS][4];
     /* FP8: c2 q_scale of rows r0, r0 + 8; this tile's K and V scale rows; the
      * current key block's K scale (KCOL: its columns' scales) and V scale,
@@ -351,7 +352,7 @@ struct FwdConsumer {
         FwdMask<C> mask{p, m * BM, row_base, r0, q4, seq.len_k, seq.len_k - seq.len_q};
         if constexpr (C::LOCAL) fwd_window_diag(loc, seq, mask.dl, mask.dr);
 #pragma unroll
-        for (int i = 0; i < D / 2; ++i) oacc[i] = 0.f;
+        for (int i = 0; i < C::PV_N / 2; ++i) oacc[i] = 0.f;
         load_q(qi);
         fp8_tile(b, h, row_base);
         /* O starts at zero and is rescaled by the pending alpha right before

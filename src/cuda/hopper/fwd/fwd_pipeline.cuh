@@ -73,7 +73,7 @@ struct FwdSmem {
     }
     /* consumer warpgroup w's 64 Q rows in buffer qb (slab c at + c BM SW) */
     __device__ __forceinline__ uint8_t *q_rows(int qb, int w) const { return q + qb * C::Q_BYTES + w * 64 * C::SW; }
-    __device__ __forceinline__ uint8_t *k_stage(int s) const { return k + s * C::KV_BYTES; }
+    __device__ __forceinline__ uint8_t *k_stage(int s) const { return k + s * C::K_BYTES; }
     __device__ __forceinline__ uint8_t *v_stage(int s) const { return v + s * C::V_BYTES; }
     __device__ __forceinline__ uint8_t *vraw_stage(int s) const { return vraw + s * C::VRAW_BYTES; }
 };

@@ -91,9 +91,10 @@ struct FwdProducer {
         }
         hand_over_each(tile, load, m, h, b, q0);
     }
-    /* K or V block n into a stage: all slabs, or with a cluster this CTA's
-     * half of them, multicast to both CTAs (each CTA's full barrier expects
-     * the whole block: its own half and the peer's) */
+    /* K or V block n into a stage (SLABS: K's or V's): all slabs, or with a
+     * cluster this CTA's half of them, multicast to both CTAs (each CTA's
+     * full barrier expects the whole block: its own half and the peer's) */
+    template <int SLABS>
     __device__ __forceinline__ void load_kv(uint8_t *dst, const CUtensorMap *map, int n, int hk, int b, int k0,
                                             uint64_t *bar) const {
         if constexpr (C::KVCACHE) { /* a KV cache (FwdVarlen): batch entry b's rows, or its pages */
@@ -102,7 +103,7 @@ struct FwdProducer {
         }
         /* VARLEN: rows of the packed tensor from the sequence's first key */
         const int row = (C::VARLEN ? k0 : 0) + n * C::BN, bb = C::VARLEN ? 0 : b;
-        constexpr int PER_CTA = C::SLABS / C::CLUSTER;
+        constexpr int PER_CTA = SLABS / C::CLUSTER;
 #pragma unroll
         for (int i = 0; i < PER_CTA; ++i) {
             const int c = (int)cta_rank * PER_CTA + i;
@@ -188,8 +189,8 @@ struct FwdProducer {
                 const uint32_t ph = ring_phase(it, C::STAGES);
                 ring_wait_empty<C>(&sm.empty_k[s], ph ^ 1);
                 FWD_TRACE(21);
-                mbar_expect_tx_arrive(&sm.full_k[s], C::KV_BYTES);
-                load_kv(sm.k_stage(s), &tm_k, n, hk, b, seq.k0, &sm.full_k[s]);
+                mbar_expect_tx_arrive(&sm.full_k[s], C::K_BYTES);
+                load_kv<C::SLABS>(sm.k_stage(s), &tm_k, n, hk, b, seq.k0, &sm.full_k[s]);
                 if (!C::QEARLY && n == n_hi - 1) {
                     /* the first K's stage frees before the Q buffers do (one
                      * block earlier), so K goes first; then each warpgroup's
@@ -203,8 +204,9 @@ struct FwdProducer {
                 uint64_t *v_full = C::FP8 ? &sm.full_vraw[s] : &sm.full_v[s];
                 ring_wait_empty<C>(v_empty, ph ^ 1);
                 FWD_TRACE(23);
-                mbar_expect_tx_arrive(v_full, C::KV_BYTES);
-                load_kv(C::FP8 ? sm.vraw_stage(s) : sm.v_stage(s), &tm_v, n, hk, b, seq.k0, v_full);
+                mbar_expect_tx_arrive(v_full, C::FP8 ? C::VRAW_BYTES : C::V_BYTES);
+                load_kv<C::FP8 ? C::SLABS : C::V_SLABS>(C::FP8 ? sm.vraw_stage(s) : sm.v_stage(s), &tm_v, n, hk, b,
+                                                        seq.k0, v_full);
                 /* QEARLY: the next tile's Q goes into the other buffer during
                  * this tile.  That buffer's previous tile (two back) has
                  * issued its last QK^T by now: the V stage just waited for

@@ -13,8 +13,8 @@
  * its threads works, the consumers take them (setmaxnreg).  CLUSTER 2 (d256
  * non-causal): CTA pairs on adjacent query blocks of one head share each K/V
  * load through TMA multicast.  Shared tiles use the 128-byte swizzle: a
- * head_dim-D tile is D/64 slabs of rows x 64 elements (128 bytes per row),
- * each written by one TMA box. */
+ * head_dim-D tile is ceil(D/64) slabs of rows x 64 elements (128 bytes per
+ * row), each written by one TMA box (at D 96 the last box half zeros). */
 #pragma once
 #include "fwd_mainloop.cuh"
 #include "fwd_producer.cuh"

@@ -11,6 +11,8 @@ fwd_kernel fwd_sm90_pick(const fattn_problem *pr, const fwd_variant &v) {
         switch (pr->head_dim) {
         case 64: return v.fp8 ? FWD_FP8_D64_LOCAL : FWD_D64_LOCAL;
         case 128: return v.fp8 ? FWD_FP8_D128_LOCAL : FWD_D128_LOCAL;
+        case 96: return FWD_D96_LOCAL; /* 16-bit only (entry.cu) */
+        case 192: return pr->head_dim_v == 128 ? FWD_D192_128_LOCAL : FWD_D192_LOCAL;
         default: return v.fp8 ? FWD_FP8_D256_LOCAL : FWD_D256_LOCAL;
         }
     }
@@ -45,6 +47,12 @@ fwd_kernel fwd_sm90_pick(const fattn_problem *pr, const fwd_variant &v) {
             if (k160 < k176) return FWD_D128_160;
         }
         return FWD_D128_176;
+    /* issue 37 (compiled, not yet measured): FlashAttention-3's tiles, but
+     * 2 consumer warpgroups at d96 (its 192 x 144 keeps P in shared memory) */
+    case 96: return v.causal ? FWD_D96_CAUSAL : FWD_D96;
+    case 192:
+        if (pr->head_dim_v == 128) return v.causal ? FWD_D192_128_CAUSAL : FWD_D192_128;
+        return v.causal ? FWD_D192_CAUSAL : FWD_D192;
     default:
         if (v.causal) return FWD_D256_CAUSAL;
         /* CTA pairs need the query blocks of each head to pair up */
@@ -81,6 +89,9 @@ fattn_status fwd_sm90_launch(fattn_ctx *ctx, const fattn_fwd_args *a, const cuda
     switch (a->p.head_dim) {
     case 64: s = v.fp8 ? fwd_sm90_fp8_hdim64(ctx, a, v, k) : fwd_sm90_hdim64(ctx, a, v, k); break;
     case 128: s = v.fp8 ? fwd_sm90_fp8_hdim128(ctx, a, v, k) : fwd_sm90_hdim128(ctx, a, v, k); break;
+    /* 16-bit only (entry.cu) */
+    case 96: s = fwd_sm90_hdim96(ctx, a, v, k); break;
+    case 192: s = a->p.head_dim_v == 128 ? fwd_sm90_hdim192_128(ctx, a, v, k) : fwd_sm90_hdim192(ctx, a, v, k); break;
     default: s = v.fp8 ? fwd_sm90_fp8_hdim256(ctx, a, v, k) : fwd_sm90_hdim256(ctx, a, v, k); break;
     }
     cuda_device_leave(prev);

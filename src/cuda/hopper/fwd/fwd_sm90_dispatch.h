@@ -46,16 +46,30 @@ enum fwd_kernel {
     FWD_FP8_D64_LOCAL,   /* 192 x 128 */
     FWD_FP8_D128_LOCAL,  /* 128 x 128 */
     FWD_FP8_D256_LOCAL,  /* 128 x 64 */
+    /* head dims 96, 192 and 192 with head_dim_v 128 (issue 37; 16-bit;
+     * compiled with no spills, tiles after FlashAttention-3's tile_size.h) */
+    FWD_D96_CAUSAL,      /* 128 x 128 */
+    FWD_D96,             /* 128 x 176 */
+    FWD_D96_LOCAL,       /* 128 x 128 */
+    FWD_D192_CAUSAL,     /* 128 x 112 */
+    FWD_D192,            /* 128 x 112 */
+    FWD_D192_LOCAL,      /* 128 x 112 */
+    FWD_D192_128_CAUSAL, /* 128 x 128, V and O of head dim 128 (MLA prefill) */
+    FWD_D192_128,        /* 128 x 128 */
+    FWD_D192_128_LOCAL,  /* 128 x 128 */
     FWD_KERNEL_COUNT_    /* not a kernel: the number of them */
 };
 
-/* The tile-size function: which kernel serves this problem (head dim 64, 128
- * or 256; checked by the caller). */
+/* The tile-size function: which kernel serves this problem (head dim 64,
+ * 96, 128, 192 or 256, and 192 with head_dim_v 128; checked by the caller). */
 fwd_kernel fwd_sm90_pick(const fattn_problem *pr, const fwd_variant &v);
 
 fattn_status fwd_sm90_hdim64(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v, fwd_kernel k);
 fattn_status fwd_sm90_hdim128(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v, fwd_kernel k);
 fattn_status fwd_sm90_hdim256(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v, fwd_kernel k);
+fattn_status fwd_sm90_hdim96(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v, fwd_kernel k);
+fattn_status fwd_sm90_hdim192(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v, fwd_kernel k);
+fattn_status fwd_sm90_hdim192_128(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v, fwd_kernel k);
 fattn_status fwd_sm90_fp8_hdim64(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v, fwd_kernel k);
 fattn_status fwd_sm90_fp8_hdim128(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v, fwd_kernel k);
 fattn_status fwd_sm90_fp8_hdim256(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v, fwd_kernel k);
@@ -79,7 +93,8 @@ inline int fwd_kv_box(int bn, int page_size) {
  * only path for seqused_k, paged K/V and FP8 caches on the CUDA engine. */
 #define FWD_DECODE_MAX_SEQLEN_Q 16
 #define FWD_DECODE_MAX_ROWS 64
-/* d256 with 64 rows spilled 96 bytes (4 row blocks: S of 64 keys beside O and Q) */
+/* d256 with 64 rows spilled 96 bytes (4 row blocks: S of 64 keys beside O and Q);
+ * its instances are head dims 64, 128 and 256 (head_dim == head_dim_v) */
 inline int fwd_decode_max_rows(int head_dim) { return head_dim == 256 ? FWD_DECODE_MAX_ROWS / 2 : FWD_DECODE_MAX_ROWS; }
 /* An FP8 KV cache (e4m3 k and v, 16-bit q; fwd_decode_kv8.cu): the decoding
  * kernel's shapes only, until the paged prefill exists (entry.cu refuses
@@ -98,7 +113,11 @@ bool fwd_decode_eligible(const fattn_fwd_args *a);
 inline bool fwd_decode_softcap_ok(const fattn_fwd_args *a) {
     return a->p.softcap == 0.f || a->p.head_dim != 256 || a->p.heads_q / a->p.heads_kv * a->p.seqlen_q <= 16;
 }
-/* Variable-length batches (cu_seqlens; fwd_sm90_varlen.cu): 16-bit. */
+/* Variable-length batches (cu_seqlens; fwd_sm90_varlen.cu): 16-bit; head
+ * dims 96, 192 and 192/128 in files of their own (fwd_sm90_varlen_hdim*.cu). */
 fattn_status fwd_sm90_varlen(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v);
+fattn_status fwd_sm90_varlen_hdim96(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v);
+fattn_status fwd_sm90_varlen_hdim192(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v);
+fattn_status fwd_sm90_varlen_hdim192_128(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v);
 fattn_status fwd_decode_launch(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v);
 fattn_status fwd_decode_kv8_launch(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v);

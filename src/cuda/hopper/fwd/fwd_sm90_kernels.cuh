@@ -67,6 +67,25 @@ constexpr FwdOpts fwd_kernel_opts(fwd_kernel k) {
     case FWD_FP8_D64_LOCAL: o = fwd_kernel_opts(FWD_FP8_D64_CAUSAL), o.local = true; break;
     case FWD_FP8_D128_LOCAL: o = fwd_kernel_opts(FWD_FP8_D128_CAUSAL), o.local = true; break;
     case FWD_FP8_D256_LOCAL: o = fwd_kernel_opts(FWD_FP8_D256_CAUSAL), o.local = true; break;
+    /* issue 37 (compiled, not measured): d96 as d128 (its shared tiles are
+     * d128's, the last slab half zeros), without O by TMA */
+    case FWD_D96_CAUSAL:
+        o.d = 96, o.causal = true, o.qearly = true, o.sleep = true, o.qreg = 2;
+        break;
+    case FWD_D96: o.d = 96, o.bn = 176, o.sitout = 2, o.spread = 2, o.split = true; break;
+    /* the producer spilled 8 bytes at 24 registers */
+    case FWD_D96_LOCAL: o = fwd_kernel_opts(FWD_D96_CAUSAL), o.local = true, o.preg = 32; break;
+    /* d192: BN 112 is what fits the shared memory (2 stages of 42 KB K and
+     * V, 48 KB Q); SITOUT and SKIPDIAG as d256 */
+    case FWD_D192_CAUSAL: o.d = 192, o.bn = 112, o.causal = true, o.sitout = 1, o.skipdiag = true; break;
+    case FWD_D192: o.d = 192, o.bn = 112, o.split = true; break;
+    case FWD_D192_LOCAL:
+        o = fwd_kernel_opts(FWD_D192_CAUSAL), o.skipdiag = false, o.local = true;
+        break;
+    /* d192 with V and O of 128: BN 128 (144 would need 228 KB) */
+    case FWD_D192_128_CAUSAL: o.d = 192, o.dv = 128, o.causal = true, o.sleep = true, o.sitout = 1; break;
+    case FWD_D192_128: o.d = 192, o.dv = 128, o.sitout = 2, o.spread = 2, o.split = true; break;
+    case FWD_D192_128_LOCAL: o = fwd_kernel_opts(FWD_D192_128_CAUSAL), o.local = true; break;
     case FWD_KERNEL_COUNT_: break;
     }
     return o;
@@ -81,7 +100,7 @@ constexpr FwdOpts fwd_opts_dtype(FwdOpts o, bool bf16) {
  * pingpong as asked, none of the later techniques. */
 constexpr FwdOpts fwd_opts_ablation(FwdOpts k, int overlap, bool pingpong) {
     FwdOpts o;
-    o.d = k.d, o.bn = k.bn, o.nc = k.nc, o.stages = k.stages, o.cluster = k.cluster, o.otma = k.otma;
+    o.d = k.d, o.dv = k.dv, o.bn = k.bn, o.nc = k.nc, o.stages = k.stages, o.cluster = k.cluster, o.otma = k.otma;
     o.overlap = overlap, o.pingpong = pingpong;
     return o;
 }
@@ -99,6 +118,39 @@ inline fwd_variant fwd_variant_of(const FwdOpts &o, bool split, bool pdl) {
     v.pdl = pdl;
     v.local = o.local;
     return v;
+}
+
+/* The varlen instance of kernel K: its tile with VARLEN (each tile looks
+ * its sequence up), without the techniques that need fixed lengths (split,
+ * O by TMA, SITOUT, QEARLY, SKIPDIAG, CTA pairs: fwd_traits.cuh). */
+constexpr FwdOpts fwd_opts_varlen(FwdOpts o, bool bf16) {
+    o.bf16 = bf16;
+    o.varlen = true;
+    o.split = false, o.otma = 0, o.sitout = 0, o.spread = 0, o.qearly = false, o.skipdiag = false, o.cluster = 1;
+    /* the sequence walk's registers: with 3 consumer warpgroups (160
+     * registers) and with the producer at 24 or 32 ptxas spilled 4-40
+     * bytes; at 40 the two consumer warpgroups keep their 232 */
+    if (o.d == 64) o.nc = 2, o.stages = 2;
+    if (o.nc == 2) o.preg = 40;
+    return o;
+}
+/* cu_seqlens_q alone: the keys in a KV cache, dense or paged (FwdVarlen) */
+constexpr FwdOpts fwd_opts_kvcache(FwdOpts o, bool bf16) {
+    o = fwd_opts_varlen(o, bf16);
+    o.kvcache = true;
+    /* the page walk beside the causal sequence order spilled 8-24 bytes in
+     * a 40-register producer */
+    if (o.nc == 2) o.preg = 56;
+    return o;
+}
+template <fwd_kernel K>
+fattn_status fwd_sm90_run_varlen(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v) {
+    if (!a->p.cu_seqlens_k) {
+        if (v.bf16) return fwd_sm90_run<FwdCfg<fwd_opts_kvcache(fwd_kernel_opts(K), true)>>(ctx, a, v);
+        return fwd_sm90_run<FwdCfg<fwd_opts_kvcache(fwd_kernel_opts(K), false)>>(ctx, a, v);
+    }
+    if (v.bf16) return fwd_sm90_run<FwdCfg<fwd_opts_varlen(fwd_kernel_opts(K), true)>>(ctx, a, v);
+    return fwd_sm90_run<FwdCfg<fwd_opts_varlen(fwd_kernel_opts(K), false)>>(ctx, a, v);
 }
 
 /* FP8 kernel K with output dtype bf16 or f16 and the K scale per key or per block */

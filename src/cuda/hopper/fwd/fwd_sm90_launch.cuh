@@ -115,7 +115,7 @@ fattn_status fwd_split_plan(fattn_ctx *ctx, const fwd_variant &v, const fattn_pr
     /* worker w: at most two pieces, the end of one tail tile and the start
      * of the next (split_layout.h); tail tiles are numbered from sp->first */
     if (fattn_split_layout(rem, nb, (int)workers, sp->tile, sp->rng[0], sp->rng[1], sp->owners) != 0) return FATTN_OK;
-    const size_t bytes = 2 * (size_t)workers * C::CLUSTER * C::NC * 128 * (C::D / 8 + 1) * 16;
+    const size_t bytes = 2 * (size_t)workers * C::CLUSTER * C::NC * 128 * (C::DV / 8 + 1) * 16;
     void *ws;
     unsigned *cnt;
     fattn_status s;
@@ -226,7 +226,7 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, const
          * d128 causal 4096 -5%, d64 8192 -4%, and with 16 pairs or fewer
          * +1% at d256, -3.7% at d128 16384 against the merge alone. */
         const long nbh = (long)pr->batch * pr->heads_q;
-        const double kv_bytes = 2.0 * pr->seqlen_k * C::D * C::ELEM;
+        const double kv_bytes = (double)pr->seqlen_k * (C::D + C::DV) * C::ELEM;
         const long min_hg = (2L * st->num_sms + p.num_m_blocks - 1) / p.num_m_blocks;
         long hg = (long)(24.0e6 / kv_bytes) * p.group;
         if (hg < min_hg) hg = min_hg;
@@ -286,7 +286,9 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, const
     } else {
         /* VARLEN: maps over the packed [total, heads, dim] tensors (batch 1);
          * a tile's rows start at its sequence's first row (FwdVarlen); on a
-         * KV cache (no cu_seqlens_k) k and v keep their batch, or pages */
+         * KV cache (no cu_seqlens_k) k and v keep their batch, or pages.  A
+         * head dim of 96 is 2 boxes of 64 columns, the second half out of
+         * bounds: TMA fills it with zeros */
         const int64_t rq = C::VARLEN ? pr->total_q : pr->seqlen_q;
         int64_t rk = C::VARLEN ? pr->total_k : pr->seqlen_k, bk = C::VARLEN ? 1 : pr->batch;
         int kv_box = C::BN;
@@ -303,7 +305,7 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, const
             FATTN_OK)
             return s;
         if ((s = cuda_make_tensor_map(ctx, &tk, &a->k, C::D, rk, pr->heads_kv, bk, kv_box, "k")) != FATTN_OK) return s;
-        if ((s = cuda_make_tensor_map(ctx, &tv, &a->v, C::D, rk, pr->heads_kv, bk, kv_box, "v")) != FATTN_OK) return s;
+        if ((s = cuda_make_tensor_map(ctx, &tv, &a->v, C::DV, rk, pr->heads_kv, bk, kv_box, "v")) != FATTN_OK) return s;
     }
     const FwdLocal loc = fwd_local_of(a, C::BM, C::BN, C::VARLEN);
     FwdVarlen vl;
@@ -328,7 +330,7 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, const
     if (C::OTMA && p.o_wide) {
         const int64_t lim = (int64_t)1 << 39; /* elements: 2^40 bytes */
         if (p.o_sb < lim && p.o_ss < lim && p.o_sh < lim) {
-            if ((s = cuda_make_tensor_map(ctx, &to, &a->o, C::D, pr->seqlen_q, pr->heads_q, pr->batch, 16, "o")) !=
+            if ((s = cuda_make_tensor_map(ctx, &to, &a->o, C::DV, pr->seqlen_q, pr->heads_q, pr->batch, 16, "o")) !=
                 FATTN_OK)
                 return s;
             p.o_wide = 2;

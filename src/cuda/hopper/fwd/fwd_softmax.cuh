@@ -173,10 +173,10 @@ struct FwdSoftmax {
 
 /* O *= alpha per row (skipped when no row of the warp moved) */
 template <class C>
-__device__ __forceinline__ void fwd_rescale_o(float (&o)[C::D / 2], const float (&alpha)[2], bool rescale) {
+__device__ __forceinline__ void fwd_rescale_o(float (&o)[C::PV_N / 2], const float (&alpha)[2], bool rescale) {
     if (!rescale) return; /* warp-uniform: every alpha of this warp is 1 */
 #pragma unroll
-    for (int i = 0; i < C::D / 8; ++i) {
+    for (int i = 0; i < C::PV_N / 8; ++i) {
         o[4 * i + 0] *= alpha[0];
         o[4 * i + 1] *= alpha[0];
         o[4 * i + 2] *= alpha[1];

@@ -12,7 +12,8 @@
 constexpr int FWD_VARLEN_ORDER_MAX = 128;
 
 struct FwdOpts {
-    int d = 128, bn = 128;       /* head dim, key block */
+    int d = 128, bn = 128;       /* head dim (of Q and K), key block */
+    int dv = 0;                  /* head dim of V and O; 0: d (16-bit only: 192 with 128, issue 37) */
     int nc = 2, stages = 2;      /* consumer warpgroups (query tile 64 nc), K/V ring depth */
     bool causal = false, bf16 = true;
     /* intra-warpgroup overlap (paper §3.2): 0 off; 1 on, with the PV wait
@@ -61,6 +62,7 @@ template <FwdOpts O>
 struct FwdCfg {
     static constexpr FwdOpts OPTS = O;
     static constexpr int D = O.d, BN = O.bn, NC = O.nc, STAGES = O.stages;
+    static constexpr int DV = O.dv ? O.dv : O.d;
     static constexpr bool CAUSAL = O.causal, BF16 = O.bf16, OVERLAP = O.overlap != 0;
     static constexpr bool PINGPONG = O.pingpong && O.nc > 1;
     /* Where the wait for the PV GEMM lands (v8): fenced, the softmax runs
@@ -77,7 +79,16 @@ struct FwdCfg {
      * bytes (64 16-bit or 128 e4m3 columns), 64 for FP8 head dim 64 */
     static constexpr int SW = D * ELEM < 128 ? D * ELEM : 128;
     static constexpr int SLAB_COLS = SW / ELEM;
-    static constexpr int SLABS = D / SLAB_COLS;
+    /* a head dim that is not a multiple of 64 (96) takes whole slabs: TMA
+     * fills the last one's columns past the head dim with zeros, and the
+     * GEMMs stop at D (QK^T's k-steps) and DV (the PV GEMM's N) */
+    static constexpr int SLABS = (D + SLAB_COLS - 1) / SLAB_COLS;
+    static constexpr int V_SLABS = (DV + SLAB_COLS - 1) / SLAB_COLS; /* of V and OTMA's O */
+    /* the PV GEMM's N and O's accumulator columns: DV.  At DV 96 that is 1.5
+     * swizzle atoms of the MN-major V tile, not yet run on a device (issue
+     * 37); V_SLABS * SLAB_COLS (its columns past DV zeros, never stored) is
+     * the fallback should the hardware want whole atoms */
+    static constexpr int PV_N = DV;
     /* k-steps of the QK^T GEMM (k16 16-bit, k32 e4m3: 32 bytes each) and per slab */
     static constexpr int QK_STEPS = D * ELEM / 32, STEPS_PER_SLAB = SW / 32;
     /* P's A fragments: one per k-step of the PV GEMM */
@@ -99,18 +110,18 @@ struct FwdCfg {
     static constexpr int QREGK = O.qreg < 0 ? QK_STEPS : (O.qreg < QK_STEPS ? O.qreg : QK_STEPS);
     static constexpr bool QREG = QREGK > 0;
     static constexpr bool QREG_ALL = QREGK == QK_STEPS; /* the Q buffer goes back at the tile's start */
-    static constexpr int Q_BYTES = BM * D * ELEM;     /* one Q buffer set */
-    static constexpr int QWG_BYTES = 64 * D * ELEM;   /* one consumer warpgroup's Q rows */
-    static constexpr int KV_BYTES = BN * D * ELEM;
+    static constexpr int Q_BYTES = BM * SLABS * SW;   /* one Q buffer set */
+    static constexpr int QWG_BYTES = 64 * SLABS * SW; /* one consumer warpgroup's Q rows */
+    static constexpr int K_BYTES = BN * SLABS * SW;
     /* FP8: the PV GEMM's V^T (D rows of keys, K-major) in slabs of 128 keys
      * with the 128-byte swizzle; TMA lands V row-major in its own ring (VRAW) */
     static constexpr int VT_SLABS = FP8 ? (BN + 127) / 128 : 0;
-    static constexpr int V_BYTES = FP8 ? VT_SLABS * D * 128 : KV_BYTES;
-    static constexpr int VRAW_BYTES = FP8 ? KV_BYTES : 0;
+    static constexpr int V_BYTES = FP8 ? VT_SLABS * D * 128 : BN * V_SLABS * SW;
+    static constexpr int VRAW_BYTES = FP8 ? K_BYTES : 0;
     /* Shared layout (offsets from a 1024-aligned base). */
     static constexpr int OFF_Q = 0;
     static constexpr int OFF_K = OFF_Q + QBUF * Q_BYTES;
-    static constexpr int OFF_V = OFF_K + STAGES * KV_BYTES;
+    static constexpr int OFF_V = OFF_K + STAGES * K_BYTES;
     static constexpr int OFF_VRAW = OFF_V + STAGES * V_BYTES;
     static constexpr int OFF_BAR = OFF_VRAW + STAGES * VRAW_BYTES;
     static constexpr int NUM_BARS = (FP8 ? 6 : 4) * STAGES + 2 * NC * QBUF;
@@ -124,7 +135,7 @@ struct FwdCfg {
     static constexpr bool OTMA_LATE = O.otma == 2; /* the next tile's first K/V loads go first */
     static constexpr int END_SLOT = OFF_SLOT + NC * QBUF * 4 + (FP8 ? 4 * STAGES : 0); /* FP8: the transposers' end flags */
     static constexpr int OFF_OST = (END_SLOT + 1023) / 1024 * 1024;
-    static constexpr int OST_WARP_BYTES = 16 * D * 2;
+    static constexpr int OST_WARP_BYTES = 16 * V_SLABS * 128;
     /* VARLEN causal: the sequences' order, longest first (fwd_varlen_order):
      * keys and ranks of up to FWD_VARLEN_ORDER_MAX sequences */
     static constexpr int OFF_ORDER = END_SLOT, END_ORDER = END_SLOT + (O.varlen && O.causal ? 8 * FWD_VARLEN_ORDER_MAX : 0);
@@ -153,9 +164,11 @@ struct FwdCfg {
      * must fit in the launch's allocation, or the consumers hang (v6) */
     static_assert(REGS_PRODUCER * 128 + REGS_CONSUMER * 128 * NC <= 65536 / (128 * (NC + 1)) / 8 * 8 * 128 * (NC + 1),
                   "register split exceeds the launch allocation");
-    static_assert(D % 64 == 0 && BN % 16 == 0 && BN <= 256 && D <= 256, "tile shape");
+    static_assert(BN % 16 == 0 && BN <= 256 && D <= 256 && DV <= 256, "tile shape");
+    /* 16-bit: k16 steps of QK^T; DV / 32 column groups of the quad-transposed O store */
+    static_assert(FP8 ? D % 64 == 0 && DV == D : D % 16 == 0 && DV % 32 == 0, "head dims");
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
-    static_assert(CLUSTER == 1 || (CLUSTER == 2 && SLABS % 2 == 0 && !CAUSAL), "cluster variant");
+    static_assert(CLUSTER == 1 || (CLUSTER == 2 && SLABS % 2 == 0 && V_SLABS % 2 == 0 && !CAUSAL), "cluster variant");
     static_assert(!SPLIT || (!CAUSAL && !QEARLY), "SPLIT: static non-causal kernels");
     static_assert(!LOCAL || CAUSAL, "LOCAL: the causal kernels' scheduler and mask path, with a runtime window");
     static_assert(!FP8 || (BN % 32 == 0 && CLUSTER == 1 && !OTMA && !SPLIT && !QEARLY && !SITOUT && !SKIPDIAG),
