@@ -335,14 +335,18 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
 
     Arguments fattn cannot serve raise NotImplementedError, never ignored:
     qv, rotary_cos/rotary_sin/rotary_seqlens, cache_batch_idx, cache_leftpad,
-    cu_seqlens_q, cu_seqlens_k_new, q/k/v_descale, attention_chunk != 0,
+    cu_seqlens_k_new (and k, v with cu_seqlens_q), q/k/v_descale, attention_chunk != 0,
     scheduler_metadata, num_splits > 1, sm_margin != 0, and appending k, v of
-    head_dim_v != head_dim.  window_size, softcap and learnable_sink (FA4's
+    head_dim_v != head_dim.  cu_seqlens_q (int32 [b + 1]) with max_seqlen_q:
+    q packed [total_q, hq, d], a varlen batch of new queries on the cache
+    (chunked prefill; vLLM's call), each sequence over its first
+    cache_seqlens[b] keys; out [total_q, hq, dv], softmax_lse [hq, total_q];
+    a 16-bit cache (an FP8 one: NotImplementedError).  window_size, softcap and learnable_sink (FA4's
     name, after FA3's arguments) as flash_attn_func's, the window bottom-right
     aligned on each sequence's used keys.  Accepted: num_splits 0 (fattn's schedule) and 1
     (no split of the keys: FATTN_OPTION_DISABLE_SPLIT for this call; the same
     values up to rounding), pack_gqa (a scheduling hint: fattn packs the GQA
-    group itself), max_seqlen_q (unused without cu_seqlens_q, as in FA3),
+    group itself), max_seqlen_q (needed with cu_seqlens_q, unused without),
     rotary_interleaved (unused without rotary_cos).  Forward only (FA3's has
     no backward): tensors that require grad with grad mode on raise
     NotImplementedError.  The CUDA engine serves caches with cache_seqlens
@@ -369,7 +373,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     no = _refuser("fattn.flash_attn_with_kvcache")
     for name, val in (("qv", qv), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
                       ("rotary_seqlens", rotary_seqlens), ("cache_batch_idx", cache_batch_idx),
-                      ("cache_leftpad", cache_leftpad), ("cu_seqlens_q", cu_seqlens_q),
+                      ("cache_leftpad", cache_leftpad),
                       ("cu_seqlens_k_new", cu_seqlens_k_new), ("scheduler_metadata", scheduler_metadata)):
         if val is not None:
             no(name)
@@ -380,5 +384,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     if not _is_torch(q):
         raise TypeError("fattn.flash_attn_with_kvcache takes torch tensors, got a %s" % type(q).__name__)
     out, lse = _torch_module().kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale, causal,
-                                       num_splits == 1, ws, softcap, learnable_sink, k_scale, v_scale)
+                                       num_splits == 1, ws, softcap, learnable_sink, k_scale, v_scale, cu_seqlens_q,
+                                       max_seqlen_q)
     return (out, lse) if return_softmax_lse else out

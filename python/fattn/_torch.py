@@ -572,6 +572,46 @@ def _fwd_kvcache_fp8_fake(q, k_cache, v_cache, k_scale, v_scale, *rest):
     return (q.new_empty((b, sq, hq, v_cache.shape[3])), q.new_empty((b, hq, sq), dtype=torch.float32))
 
 
+@torch.library.custom_op(_NS + "::fwd_kvcache_varlen", mutates_args=())
+def fwd_kvcache_varlen(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                       cache_seqlens: Optional[torch.Tensor], page_table: Optional[torch.Tensor], max_seqlen_q: int,
+                       causal: bool, softmax_scale: float, window_left: int = -1, window_right: int = -1,
+                       softcap: float = 0.0,
+                       learnable_sink: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Varlen queries on a KV cache (chunked prefill; fattn_fwd with cu_seqlens_q alone): q [total_q, hq,
+    d] packed by cu_seqlens_q (int32 [b + 1]), sequence b attending its first cache_seqlens[b] keys of the
+    cache (None: all), causal bottom-right aligned on them.  (out [total_q, hq, dv], lse [hq, total_q]
+    float32, the sink included).  No append, no autograd."""
+    b, total_q = cu_seqlens_q.shape[0] - 1, q.shape[0]
+    kv = _core.check_kvcache_shapes((b, max_seqlen_q) + tuple(q.shape[1:]), k_cache.shape, v_cache.shape, None,
+                                    None, None if page_table is None else page_table.shape)
+    sink = _op_sink(learnable_sink, q)
+    out = torch.empty((total_q, kv.dims.hq, kv.dims.dv), dtype=q.dtype, device=q.device)
+    lse = torch.empty((kv.dims.hq, total_q), dtype=torch.float32, device=q.device)
+    if total_q == 0 or b == 0 or kv.dims.hq == 0:
+        return out, lse
+    ctx = _context(q.device)
+    q, qd = _readable(q.unsqueeze(0), "q")
+    kcd, vcd = _cache_desc(k_cache, "k_cache"), _cache_desc(v_cache, "v_cache")
+    od = _core.describe(out.unsqueeze(0), "out")
+    a = _core.fwd_kvcache_struct(kv, qd, kcd, vcd, od, lse.data_ptr(), causal, softmax_scale,
+                                 cache_seqlens.data_ptr() if cache_seqlens is not None else None,
+                                 page_table.data_ptr() if page_table is not None else None,
+                                 _variants(window_left, window_right, softcap, sink))
+    a.p.cu_seqlens_q = cu_seqlens_q.data_ptr()
+    a.p.total_q = total_q
+    with ctx._lock:
+        _on_current_stream(ctx, q.device)
+        ctx.fwd_raw(a)
+    return out, lse
+
+
+@fwd_kvcache_varlen.register_fake
+def _fwd_kvcache_varlen_fake(q, k_cache, v_cache, *rest):
+    return (q.new_empty((q.shape[0], q.shape[1], v_cache.shape[3])),
+            q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
+
+
 _INT_DTYPES = (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)
 
 
@@ -625,10 +665,13 @@ def _check_kv8(q, k_cache, v_cache, k_scale, v_scale):
 
 
 def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale, causal, disable_split,
-            window_size=None, softcap=0.0, learnable_sink=None, k_scale=None, v_scale=None):
+            window_size=None, softcap=0.0, learnable_sink=None, k_scale=None, v_scale=None, cu_seqlens_q=None,
+            max_seqlen_q=None):
     """fattn.flash_attn_with_kvcache once its FA3 arguments are checked: (out, lse);
     window_size None or (left, right), softcap, learnable_sink: fattn.attention's;
-    k_scale, v_scale: an FP8 KV cache's scales (_check_kv8)."""
+    k_scale, v_scale: an FP8 KV cache's scales (_check_kv8); cu_seqlens_q with
+    max_seqlen_q: q packed [total_q, hq, d] (no append), out [total_q, hq, dv],
+    lse [hq, total_q]."""
     if _check_kv8(q, k_cache, v_cache, k_scale, v_scale):
         _check_inputs(q, q, q)
     else:
@@ -645,6 +688,9 @@ def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale,
                                   "backward either), but %s require%s grad: call it under torch.no_grad() or "
                                   "torch.inference_mode(), or on detached tensors"
                                   % (", ".join(grads), "s" if len(grads) == 1 else ""))
+    if cu_seqlens_q is not None:
+        return _kvcache_varlen(q, k_cache, v_cache, k, cache_seqlens, page_table, softmax_scale, causal, window_size,
+                               softcap, learnable_sink, k_scale, cu_seqlens_q, max_seqlen_q)
     if q.dim() != 4:
         raise ValueError("fattn: q must be 4-D [batch, seqlen, heads, head_dim], got shape %s" % (tuple(q.shape),))
     sink = _sink_tensor(learnable_sink, q)
@@ -682,6 +728,41 @@ def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale,
                                scale, bool(disable_split), int(wl), int(wr), float(softcap), sink)
     return fwd_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, bool(causal), scale,
                        bool(disable_split), int(wl), int(wr), float(softcap), sink)
+
+
+def _kvcache_varlen(q, k_cache, v_cache, k, cache_seqlens, page_table, softmax_scale, causal, window_size, softcap,
+                    learnable_sink, k_scale, cu_seqlens_q, max_seqlen_q):
+    """kvcache with cu_seqlens_q: varlen queries on the cache (fwd_kvcache_varlen)."""
+    if k is not None:
+        raise NotImplementedError("fattn.flash_attn_with_kvcache: k, v to append with cu_seqlens_q (a varlen batch "
+                                  "of new rows, FA3's cu_seqlens_k_new) are not supported by fattn: append with "
+                                  "fattn's kv_append first, then attend")
+    if k_scale is not None:
+        raise NotImplementedError("fattn.flash_attn_with_kvcache: cu_seqlens_q on an FP8 KV cache is not supported "
+                                  "by fattn yet (its kernels serve the decoding shapes only)")
+    if q.dim() != 3:
+        raise ValueError("fattn: with cu_seqlens_q, q must be packed [total_q, heads, head_dim], got shape %s"
+                         % (tuple(q.shape),))
+    if not isinstance(cu_seqlens_q, torch.Tensor) or cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] < 1:
+        raise ValueError("fattn: cu_seqlens_q must be an int32 tensor [batch + 1]")
+    b = cu_seqlens_q.shape[0] - 1
+    cu = _int32_on(cu_seqlens_q, "cu_seqlens_q", q.device, (b + 1,))
+    if max_seqlen_q is None or isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int) or max_seqlen_q < 0:
+        raise ValueError("fattn: cu_seqlens_q needs max_seqlen_q, an int >= every sequence's query count (the "
+                         "lengths are not read on the host), got %r" % (max_seqlen_q,))
+    sink = _sink_tensor(learnable_sink, q)
+    if page_table is not None:
+        page_table = _int32_on(page_table, "page_table", q.device,
+                               (b, page_table.shape[1]) if isinstance(page_table, torch.Tensor) else None)
+    if cache_seqlens is not None:
+        if isinstance(cache_seqlens, torch.Tensor):
+            cache_seqlens = _int32_on(cache_seqlens, "cache_seqlens", q.device, (b,))
+        else:
+            cache_seqlens = torch.full((b,), int(cache_seqlens), dtype=torch.int32, device=q.device)
+    scale = _core.resolve_scale(softmax_scale, q.shape[2])
+    wl, wr = window_size if window_size is not None else (-1, -1)
+    return fwd_kvcache_varlen(q, k_cache, v_cache, cu, cache_seqlens, page_table, int(max_seqlen_q), bool(causal),
+                              scale, int(wl), int(wr), float(softcap), sink)
 
 
 # ---------------------------------------------------------------------------

@@ -1292,6 +1292,46 @@ class KvCache(unittest.TestCase):
         torch.testing.assert_close(lse[fin], want_lse[fin], rtol=1e-5, atol=1e-5)
         return o, lse
 
+    def check_varlen_q(self, device, tol):
+        # FA3's cu_seqlens_q on a cache (no append): sequences of 2, 0 and 21 new queries packed in one q, each
+        # against its own cache length, on contiguous and paged caches, both masks, against kvcache_reference
+        # one sequence at a time
+        lq, lens = [2, 0, 21], [10, 3, 40]
+        cu = torch.tensor([0, 2, 2, 23], dtype=torch.int32)
+        for paged in (False, True):
+            for causal in (False, True):
+                msg = "varlen q paged %s causal %s %s" % (paged, causal, device)
+                kc, vc, table = kv_setup(paged, cap=64, d=64, seed=7)
+                q = torch.randn(sum(lq), 8, 64, generator=torch.Generator().manual_seed(5))
+                if device == "cuda":
+                    q, kc, vc = (x.to(device="cuda", dtype=torch.bfloat16) for x in (q, kc, vc))
+                o, lse = fattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=torch.tensor(lens, dtype=torch.int32,
+                                                                                               device=device),
+                                                       page_table=kv_cuda(table) if device == "cuda" else table,
+                                                       cu_seqlens_q=cu.to(device), max_seqlen_q=21, causal=causal,
+                                                       return_softmax_lse=True)
+                self.assertEqual((tuple(o.shape), tuple(lse.shape)), ((23, 8, 64), (8, 23)), msg)
+                for b in range(3):
+                    if lq[b] == 0:
+                        continue
+                    r = slice(int(cu[b]), int(cu[b + 1]))
+                    kcb, vcb = (kc, vc) if paged else (kc[b:b + 1], vc[b:b + 1])
+                    tb = table[b:b + 1] if paged else None
+                    want_o, want_lse = kvcache_reference(q[r].unsqueeze(0).cpu(), kcb.cpu(), vcb.cpu(), None, None,
+                                                         torch.tensor([lens[b]], dtype=torch.int32), tb, causal)[:2]
+                    self.assertLess(rel(o[r].unsqueeze(0).cpu(), want_o), tol, msg)
+                    fin = torch.isfinite(want_lse[0])
+                    torch.testing.assert_close(lse[:, r].cpu()[fin].double(), want_lse[0][fin].double(), rtol=1e-3,
+                                               atol=1e-3)
+        with self.assertRaises(NotImplementedError):  # an append with varlen queries: FA3's cu_seqlens_k_new
+            k = torch.zeros(3, 1, 2, 64, device=device, dtype=q.dtype)
+            fattn.flash_attn_with_kvcache(q, kc, vc, k, k, cache_seqlens=torch.tensor(lens, dtype=torch.int32,
+                                                                                          device=device),
+                                          cu_seqlens_q=cu.to(device), max_seqlen_q=21)
+
+    def test_varlen_queries(self):
+        self.check_varlen_q("cpu", 1e-5)
+
     def test_matches_reference(self):
         # contiguous and paged (page 16, shuffled) caches; without and with an append of sq rows; seqlen_q 1
         # and 3; both masks; cache_seqlens as a tensor (0, 17 and the last rows of the cache: rows with no key,
@@ -1672,6 +1712,9 @@ class KvCacheCuda(unittest.TestCase):
                     fin = torch.isfinite(want_lse)
                     self.assertTrue(torch.equal(torch.isfinite(lse.cpu()), fin), msg)
                     torch.testing.assert_close(lse.cpu()[fin], want_lse[fin], rtol=1e-3, atol=1e-3)
+
+    def test_varlen_queries(self):
+        KvCache.check_varlen_q(self, "cuda", 2e-2)
 
     def test_unsupported_shape_raises(self):
         # 17 query rows on pages of 8 keys: beyond the decoding kernel, and the varlen kernels take pages of
