@@ -682,9 +682,16 @@ typedef struct fattn_fwd_args {
      *   seqused_q[b] >= 0, seqused_k[b] >= 0, cache_batch_idx[b] in
      *   [0, cache_batch), 0 <= cache_leftpad[b] <= end_b, and the table
      *   entries of the pages read inside [0, num_pages).
-     * CUDA: seqused_q, cache_batch_idx, cache_leftpad, and cu_seqlens_q
-     *   without cu_seqlens_k are UNSUPPORTED for now (the CPU engine serves
-     *   them; fattn.h will say when the kernels do). */
+     * CUDA (Hopper forward, 16-bit): seqused_q with cu_seqlens_q (the
+     *   variable-length kernels); cache_batch_idx and cache_leftpad with
+     *   cu_seqlens_q alone on a dense cache (no block_table).  Elsewhere,
+     *   and in the CUDA backward and the portable engine, they are
+     *   UNSUPPORTED (the CPU engine serves them everywhere; give decoding
+     *   calls as cu_seqlens_q alone to use them on CUDA).  The CUDA engine
+     *   does not check the entries: it clamps seqused_q[b] and
+     *   cache_leftpad[b] into range (a negative one is 0), and takes
+     *   cache_batch_idx[b] outside [0, cache_batch) as a batch entry of
+     *   zeros (TMA bounds). */
     const int32_t *seqused_q;
     const int32_t *cache_batch_idx;
     int32_t cache_batch;

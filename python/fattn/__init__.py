@@ -289,23 +289,25 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
     window_size, softcap and learnable_sink as flash_attn_func's, per sequence
     (the window bottom-right aligned on its own lengths; d(learnable_sink)
-    sums every sequence's rows).  Arguments whose effect fattn cannot give
-    raise NotImplementedError, never ignored: seqused_q, qv, q/k/v_descale,
+    sums every sequence's rows).  seqused_q (int32 [batch], optional, forward
+    only as seqused_k): sequence b computes its first seqused_q[b] queries,
+    the rows of out and lse past them are left unwritten (FA3's: nothing is
+    promised there).  Arguments whose effect fattn cannot give
+    raise NotImplementedError, never ignored: qv, q/k/v_descale,
     attention_chunk != 0, num_splits > 1, sm_margin != 0.  num_splits 0 or 1 and pack_gqa are
     scheduling hints: fattn schedules itself.  Shapes that do not fit,
     cu_seqlens of another dtype, layout, length or device raise ValueError
     (TypeError for a non-tensor)."""
     no = _refuser("fattn.flash_attn_varlen_func")
-    for name, val in (("seqused_q", seqused_q), ("qv", qv)):
-        if val is not None:
-            no(name)
+    if qv is not None:
+        no("qv")
     causal, ws, softcap = _fa_common_args("fattn.flash_attn_varlen_func", no, causal,
                                           (q_descale, k_descale, v_descale), " (fp8 inputs)", window_size,
                                           attention_chunk, softcap, num_splits, "", sm_margin)
     if not _is_torch(q):
         raise TypeError("fattn.flash_attn_varlen_func takes torch tensors, got a %s" % type(q).__name__)
     o_lse = _torch_module().varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                                   softmax_scale, causal, deterministic, ws, softcap, learnable_sink)
+                                   softmax_scale, causal, deterministic, ws, softcap, learnable_sink, seqused_q)
     return o_lse if return_attn_probs else o_lse[0]
 
 

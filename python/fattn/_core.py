@@ -511,7 +511,7 @@ def set_variants(p, variants):
 
 
 def fwd_struct(dims, qd, kd, vd, od, lse, causal, softmax_scale, varlen=None, seqused_k=None,
-               variants=NO_VARIANTS):
+               variants=NO_VARIANTS, seqused_q=None):
     a = _capi.FwdArgs()
     a.p = problem(dims, causal, softmax_scale, varlen)
     set_variants(a.p, variants)
@@ -520,12 +520,13 @@ def fwd_struct(dims, qd, kd, vd, od, lse, causal, softmax_scale, varlen=None, se
     a.o = tensor_struct(od)
     a.lse = lse
     a.seqused_k = seqused_k
+    a.seqused_q = seqused_q
     return a
 
 
 def run_fwd(ctx, dims, qd, kd, vd, od, lse, causal, softmax_scale, varlen=None, seqused_k=None,
-            variants=NO_VARIANTS):
-    ctx.fwd_raw(fwd_struct(dims, qd, kd, vd, od, lse, causal, softmax_scale, varlen, seqused_k, variants))
+            variants=NO_VARIANTS, seqused_q=None):
+    ctx.fwd_raw(fwd_struct(dims, qd, kd, vd, od, lse, causal, softmax_scale, varlen, seqused_k, variants, seqused_q))
 
 
 def run_bwd(ctx, dims, qd, kd, vd, od, dod, dqd, dkd, dvd, lse, causal, softmax_scale, deterministic, varlen=None,

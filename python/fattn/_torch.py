@@ -109,7 +109,7 @@ def _fwd_fake_outputs(q, v):
 
 
 def _run_fwd(ctx, dims, q, k, v, out, lse, causal, softmax_scale, fp8=None, varlen=None, seqused_k=None,
-             variants=_core.NO_VARIANTS):
+             variants=_core.NO_VARIANTS, seqused_q=None):
     """fattn_fwd (fattn_fwd_fp8 when fp8 is a _core.FP8) of 4-D q, k, v into out and
     lse, on ctx (None: the shared context of the tensors' device) and torch's current
     stream.  varlen, seqused_k, variants: _core.run_fwd's."""
@@ -125,7 +125,7 @@ def _run_fwd(ctx, dims, q, k, v, out, lse, causal, softmax_scale, fp8=None, varl
             _core.run_fwd_fp8(ctx, dims, qd, kd, vd, od, lse.data_ptr(), causal, softmax_scale, fp8, variants)
         else:
             _core.run_fwd(ctx, dims, qd, kd, vd, od, lse.data_ptr(), causal, softmax_scale, varlen, seqused_k,
-                          variants)
+                          variants, seqused_q)
 
 
 def _fwd_impl(q, k, v, causal, softmax_scale, fp8, ctx=None, out=None, window_left=-1, window_right=-1,
@@ -810,14 +810,16 @@ def _varlen_fields(shapes, cu_seqlens_q, cu_seqlens_k):
 def fwd_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                cu_seqlens_k: torch.Tensor, seqused_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
                causal: bool, softmax_scale: float, deterministic: bool, window_left: int = -1, window_right: int = -1,
-               softcap: float = 0.0,
-               learnable_sink: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+               softcap: float = 0.0, learnable_sink: Optional[torch.Tensor] = None,
+               seqused_q: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """A variable-length batch (fattn_fwd with cu_seqlens): q [total_q, hq, d], k [total_k, hkv, d],
     v [total_k, hkv, dv] packed, sequence b at rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 (k, v:
     cu_seqlens_k), int32 [batch + 1]; max_seqlen_q/k the longest lengths; seqused_k (int32 [batch] or
     None): sequence b uses its first seqused_k[b] keys only.  (out [total_q, hq, dv] in q's dtype, lse
     [hq, total_q] float32, the sink included).  `deterministic` is kept for the backward (none with
-    seqused_k).  The variants as fwd's, per sequence (its own lengths)."""
+    seqused_k).  The variants as fwd's, per sequence (its own lengths).  seqused_q (int32 [batch] or
+    None): sequence b computes its first seqused_q[b] queries only, the other rows of out and lse left
+    unwritten (FA3's: they promise nothing there); forward only, as seqused_k."""
     shapes = _varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
     sink = _op_sink(learnable_sink, q)
     out, lse = _new_outputs(shapes, q, None, sink)
@@ -825,7 +827,8 @@ def fwd_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: 
         _run_fwd(None, shapes.dims, q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), out.unsqueeze(0), lse, causal,
                  softmax_scale, varlen=_varlen_fields(shapes, cu_seqlens_q, cu_seqlens_k),
                  seqused_k=seqused_k.data_ptr() if seqused_k is not None else None,
-                 variants=_variants(window_left, window_right, softcap, sink))
+                 variants=_variants(window_left, window_right, softcap, sink),
+                 seqused_q=seqused_q.data_ptr() if seqused_q is not None else None)
     return out, lse
 
 
@@ -852,18 +855,18 @@ bwd_varlen.register_fake(_bwd_fake)
 
 
 def _seqused_grad_error():
-    return NotImplementedError("fattn: the backward of a variable-length call with seqused_k is not supported "
-                               "(fattn_bwd has no seqused_k): call it under torch.no_grad() or on tensors that do "
-                               "not require grad, or leave seqused_k unset")
+    return NotImplementedError("fattn: the backward of a variable-length call with seqused_k or seqused_q is not "
+                               "supported here: call it under torch.no_grad() or on tensors that do not require "
+                               "grad, or leave them unset")
 
 
 def _varlen_setup_context(ctx, inputs, output):
     q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, \
         deterministic = inputs[:11]
-    wl, wr, softcap, sink = (tuple(inputs[11:]) + (-1, -1, 0.0, None)[len(inputs) - 11:])
+    wl, wr, softcap, sink = (tuple(inputs[11:15]) + (-1, -1, 0.0, None)[len(inputs[11:15]):])
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, sink)
-    ctx.seqused = seqused_k is not None
+    ctx.seqused = seqused_k is not None or (len(inputs) > 15 and inputs[15] is not None)
     ctx.scalars = (max_seqlen_q, max_seqlen_k, causal, softmax_scale, deterministic, wl, wr, softcap)
     ctx.mark_non_differentiable(lse)  # as fwd's: fattn_bwd takes no dlse
 
@@ -875,7 +878,7 @@ def _varlen_backward(ctx, dout, dlse):
     want = _wants_dsink(ctx, 14, sink)
     dq, dk, dv, dsink = bwd_varlen(dout, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *ctx.scalars,
                                    sink if want else None)
-    return (dq, dk, dv) + (None,) * 11 + (dsink if want else None,)
+    return (dq, dk, dv) + (None,) * 11 + (dsink if want else None, None)  # the last: seqused_q
 
 
 fwd_varlen.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
@@ -891,7 +894,7 @@ def _max_seqlen(x, name):
 
 
 def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-           deterministic, window_size=None, softcap=0.0, learnable_sink=None):
+           deterministic, window_size=None, softcap=0.0, learnable_sink=None, seqused_q=None):
     """fattn.flash_attn_varlen_func once its FA3 arguments are checked: (out, lse);
     window_size None or (left, right), softcap, learnable_sink: fattn.attention's."""
     _check_inputs(q, k, v)
@@ -900,11 +903,13 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seq
     shapes = _varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
     scale = _core.resolve_scale(softmax_scale, shapes.dims.d)
     sink = _sink_tensor(learnable_sink, q)
-    if seqused_k is not None and _requires_grad(q, k, v, sink):
+    if (seqused_k is not None or seqused_q is not None) and _requires_grad(q, k, v, sink):
         raise _seqused_grad_error()
+    if seqused_q is not None:
+        seqused_q = _int32_on(seqused_q, "seqused_q", q.device, (shapes.dims.b,))
     wl, wr = window_size if window_size is not None else (-1, -1)
     return fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, bool(causal),
-                      scale, bool(deterministic), int(wl), int(wr), float(softcap), sink)
+                      scale, bool(deterministic), int(wl), int(wr), float(softcap), sink, seqused_q)
 
 
 from . import _merge_torch  # noqa: E402, F401 - registers <ns>::merge with the other ops

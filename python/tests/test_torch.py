@@ -2093,9 +2093,33 @@ class Varlen(unittest.TestCase):
             got = fattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, return_attn_probs=True, **kw)
             self.assertTrue(same_bits(got[0], want[0]) and same_bits(got[1], want[1]), hint)
 
+    def check_seqused_q(self, device, dtype, tol, d=32):
+        # FA3's seqused_q: sequence b computes its first used[b] queries (fewer, none, all, more than it has),
+        # against varlen_reference on just those queries; the other rows are not compared (FA3 promises nothing)
+        q, k, v, cu_q, cu_k, mq, mk = varlen_inputs(VARLEN_SEQS, d=d, dtype=dtype, device=device, seed=9)
+        used = [20, 0, 1, 200, 0, 3, 64, 5]
+        lq = [a for a, _ in VARLEN_SEQS]
+        for causal in (False, True):
+            o, lse = fattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, causal=causal, return_attn_probs=True,
+                                                  seqused_q=torch.tensor(used, dtype=torch.int32, device=device))
+            keep = torch.cat([torch.arange(int(cu_q[b]), int(cu_q[b]) + min(used[b], lq[b])) for b in range(len(lq))])
+            cu2 = torch.tensor([0] + [min(u, n) for u, n in zip(used, lq)]).cumsum(0).to(torch.int32)
+            ro, rl = varlen_reference(q.cpu()[keep].double(), k.cpu().double(), v.cpu().double(), cu2, cu_k.cpu(),
+                                      causal)
+            self.assertLess(rel(o.cpu()[keep], ro), tol, (device, causal))
+            fin = torch.isfinite(rl)
+            self.assertTrue(torch.equal(torch.isfinite(lse.cpu()[:, keep]), fin))
+            torch.testing.assert_close(lse.cpu()[:, keep][fin].double(), rl[fin], rtol=1e-3, atol=1e-3)
+        with self.assertRaises(NotImplementedError):  # forward only, as seqused_k
+            fattn.flash_attn_varlen_func(q.clone().requires_grad_(), k, v, cu_q, cu_k, mq, mk,
+                                         seqused_q=torch.tensor(used, dtype=torch.int32, device=device))
+
+    def test_seqused_q(self):
+        self.check_seqused_q("cpu", torch.float32, 1e-5)
+
     def test_unsupported_arguments_raise(self):
         q, k, v, cu_q, cu_k, mq, mk = varlen_inputs(VARLEN_SEQS)
-        for bad in (dict(seqused_q=torch.ones(8, dtype=torch.int32)), dict(qv=q), dict(q_descale=torch.ones(8, 2)),
+        for bad in (dict(qv=q), dict(q_descale=torch.ones(8, 2)),
                     dict(k_descale=torch.ones(8, 2)), dict(v_descale=torch.ones(8, 2)), dict(attention_chunk=64),
                     dict(num_splits=4), dict(sm_margin=8)):
             with self.assertRaises(NotImplementedError, msg=str(bad)) as cm:
@@ -2276,6 +2300,9 @@ class VarlenCuda(unittest.TestCase):
     The forward and the backward enqueue their work without waiting for the GPU (torch's sync debug mode)."""
 
     SEQS = [(300, 300), (0, 0), (1, 77), (129, 64), (5, 0), (64, 200), (1000, 1000), (17, 17)]
+
+    def test_seqused_q(self):
+        Varlen.check_seqused_q(self, "cuda", torch.bfloat16, 2e-2, d=64)
 
     def test_forward_matches_reference(self):
         for d in (64, 128, 256):

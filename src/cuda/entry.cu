@@ -133,22 +133,28 @@ static fattn_status check_fwd_kv8(fattn_ctx *ctx, const fattn_fwd_args *a) {
 }
 
 /* FlashAttention-3's serving arguments of 0.4 (fattn.h, fattn_fwd_args):
- * the CPU engine serves them; the kernels do not read them yet, so each is
- * refused by name rather than ignored. */
+ * the CPU engine serves them all; the Hopper forward's varlen kernels
+ * (kv_cache_ok) serve seqused_q with cu_seqlens_q, and cache_batch_idx and
+ * cache_leftpad with cu_seqlens_q alone on a dense cache (FwdVarlen); the
+ * rest is refused by name rather than ignored. */
 static fattn_status check_serving_fields(fattn_ctx *ctx, const fattn_problem *p, const int32_t *seqused_q,
                                          const int32_t *cache_batch_idx, const int32_t *cache_leftpad,
-                                         bool kv_cache_ok, const char *call) {
+                                         const int32_t *block_table, bool kv_cache_ok, const char *call) {
+    const bool kv_cache = kv_cache_ok && p->cu_seqlens_q && !p->cu_seqlens_k;
     const struct {
         const void *set;
-        const char *name;
-    } fields[] = {{seqused_q, "seqused_q"},
-                  {cache_batch_idx, "cache_batch_idx"},
-                  {cache_leftpad, "cache_leftpad"}};
+        bool served;
+        const char *name, *needs;
+    } fields[] = {{seqused_q, kv_cache_ok && p->cu_seqlens_q, "seqused_q", "with cu_seqlens_q"},
+                  {cache_batch_idx, kv_cache && !block_table, "cache_batch_idx",
+                   "with cu_seqlens_q alone on a dense cache"},
+                  {cache_leftpad, kv_cache && !block_table, "cache_leftpad", "with cu_seqlens_q alone on a dense cache"}};
     for (int i = 0; i < COUNT(fields); ++i)
-        if (fields[i].set)
+        if (fields[i].set && !fields[i].served)
             return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                              "%s is not supported by the CUDA engine's %s yet (the CPU engine serves it)",
-                              fields[i].name, call);
+                              "%s is not supported by the CUDA engine's %s here (%s; the CPU engine serves it "
+                              "everywhere)",
+                              fields[i].name, call, kv_cache_ok ? fields[i].needs : "not on this engine");
     if (p->cu_seqlens_q && !p->cu_seqlens_k && !kv_cache_ok)
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                           "cu_seqlens_q without cu_seqlens_k (varlen queries against fixed-length keys) is not "
@@ -206,7 +212,7 @@ extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_arg
     char list[64];
     /* varlen queries on a KV cache: the Hopper varlen kernels (FwdVarlen) */
     fattn_status ss = check_serving_fields(ctx, p, a->seqused_q, a->cache_batch_idx, a->cache_leftpad,
-                                           !portable_engine(ctx), "forward");
+                                           a->block_table, !portable_engine(ctx), "forward");
     if (ss != FATTN_OK) return ss;
     if (fwd_kv8(a) && portable_engine(ctx))
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
@@ -328,7 +334,7 @@ extern "C" fattn_status fattn_cuda_bwd_check(fattn_ctx *ctx, const fattn_bwd_arg
                           "the portable CUDA engine (sm_%d) has no backward yet (issue 41); the Hopper engine (sm_90) "
                           "and the CPU engine have one",
                           ((const fattn_cuda_state *)ctx->cuda)->sm);
-    fattn_status ss = check_serving_fields(ctx, p, a->seqused_q, NULL, NULL, false, "backward");
+    fattn_status ss = check_serving_fields(ctx, p, a->seqused_q, NULL, NULL, NULL, false, "backward");
     if (ss != FATTN_OK) return ss;
     if (a->seqused_k)
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,

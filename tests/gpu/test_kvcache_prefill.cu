@@ -14,8 +14,9 @@
  * page numbers outside the pool past the used keys (they read as zeros).
  * Inputs N(0,1) from a fixed seed (FATTN_TEST_SEED overrides); O and LSE
  * poisoned with NaN bytes; tolerances: gpu_check_fwd (gpu_testutil.h), the
- * dense forward's.  Also: page sizes the kernels cannot take are refused
- * with O untouched.  Exit 77 without a Hopper GPU (FATTN_REQUIRE_GPU=1: a
+ * dense forward's.  Also FlashAttention-3's seqused_q, cache_batch_idx and
+ * cache_leftpad on a dense cache (rows past seqused_q keep their poison),
+ * and page sizes the kernels cannot take are refused with O untouched.  Exit 77 without a Hopper GPU (FATTN_REQUIRE_GPU=1: a
  * failure); FATTN_TEST_SMALL=1: the small cases only (compute-sanitizer). */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -168,6 +169,124 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const kcase &c) {
     if (dtable) cudaFree(dtable);
 }
 
+/* FlashAttention-3's serving fields on a dense cache: seqused_q (sequence b
+ * computes its first qused[b] queries; the rest of o and lse keep their
+ * poison), cache_batch_idx (sequence b reads entry idx[b] of a cache of
+ * cache_batch entries) and cache_leftpad (its keys are rows pad[b] ..
+ * used[b] - 1), against the oracle on exactly those queries and keys. */
+struct scase {
+    std::vector<int> lq, used, qused, idx, pad; /* qused, idx, pad empty: off */
+    int capacity, cache_batch, hq, hkv, d, causal;
+    fattn_dtype dt;
+};
+
+static void run_serving_case(fattn_ctx *ctx, tu_rng *rng, const scase &c) {
+    const int B = (int)c.lq.size(), HQ = c.hq, HK = c.hkv, D = c.d, CAP = c.capacity;
+    const int CB = c.idx.empty() ? B : c.cache_batch;
+    std::vector<int32_t> cq;
+    int maxq, dummy;
+    std::vector<int32_t> cu_used;
+    gpu_varlen_offsets(c.lq, c.used, cq, cu_used, maxq, dummy);
+    const int TQ = cq[B];
+    const size_t row = (size_t)HK * D, nq = (size_t)TQ * HQ * D, nlse = (size_t)HQ * TQ, nc = (size_t)CB * CAP * row;
+    std::vector<double> q(nq), kc(nc), vc(nc);
+    tu_fill_normal(rng, q.data(), nq);
+    tu_fill_normal(rng, kc.data(), nc);
+    tu_fill_normal(rng, vc.data(), nc);
+    tu_round_to(q.data(), nq, c.dt);
+    tu_round_to(kc.data(), nc, c.dt);
+    tu_round_to(vc.data(), nc, c.dt);
+    std::vector<uint16_t> h16(std::max(nq, nc));
+    void *dq, *dk, *dv, *dout;
+    float *dlse;
+    int32_t *dcq, *dused, *dqused = NULL, *didx = NULL, *dpad = NULL;
+    CK(cudaMalloc(&dq, nq * 2));
+    CK(cudaMalloc(&dk, nc * 2));
+    CK(cudaMalloc(&dv, nc * 2));
+    CK(cudaMalloc(&dout, nq * 2));
+    CK(cudaMalloc(&dlse, nlse * 4));
+    CK(cudaMalloc(&dcq, (B + 1) * 4));
+    CK(cudaMalloc(&dused, B * 4));
+    tu_to_dtype(q.data(), nq, c.dt, h16.data());
+    CK(cudaMemcpy(dq, h16.data(), nq * 2, cudaMemcpyHostToDevice));
+    tu_to_dtype(kc.data(), nc, c.dt, h16.data());
+    CK(cudaMemcpy(dk, h16.data(), nc * 2, cudaMemcpyHostToDevice));
+    tu_to_dtype(vc.data(), nc, c.dt, h16.data());
+    CK(cudaMemcpy(dv, h16.data(), nc * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dcq, cq.data(), (B + 1) * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dused, c.used.data(), B * 4, cudaMemcpyHostToDevice));
+    auto upload = [&](const std::vector<int> &h, int32_t **d) {
+        if (h.empty()) return;
+        CK(cudaMalloc(d, B * 4));
+        CK(cudaMemcpy(*d, h.data(), B * 4, cudaMemcpyHostToDevice));
+    };
+    upload(c.qused, &dqused);
+    upload(c.idx, &didx);
+    upload(c.pad, &dpad);
+    CK(cudaMemset(dout, 0xFF, nq * 2));
+    CK(cudaMemset(dlse, 0xFF, nlse * 4));
+    fattn_fwd_args a;
+    memset(&a, 0, sizeof a);
+    a.p = tu_problem(B, maxq, CAP, HQ, HK, D, 0, c.causal, dcq, NULL);
+    a.p.total_q = TQ;
+    a.q = fattn_tensor_bshd(dq, c.dt), a.k = fattn_tensor_bshd(dk, c.dt), a.v = fattn_tensor_bshd(dv, c.dt);
+    a.o = fattn_tensor_bshd(dout, c.dt);
+    a.lse = dlse;
+    a.seqused_k = dused, a.seqused_q = dqused, a.cache_batch_idx = didx, a.cache_leftpad = dpad;
+    if (didx) a.cache_batch = CB;
+    char what[240];
+    snprintf(what, sizeof what, "%s kv-cache serving b%d (q %d tokens) cap %d, entries %d h%d/%d d%d%s%s%s%s",
+             fattn_dtype_name(c.dt), B, TQ, CAP, CB, HQ, HK, D, c.causal ? " causal" : "", dqused ? " seqused_q" : "",
+             didx ? " cache_batch_idx" : "", dpad ? " cache_leftpad" : "");
+    const fattn_status st = fattn_fwd(ctx, &a);
+    TU_CHECK(st == FATTN_OK, "%s: %s: %s", what, fattn_status_string(st), fattn_last_error(ctx));
+    const cudaError_t e = cudaDeviceSynchronize();
+    TU_CHECK(e == cudaSuccess, "%s: kernel failed: %s", what, cudaGetErrorString(e));
+    if (e != cudaSuccess) exit(1);
+    std::vector<uint16_t> out16(nq);
+    std::vector<float> glse(nlse);
+    CK(cudaMemcpy(out16.data(), dout, nq * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(glse.data(), dlse, nlse * 4, cudaMemcpyDeviceToHost));
+    /* the oracle's problem: each sequence's computed queries and its keys, packed */
+    std::vector<int32_t> oq(B + 1, 0), ok(B + 1, 0);
+    std::vector<double> q2, k2, v2;
+    size_t untouched_bad = 0;
+    for (int b = 0; b < B; ++b) {
+        const int ql = c.qused.empty() ? c.lq[b] : std::max(0, std::min(c.qused[b], c.lq[b]));
+        const int ent = c.idx.empty() ? b : c.idx[b], end = std::min(c.used[b], CAP);
+        const int lp = c.pad.empty() ? 0 : std::max(0, std::min(c.pad[b], end));
+        oq[b + 1] = oq[b] + ql, ok[b + 1] = ok[b] + (end - lp);
+        q2.insert(q2.end(), q.begin() + (size_t)cq[b] * HQ * D, q.begin() + ((size_t)cq[b] + ql) * HQ * D);
+        const size_t at = ((size_t)ent * CAP + lp) * row;
+        k2.insert(k2.end(), kc.begin() + at, kc.begin() + at + (size_t)(end - lp) * row);
+        v2.insert(v2.end(), vc.begin() + at, vc.begin() + at + (size_t)(end - lp) * row);
+        for (int i = ql; i < c.lq[b]; ++i) { /* rows past seqused_q: o and lse as they were */
+            for (size_t x = 0; x < (size_t)HQ * D; ++x) untouched_bad += out16[((size_t)cq[b] + i) * HQ * D + x] != 0xFFFF;
+            for (int h = 0; h < HQ; ++h) untouched_bad += !isnan(glse[(size_t)h * TQ + cq[b] + i]);
+        }
+    }
+    TU_CHECK(untouched_bad == 0, "%s: %zu entries past seqused_q were written", what, untouched_bad);
+    const int TQ2 = oq[B];
+    std::vector<double> got((size_t)TQ2 * HQ * D), ref(got.size()), ref_lse((size_t)HQ * TQ2);
+    std::vector<float> glse2((size_t)HQ * TQ2);
+    for (int b = 0; b < B; ++b)
+        for (int i = 0; i < oq[b + 1] - oq[b]; ++i) {
+            tu_from_dtype(out16.data() + ((size_t)cq[b] + i) * HQ * D, (size_t)HQ * D, c.dt,
+                          got.data() + ((size_t)oq[b] + i) * HQ * D);
+            for (int h = 0; h < HQ; ++h) glse2[(size_t)h * TQ2 + oq[b] + i] = glse[(size_t)h * TQ + cq[b] + i];
+        }
+    oracle_problem op;
+    memset(&op, 0, sizeof op);
+    op.batch = B, op.seqlen_q = maxq, op.seqlen_k = CAP, op.heads_q = HQ, op.heads_kv = HK, op.head_dim = D;
+    op.head_dim_v = D, op.causal = c.causal, op.cu_seqlens_q = oq.data(), op.cu_seqlens_k = ok.data();
+    oracle_fwd(&op, q2.data(), k2.data(), v2.data(), ref.data(), ref_lse.data());
+    gpu_check_fwd(what, c.dt, got.data(), ref.data(), got.size(), D, glse2.data(), ref_lse.data(), glse2.size());
+    cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dout), cudaFree(dlse), cudaFree(dcq), cudaFree(dused);
+    if (dqused) cudaFree(dqused);
+    if (didx) cudaFree(didx);
+    if (dpad) cudaFree(dpad);
+}
+
 /* Page sizes the varlen kernels cannot take (not a power of two >= 16):
  * UNSUPPORTED with a message, O untouched. */
 static void refusals(fattn_ctx *ctx) {
@@ -246,6 +365,16 @@ int main(void) {
             }
     }
     for (const kcase &c : cases) run_case(ctx, &rng, c);
+    /* the serving fields: each alone, then all three, both masks */
+    for (int causal : {0, 1}) {
+        const scase base{{9, 0, 40, 17}, {30, 5, 200, 17}, {}, {}, {}, 256, 0, 4, 2, 128, causal, FATTN_DTYPE_BF16};
+        scase s1 = base, s2 = base, s3 = base, s4 = base;
+        s1.qused = {4, 0, 40, -3};                     /* fewer, none, all, negative (none) */
+        s2.idx = {5, 0, 5, 2}, s2.cache_batch = 6;     /* repeated entries, others unused */
+        s3.pad = {3, 5, 0, 16};                        /* sequence 1: all its keys padded */
+        s4.qused = {9, 0, 33, 1}, s4.idx = {1, 3, 2, 0}, s4.cache_batch = 4, s4.pad = {29, 0, 100, 2};
+        for (const scase *sc : {&s1, &s2, &s3, &s4}) run_serving_case(ctx, &rng, *sc);
+    }
     refusals(ctx);
     fattn_ctx_free(ctx);
     return tu_finish("gpu kv-cache prefill");

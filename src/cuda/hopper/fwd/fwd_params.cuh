@@ -69,6 +69,11 @@ struct FwdVarlen {
      * as BN / kv_box boxes of kv_box rows (kv_box divides BN and the page) */
     const int *block_table;
     int page_shift, page_mask, max_pages, kv_box;
+    /* FlashAttention-3's serving fields (fattn.h): sequence b computes its
+     * first seqused_q[b] queries; on a dense cache (KVCACHE, no table) its
+     * keys are rows cache_leftpad[b] .. end - 1 of batch entry
+     * cache_batch_idx[b]; NULL: off */
+    const int *seqused_q, *cache_batch_idx, *cache_leftpad;
 };
 /* LOCAL (the variants, issue 37): the parameter after FwdParams of those
  * instances only.  Query i sees key j iff i + off - left <= j <= i + off +

@@ -98,7 +98,7 @@ struct FwdProducer {
     __device__ __forceinline__ void load_kv(uint8_t *dst, const CUtensorMap *map, int n, int hk, int b, int k0,
                                             uint64_t *bar) const {
         if constexpr (C::KVCACHE) { /* a KV cache (FwdVarlen): batch entry b's rows, or its pages */
-            load_kv_cache(dst, map, n, hk, b, bar);
+            load_kv_cache(dst, map, n, hk, b, k0, bar);
             return;
         }
         /* VARLEN: rows of the packed tensor from the sequence's first key */
@@ -119,12 +119,13 @@ struct FwdProducer {
      * time, each from the page that holds it (a page number out of the
      * pool reads as zeros: TMA bounds) */
     __device__ __forceinline__ void load_kv_cache(uint8_t *dst, const CUtensorMap *map, int n, int hk, int b,
-                                                  uint64_t *bar) const {
+                                                  int lpad, uint64_t *bar) const {
         const int k0 = n * C::BN;
-        if (!vl->block_table) {
+        if (!vl->block_table) { /* rows from the sequence's left pad (fwd_seq), of its batch entry */
+            const int bb = vl->cache_batch_idx ? __ldg(vl->cache_batch_idx + b) : b;
 #pragma unroll
             for (int c = 0; c < C::SLABS; ++c)
-                tma_load_4d(dst + c * C::BN * C::SW, map, c * C::SLAB_COLS, k0, hk, b, bar);
+                tma_load_4d(dst + c * C::BN * C::SW, map, c * C::SLAB_COLS, lpad + k0, hk, bb, bar);
             return;
         }
         for (int r = 0; r < C::BN; r += vl->kv_box) {

@@ -181,6 +181,29 @@ fattn_status fwd_sm90_max_ctas(fattn_ctx *ctx, int *max_ctas_out) {
     return FATTN_OK;
 }
 
+/* FwdVarlen of a call: its cu_seqlens and serving arrays, and a paged
+ * cache's page arithmetic (page_size a power of two: entry.cu) with the box
+ * rows the key maps were made with */
+inline FwdVarlen fwd_varlen_of(const fattn_fwd_args *a, int kv_box) {
+    const fattn_problem *pr = &a->p;
+    FwdVarlen vl;
+    vl.cu_q = pr->cu_seqlens_q;
+    vl.cu_k = pr->cu_seqlens_k;
+    vl.seqused_k = a->seqused_k;
+    vl.total_q = pr->total_q;
+    vl.total_k = pr->total_k;
+    vl.block_table = a->block_table;
+    vl.seqused_q = a->seqused_q;
+    vl.cache_batch_idx = a->cache_batch_idx;
+    vl.cache_leftpad = a->cache_leftpad;
+    vl.page_shift = 0;
+    while (a->block_table && (1 << vl.page_shift) < a->page_size) ++vl.page_shift;
+    vl.page_mask = a->block_table ? a->page_size - 1 : 0;
+    vl.max_pages = a->max_pages_per_seq;
+    vl.kv_box = kv_box;
+    return vl;
+}
+
 /* Launch instance C; sp: SPLIT's tables (split instances only), grid: the
  * grid the split plan chose (else from the tile count). */
 template <class C>
@@ -294,7 +317,7 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, const
         int kv_box = C::BN;
         if (C::KVCACHE) {
             rk = a->block_table ? a->page_size : pr->seqlen_k;
-            bk = a->block_table ? a->num_pages : pr->batch;
+            bk = a->block_table ? a->num_pages : a->cache_batch_idx && a->cache_batch ? a->cache_batch : pr->batch;
             if (a->block_table) kv_box = fwd_kv_box(C::BN, a->page_size);
             if (kv_box < 8) /* entry.cu asks for page sizes that make it >= 16 */
                 return fattn_fail(ctx, FATTN_ERROR_INTERNAL, "paged forward: page_size %d with key blocks of %d",
@@ -308,20 +331,9 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, const
         if ((s = cuda_make_tensor_map(ctx, &tv, &a->v, C::DV, rk, pr->heads_kv, bk, kv_box, "v")) != FATTN_OK) return s;
     }
     const FwdLocal loc = fwd_local_of(a, C::BM, C::BN, C::VARLEN);
-    FwdVarlen vl;
-    vl.cu_q = pr->cu_seqlens_q;
-    vl.cu_k = pr->cu_seqlens_k;
-    vl.seqused_k = a->seqused_k;
-    vl.total_q = pr->total_q;
-    vl.total_k = pr->total_k;
-    vl.block_table = a->block_table;
     if (C::KVCACHE != (C::VARLEN && !pr->cu_seqlens_k))
         return fattn_fail(ctx, FATTN_ERROR_INTERNAL, "varlen forward: a KV-cache instance for packed keys or back");
-    vl.page_shift = 0;
-    while (a->block_table && (1 << vl.page_shift) < a->page_size) ++vl.page_shift; /* a power of two (entry.cu) */
-    vl.page_mask = a->block_table ? a->page_size - 1 : 0;
-    vl.max_pages = a->max_pages_per_seq;
-    vl.kv_box = vl_box;
+    const FwdVarlen vl = fwd_varlen_of(a, vl_box);
     /* OTMA: O through TMA stores where TMA can address it (o_wide: base and
      * strides 16-byte multiples; strides below 2^40 bytes), else the
      * kernel's register stores (the map is then never read) */
@@ -369,11 +381,11 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, const
     int nargs = 4;
     if constexpr (C::LOCAL) { /* fwd_sm90_local_kernel: every block, in its order */
         args[nargs++] = const_cast<FwdLocal *>(&loc);
-        args[nargs++] = &vl;
+        args[nargs++] = const_cast<FwdVarlen *>(&vl);
         args[nargs++] = &f8;
         args[nargs++] = &to;
     } else {
-        if constexpr (C::VARLEN) args[nargs++] = &vl;
+        if constexpr (C::VARLEN) args[nargs++] = const_cast<FwdVarlen *>(&vl);
         if constexpr (C::SPLIT) args[nargs++] = const_cast<FwdSplit *>(sp);
         if constexpr (C::OTMA) args[nargs++] = &to;
         if constexpr (C::FP8) args[nargs++] = &f8;
