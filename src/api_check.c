@@ -354,8 +354,8 @@ fattn_status fattn_problem_shapes(fattn_ctx *ctx, const fattn_problem *p, fattn_
             /* the arrays are device memory: the extents come from the totals */
             if (p->total_q < 1 || (varlen_k && p->total_k < 1))
                 return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
-                                  "a variable-length batch on a CUDA context needs total_q and (with "
-                                  "cu_seqlens_k) total_k (cu_seqlens_q[batch], cu_seqlens_k[batch], >= 1; "
+                                  "a variable-length batch on a CUDA context needs total_q and total_k "
+                                  "(cu_seqlens_q[batch] and, with cu_seqlens_k, cu_seqlens_k[batch], >= 1; "
                                   "here %d, %d): the engine does not read cu_seqlens on the host",
                                   (int)p->total_q, (int)p->total_k);
             ts->total_q = p->total_q;
