@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../../cuda_engine.h"
+#include "../launch.cuh"
 #include "bwd_prepost.cuh"
 #include "bwd_sm90.cuh"
 
@@ -41,17 +42,9 @@ fattn_status bwd_sm90_run(fattn_ctx *ctx, const fattn_bwd_args *a) {
     p.dk = a->dk.data, p.dk_sb = a->dk.stride_batch, p.dk_ss = a->dk.stride_seq, p.dk_sh = a->dk.stride_head;
     p.dv = a->dv.data, p.dv_sb = a->dv.stride_batch, p.dv_ss = a->dv.stride_seq, p.dv_sh = a->dv.stride_head;
     if constexpr (C::LOCAL) {
-        /* as the forward's fwd_local_of: causal is right = 0, a side past every
-         * key of every sequence unbounded */
-        p.win_left = pr->window && pr->window_left >= 0 && pr->window_left < pr->seqlen_k ? pr->window_left : -1;
-        p.win_right = pr->causal ? 0
-                      : pr->window && pr->window_right >= 0 && pr->window_right < pr->seqlen_q ? pr->window_right
-                                                                                              : -1;
-        if (pr->softcap > 0.f) {
-            p.cap_a = pr->softcap / pr->softmax_scale;
-            p.cap_b = pr->softmax_scale / pr->softcap;
-            p.cap_t = 1.f / (pr->softcap * 1.4426950408889634f);
-        }
+        const hopper_window w = hopper_window_of(pr); /* as the forward's */
+        p.win_left = w.left, p.win_right = w.right, p.cap_a = w.cap_a, p.cap_b = w.cap_b;
+        if (pr->softcap > 0.f) p.cap_t = 1.f / (pr->softcap * 1.4426950408889634f);
     }
 
     if constexpr (C::VARLEN) {
@@ -128,15 +121,14 @@ fattn_status bwd_sm90_run(fattn_ctx *ctx, const fattn_bwd_args *a) {
         if ((s = bwd_launch_error(ctx, "d(sink)")) != FATTN_OK) return s;
     }
 
-    auto kern = bwd_sm90_kernel<C>;
-    e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM_BYTES);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        return fattn_fail(ctx, FATTN_ERROR_CUDA, "backward: cudaFuncSetAttribute: %s", cudaGetErrorString(e));
-    }
-    const dim3 grid = bwd_grid<C>(pr, p);
-    if (grid.x > 0) kern<<<grid, C::THREADS, C::SMEM_BYTES, stream>>>(tq, tk, tv, tdo, tstats, p);
-    if ((s = bwd_launch_error(ctx, "main kernel")) != FATTN_OK) return s;
+    const void *kern = (const void *)bwd_sm90_kernel<C>;
+    if ((s = hopper_smem_attr<C>(ctx, kern, C::SMEM_BYTES, "backward: ")) != FATTN_OK) return s;
+    hopper_launch L;
+    L.grid = bwd_grid<C>(pr, p);
+    L.block = dim3(C::THREADS);
+    L.smem = C::SMEM_BYTES;
+    void *args[6] = {&tq, &tk, &tv, &tdo, &tstats, &p};
+    if (L.grid.x > 0 && (s = hopper_launch_kernel(ctx, L, kern, args, "backward main kernel")) != FATTN_OK) return s;
 
     if constexpr (C::VARLEN) {
         if (p.m_blocks > 0)

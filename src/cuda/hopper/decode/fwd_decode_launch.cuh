@@ -10,8 +10,9 @@
 #include <string.h>
 
 #include "../../cuda_engine.h"
-#include "fwd_decode.cuh"
 #include "../fwd/fwd_sm90_dispatch.h"
+#include "../launch.cuh"
+#include "fwd_decode.cuh"
 
 /* Splits of the keys: the count whose CTAs fill the SMs' slots best, each
  * split's prologue (its first block's latency) counted as one more block,
@@ -33,13 +34,7 @@ static inline int decode_splits(int units, int nblocks, int slots, int *blocks_p
 
 template <class C>
 static fattn_status decode_smem_attr(fattn_ctx *ctx) {
-    static std::atomic<uint64_t> set{0};
-    const uint64_t bit = ctx->device < 64 ? 1ull << ctx->device : 0;
-    if (bit && (set.load(std::memory_order_relaxed) & bit)) return FATTN_OK;
-    cudaError_t e = cudaFuncSetAttribute(fwd_decode_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM_BYTES);
-    if (e != cudaSuccess) return fattn_fail(ctx, FATTN_ERROR_CUDA, "cudaFuncSetAttribute: %s", cudaGetErrorString(e));
-    set.fetch_or(bit, std::memory_order_relaxed);
-    return FATTN_OK;
+    return hopper_smem_attr<C>(ctx, (const void *)fwd_decode_kernel<C>, C::SMEM_BYTES, "");
 }
 
 /* KV8: the e4m3 caches' tensor maps (bytes, BN or page_size rows of D,
@@ -113,16 +108,8 @@ static fattn_status decode_run(fattn_ctx *ctx, const fattn_fwd_args *a, const fw
     p.softmax_scale = pr->softmax_scale;
     p.scale_log2 = pr->softmax_scale * 1.4426950408889634f;
     if (C::LOCAL) {
-        /* the variants (fwd_local_of's conventions: causal folded into right
-         * = 0; a side past every key unbounded) */
-        p.win_left = pr->window && pr->window_left >= 0 && pr->window_left < pr->seqlen_k ? pr->window_left : -1;
-        p.win_right = pr->causal ? 0
-                      : pr->window && pr->window_right >= 0 && pr->window_right < pr->seqlen_q ? pr->window_right
-                                                                                              : -1;
-        if (pr->softcap > 0.f) {
-            p.cap_a = pr->softcap / pr->softmax_scale;
-            p.cap_b = pr->softmax_scale / pr->softcap;
-        }
+        const hopper_window w = hopper_window_of(pr); /* the variants, as the forward's */
+        p.win_left = w.left, p.win_right = w.right, p.cap_a = w.cap_a, p.cap_b = w.cap_b;
         p.sink = a->learnable_sink;
     }
     if (pr->batch > 65535 || pr->heads_kv > 65535)
@@ -175,27 +162,23 @@ static fattn_status decode_run(fattn_ctx *ctx, const fattn_fwd_args *a, const fw
         p.ws_lse = p.ws_o + (size_t)splits * pr->batch * pr->heads_kv * p.rows * C::D;
     }
     if ((s = decode_smem_attr<C>(ctx)) != FATTN_OK) return s;
-    cudaLaunchConfig_t cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.gridDim = dim3(splits, pr->heads_kv, pr->batch);
-    cfg.blockDim = dim3(C::THREADS);
-    cfg.dynamicSmemBytes = C::SMEM_BYTES;
-    cfg.stream = (cudaStream_t)ctx->stream;
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = v.pdl ? 1 : 0;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, fwd_decode_kernel<C>, tk, tv, p);
-    if (e == cudaSuccess && splits > 1) {
+    hopper_launch L;
+    L.grid = dim3(splits, pr->heads_kv, pr->batch);
+    L.block = dim3(C::THREADS);
+    L.smem = C::SMEM_BYTES;
+    L.pdl = v.pdl;
+    void *args[3] = {&tk, &tv, &p};
+    if ((s = hopper_launch_kernel(ctx, L, (const void *)fwd_decode_kernel<C>, args, "decoding kernel")) != FATTN_OK)
+        return s;
+    if (splits > 1) { /* the splits' merge, a warp per row */
         const int rows = pr->batch * pr->heads_kv * p.rows;
-        cfg.gridDim = dim3((rows + 3) / 4);
-        cfg.blockDim = dim3(128);
-        cfg.dynamicSmemBytes = 0;
-        e = cudaLaunchKernelEx(&cfg, fwd_decode_combine<C::D, C::BF16, C::LOCAL>, p);
+        L.grid = dim3((rows + 3) / 4);
+        L.block = dim3(128);
+        L.smem = 0;
+        if ((s = hopper_launch_kernel(ctx, L, (const void *)fwd_decode_combine<C::D, C::BF16, C::LOCAL>, args + 2,
+                                      "decoding kernel")) != FATTN_OK)
+            return s;
     }
-    if (e == cudaSuccess) e = cudaGetLastError();
-    if (e != cudaSuccess) return fattn_fail(ctx, FATTN_ERROR_CUDA, "decoding kernel launch: %s", cudaGetErrorString(e));
     return splits > 1 ? cuda_decode_workspace_done(ctx) : FATTN_OK;
 }
 

@@ -60,6 +60,19 @@ fwd_kernel fwd_sm90_pick(const fattn_problem *pr, const fwd_variant &v) {
     }
 }
 
+/* every kernel of fwd_kernels.def has an instance file fwd_sm90_launch calls:
+ * 16-bit or FP8 at head dims 64, 128 and 256, 16-bit at 96, 192 and 192/128 */
+constexpr bool fwd_kernels_have_files() {
+    for (int k = 0; k < FWD_KERNEL_COUNT_; ++k) {
+        const int d = fwd_kernel_hdims[k][0], dv = fwd_kernel_hdims[k][1];
+        const bool both = d == dv && (d == 64 || d == 128 || d == 256);
+        const bool b16 = !fwd_kernel_fp8[k] && (d == 96 || d == 192) && (dv == d || (d == 192 && dv == 128));
+        if (!both && !b16) return false;
+    }
+    return true;
+}
+static_assert(fwd_kernels_have_files(), "fwd_kernels.def: a kernel's head dims have no instance file");
+
 fattn_status fwd_sm90_launch(fattn_ctx *ctx, const fattn_fwd_args *a, const cuda_fwd_options *opt) {
     fwd_variant v;
     static_cast<cuda_fwd_options &>(v) = *opt;

@@ -16,48 +16,29 @@ struct fwd_variant : cuda_fwd_options {
     bool full_design() const { return !bf16 || (overlap && pingpong && !under_pv); }
 };
 
-/* The shipped kernels (fwd_sm90_kernels.cuh gives each one's options). */
+/* The shipped kernels, one per entry of fwd_kernels.def (their options:
+ * fwd_sm90_kernels.cuh's fwd_kernel_opts). */
 enum fwd_kernel {
-    FWD_D64_CAUSAL,      /* 192 x 128, 3 consumer warpgroups: seqlen_k >= 512 */
-    FWD_D64_CAUSAL_2WG,  /* 128 x 128: shorter keys */
-    FWD_D64,             /* 192 x 128, non-causal */
-    FWD_D128_CAUSAL,     /* 128 x 128: seqlen_k < 8192 */
-    FWD_D128_CAUSAL_176, /* 128 x 176: longer keys */
-    FWD_D128_160,        /* non-causal: the key block whose padded keys cost least */
-    FWD_D128_176,
-    FWD_D128_192,
-    FWD_D256_CAUSAL,     /* 128 x 80 */
-    FWD_D256_PAIRED,     /* 128 x 80, CTA pairs share K/V (an even number of query blocks) */
-    FWD_D256,            /* 128 x 80, single CTAs */
-    FWD_FP8_D64_CAUSAL,  /* FP8 (e4m3 inputs): 192 x 128 (3 consumer warpgroups) */
-    FWD_FP8_D64,
-    FWD_FP8_D128_CAUSAL, /* 128 x 128 */
-    FWD_FP8_D128,
-    FWD_FP8_D128_192_CAUSAL, /* 128 x 192, where the K and V scale blocks are multiples of 192 */
-    FWD_FP8_D128_192,
-    FWD_FP8_D256_CAUSAL, /* 128 x 64 */
-    FWD_FP8_D256,
-    /* the variants (issue 37: window, softcap, learnable sinks; FP8: the
-     * window only): each the head dim's causal kernel with its window at
-     * runtime (FwdOpts.local) */
-    FWD_D64_LOCAL,       /* 192 x 128 */
-    FWD_D128_LOCAL,      /* 128 x 128 */
-    FWD_D256_LOCAL,      /* 128 x 80 */
-    FWD_FP8_D64_LOCAL,   /* 192 x 128 */
-    FWD_FP8_D128_LOCAL,  /* 128 x 128 */
-    FWD_FP8_D256_LOCAL,  /* 128 x 64 */
-    /* head dims 96, 192 and 192 with head_dim_v 128 (issue 37; 16-bit;
-     * compiled with no spills, tiles after FlashAttention-3's tile_size.h) */
-    FWD_D96_CAUSAL,      /* 128 x 128 */
-    FWD_D96,             /* 128 x 176 */
-    FWD_D96_LOCAL,       /* 128 x 128 */
-    FWD_D192_CAUSAL,     /* 128 x 112 */
-    FWD_D192,            /* 128 x 112 */
-    FWD_D192_LOCAL,      /* 128 x 112 */
-    FWD_D192_128_CAUSAL, /* 128 x 128, V and O of head dim 128 (MLA prefill) */
-    FWD_D192_128,        /* 128 x 128 */
-    FWD_D192_128_LOCAL,  /* 128 x 128 */
-    FWD_KERNEL_COUNT_    /* not a kernel: the number of them */
+#define FWD_KERNEL(E, NAME, D, DV, RUN, OPTS) E,
+#include "fwd_kernels.def"
+    FWD_KERNEL_COUNT_ /* not a kernel: the number of them */
+};
+/* Each kernel's short name (bench programs print it), head dims (D, DV). */
+inline constexpr const char *fwd_kernel_names[FWD_KERNEL_COUNT_] = {
+#define FWD_KERNEL(E, NAME, D, DV, RUN, OPTS) NAME,
+#include "fwd_kernels.def"
+};
+inline constexpr int fwd_kernel_hdims[FWD_KERNEL_COUNT_][2] = {
+#define FWD_KERNEL(E, NAME, D, DV, RUN, OPTS) {D, DV},
+#include "fwd_kernels.def"
+};
+/* FP8 or 16-bit: its RUN (fwd_sm90_kernels.cuh checks its options agree) */
+#define FWD_RUN_FP8_kernel false
+#define FWD_RUN_FP8_ablated false
+#define FWD_RUN_FP8_fp8 true
+inline constexpr bool fwd_kernel_fp8[FWD_KERNEL_COUNT_] = {
+#define FWD_KERNEL(E, NAME, D, DV, RUN, OPTS) FWD_RUN_FP8_##RUN,
+#include "fwd_kernels.def"
 };
 
 /* The tile-size function: which kernel serves this problem (head dim 64,

@@ -6,90 +6,31 @@
 #pragma once
 #include "fwd_sm90_launch.cuh"
 
+/* Kernel k's options (fwd_kernels.def): its head dims, then its OPTS. */
 constexpr FwdOpts fwd_kernel_opts(fwd_kernel k) {
     FwdOpts o;
     switch (k) {
-    case FWD_D64_CAUSAL: /* 3 warpgroups (160 registers) with SITOUT, SKIPDIAG, QREG and OTMA 2 (v22, v23, v26, v45) */
-        o.d = 64, o.nc = 3, o.stages = 3, o.causal = true, o.sleep = true, o.sitout = 1, o.skipdiag = true;
-        o.qreg = 1, o.otma = 2;
+#define FWD_KERNEL(E, NAME, D, DV, RUN, OPTS) \
+    case E:                                   \
+        o.d = D, o.dv = D == DV ? 0 : DV;     \
+        OPTS;                                 \
         break;
-    case FWD_D64_CAUSAL_2WG:
-        o.d = 64, o.causal = true, o.qreg = 2;
-        break;
-    case FWD_D64: /* SITOUT and SPREAD, Q's first slice in registers, O by TMA (v22, v26, v43) */
-        o.d = 64, o.nc = 3, o.stages = 3, o.sitout = 1, o.spread = 1, o.qreg = 1, o.split = true, o.otma = 1;
-        break;
-    case FWD_D128_CAUSAL: /* QEARLY +1-1.5% at 1024-2048 (v17), QREG 2 (v26), OTMA 2 (v43b) */
-        o.causal = true, o.qearly = true, o.sleep = true, o.qreg = 2, o.otma = 2;
-        break;
-    case FWD_D128_CAUSAL_176: /* SITOUT: ptxas's shorter loop, +1.5-2.1% (v22) */
-        o.bn = 176, o.causal = true, o.sleep = true, o.sitout = 1;
-        break;
-    case FWD_D128_160: /* BN 160 stores O by TMA (v46-v47) */
-        o.bn = 160, o.sitout = 2, o.spread = 2, o.split = true, o.otma = 2;
-        break;
-    case FWD_D128_176: /* SITOUT and SPREAD in the split instance only (v31) */
-        o.bn = 176, o.sitout = 2, o.spread = 2, o.split = true;
-        break;
-    case FWD_D128_192:
-        o.bn = 192, o.sitout = 2, o.spread = 2, o.split = true;
-        break;
-    case FWD_D256_CAUSAL:
-        o.d = 256, o.bn = 80, o.causal = true, o.sitout = 1, o.skipdiag = true;
-        break;
-    case FWD_D256_PAIRED: /* K/V multicast to CTA pairs (v6) */
-        o.d = 256, o.bn = 80, o.cluster = 2, o.sitout = 2, o.spread = 2, o.split = true;
-        break;
-    case FWD_D256:
-        o.d = 256, o.bn = 80, o.split = true;
-        break;
-    /* d64: 3 consumer warpgroups (192 x 128) +17-30% over 2 (f2) */
-    case FWD_FP8_D64_CAUSAL: o.d = 64, o.nc = 3, o.causal = true, o.fp8 = true; break;
-    case FWD_FP8_D64: o.d = 64, o.nc = 3, o.fp8 = true; break;
-    case FWD_FP8_D128_CAUSAL: o.causal = true, o.fp8 = true; break;
-    case FWD_FP8_D128: o.fp8 = true; break;
-    /* one K and V scale per 192-key block (f4) */
-    case FWD_FP8_D128_192_CAUSAL: o.bn = 192, o.causal = true, o.fp8 = true, o.kvblk = true; break;
-    case FWD_FP8_D128_192: o.bn = 192, o.fp8 = true, o.kvblk = true; break;
-    /* d256: BN 128 is 12-17% faster but spills in its loop (13 instructions:
-     * 232 registers, 128 of O and 64 of S; f2) */
-    case FWD_FP8_D256_CAUSAL: o.d = 256, o.bn = 64, o.causal = true, o.fp8 = true; break;
-    case FWD_FP8_D256: o.d = 256, o.bn = 64, o.fp8 = true; break;
-    /* the variants: the causal kernel of the head dim, without SKIPDIAG
-     * (its test reads the causal diagonal), the window at runtime */
-    case FWD_D64_LOCAL:
-        o = fwd_kernel_opts(FWD_D64_CAUSAL), o.skipdiag = false, o.local = true;
-        break;
-    case FWD_D128_LOCAL: o = fwd_kernel_opts(FWD_D128_CAUSAL), o.local = true; break;
-    case FWD_D256_LOCAL:
-        o = fwd_kernel_opts(FWD_D256_CAUSAL), o.skipdiag = false, o.local = true;
-        break;
-    case FWD_FP8_D64_LOCAL: o = fwd_kernel_opts(FWD_FP8_D64_CAUSAL), o.local = true; break;
-    case FWD_FP8_D128_LOCAL: o = fwd_kernel_opts(FWD_FP8_D128_CAUSAL), o.local = true; break;
-    case FWD_FP8_D256_LOCAL: o = fwd_kernel_opts(FWD_FP8_D256_CAUSAL), o.local = true; break;
-    /* issue 37 (compiled, not measured): d96 as d128 (its shared tiles are
-     * d128's, the last slab half zeros), without O by TMA */
-    case FWD_D96_CAUSAL:
-        o.d = 96, o.causal = true, o.qearly = true, o.sleep = true, o.qreg = 2;
-        break;
-    case FWD_D96: o.d = 96, o.bn = 176, o.sitout = 2, o.spread = 2, o.split = true; break;
-    /* the producer spilled 8 bytes at 24 registers */
-    case FWD_D96_LOCAL: o = fwd_kernel_opts(FWD_D96_CAUSAL), o.local = true, o.preg = 32; break;
-    /* d192: BN 112 is what fits the shared memory (2 stages of 42 KB K and
-     * V, 48 KB Q); SITOUT and SKIPDIAG as d256 */
-    case FWD_D192_CAUSAL: o.d = 192, o.bn = 112, o.causal = true, o.sitout = 1, o.skipdiag = true; break;
-    case FWD_D192: o.d = 192, o.bn = 112, o.split = true; break;
-    case FWD_D192_LOCAL:
-        o = fwd_kernel_opts(FWD_D192_CAUSAL), o.skipdiag = false, o.local = true;
-        break;
-    /* d192 with V and O of 128: BN 128 (144 would need 228 KB) */
-    case FWD_D192_128_CAUSAL: o.d = 192, o.dv = 128, o.causal = true, o.sleep = true, o.sitout = 1; break;
-    case FWD_D192_128: o.d = 192, o.dv = 128, o.sitout = 2, o.spread = 2, o.split = true; break;
-    case FWD_D192_128_LOCAL: o = fwd_kernel_opts(FWD_D192_128_CAUSAL), o.local = true; break;
+#include "fwd_kernels.def"
     case FWD_KERNEL_COUNT_: break;
     }
     return o;
 }
+/* an entry's OPTS (which may copy another kernel's) keeps the head dims it
+ * lists, and FP8 options go with RUN fp8 */
+constexpr bool fwd_kernel_table_agrees() {
+    for (int k = 0; k < FWD_KERNEL_COUNT_; ++k) {
+        const FwdOpts o = fwd_kernel_opts((fwd_kernel)k);
+        if (o.d != fwd_kernel_hdims[k][0] || (o.dv ? o.dv : o.d) != fwd_kernel_hdims[k][1]) return false;
+        if (o.fp8 != fwd_kernel_fp8[k]) return false;
+    }
+    return true;
+}
+static_assert(fwd_kernel_table_agrees(), "fwd_kernels.def: an entry's options disagree with its D, DV or RUN");
 
 constexpr FwdOpts fwd_opts_dtype(FwdOpts o, bool bf16) {
     o.bf16 = bf16;
@@ -188,6 +129,7 @@ fattn_status fwd_sm90_run_kernel(fattn_ctx *ctx, const fattn_fwd_args *a, const 
 template <fwd_kernel K>
 fattn_status fwd_sm90_run_ablated(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v) {
     constexpr FwdOpts O = fwd_kernel_opts(K);
+    static_assert(!O.causal, "fwd_kernels.def: RUN ablated for a causal kernel");
     if (v.full_design()) return fwd_sm90_run_kernel<K>(ctx, a, v);
     if (v.overlap && v.pingpong) return fwd_sm90_run<FwdCfg<fwd_opts_ablation(O, 3, true)>>(ctx, a, v);
     if (v.overlap) {
@@ -196,4 +138,28 @@ fattn_status fwd_sm90_run_ablated(fattn_ctx *ctx, const fattn_fwd_args *a, const
     }
     if (v.pingpong) return fwd_sm90_run<FwdCfg<fwd_opts_ablation(O, 0, true)>>(ctx, a, v);
     return fwd_sm90_run<FwdCfg<fwd_opts_ablation(O, 0, false)>>(ctx, a, v);
+}
+
+/* The kernels of one instance file, FP8 or 16-bit, of head dims D and DV:
+ * a switch over every entry of fwd_kernels.def that instantiates only the
+ * file's own, so that a kernel is added in the list alone.  RUN names the
+ * runner (fwd_sm90_run_kernel, _ablated or _fp8). */
+constexpr bool fwd_kernel_in_file(fwd_kernel k, bool fp8, int d, int dv) {
+    return fwd_kernel_fp8[k] == fp8 && fwd_kernel_hdims[k][0] == d && fwd_kernel_hdims[k][1] == dv;
+}
+template <bool FP8, int D, int DV>
+fattn_status fwd_sm90_run_file(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v, fwd_kernel k) {
+    switch (k) {
+#define FWD_KERNEL(E, NAME, KD, KDV, RUN, OPTS)                                                     \
+    case E:                                                                                          \
+        if constexpr (fwd_kernel_in_file(E, FP8, D, DV)) return fwd_sm90_run_##RUN<E>(ctx, a, v); \
+        break;
+#include "fwd_kernels.def"
+    case FWD_KERNEL_COUNT_: break;
+    }
+    if (DV != D)
+        return fattn_fail(ctx, FATTN_ERROR_INTERNAL, "forward kernel %d is not one of head dim %d with head_dim_v %d",
+                          (int)k, D, DV);
+    return fattn_fail(ctx, FATTN_ERROR_INTERNAL, "forward kernel %d is not %s of head dim %d", (int)k,
+                      FP8 ? "an FP8 one" : "one", D);
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../../cuda_engine.h"
+#include "../launch.cuh"
 #include "fwd_sm90.cuh"
 #include "fwd_sm90_dispatch.h"
 #include "split_layout.h"
@@ -35,25 +36,17 @@ auto fwd_sm90_kernel_of() {
 }
 
 /* LOCAL: the call's window, softcap and sink (fattn_problem, fattn_fwd_args)
- * as FwdLocal: causal folded into right = 0 (fattn.h: the intersection), a
- * side that reaches past every key of every sequence unbounded (-1: left >=
- * seqlen_k or right >= seqlen_q, the longest sequence's under varlen), and
- * the query-block order of the dynamic scheduler (fixed length: ascending
- * where the first block sees more key blocks than the last).  With that and
+ * as FwdLocal (hopper_window_of's conventions), and the query-block order
+ * of the dynamic scheduler (fixed length: ascending where the first block
+ * sees more key blocks than the last).  With that and
  * entry.cu's seqlen_q + seqlen_k < 2^30, fwd_tile_blocks's sums stay below
  * 2^30 + 2 BM. */
 inline FwdLocal fwd_local_of(const fattn_fwd_args *a, int bm, int bn, bool varlen) {
     const fattn_problem *pr = &a->p;
     FwdLocal L;
     memset(&L, 0, sizeof L);
-    L.left = pr->window && pr->window_left >= 0 && pr->window_left < pr->seqlen_k ? pr->window_left : -1;
-    L.right = pr->causal ? 0
-              : pr->window && pr->window_right >= 0 && pr->window_right < pr->seqlen_q ? pr->window_right
-                                                                                      : -1;
-    if (pr->softcap > 0.f) {
-        L.cap_a = pr->softcap / pr->softmax_scale;
-        L.cap_b = pr->softmax_scale / pr->softcap;
-    }
+    const hopper_window w = hopper_window_of(pr);
+    L.left = w.left, L.right = w.right, L.cap_a = w.cap_a, L.cap_b = w.cap_b;
     L.sink = a->learnable_sink;
     L.m_up = 0;
     if (!varlen && L.left >= 0 && pr->seqlen_q > 0) {
@@ -138,16 +131,9 @@ fattn_status fwd_split_plan(fattn_ctx *ctx, const fwd_variant &v, const fattn_pr
 template <class C>
 fattn_status fwd_sm90_max_ctas(fattn_ctx *ctx, int *max_ctas_out) {
     const fattn_cuda_state *st = (const fattn_cuda_state *)ctx->cuda;
-    auto kern = fwd_sm90_kernel_of<C>();
-    /* a repeated set from two threads at once is harmless */
-    static std::atomic<uint64_t> smem_set{0};
-    const uint64_t dev_bit = ctx->device < 64 ? 1ull << ctx->device : 0;
-    cudaError_t e;
-    if (!dev_bit || !(smem_set.load(std::memory_order_relaxed) & dev_bit)) {
-        e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM_BYTES);
-        if (e != cudaSuccess) return fattn_fail(ctx, FATTN_ERROR_CUDA, "cudaFuncSetAttribute: %s", cudaGetErrorString(e));
-        smem_set.fetch_or(dev_bit, std::memory_order_relaxed);
-    }
+    const void *kern = (const void *)fwd_sm90_kernel_of<C>();
+    fattn_status s = hopper_smem_attr<C>(ctx, kern, C::SMEM_BYTES, "");
+    if (s != FATTN_OK) return s;
     int max_ctas = st->num_sms;
     if (C::CLUSTER > 1) {
         /* persistent: as many clusters as fit at once (SMs of a GPC pair up;
@@ -155,20 +141,14 @@ fattn_status fwd_sm90_max_ctas(fattn_ctx *ctx, int *max_ctas_out) {
         static std::atomic<int> max_clusters[64];
         int mc = ctx->device < 64 ? max_clusters[ctx->device].load(std::memory_order_relaxed) : 0;
         if (mc <= 0) {
-            cudaLaunchConfig_t cfg;
-            memset(&cfg, 0, sizeof cfg);
-            cfg.gridDim = dim3(max_ctas - max_ctas % C::CLUSTER);
-            cfg.blockDim = dim3(C::THREADS);
-            cfg.dynamicSmemBytes = C::SMEM_BYTES;
-            cfg.stream = (cudaStream_t)ctx->stream;
-            cudaLaunchAttribute attr;
-            attr.id = cudaLaunchAttributeClusterDimension;
-            attr.val.clusterDim.x = C::CLUSTER;
-            attr.val.clusterDim.y = 1;
-            attr.val.clusterDim.z = 1;
-            cfg.attrs = &attr;
-            cfg.numAttrs = 1;
-            e = cudaOccupancyMaxActiveClusters(&mc, kern, &cfg);
+            hopper_launch L;
+            L.grid = dim3(max_ctas - max_ctas % C::CLUSTER);
+            L.block = dim3(C::THREADS);
+            L.smem = C::SMEM_BYTES;
+            L.cluster = C::CLUSTER;
+            cudaLaunchAttribute attr[2];
+            const cudaLaunchConfig_t cfg = hopper_launch_config(ctx, L, attr);
+            const cudaError_t e = cudaOccupancyMaxActiveClusters(&mc, kern, &cfg);
             if (e != cudaSuccess || mc <= 0)
                 return fattn_fail(ctx, FATTN_ERROR_CUDA, "cudaOccupancyMaxActiveClusters: %s (%d clusters)",
                                   cudaGetErrorString(e), mc);
@@ -352,30 +332,12 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, const
      * users run one after another */
     const bool ordered = C::DYNAMIC || sp;
     if (ordered && (s = cuda_order_before(ctx)) != FATTN_OK) return s;
-    /* programmatic dependent launch (the kernel waits for its predecessor
-     * with griddepcontrol.wait before it touches global memory) */
-    cudaLaunchConfig_t cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(C::THREADS);
-    cfg.dynamicSmemBytes = C::SMEM_BYTES;
-    cfg.stream = (cudaStream_t)ctx->stream;
-    cudaLaunchAttribute attr[2];
-    int nattr = 0;
-    if (C::CLUSTER > 1) {
-        attr[nattr].id = cudaLaunchAttributeClusterDimension;
-        attr[nattr].val.clusterDim.x = C::CLUSTER;
-        attr[nattr].val.clusterDim.y = 1;
-        attr[nattr].val.clusterDim.z = 1;
-        ++nattr;
-    }
-    if (v.pdl) {
-        attr[nattr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[nattr].val.programmaticStreamSerializationAllowed = 1;
-        ++nattr;
-    }
-    cfg.attrs = attr;
-    cfg.numAttrs = nattr;
+    hopper_launch L;
+    L.grid = dim3(grid);
+    L.block = dim3(C::THREADS);
+    L.smem = C::SMEM_BYTES;
+    L.cluster = C::CLUSTER;
+    L.pdl = v.pdl;
     /* the arguments in the order of the kernel's parameters (fwd_sm90_kernel_of) */
     void *args[8] = {&tq, &tk, &tv, &p};
     int nargs = 4;
@@ -390,9 +352,8 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, const
         if constexpr (C::OTMA) args[nargs++] = &to;
         if constexpr (C::FP8) args[nargs++] = &f8;
     }
-    cudaError_t e = cudaLaunchKernelExC(&cfg, (const void *)fwd_sm90_kernel_of<C>(), args);
-    if (e == cudaSuccess) e = cudaGetLastError();
-    if (e != cudaSuccess) return fattn_fail(ctx, FATTN_ERROR_CUDA, "forward kernel launch: %s", cudaGetErrorString(e));
+    if ((s = hopper_launch_kernel(ctx, L, (const void *)fwd_sm90_kernel_of<C>(), args, "forward kernel")) != FATTN_OK)
+        return s;
     return ordered ? cuda_order_after(ctx) : FATTN_OK;
 }
 

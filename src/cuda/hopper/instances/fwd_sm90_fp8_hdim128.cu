@@ -1,14 +1,8 @@
-/* fwd_sm90_fp8_hdim128.cu - the FP8 forward kernels of head dim 128 (their own
- * file, so that they compile in parallel with the 16-bit ones). */
+/* fwd_sm90_fp8_hdim128.cu - the FP8 forward kernels of head dim 128, those
+ * listed in fwd_kernels.def (their own file, so that they compile in parallel
+ * with the 16-bit ones). */
 #include "../fwd/fwd_sm90_kernels.cuh"
 
 fattn_status fwd_sm90_fp8_hdim128(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v, fwd_kernel k) {
-    switch (k) {
-    case FWD_FP8_D128_CAUSAL: return fwd_sm90_run_fp8<FWD_FP8_D128_CAUSAL>(ctx, a, v);
-    case FWD_FP8_D128: return fwd_sm90_run_fp8<FWD_FP8_D128>(ctx, a, v);
-    case FWD_FP8_D128_192_CAUSAL: return fwd_sm90_run_fp8<FWD_FP8_D128_192_CAUSAL>(ctx, a, v);
-    case FWD_FP8_D128_192: return fwd_sm90_run_fp8<FWD_FP8_D128_192>(ctx, a, v);
-    case FWD_FP8_D128_LOCAL: return fwd_sm90_run_fp8<FWD_FP8_D128_LOCAL>(ctx, a, v);
-    default: return fattn_fail(ctx, FATTN_ERROR_INTERNAL, "forward kernel %d is not an FP8 one of head dim 128", (int)k);
-    }
+    return fwd_sm90_run_file<true, 128, 128>(ctx, a, v, k);
 }

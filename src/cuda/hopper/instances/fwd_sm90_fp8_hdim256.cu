@@ -1,12 +1,8 @@
-/* fwd_sm90_fp8_hdim256.cu - the FP8 forward kernels of head dim 256 (their own
- * file, so that they compile in parallel with the 16-bit ones). */
+/* fwd_sm90_fp8_hdim256.cu - the FP8 forward kernels of head dim 256, those
+ * listed in fwd_kernels.def (their own file, so that they compile in parallel
+ * with the 16-bit ones). */
 #include "../fwd/fwd_sm90_kernels.cuh"
 
 fattn_status fwd_sm90_fp8_hdim256(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v, fwd_kernel k) {
-    switch (k) {
-    case FWD_FP8_D256_CAUSAL: return fwd_sm90_run_fp8<FWD_FP8_D256_CAUSAL>(ctx, a, v);
-    case FWD_FP8_D256: return fwd_sm90_run_fp8<FWD_FP8_D256>(ctx, a, v);
-    case FWD_FP8_D256_LOCAL: return fwd_sm90_run_fp8<FWD_FP8_D256_LOCAL>(ctx, a, v);
-    default: return fattn_fail(ctx, FATTN_ERROR_INTERNAL, "forward kernel %d is not an FP8 one of head dim 256", (int)k);
-    }
+    return fwd_sm90_run_file<true, 256, 256>(ctx, a, v, k);
 }

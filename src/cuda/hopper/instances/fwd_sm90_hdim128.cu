@@ -1,15 +1,7 @@
-/* fwd_sm90_hdim128.cu - the forward kernels of head dim 128 (one file per head
- * dim, so that they compile in parallel). */
+/* fwd_sm90_hdim128.cu - the forward kernels of head dim 128, those listed in
+ * fwd_kernels.def (one file per head dim, so that they compile in parallel). */
 #include "../fwd/fwd_sm90_kernels.cuh"
 
 fattn_status fwd_sm90_hdim128(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v, fwd_kernel k) {
-    switch (k) {
-    case FWD_D128_CAUSAL: return fwd_sm90_run_kernel<FWD_D128_CAUSAL>(ctx, a, v);
-    case FWD_D128_CAUSAL_176: return fwd_sm90_run_kernel<FWD_D128_CAUSAL_176>(ctx, a, v);
-    case FWD_D128_160: return fwd_sm90_run_kernel<FWD_D128_160>(ctx, a, v);
-    case FWD_D128_192: return fwd_sm90_run_kernel<FWD_D128_192>(ctx, a, v);
-    case FWD_D128_176: return fwd_sm90_run_ablated<FWD_D128_176>(ctx, a, v);
-    case FWD_D128_LOCAL: return fwd_sm90_run_kernel<FWD_D128_LOCAL>(ctx, a, v);
-    default: return fattn_fail(ctx, FATTN_ERROR_INTERNAL, "forward kernel %d is not one of head dim 128", (int)k);
-    }
+    return fwd_sm90_run_file<false, 128, 128>(ctx, a, v, k);
 }

@@ -1,13 +1,7 @@
-/* fwd_sm90_hdim256.cu - the forward kernels of head dim 256 (one file per head
- * dim, so that they compile in parallel). */
+/* fwd_sm90_hdim256.cu - the forward kernels of head dim 256, those listed in
+ * fwd_kernels.def (one file per head dim, so that they compile in parallel). */
 #include "../fwd/fwd_sm90_kernels.cuh"
 
 fattn_status fwd_sm90_hdim256(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v, fwd_kernel k) {
-    switch (k) {
-    case FWD_D256_CAUSAL: return fwd_sm90_run_kernel<FWD_D256_CAUSAL>(ctx, a, v);
-    case FWD_D256_PAIRED: return fwd_sm90_run_ablated<FWD_D256_PAIRED>(ctx, a, v);
-    case FWD_D256: return fwd_sm90_run_ablated<FWD_D256>(ctx, a, v);
-    case FWD_D256_LOCAL: return fwd_sm90_run_kernel<FWD_D256_LOCAL>(ctx, a, v);
-    default: return fattn_fail(ctx, FATTN_ERROR_INTERNAL, "forward kernel %d is not one of head dim 256", (int)k);
-    }
+    return fwd_sm90_run_file<false, 256, 256>(ctx, a, v, k);
 }
