@@ -61,6 +61,14 @@ template <> struct PortableBwdCfg<128> { static constexpr int NS = 2, NS_SMALL =
 template <> struct PortableBwdCfg<192> { static constexpr int NS = 2, NS_SMALL = 0, MINB = 1; };
 template <> struct PortableBwdCfg<256> { static constexpr int NS = 2, NS_SMALL = 1, MINB = 1; };
 
+/* d256's dQ pieces: the width without spills beside its 128 dK, dV
+ * accumulators, by ptxas (nvcc 13.0) per target */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PBWD_PW256 64
+#else
+#define PBWD_PW256 32
+#endif
+
 #define PBWD_BM 64
 #define PBWD_BN 64
 #define PBWD_NW 8
@@ -81,9 +89,12 @@ __global__ void __launch_bounds__(PBWD_NW * 32, PortableBwdCfg<D>::MINB) bwd_por
     constexpr int WM = BM / 16;     /* query groups of phase 3 */
     constexpr int CW = D / (NW / WM); /* dQ columns a warp */
     /* dQ pieces: <= 32 accumulators live beside dK and dV */
-    constexpr int PW = CW <= 64 ? CW : CW % 64 == 0 ? 64 : 48;
+    constexpr int PW = D == 256 ? PBWD_PW256 : CW <= 64 ? CW : CW % 64 == 0 ? 64 : 48;
+    /* d256: S^T, dP^T in two parts of 16 queries (K, V fragments loaded twice)
+     * beside the 128 dK, dV accumulators: in one, ptxas spilled on sm_90a */
+    constexpr int NQS = D == 256 ? 2 : 1, QS = QW / NQS;
     static_assert(D % 64 == 0 && NW % WK == 0 && NW % WM == 0, "tile shape");
-    static_assert(DW % 16 == 0 && QW % 16 == 0 && CW % PW == 0 && PW % 16 == 0, "warp tiles");
+    static_assert(DW % 16 == 0 && QS % 16 == 0 && CW % PW == 0 && PW % 16 == 0, "warp tiles");
     extern __shared__ __align__(128) uint8_t smem[];
     constexpr uint32_t KV_B = BN * D * 2, QT_B = BM * D * 2, PT_B = BN * BM * 2;
     const uint32_t s0 = smem_u32(smem);
@@ -166,11 +177,14 @@ __global__ void __launch_bounds__(PBWD_NW * 32, PortableBwdCfg<D>::MINB) bwd_por
         const float *dsum = (const float *)(smem + O_DSUM + slot * BM * 4);
         const int h = hk * p.group + it / nm, m = m_first + it % nm;
 
-        /* 1. S^T and dP^T for keys 16 kg .. + 15, queries QW qg .. + QW - 1 */
-        {
-            float st[QW / 8][4], dpt[QW / 8][4];
+        /* 1. S^T and dP^T for keys 16 kg .. + 15, queries QW qg .. + QW - 1,
+         * in NQS parts of QS queries */
+#pragma unroll 1
+        for (int qs = 0; qs < NQS; ++qs) {
+            const int qw0 = qg * QW + qs * QS; /* the part's first query in the block */
+            float st[QS / 8][4], dpt[QS / 8][4];
 #pragma unroll
-            for (int j = 0; j < QW / 8; ++j)
+            for (int j = 0; j < QS / 8; ++j)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) st[j][e] = dpt[j][e] = 0.f;
 #pragma unroll
@@ -179,12 +193,12 @@ __global__ void __launch_bounds__(PBWD_NW * 32, PortableBwdCfg<D>::MINB) bwd_por
                 ldsm_x4(ka, ldsm_addr(s0 + O_K, (kg * 16 + pa_r) * D * 2, kk, pa_y));
                 ldsm_x4(va, ldsm_addr(s0 + O_V, (kg * 16 + pa_r) * D * 2, kk, pa_y));
 #pragma unroll
-                for (int nn = 0; nn < QW / 16; ++nn) {
+                for (int nn = 0; nn < QS / 16; ++nn) {
                     uint32_t qb[4], ob[4];
-                    ldsm_x4(qb, ldsm_addr(sQ, (qg * QW + nn * 16 + pb_r) * D * 2, kk, pb_y));
+                    ldsm_x4(qb, ldsm_addr(sQ, (qw0 + nn * 16 + pb_r) * D * 2, kk, pb_y));
                     mma_m16n8k16<BF16>(st[2 * nn], ka, qb[0], qb[1]);
                     mma_m16n8k16<BF16>(st[2 * nn + 1], ka, qb[2], qb[3]);
-                    ldsm_x4(ob, ldsm_addr(sDO, (qg * QW + nn * 16 + pb_r) * D * 2, kk, pb_y));
+                    ldsm_x4(ob, ldsm_addr(sDO, (qw0 + nn * 16 + pb_r) * D * 2, kk, pb_y));
                     mma_m16n8k16<BF16>(dpt[2 * nn], va, ob[0], ob[1]);
                     mma_m16n8k16<BF16>(dpt[2 * nn + 1], va, ob[2], ob[3]);
                 }
@@ -192,18 +206,18 @@ __global__ void __launch_bounds__(PBWD_NW * 32, PortableBwdCfg<D>::MINB) bwd_por
             /* P^T = exp2(S^T scale log2e - LSE2): a row with no key (LSE2
              * +inf) and padding get 0; keys past the sequence and past the
              * diagonal are masked to -inf on the blocks that have them */
-            const int key_lo = n0 + kg * 16 + g, qb0 = m * BM + qg * QW;
+            const int key_lo = n0 + kg * 16 + g;
             const bool need_mask = n0 + BN > len_k || (p.causal && n0 + BN - 1 > m * BM + off);
 #pragma unroll
-            for (int j = 0; j < QW / 8; ++j) {
-                const int qc = qg * QW + 8 * j + 2 * t; /* this thread's query pair in the block */
+            for (int j = 0; j < QS / 8; ++j) {
+                const int qc = qw0 + 8 * j + 2 * t; /* this thread's query pair in the block */
                 const float2 l2 = *reinterpret_cast<const float2 *>(lse2 + qc);
                 const float2 d2 = *reinterpret_cast<const float2 *>(dsum + qc);
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     float s = st[j][e] * p.scale_log2;
                     if (need_mask) {
-                        const int key = key_lo + 8 * (e >> 1), row = qb0 + 8 * j + 2 * t + (e & 1);
+                        const int key = key_lo + 8 * (e >> 1), row = m * BM + qc + (e & 1);
                         if (key >= len_k || (p.causal && key > row + off)) s = -INFINITY;
                     }
                     const float pe = exp2_approx(s - ((e & 1) ? l2.y : l2.x));
@@ -286,12 +300,19 @@ __global__ void __launch_bounds__(PBWD_NW * 32, PortableBwdCfg<D>::MINB) bwd_por
     /* dK = softmax_scale dS^T Q, dV: the group's sums, written once (zeros
      * for keys that no query sees) */
     const int64_t bo = p.cu_q ? 0 : (int64_t)b;
+    /* k0 read again (a volatile load: not kept live across the loop, where
+     * d256 has no register to spare) */
+    int ke = 0;
+    if (p.cu_k) {
+        asm volatile("ld.global.nc.s32 %0, [%1];\n" : "=r"(ke) : "l"(p.cu_k + b));
+        ke = min(max(ke, 0), p.total_k);
+    }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int key = n0 + kg * 16 + g + 8 * r;
         if (key >= len_k) continue;
-        uint16_t *dkp = p.dk + bo * p.dk_sb + (int64_t)(k0 + key) * p.dk_ss + (int64_t)hk * p.dk_sh + qg * DW + 2 * t;
-        uint16_t *dvp = p.dv + bo * p.dv_sb + (int64_t)(k0 + key) * p.dv_ss + (int64_t)hk * p.dv_sh + qg * DW + 2 * t;
+        uint16_t *dkp = p.dk + bo * p.dk_sb + (int64_t)(ke + key) * p.dk_ss + (int64_t)hk * p.dk_sh + qg * DW + 2 * t;
+        uint16_t *dvp = p.dv + bo * p.dv_sb + (int64_t)(ke + key) * p.dv_ss + (int64_t)hk * p.dv_sh + qg * DW + 2 * t;
 #pragma unroll
         for (int j = 0; j < DW / 8; ++j) {
             *reinterpret_cast<uint32_t *>(dkp + 8 * j) = pack2<BF16>(dk[j][2 * r] * p.scale, dk[j][2 * r + 1] * p.scale);
