@@ -78,28 +78,81 @@ template <int D, int NS> constexpr int portable_bwd_smem_bytes() {
     return 2 * PBWD_BN * D * 2 + NS * 2 * PBWD_BM * D * 2 + 2 * PBWD_BN * PBWD_BM * 2 + NS * 2 * PBWD_BM * 4;
 }
 
+/* The kernel's compile-time shape: warp roles per phase, shared-memory map. */
+template <int D, int NS> struct PbwdShape {
+    static constexpr int BM = PBWD_BM, BN = PBWD_BN, NW = PBWD_NW, NT = NW * 32;
+    static constexpr int WK = BN / 16;       /* key groups of 16 (phases 1, 2) */
+    static constexpr int WQ = NW / WK;       /* query parts of phase 1 = column parts of phase 2 */
+    static constexpr int QW = BM / WQ;       /* queries a warp in S^T, dP^T */
+    static constexpr int DW = D / WQ;        /* dK, dV columns a warp */
+    static constexpr int WM = BM / 16;       /* query groups of phase 3 */
+    static constexpr int CW = D / (NW / WM); /* dQ columns a warp */
+    /* dQ pieces: <= 32 accumulators live beside dK and dV */
+    static constexpr int PW = D == 256 ? PBWD_PW256 : CW <= 64 ? CW : CW % 64 == 0 ? 64 : 48;
+    /* d256: S^T, dP^T in two parts of 16 queries (K, V fragments loaded
+     * twice) beside the 128 dK, dV accumulators: in one, ptxas spilled on sm_90a */
+    static constexpr int NQS = D == 256 ? 2 : 1, QS = QW / NQS;
+    static constexpr uint32_t KV_B = BN * D * 2, QT_B = BM * D * 2, PT_B = BN * BM * 2;
+    static constexpr uint32_t O_K = 0, O_V = KV_B, O_Q = 2 * KV_B, O_DO = O_Q + NS * QT_B, O_P = O_DO + NS * QT_B,
+                              O_DS = O_P + PT_B, O_LSE = O_DS + PT_B, O_DSUM = O_LSE + NS * BM * 4;
+    static_assert(D % 64 == 0 && NW % WK == 0 && NW % WM == 0, "tile shape");
+    static_assert(DW % 16 == 0 && QS % 16 == 0 && CW % PW == 0 && PW % 16 == 0, "warp tiles");
+};
+
+/* Deterministic mode: wait until key blocks 0 .. n_block - 1 have added
+ * this query tile (every block before this one sees it if this one does). */
+__device__ __forceinline__ void pbwd_wait_turn(const int *sem, int n_block) {
+    if (threadIdx.x == 0) {
+        int v;
+        do {
+            asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(sem) : "memory");
+        } while (v != n_block);
+    }
+    __syncthreads();
+}
+
+/* dK = softmax_scale dS^T Q and dV of keys 16 kg .. + 15, columns DW qg ..
+ * + DW - 1: the group's sums, written once (zeros for keys that no query
+ * sees).  k0 is read again (a volatile load: not kept live across the
+ * loop, where d256 has no register to spare). */
+template <int DW, bool BF16>
+__device__ __forceinline__ void pbwd_store(const PortableBwdParams &p, int b, int hk, int n0, int len_k, int kg, int qg,
+                                           int g, int t, const float (&dv)[DW / 8][4], const float (&dk)[DW / 8][4]) {
+    using namespace portable;
+    const int64_t bo = p.cu_q ? 0 : (int64_t)b;
+    int ke = 0;
+    if (p.cu_k) {
+        asm volatile("ld.global.nc.s32 %0, [%1];\n" : "=r"(ke) : "l"(p.cu_k + b));
+        ke = min(max(ke, 0), p.total_k);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int key = n0 + kg * 16 + g + 8 * r;
+        if (key >= len_k) continue;
+        uint16_t *dkp = p.dk + bo * p.dk_sb + (int64_t)(ke + key) * p.dk_ss + (int64_t)hk * p.dk_sh + qg * DW + 2 * t;
+        uint16_t *dvp = p.dv + bo * p.dv_sb + (int64_t)(ke + key) * p.dv_ss + (int64_t)hk * p.dv_sh + qg * DW + 2 * t;
+#pragma unroll
+        for (int j = 0; j < DW / 8; ++j) {
+            *reinterpret_cast<uint32_t *>(dkp + 8 * j) = pack2<BF16>(dk[j][2 * r] * p.scale, dk[j][2 * r + 1] * p.scale);
+            *reinterpret_cast<uint32_t *>(dvp + 8 * j) = pack2<BF16>(dv[j][2 * r], dv[j][2 * r + 1]);
+        }
+    }
+}
+
+/* The main kernel (top of file).  The lane patterns of ldmatrix
+ * (portable::ldsm_addr): PA gives the A fragment of a row-major tile (and,
+ * .trans, the B fragment of a [k][n] tile), PB the B fragments of two 8-row
+ * n tiles (and, .trans, the A fragment of a [k][m] tile). */
 template <int D, int NS, bool BF16>
 __global__ void __launch_bounds__(PBWD_NW * 32, PortableBwdCfg<D>::MINB) bwd_portable_kernel(const PortableBwdParams p) {
     using namespace portable;
-    constexpr int BM = PBWD_BM, BN = PBWD_BN, NW = PBWD_NW, NT = NW * 32;
-    constexpr int WK = BN / 16;     /* key groups of 16 (phases 1, 2) */
-    constexpr int WQ = NW / WK;     /* query parts of phase 1 = column parts of phase 2 */
-    constexpr int QW = BM / WQ;     /* queries a warp in S^T, dP^T */
-    constexpr int DW = D / WQ;      /* dK, dV columns a warp */
-    constexpr int WM = BM / 16;     /* query groups of phase 3 */
-    constexpr int CW = D / (NW / WM); /* dQ columns a warp */
-    /* dQ pieces: <= 32 accumulators live beside dK and dV */
-    constexpr int PW = D == 256 ? PBWD_PW256 : CW <= 64 ? CW : CW % 64 == 0 ? 64 : 48;
-    /* d256: S^T, dP^T in two parts of 16 queries (K, V fragments loaded twice)
-     * beside the 128 dK, dV accumulators: in one, ptxas spilled on sm_90a */
-    constexpr int NQS = D == 256 ? 2 : 1, QS = QW / NQS;
-    static_assert(D % 64 == 0 && NW % WK == 0 && NW % WM == 0, "tile shape");
-    static_assert(DW % 16 == 0 && QS % 16 == 0 && CW % PW == 0 && PW % 16 == 0, "warp tiles");
+    using S = PbwdShape<D, NS>;
+    constexpr int BM = S::BM, BN = S::BN, NT = S::NT, WK = S::WK, QW = S::QW, DW = S::DW, WM = S::WM, CW = S::CW,
+                  PW = S::PW, NQS = S::NQS, QS = S::QS;
     extern __shared__ __align__(128) uint8_t smem[];
-    constexpr uint32_t KV_B = BN * D * 2, QT_B = BM * D * 2, PT_B = BN * BM * 2;
     const uint32_t s0 = smem_u32(smem);
-    constexpr uint32_t O_K = 0, O_V = KV_B, O_Q = 2 * KV_B, O_DO = O_Q + NS * QT_B, O_P = O_DO + NS * QT_B,
-                       O_DS = O_P + PT_B, O_LSE = O_DS + PT_B, O_DSUM = O_LSE + NS * BM * 4;
+    constexpr uint32_t QT_B = S::QT_B, O_K = S::O_K, O_V = S::O_V, O_Q = S::O_Q, O_DO = S::O_DO, O_P = S::O_P,
+                       O_DS = S::O_DS, O_LSE = S::O_LSE, O_DSUM = S::O_DSUM;
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
@@ -124,10 +177,7 @@ __global__ void __launch_bounds__(PBWD_NW * 32, PortableBwdCfg<D>::MINB) bwd_por
     const int nm = m_end - m_first, T = nm * p.group; /* iterations: (query head, query block) */
     const int64_t bb = p.cu_q ? 0 : (int64_t)b;
 
-    /* the lane patterns of ldmatrix (portable::ldsm_addr): PA gives the A
-     * fragment of a row-major tile (and, .trans, the B fragment of a
-     * [k][n] tile), PB the B fragments of two 8-row n tiles (and, .trans,
-     * the A fragment of a [k][m] tile) */
+    /* this lane's ldmatrix patterns PA, PB (above) */
     const uint32_t x7 = lane & 7, hi3 = (lane >> 3) & 1, hi4 = lane >> 4;
     const uint32_t pa_r = x7 + hi3 * 8, pa_y = x7 ^ hi4, pb_r = x7 + hi4 * 8, pb_y = x7 ^ hi3;
     const int kg = warp % WK, qg = warp / WK; /* phases 1, 2: qg is the query part, then the column part */
@@ -255,17 +305,7 @@ __global__ void __launch_bounds__(PBWD_NW * 32, PortableBwdCfg<D>::MINB) bwd_por
 
         /* 3. dQ += dS K for queries 16 mg .. + 15, columns CW cg .. + CW - 1 */
         const size_t tile = p.cu_q ? (size_t)h * p.rb_total + rb + m : ((size_t)b * p.heads_q + h) * p.m_blocks + m;
-        if (p.deterministic) {
-            /* key blocks add in order: every block before this one sees query block m */
-            if (tid == 0) {
-                const int *sem = p.dq_sem + tile;
-                int v;
-                do {
-                    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(sem) : "memory");
-                } while (v != n_block);
-            }
-            __syncthreads();
-        }
+        if (p.deterministic) pbwd_wait_turn(p.dq_sem + tile, n_block);
         float *dq_tile = p.dq_acc + tile * (size_t)(BM * D);
 #pragma unroll
         for (int pc = 0; pc < CW / PW; ++pc) {
@@ -297,26 +337,5 @@ __global__ void __launch_bounds__(PBWD_NW * 32, PortableBwdCfg<D>::MINB) bwd_por
     }
     cp_async_wait<0>();
 
-    /* dK = softmax_scale dS^T Q, dV: the group's sums, written once (zeros
-     * for keys that no query sees) */
-    const int64_t bo = p.cu_q ? 0 : (int64_t)b;
-    /* k0 read again (a volatile load: not kept live across the loop, where
-     * d256 has no register to spare) */
-    int ke = 0;
-    if (p.cu_k) {
-        asm volatile("ld.global.nc.s32 %0, [%1];\n" : "=r"(ke) : "l"(p.cu_k + b));
-        ke = min(max(ke, 0), p.total_k);
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const int key = n0 + kg * 16 + g + 8 * r;
-        if (key >= len_k) continue;
-        uint16_t *dkp = p.dk + bo * p.dk_sb + (int64_t)(ke + key) * p.dk_ss + (int64_t)hk * p.dk_sh + qg * DW + 2 * t;
-        uint16_t *dvp = p.dv + bo * p.dv_sb + (int64_t)(ke + key) * p.dv_ss + (int64_t)hk * p.dv_sh + qg * DW + 2 * t;
-#pragma unroll
-        for (int j = 0; j < DW / 8; ++j) {
-            *reinterpret_cast<uint32_t *>(dkp + 8 * j) = pack2<BF16>(dk[j][2 * r] * p.scale, dk[j][2 * r + 1] * p.scale);
-            *reinterpret_cast<uint32_t *>(dvp + 8 * j) = pack2<BF16>(dv[j][2 * r], dv[j][2 * r + 1]);
-        }
-    }
+    pbwd_store<DW, BF16>(p, b, hk, n0, len_k, kg, qg, g, t, dv, dk);
 }
