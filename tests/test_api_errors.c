@@ -593,7 +593,7 @@ static void test_cuda_varlen_unread(void) {
 #ifdef FATTN_WITH_CUDA
     /* the forward serves varlen given total_q/total_k (not given here) */
     const fattn_status want = UNS, want_fwd = INV;
-    const char *fwd_word = "needs total_q and total_k", *bwd_word = "backward";
+    const char *fwd_word = "needs total_q and (with cu_seqlens_k) total_k", *bwd_word = "backward";
 #else
     const fattn_status want_fwd = FATTN_ERROR_NO_DEVICE;
     const fattn_status want = FATTN_ERROR_NO_DEVICE;

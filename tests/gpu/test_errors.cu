@@ -125,7 +125,8 @@ int main(void) {
     int32_t hcu[2] = {0, S};
     cudaMemcpy(cu, hcu, 8, cudaMemcpyHostToDevice);
     a = good; a.p.cu_seqlens_q = cu; a.p.cu_seqlens_k = cu;
-    expect(ctx, &a, FATTN_ERROR_INVALID_ARGUMENT, "needs total_q and total_k", "varlen on the CUDA engine without totals");
+    expect(ctx, &a, FATTN_ERROR_INVALID_ARGUMENT, "needs total_q and (with cu_seqlens_k) total_k",
+           "varlen on the CUDA engine without totals");
     static int32_t host_cu[2] = {0, S};
     a = good; a.p.cu_seqlens_q = host_cu; a.p.cu_seqlens_k = cu; a.p.total_q = a.p.total_k = S;
     expect(ctx, &a, FATTN_ERROR_INVALID_ARGUMENT, "cu_seqlens_q", "varlen with host cu_seqlens on a CUDA context");
