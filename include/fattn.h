@@ -184,9 +184,10 @@ typedef struct fattn_ctx fattn_ctx;
  * backend).  AUTO picks CUDA when the library was built with CUDA and device
  * `device` is a Hopper GPU (sm_90), otherwise the CPU.  CUDA asked for runs,
  * on sm_90, the Hopper engine and, on every other GPU from sm_80 on, the
- * portable engine: the 16-bit forward only (head dims 64, 128, 192, 256; causal,
- * GQA, varlen, seqused_k, LSE), everything else UNSUPPORTED; not yet run on
- * a GPU at 0.3.0 (docs/status.md).
+ * portable engine: the 16-bit forward (head dims 64, 128, 192, 256; causal,
+ * GQA, varlen, seqused_k, LSE) and backward (the same head dims; causal,
+ * GQA, varlen, deterministic), everything else UNSUPPORTED; its backward is
+ * not yet run on a GPU (docs/status.md).
  * Fails with INVALID_ARGUMENT (ctx NULL, unknown backend, device < 0, a bad
  * FATTN_CUDA_ENGINE), NO_DEVICE (CUDA asked for and unavailable), UNSUPPORTED
  * (CUDA asked for on a GPU older than sm_80, or FATTN_CUDA_ENGINE=hopper on
@@ -896,6 +897,13 @@ FATTN_API fattn_status fattn_kv_append(fattn_ctx *ctx, const fattn_kv_append_arg
  *          workspace than earlier calls made answers UNSUPPORTED (make one such
  *          call before the capture).  Calls on one context share it and run
  *          one after another, whatever stream each was issued on.
+ *          CUDA (portable engine, sm_80 on): bf16 / f16, head_dim ==
+ *          head_dim_v in {64, 128, 192, 256} (192 and 256 need the shared
+ *          memory of an A100 or Hopper: UNSUPPORTED on sm_86/89), causal,
+ *          GQA, fixed-length or variable-length batches, deterministic,
+ *          batch and heads_q <= 65535; the same alignment, workspace and
+ *          graph-capture rules as above; window, softcap, dsink, seqused_q
+ *          and seqused_k UNSUPPORTED.
  */
 typedef struct fattn_bwd_args {
     fattn_problem p;

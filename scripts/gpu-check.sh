@@ -90,13 +90,18 @@ step "compute-sanitizer (small shapes)"
       echo "$tool $t rc=${PIPESTATUS[0]}"
     done
     # the portable engine (issue 41), forced on this GPU: its own test, and
-    # the varlen forward through it
+    # the varlen forward and backward and the backward tests through it
     echo "--- $tool gpu_test_portable_fwd"
     FATTN_TEST_SMALL=1 timeout 600 compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/tests/gpu_test_portable_fwd" 2>&1 | tail -6
     echo "$tool gpu_test_portable_fwd rc=${PIPESTATUS[0]}"
     echo "--- $tool gpu_test_varlen (FATTN_CUDA_ENGINE=portable)"
     FATTN_CUDA_ENGINE=portable FATTN_TEST_SMALL=1 timeout 600 compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/tests/gpu_test_varlen" 2>&1 | tail -6
     echo "$tool gpu_test_varlen portable rc=${PIPESTATUS[0]}"
+    for t in gpu_test_bwd gpu_test_bwd_hdims; do
+      echo "--- $tool $t (FATTN_CUDA_ENGINE=portable)"
+      FATTN_CUDA_ENGINE=portable FATTN_TEST_SMALL=1 timeout 600 compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/tests/$t" 2>&1 | tail -6
+      echo "$tool $t portable rc=${PIPESTATUS[0]}"
+    done
   done
   if { want sanitizer || want racecheck; } && [ -x "$BUILD/tests/gpu_test_primitives" ]; then
     echo "--- racecheck primitives"

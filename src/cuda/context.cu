@@ -13,10 +13,9 @@
 /* ---- device / context ----------------------------------------------------- */
 
 /* AUTO's choice: still Hopper only.  An explicit FATTN_BACKEND_CUDA context
- * runs the portable engine on any other sm_80+ GPU, but that engine has no
- * backward yet, and AUTO on such a GPU would take fattn_bwd away from callers
- * who get it from the CPU today: AUTO moves when the portable backward
- * lands (issue 41). */
+ * runs the portable engine on any other sm_80+ GPU; its backward has not run
+ * on a GPU yet, and AUTO on such a GPU would hand fattn_bwd from the CPU to
+ * it: AUTO moves when the portable backward has passed its tests (issue 41). */
 extern "C" int fattn_cuda_available(int device) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {

@@ -9,6 +9,7 @@
 
 #include "cuda_engine.h"
 #include "hopper/fwd/fwd_sm90_dispatch.h"
+#include "portable/bwd_portable.h"
 #include "portable/fwd_portable.h"
 
 /* ---- limits ------------------------------------------------------------------ */
@@ -326,19 +327,59 @@ extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_arg
  * run the d128 and d256 kernels, BwdOpts.hd and hdv). */
 static const int bwd_head_dims[] = {64, 96, 128, 192, 256};
 
+/* The portable backward (portable/bwd_portable.cuh) on this context's GPU:
+ * what its forward serves (16-bit, head_dim == head_dim_v of
+ * bwd_portable_head_dims, causal, GQA, varlen) and the deterministic mode;
+ * no variants (window, softcap, dsink) yet. */
+static fattn_status portable_bwd_check(fattn_ctx *ctx, const fattn_bwd_args *a) {
+    const fattn_problem *p = &a->p;
+    const int sm = ((const fattn_cuda_state *)ctx->cuda)->sm;
+    char list[64];
+    if (a->q.dtype != FATTN_DTYPE_BF16 && a->q.dtype != FATTN_DTYPE_F16)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "q.dtype %s is not supported by the portable CUDA engine's backward (sm_%d); supported: "
+                          "bf16, f16",
+                          fattn_dtype_name(a->q.dtype), sm);
+    /* learnable_sink alone is not read (dq, dk, dv need only the forward's o
+     * and lse), as on the Hopper engine: only dsink is sink arithmetic */
+    if (p->window || p->softcap != 0.0f || a->dsink)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "%s: the portable CUDA engine (sm_%d) has no backward variants (window, softcap, dsink) "
+                          "yet; the Hopper engine and the CPU engine serve them",
+                          p->window ? "window" : p->softcap != 0.0f ? "softcap" : "dsink", sm);
+    if (p->head_dim != p->head_dim_v)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "head_dim %d != head_dim_v %d is not supported by the portable CUDA engine's backward (sm_%d)",
+                          p->head_dim, p->head_dim_v, sm);
+    bool ok = false;
+    for (int i = 0; i < COUNT(bwd_portable_head_dims); ++i) ok = ok || p->head_dim == bwd_portable_head_dims[i];
+    if (!ok)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "head_dim %d is not supported by the portable CUDA engine's backward (sm_%d); supported: %s",
+                          p->head_dim, sm,
+                          list_ints(list, sizeof list, bwd_portable_head_dims, COUNT(bwd_portable_head_dims)));
+    /* grids (key blocks, heads_kv, batch) and, varlen, (query blocks, heads_q, batch) */
+    if (p->batch > 65535 || p->heads_q > 65535)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "batch %d, heads_q %d: the portable CUDA backward takes at most 65535 of each", p->batch,
+                          p->heads_q);
+    /* the workspace's 64-row blocks are counted in an int */
+    if ((p->cu_seqlens_q || p->cu_seqlens_k) && (int64_t)p->heads_q * ((p->total_q + 64LL * p->batch) / 64 + 1) > INT32_MAX)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "variable-length batch: heads_q x (total_q / 64 + batch) exceeds 2^31 - 1 row blocks for the "
+                          "portable CUDA backward");
+    return FATTN_OK;
+}
+
 extern "C" fattn_status fattn_cuda_bwd_check(fattn_ctx *ctx, const fattn_bwd_args *a) {
     const fattn_problem *p = &a->p;
     char list[64];
-    if (portable_engine(ctx))
-        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                          "the portable CUDA engine (sm_%d) has no backward yet (issue 41); the Hopper engine (sm_90) "
-                          "and the CPU engine have one",
-                          ((const fattn_cuda_state *)ctx->cuda)->sm);
     fattn_status ss = check_serving_fields(ctx, p, a->seqused_q, NULL, NULL, NULL, false, "backward");
     if (ss != FATTN_OK) return ss;
     if (a->seqused_k)
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                           "seqused_k is not supported by the CUDA engine's backward yet (the CPU engine serves it)");
+    if (portable_engine(ctx)) return portable_bwd_check(ctx, a);
     /* learnable_sink alone is not read by the backward (dq, dk, dv come from
      * the sink-inclusive lse and o): only dsink asks for sink arithmetic */
     fattn_status vs = check_bwd_variants(ctx, a);
@@ -480,5 +521,6 @@ extern "C" fattn_status fattn_cuda_bwd(fattn_ctx *ctx, const fattn_bwd_args *a) 
     if (a->p.cu_seqlens_q && ((s = cuda_check_device_ptr(ctx, a->p.cu_seqlens_q, "cu_seqlens_q")) != FATTN_OK ||
                               (s = cuda_check_device_ptr(ctx, a->p.cu_seqlens_k, "cu_seqlens_k")) != FATTN_OK))
         return s;
+    if (portable_engine(ctx)) return bwd_portable_launch(ctx, a);
     return bwd_sm90_launch(ctx, a);
 }

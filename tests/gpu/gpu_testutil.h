@@ -46,8 +46,9 @@ static inline fattn_ctx *gpu_ctx_or_skip(void) {
 }
 
 /* Whether FATTN_CUDA_ENGINE=portable forces the portable engine (issue 41)
- * on this run: ctest runs the forward tests again so (tests/CMakeLists.txt),
- * and they skip what that engine refuses (the backward, FP8, variants). */
+ * on this run: ctest runs the forward and backward tests again so
+ * (tests/CMakeLists.txt), and they skip what that engine refuses (FP8,
+ * variants, head dim 96, head_dim_v != head_dim). */
 static inline int gpu_portable_forced(void) {
     const char *e = getenv("FATTN_CUDA_ENGINE");
     return e && strcmp(e, "portable") == 0;

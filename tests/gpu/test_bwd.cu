@@ -1,4 +1,4 @@
-/* test_bwd.cu - the Hopper 16-bit backward (fattn_bwd on a CUDA context)
+/* test_bwd.cu - the CUDA 16-bit backward (fattn_bwd on a CUDA context)
  * against an FP64 oracle of the gradients.
  *
  * Each case draws q, k, v and dout (N(0, 1), rounded to bf16 or f16), runs
@@ -73,6 +73,9 @@
  * other status but FATTN_OK fails.  Exit 77 (ctest: skipped) without a Hopper
  * GPU, or while the CUDA engine has no backward at all (UNSUPPORTED for a
  * small d64 bf16 call); FATTN_REQUIRE_GPU=1 makes both a failure.
+ * FATTN_CUDA_ENGINE=portable (a ctest entry of its own, tests/CMakeLists.txt):
+ * the same cases on the portable backward (issue 41), whatever sm_80+ GPU
+ * runs them.
  * FATTN_TEST_SMALL=1 runs the small shapes only (compute-sanitizer runs);
  * FATTN_TEST_SEED=N or =random draws other inputs. */
 #include <cuda_runtime.h>

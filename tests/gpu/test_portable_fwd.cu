@@ -11,8 +11,10 @@
  * element of O's buffer poisoned with 0xFF bytes before the call, the view
  * checked against the oracle with gpu_check_fwd's tolerances (the Hopper
  * forward's), the gaps checked untouched.  Then what the engine refuses
- * (UNSUPPORTED, nothing written): the backward, a window, softcap, head dim
- * 96; and FATTN_CUDA_ENGINE values.  Exit 77 without an sm_80+ GPU
+ * (UNSUPPORTED, nothing written): a window, softcap, head dim 96, in the
+ * forward and (a window) the backward; and FATTN_CUDA_ENGINE values.  Its
+ * backward is checked by test_bwd, test_bwd_hdims and test_varlen, which
+ * ctest reruns with FATTN_CUDA_ENGINE=portable.  Exit 77 without an sm_80+ GPU
  * (FATTN_REQUIRE_GPU=1: a failure); FATTN_TEST_SMALL=1: small shapes only
  * (compute-sanitizer). */
 #include <cuda_runtime.h>
@@ -198,16 +200,18 @@ static void refusals(fattn_ctx *ctx) {
     g.p = a.p, g.q = a.q, g.k = a.k, g.v = a.v, g.o = a.o, g.lse = lse;
     g.dout = fattn_tensor_bshd(buf[4], BF);
     g.dq = fattn_tensor_bshd(buf[5], BF), g.dk = fattn_tensor_bshd(buf[6], BF), g.dv = fattn_tensor_bshd(buf[7], BF);
+    g.p.window = 1, g.p.window_left = 8, g.p.window_right = -1; /* the backward has no variants either */
     const fattn_status sb = fattn_bwd(ctx, &g);
     TU_CHECK(sb == FATTN_ERROR_UNSUPPORTED && strstr(fattn_last_error(ctx), "portable"),
-             "portable bwd: %s (%s), expected UNSUPPORTED naming the portable engine", fattn_status_string(sb),
-             fattn_last_error(ctx));
-    printf("  backward: %s: %s\n", fattn_status_string(sb), fattn_last_error(ctx));
+             "portable bwd with a window: %s (%s), expected UNSUPPORTED naming the portable engine",
+             fattn_status_string(sb), fattn_last_error(ctx));
+    printf("  backward with a window: %s: %s\n", fattn_status_string(sb), fattn_last_error(ctx));
     for (int i = 5; i < 8; ++i) {
         CK(cudaMemcpy(h.data(), buf[i], n * 2 * 2, cudaMemcpyDeviceToHost));
         size_t changed = 0;
         for (size_t j = 0; j < n * 2; ++j) changed += h[j] != 0x5A5A;
-        TU_CHECK(changed == 0, "portable bwd: refused, yet %zu elements of d%c written", changed, "qkv"[i - 5]);
+        TU_CHECK(changed == 0, "portable bwd with a window: refused, yet %zu elements of d%c written", changed,
+                 "qkv"[i - 5]);
     }
     for (int i = 0; i < 8; ++i) cudaFree(buf[i]);
     cudaFree(lse);

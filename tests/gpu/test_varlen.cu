@@ -15,8 +15,8 @@
  * the CUDA engine refuses a varlen call without total_q/total_k, with O left
  * as it was; and arrays that break the rules run safely (check_bad_cu).  Exit 77 without a Hopper GPU (FATTN_REQUIRE_GPU=1: a failure);
  * FATTN_TEST_SMALL=1: the small cases only (compute-sanitizer).
- * FATTN_CUDA_ENGINE=portable (a ctest entry of its own): the forward on the
- * portable engine, the backward checks skipped (it has none yet). */
+ * FATTN_CUDA_ENGINE=portable (a ctest entry of its own): the forward and
+ * the backward on the portable engine (head dims 64, 128, 192, 256). */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
@@ -181,8 +181,7 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const vcase &c) {
     gpu_check_fwd(what, c.dt, got.data(), ref.data(), no, DV, glse.data(), ref_lse.data(), nlse);
     double work = 0; /* score entries: the single-threaded oracle's cost */
     for (int b = 0; b < B; ++b) work += (double)c.lq[b] * c.lk[b];
-    /* the portable engine has no backward yet (gpu_portable_forced) */
-    if (work * HQ * D <= 4e9 && c.used.empty() && !gpu_portable_forced()) check_bwd(ctx, rng, c, a, op, q, k, v, what);
+    if (work * HQ * D <= 4e9 && c.used.empty()) check_bwd(ctx, rng, c, a, op, q, k, v, what);
     if (c.lq.size() == 3 && c.d == 64) {
         /* the same call without the totals: refused, O untouched */
         CK(cudaMemset(dout, 0x5A, nq * 2));
@@ -239,7 +238,7 @@ static void check_bad_cu(fattn_ctx *ctx) {
             g.dout = fattn_tensor_bshd(buf[4], BF);
             g.dq = fattn_tensor_bshd(buf[5], BF), g.dk = fattn_tensor_bshd(buf[6], BF), g.dv = fattn_tensor_bshd(buf[7], BF);
             const fattn_status sf = fattn_fwd(ctx, &a);
-            const fattn_status sb = sf == FATTN_OK && !gpu_portable_forced() ? fattn_bwd(ctx, &g) : sf;
+            const fattn_status sb = sf == FATTN_OK ? fattn_bwd(ctx, &g) : sf;
             const cudaError_t e = cudaDeviceSynchronize();
             ++tried;
             ok += sf == FATTN_OK && sb == FATTN_OK && e == cudaSuccess;

@@ -1,9 +1,16 @@
 /* bwd_prepost.cuh - the kernels around the backward's main kernel: the
  * preprocess (D = rowsum(dO O) and the LSE in log2 units, per query row)
  * and the postprocess (dQ = softmax_scale dQ_acc in the output dtype, from
- * the fp32 tiles in bwd_dq_index's order), fixed-length and VARLEN. */
+ * the fp32 tiles in bwd_dq_index's order), fixed-length and VARLEN.  Plain
+ * CUDA on sm_80's instructions: the portable backward launches them too. */
 #pragma once
-#include "bwd_traits.cuh"
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "../../common/bwd_layout.cuh"
+#include "../../common/varlen.cuh"
 
 template <bool BF16>
 __device__ __forceinline__ float bwd_load16(uint16_t x) {

@@ -4,6 +4,7 @@
  * bwd_sm90.cuh. */
 #pragma once
 #include "../../common/ptx.cuh"
+#include "../../common/bwd_layout.cuh"
 #include "../../common/varlen.cuh"
 
 struct BwdParams {
@@ -36,11 +37,6 @@ struct BwdParams {
     int win_left, win_right;
     float cap_a, cap_b, cap_t;
 };
-
-/* sequence b's first 64-row block of the dQ tiles, LSE and D (BM = 64): the
- * sequences' ranges cannot overlap, and all lie below rb_total =
- * (total_q + 64 batch) / 64 + 1 */
-__device__ __forceinline__ int bwd_varlen_rb(int q0, int b) { return (int)(((int64_t)q0 + 64 * (int64_t)b) / 64); }
 
 /* the tile's sequence in the packed tensors (fixed length: all 0) */
 struct BwdSeq {
@@ -150,20 +146,6 @@ struct BwdCfg {
     static_assert(!SPLIT_D || (DQ_TILE_BYTES == STAGE_STRIDE && DQ_STAGES == STAGES && DQ_N == DKV_N && BN == BM),
                   "d256: the dQ tile of 64 queries x 256 fills a Q/dO stage; 64 x 64 P^T and dS^T");
 };
-
-/* Where element (row, col) of a 64-row dQ tile lives in the fp32 accumulator
- * (shared and global memory alike): in the order the consumers hold it, so
- * that a warp's stores are 512 contiguous bytes and the writer adds a whole
- * tile with one bulk reduce-add (FA3's permuted dQ accumulator):
- * [column part of `width` columns][warp][8-column group][lane][4], lane =
- * 4 (row % 8) + (col % 8) / 2, element 2 ((row % 16) / 8) + col % 2; width
- * is the columns of one consumer's dQ tile (BwdCfg::DQ_N). */
-__host__ __device__ __forceinline__ int bwd_dq_index(int row, int col, int width) {
-    const int part = col / width, c = col % width;
-    const int wq = row / 16, r = row % 16;
-    const int lane = 4 * (r % 8) + (c % 8) / 2, e = 2 * (r / 8) + c % 2;
-    return (((part * 4 + wq) * (width / 8) + c / 8) * 32 + lane) * 4 + e;
-}
 
 template <class C>
 struct BwdSmem {

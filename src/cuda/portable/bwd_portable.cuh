@@ -1,0 +1,341 @@
+/* bwd_portable.cuh - the portable 16-bit backward (issue 41): FlashAttention-2's
+ * backward on what every NVIDIA GPU from sm_80 on has (mma.sync m16n8k16,
+ * cp.async, ldmatrix), beside the forward of fwd_portable.cuh.  One CTA of
+ * 8 warps per (key block of BN = 64 keys, kv head, batch entry); K and V
+ * stay in shared memory while the CTA loops over the group's query heads
+ * and, for each, the query blocks (BM = 64) that see its keys, Q, dO, the
+ * LSE and D of block i + NS - 1 in flight (cp.async ring) while block i is used:
+ *
+ *   1. S^T = K Q^T, dP^T = V dO^T: warp (key group kg, query half qg) takes
+ *      16 keys x 32 queries of both; P^T = exp2(S^T scale log2e - LSE2),
+ *      dS^T = P^T (dP^T - D) in registers, both stored as 16-bit [key][query]
+ *      tiles (the dV and dK products reduce over all 64 queries, which no
+ *      one warp holds).
+ *   2. dV += P^T dO, dK += dS^T Q: warp (kg, column half dg) owns 16 keys x
+ *      D / 2 columns of each in fp32 registers for the whole CTA (GQA: the
+ *      group's sum, so dK and dV are written once, with no workspace).
+ *   3. dQ += dS K: warp (16-query group, column half) in pieces of <= 64
+ *      columns, added to the fp32 workspace tile with atomics in
+ *      bwd_dq_index's order (each warp's 4 floats a lane, 512 contiguous
+ *      bytes); deterministic: the CTA first waits for its turn on the query
+ *      tile's counter (key blocks in order 0, 1, ..., as the Hopper
+ *      backward's bwd_dq_turn without SPT).
+ *
+ * The preprocess (D, LSE in log2 units) and the postprocess (dQ to 16 bits,
+ * times softmax_scale) are the Hopper backward's (hopper/bwd/bwd_prepost.cuh),
+ * on the same workspace layout (64-row blocks, bwd_layout.cuh).  Shared
+ * tiles are swizzled as the forward's (portable::swz); P^T and dS^T rows are
+ * 64 elements, one 128-byte group. */
+#pragma once
+#include "../common/bwd_layout.cuh"
+#include "fwd_portable.cuh"
+
+/* What the kernel reads, filled by bwd_portable_launch (bwd_portable.cu). */
+struct PortableBwdParams {
+    const uint16_t *q, *k, *v, *dout;
+    uint16_t *dk, *dv;
+    int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, do_sb, do_ss, do_sh; /* elements */
+    int64_t dk_sb, dk_ss, dk_sh, dv_sb, dv_ss, dv_sh;
+    float *dq_acc;     /* fp32 64 x D tiles, bwd_dq_index's order (width D), zeroed */
+    const float *lse2; /* per 64-row block: LSE log2 e, +inf where the row saw no key or is padding */
+    const float *dsum; /* the same rows: rowsum(dO O) */
+    int *dq_sem;       /* deterministic: one counter per dQ tile, zeroed */
+    int seqlen_q, seqlen_k; /* fixed length: the lengths; varlen: the longest */
+    int heads_q, group, m_blocks; /* m_blocks: fixed length's 64-row blocks per (batch, head) */
+    const int *cu_q, *cu_k; /* both or neither */
+    int total_q, total_k, rb_total; /* varlen: packed rows, the workspace's blocks per head */
+    float scale, scale_log2; /* softmax_scale, x log2(e) */
+    int causal, deterministic;
+};
+
+/* The tile shape of a head dim: 64 keys a CTA, 64 queries an iteration, 8
+ * warps; NS ring slots of Q and dO where the device's shared memory per
+ * block holds them, NS_SMALL else (0: none smaller).  Bytes
+ * (portable_bwd_smem_bytes): d64 66,560; d128 115,712 (NS 2) or 82,432
+ * (sm_86/89's 99 KB); d192 164,864 (A100's 163 KB); d256 214,016 (H100/H200)
+ * or 147,968 (A100); d192 and d256 do not fit sm_86/89.  MINB: CTAs per SM
+ * for the register bound (d128 at 2, 128 registers, spills). */
+template <int D> struct PortableBwdCfg;
+template <> struct PortableBwdCfg<64> { static constexpr int NS = 2, NS_SMALL = 2, MINB = 2; };
+template <> struct PortableBwdCfg<128> { static constexpr int NS = 2, NS_SMALL = 1, MINB = 1; };
+template <> struct PortableBwdCfg<192> { static constexpr int NS = 2, NS_SMALL = 0, MINB = 1; };
+template <> struct PortableBwdCfg<256> { static constexpr int NS = 2, NS_SMALL = 1, MINB = 1; };
+
+/* d256's dQ pieces: the width without spills beside its 128 dK, dV
+ * accumulators, by ptxas (nvcc 13.0) per target */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PBWD_PW256 64
+#else
+#define PBWD_PW256 32
+#endif
+
+#define PBWD_BM 64
+#define PBWD_BN 64
+#define PBWD_NW 8
+
+/* K, V; NS x (Q, dO); P^T, dS^T; NS x (LSE2, D) */
+template <int D, int NS> constexpr int portable_bwd_smem_bytes() {
+    return 2 * PBWD_BN * D * 2 + NS * 2 * PBWD_BM * D * 2 + 2 * PBWD_BN * PBWD_BM * 2 + NS * 2 * PBWD_BM * 4;
+}
+
+/* The kernel's compile-time shape: warp roles per phase, shared-memory map. */
+template <int D, int NS> struct PbwdShape {
+    static constexpr int BM = PBWD_BM, BN = PBWD_BN, NW = PBWD_NW, NT = NW * 32;
+    static constexpr int WK = BN / 16;       /* key groups of 16 (phases 1, 2) */
+    static constexpr int WQ = NW / WK;       /* query parts of phase 1 = column parts of phase 2 */
+    static constexpr int QW = BM / WQ;       /* queries a warp in S^T, dP^T */
+    static constexpr int DW = D / WQ;        /* dK, dV columns a warp */
+    static constexpr int WM = BM / 16;       /* query groups of phase 3 */
+    static constexpr int CW = D / (NW / WM); /* dQ columns a warp */
+    /* dQ pieces: <= 32 accumulators live beside dK and dV */
+    static constexpr int PW = D == 256 ? PBWD_PW256 : CW <= 64 ? CW : CW % 64 == 0 ? 64 : 48;
+    /* d256: S^T, dP^T in two parts of 16 queries (K, V fragments loaded
+     * twice) beside the 128 dK, dV accumulators: in one, ptxas spilled on sm_90a */
+    static constexpr int NQS = D == 256 ? 2 : 1, QS = QW / NQS;
+    static constexpr uint32_t KV_B = BN * D * 2, QT_B = BM * D * 2, PT_B = BN * BM * 2;
+    static constexpr uint32_t O_K = 0, O_V = KV_B, O_Q = 2 * KV_B, O_DO = O_Q + NS * QT_B, O_P = O_DO + NS * QT_B,
+                              O_DS = O_P + PT_B, O_LSE = O_DS + PT_B, O_DSUM = O_LSE + NS * BM * 4;
+    static_assert(D % 64 == 0 && NW % WK == 0 && NW % WM == 0, "tile shape");
+    static_assert(DW % 16 == 0 && QS % 16 == 0 && CW % PW == 0 && PW % 16 == 0, "warp tiles");
+};
+
+/* Deterministic mode: wait until key blocks 0 .. n_block - 1 have added
+ * this query tile (every block before this one sees it if this one does). */
+__device__ __forceinline__ void pbwd_wait_turn(const int *sem, int n_block) {
+    if (threadIdx.x == 0) {
+        int v;
+        do {
+            asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(sem) : "memory");
+        } while (v != n_block);
+    }
+    __syncthreads();
+}
+
+/* dK = softmax_scale dS^T Q and dV of keys 16 kg .. + 15, columns DW qg ..
+ * + DW - 1: the group's sums, written once (zeros for keys that no query
+ * sees).  k0 is read again (a volatile load: not kept live across the
+ * loop, where d256 has no register to spare). */
+template <int DW, bool BF16>
+__device__ __forceinline__ void pbwd_store(const PortableBwdParams &p, int b, int hk, int n0, int len_k, int kg, int qg,
+                                           int g, int t, const float (&dv)[DW / 8][4], const float (&dk)[DW / 8][4]) {
+    using namespace portable;
+    const int64_t bo = p.cu_q ? 0 : (int64_t)b;
+    int ke = 0;
+    if (p.cu_k) {
+        asm volatile("ld.global.nc.s32 %0, [%1];\n" : "=r"(ke) : "l"(p.cu_k + b));
+        ke = min(max(ke, 0), p.total_k);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int key = n0 + kg * 16 + g + 8 * r;
+        if (key >= len_k) continue;
+        uint16_t *dkp = p.dk + bo * p.dk_sb + (int64_t)(ke + key) * p.dk_ss + (int64_t)hk * p.dk_sh + qg * DW + 2 * t;
+        uint16_t *dvp = p.dv + bo * p.dv_sb + (int64_t)(ke + key) * p.dv_ss + (int64_t)hk * p.dv_sh + qg * DW + 2 * t;
+#pragma unroll
+        for (int j = 0; j < DW / 8; ++j) {
+            *reinterpret_cast<uint32_t *>(dkp + 8 * j) = pack2<BF16>(dk[j][2 * r] * p.scale, dk[j][2 * r + 1] * p.scale);
+            *reinterpret_cast<uint32_t *>(dvp + 8 * j) = pack2<BF16>(dv[j][2 * r], dv[j][2 * r + 1]);
+        }
+    }
+}
+
+/* The main kernel (top of file).  The lane patterns of ldmatrix
+ * (portable::ldsm_addr): PA gives the A fragment of a row-major tile (and,
+ * .trans, the B fragment of a [k][n] tile), PB the B fragments of two 8-row
+ * n tiles (and, .trans, the A fragment of a [k][m] tile). */
+template <int D, int NS, bool BF16>
+__global__ void __launch_bounds__(PBWD_NW * 32, PortableBwdCfg<D>::MINB) bwd_portable_kernel(const PortableBwdParams p) {
+    using namespace portable;
+    using S = PbwdShape<D, NS>;
+    constexpr int BM = S::BM, BN = S::BN, NT = S::NT, WK = S::WK, QW = S::QW, DW = S::DW, WM = S::WM, CW = S::CW,
+                  PW = S::PW, NQS = S::NQS, QS = S::QS;
+    extern __shared__ __align__(128) uint8_t smem[];
+    const uint32_t s0 = smem_u32(smem);
+    constexpr uint32_t QT_B = S::QT_B, O_K = S::O_K, O_V = S::O_V, O_Q = S::O_Q, O_DO = S::O_DO, O_P = S::O_P,
+                       O_DS = S::O_DS, O_LSE = S::O_LSE, O_DSUM = S::O_DSUM;
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+
+    /* this sequence's rows */
+    int q0 = 0, len_q = p.seqlen_q, k0 = 0, len_k = p.seqlen_k, rb = 0;
+    if (p.cu_q) {
+        varlen_rows(p.cu_q, b, p.total_q, p.seqlen_q, q0, len_q);
+        varlen_rows(p.cu_k, b, p.total_k, p.seqlen_k, k0, len_k);
+        rb = bwd_varlen_rb(q0, b);
+    }
+    const int n0 = n_block * BN;
+    if (n0 >= len_k) return;
+    const int off = len_k - len_q; /* bottom-right aligned: key j visible to row i iff j <= i + off */
+    /* query blocks that see a key of this block: causal starts at the first key's diagonal */
+    const int m_end = (len_q + BM - 1) / BM;
+    int m_first = 0;
+    if (p.causal) {
+        const int first_q = n0 - off;
+        m_first = first_q <= 0 ? 0 : min(first_q / BM, m_end);
+    }
+    const int nm = m_end - m_first, T = nm * p.group; /* iterations: (query head, query block) */
+    const int64_t bb = p.cu_q ? 0 : (int64_t)b;
+
+    /* this lane's ldmatrix patterns PA, PB (above) */
+    const uint32_t x7 = lane & 7, hi3 = (lane >> 3) & 1, hi4 = lane >> 4;
+    const uint32_t pa_r = x7 + hi3 * 8, pa_y = x7 ^ hi4, pb_r = x7 + hi4 * 8, pb_y = x7 ^ hi3;
+    const int kg = warp % WK, qg = warp / WK; /* phases 1, 2: qg is the query part, then the column part */
+    const int mg = warp % WM, cg = warp / WM; /* phase 3 */
+
+    /* Q, dO, LSE2, D of iteration it into ring slot `slot` */
+    auto load_qdo = [&](int it, int slot) {
+        const int h = hk * p.group + it / nm, m = m_first + it % nm, r0 = m * BM;
+        const uint16_t *qs = p.q + bb * p.q_sb + (int64_t)(q0 + r0) * p.q_ss + (int64_t)h * p.q_sh;
+        const uint16_t *ds = p.dout + bb * p.do_sb + (int64_t)(q0 + r0) * p.do_ss + (int64_t)h * p.do_sh;
+        load_tile<D, BM, NT>(s0 + O_Q + slot * QT_B, qs, p.q_ss, len_q - r0, tid);
+        load_tile<D, BM, NT>(s0 + O_DO + slot * QT_B, ds, p.do_ss, len_q - r0, tid);
+        const size_t tile = p.cu_q ? (size_t)h * p.rb_total + rb + m : ((size_t)b * p.heads_q + h) * p.m_blocks + m;
+        if (tid < 2 * BM / 4) { /* 16 bytes a thread: LSE2 then D */
+            const int c = tid % (BM / 4);
+            const float *src = (tid < BM / 4 ? p.lse2 : p.dsum) + tile * BM + 4 * c;
+            cp_async_16(s0 + (tid < BM / 4 ? O_LSE : O_DSUM) + slot * BM * 4 + 16 * c, src, true);
+        }
+    };
+
+    if (T > 0) {
+        const uint16_t *ks = p.k + bb * p.k_sb + (int64_t)(k0 + n0) * p.k_ss + (int64_t)hk * p.k_sh;
+        const uint16_t *vs = p.v + bb * p.v_sb + (int64_t)(k0 + n0) * p.v_ss + (int64_t)hk * p.v_sh;
+        load_tile<D, BN, NT>(s0 + O_K, ks, p.k_ss, len_k - n0, tid);
+        load_tile<D, BN, NT>(s0 + O_V, vs, p.v_ss, len_k - n0, tid);
+#pragma unroll
+        for (int s = 0; s < NS - 1; ++s) {
+            if (s < T) load_qdo(s, s);
+            cp_async_commit(); /* K and V ride with the first group */
+        }
+    }
+
+    float dv[DW / 8][4], dk[DW / 8][4];
+#pragma unroll
+    for (int j = 0; j < DW / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dv[j][e] = dk[j][e] = 0.f;
+
+    for (int it = 0; it < T; ++it) {
+        if (it + NS - 1 < T) load_qdo(it + NS - 1, (it + NS - 1) % NS);
+        cp_async_commit();
+        cp_async_wait<NS - 1>();
+        __syncthreads();
+        const int slot = it % NS;
+        const uint32_t sQ = s0 + O_Q + slot * QT_B, sDO = s0 + O_DO + slot * QT_B;
+        const float *lse2 = (const float *)(smem + O_LSE + slot * BM * 4);
+        const float *dsum = (const float *)(smem + O_DSUM + slot * BM * 4);
+        const int h = hk * p.group + it / nm, m = m_first + it % nm;
+
+        /* 1. S^T and dP^T for keys 16 kg .. + 15, queries QW qg .. + QW - 1,
+         * in NQS parts of QS queries */
+#pragma unroll 1
+        for (int qs = 0; qs < NQS; ++qs) {
+            const int qw0 = qg * QW + qs * QS; /* the part's first query in the block */
+            float st[QS / 8][4], dpt[QS / 8][4];
+#pragma unroll
+            for (int j = 0; j < QS / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) st[j][e] = dpt[j][e] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk) {
+                uint32_t ka[4], va[4];
+                ldsm_x4(ka, ldsm_addr(s0 + O_K, (kg * 16 + pa_r) * D * 2, kk, pa_y));
+                ldsm_x4(va, ldsm_addr(s0 + O_V, (kg * 16 + pa_r) * D * 2, kk, pa_y));
+#pragma unroll
+                for (int nn = 0; nn < QS / 16; ++nn) {
+                    uint32_t qb[4], ob[4];
+                    ldsm_x4(qb, ldsm_addr(sQ, (qw0 + nn * 16 + pb_r) * D * 2, kk, pb_y));
+                    mma_m16n8k16<BF16>(st[2 * nn], ka, qb[0], qb[1]);
+                    mma_m16n8k16<BF16>(st[2 * nn + 1], ka, qb[2], qb[3]);
+                    ldsm_x4(ob, ldsm_addr(sDO, (qw0 + nn * 16 + pb_r) * D * 2, kk, pb_y));
+                    mma_m16n8k16<BF16>(dpt[2 * nn], va, ob[0], ob[1]);
+                    mma_m16n8k16<BF16>(dpt[2 * nn + 1], va, ob[2], ob[3]);
+                }
+            }
+            /* P^T = exp2(S^T scale log2e - LSE2): a row with no key (LSE2
+             * +inf) and padding get 0; keys past the sequence and past the
+             * diagonal are masked to -inf on the blocks that have them */
+            const int key_lo = n0 + kg * 16 + g;
+            const bool need_mask = n0 + BN > len_k || (p.causal && n0 + BN - 1 > m * BM + off);
+#pragma unroll
+            for (int j = 0; j < QS / 8; ++j) {
+                const int qc = qw0 + 8 * j + 2 * t; /* this thread's query pair in the block */
+                const float2 l2 = *reinterpret_cast<const float2 *>(lse2 + qc);
+                const float2 d2 = *reinterpret_cast<const float2 *>(dsum + qc);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    float s = st[j][e] * p.scale_log2;
+                    if (need_mask) {
+                        const int key = key_lo + 8 * (e >> 1), row = m * BM + qc + (e & 1);
+                        if (key >= len_k || (p.causal && key > row + off)) s = -INFINITY;
+                    }
+                    const float pe = exp2_approx(s - ((e & 1) ? l2.y : l2.x));
+                    st[j][e] = pe;
+                    dpt[j][e] = pe * (dpt[j][e] - ((e & 1) ? d2.y : d2.x));
+                }
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const uint32_t at = swz<BM>(kg * 16 + g + 8 * r, qc);
+                    *reinterpret_cast<uint32_t *>(smem + O_P + at) = pack2<BF16>(st[j][2 * r], st[j][2 * r + 1]);
+                    *reinterpret_cast<uint32_t *>(smem + O_DS + at) = pack2<BF16>(dpt[j][2 * r], dpt[j][2 * r + 1]);
+                }
+            }
+        }
+        __syncthreads();
+
+        /* 2. dV += P^T dO, dK += dS^T Q: keys 16 kg .. + 15, columns DW qg .. + DW - 1 */
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; ++kk) {
+            uint32_t pa[4], sa[4];
+            ldsm_x4(pa, ldsm_addr(s0 + O_P, (kg * 16 + pa_r) * BM * 2, kk, pa_y));
+            ldsm_x4(sa, ldsm_addr(s0 + O_DS, (kg * 16 + pa_r) * BM * 2, kk, pa_y));
+#pragma unroll
+            for (int dn = 0; dn < DW / 16; ++dn) {
+                const int cj = qg * (DW / 16) + dn;
+                uint32_t ob[4], qb[4];
+                ldsm_x4_trans(ob, ldsm_addr(sDO, (kk * 16 + pa_r) * D * 2, cj, pa_y));
+                mma_m16n8k16<BF16>(dv[2 * dn], pa, ob[0], ob[1]);
+                mma_m16n8k16<BF16>(dv[2 * dn + 1], pa, ob[2], ob[3]);
+                ldsm_x4_trans(qb, ldsm_addr(sQ, (kk * 16 + pa_r) * D * 2, cj, pa_y));
+                mma_m16n8k16<BF16>(dk[2 * dn], sa, qb[0], qb[1]);
+                mma_m16n8k16<BF16>(dk[2 * dn + 1], sa, qb[2], qb[3]);
+            }
+        }
+
+        /* 3. dQ += dS K for queries 16 mg .. + 15, columns CW cg .. + CW - 1 */
+        const size_t tile = p.cu_q ? (size_t)h * p.rb_total + rb + m : ((size_t)b * p.heads_q + h) * p.m_blocks + m;
+        if (p.deterministic) pbwd_wait_turn(p.dq_sem + tile, n_block);
+        float *dq_tile = p.dq_acc + tile * (size_t)(BM * D);
+#pragma unroll
+        for (int pc = 0; pc < CW / PW; ++pc) {
+            float dq[PW / 8][4];
+#pragma unroll
+            for (int j = 0; j < PW / 8; ++j) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk) {
+                uint32_t da[4];
+                ldsm_x4_trans(da, ldsm_addr(s0 + O_DS, (kk * 16 + pb_r) * BM * 2, mg, pb_y));
+#pragma unroll
+                for (int dn = 0; dn < PW / 16; ++dn) {
+                    uint32_t kb[4];
+                    ldsm_x4_trans(kb, ldsm_addr(s0 + O_K, (kk * 16 + pa_r) * D * 2, (cg * CW + pc * PW) / 16 + dn, pa_y));
+                    mma_m16n8k16<BF16>(dq[2 * dn], da, kb[0], kb[1]);
+                    mma_m16n8k16<BF16>(dq[2 * dn + 1], da, kb[2], kb[3]);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < PW / 8; ++j) {
+                float *at = dq_tile + ((mg * (D / 8) + (cg * CW + pc * PW) / 8 + j) * 32 + lane) * 4;
+#pragma unroll
+                for (int e = 0; e < 4; ++e) atomicAdd(at + e, dq[j][e]);
+            }
+        }
+        if (p.deterministic) __threadfence(); /* the adds land before the counter moves */
+        __syncthreads(); /* P^T, dS^T and this ring slot are free */
+        if (p.deterministic && tid == 0) atomicAdd(p.dq_sem + tile, 1);
+    }
+    cp_async_wait<0>();
+
+    pbwd_store<DW, BF16>(p, b, hk, n0, len_k, kg, qg, g, t, dv, dk);
+}
