@@ -336,14 +336,19 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     reads both).
 
     Arguments fattn cannot serve raise NotImplementedError, never ignored:
-    qv, rotary_cos/rotary_sin/rotary_seqlens, cache_batch_idx, cache_leftpad,
-    cu_seqlens_k_new (and k, v with cu_seqlens_q), q/k/v_descale, attention_chunk != 0,
+    qv, rotary_cos/rotary_sin/rotary_seqlens, cu_seqlens_k_new (and k, v
+    with cu_seqlens_q), q/k/v_descale, attention_chunk != 0,
     scheduler_metadata, num_splits > 1, sm_margin != 0, and appending k, v of
     head_dim_v != head_dim.  cu_seqlens_q (int32 [b + 1]) with max_seqlen_q:
     q packed [total_q, hq, d], a varlen batch of new queries on the cache
     (chunked prefill; vLLM's call), each sequence over its first
     cache_seqlens[b] keys; out [total_q, hq, dv], softmax_lse [hq, total_q];
-    a 16-bit cache (an FP8 one: NotImplementedError).  window_size, softcap and learnable_sink (FA4's
+    a 16-bit cache (an FP8 one: NotImplementedError).  cache_batch_idx
+    (int32 [b]): sequence b reads entry cache_batch_idx[b] of a contiguous
+    cache (appends go there too), or row cache_batch_idx[b] of page_table;
+    cache_leftpad (int32 [b]): its keys start at that row (fattn.h).  Both
+    engines; on CUDA through the varlen kernels (a contiguous cache for the
+    left pad).  window_size, softcap and learnable_sink (FA4's
     name, after FA3's arguments) as flash_attn_func's, the window bottom-right
     aligned on each sequence's used keys.  Accepted: num_splits 0 (fattn's schedule) and 1
     (no split of the keys: FATTN_OPTION_DISABLE_SPLIT for this call; the same
@@ -374,8 +379,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     e4m3 cache without them: ValueError."""
     no = _refuser("fattn.flash_attn_with_kvcache")
     for name, val in (("qv", qv), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
-                      ("rotary_seqlens", rotary_seqlens), ("cache_batch_idx", cache_batch_idx),
-                      ("cache_leftpad", cache_leftpad),
+                      ("rotary_seqlens", rotary_seqlens),
                       ("cu_seqlens_k_new", cu_seqlens_k_new), ("scheduler_metadata", scheduler_metadata)):
         if val is not None:
             no(name)
@@ -387,5 +391,5 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
         raise TypeError("fattn.flash_attn_with_kvcache takes torch tensors, got a %s" % type(q).__name__)
     out, lse = _torch_module().kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale, causal,
                                        num_splits == 1, ws, softcap, learnable_sink, k_scale, v_scale, cu_seqlens_q,
-                                       max_seqlen_q)
+                                       max_seqlen_q, cache_batch_idx, cache_leftpad)
     return (out, lse) if return_softmax_lse else out

@@ -635,7 +635,7 @@ class KvDims(collections.namedtuple("KvDims", "dims paged capacity page_size num
     append per sequence, 0 for none)."""
 
 
-def check_kvcache_shapes(qs, kcs, vcs, ks=None, vs=None, table_shape=None):
+def check_kvcache_shapes(qs, kcs, vcs, ks=None, vs=None, table_shape=None, cache_batch=False):
     """KvDims of q [b, sq, hq, d] and the caches: k_cache [b, capacity, hkv, d]
     and v_cache [b, capacity, hkv, dv], or with a page table [b, max_pages]
     page pools [num_pages, page_size, hkv, d] and [.., dv]; k [b, s_new, hkv, d]
@@ -655,9 +655,9 @@ def check_kvcache_shapes(qs, kcs, vcs, ks=None, vs=None, table_shape=None):
         num_pages, page_size, max_pages = kcs[0], kcs[1], table_shape[1]
         capacity, sk = 0, max_pages * page_size
     else:
-        if kcs[0] != b:
-            raise ValueError("fattn: k_cache has batch %d, q %d (a cache of other sequences than q's would need "
-                             "cache_batch_idx, which fattn does not serve)" % (kcs[0], b))
+        if kcs[0] != b and not cache_batch:
+            raise ValueError("fattn: k_cache has batch %d, q %d (a cache of other sequences than q's needs "
+                             "cache_batch_idx)" % (kcs[0], b))
         num_pages = page_size = max_pages = 0
         capacity = sk = kcs[1]
     if vcs[:3] != kcs[:3]:
@@ -708,7 +708,7 @@ def kv_append_struct(kv, knd, vnd, kcd, vcd, cache_seqlens, block_table, scales=
 
 
 def fwd_kvcache_struct(kv, qd, kcd, vcd, od, lse, causal, softmax_scale, seqused_k, block_table,
-                       variants=NO_VARIANTS, scales=None):
+                       variants=NO_VARIANTS, scales=None, cache_batch_idx=None, cache_batch=0, cache_leftpad=None):
     """fattn_fwd_args of attention over a cache: kcd, vcd the contiguous caches
     or the page pools (their batch dimension is the page, as fattn.h says),
     seqused_k the int32 [batch] used key counts (a pointer, or None = all);
@@ -718,4 +718,7 @@ def fwd_kvcache_struct(kv, qd, kcd, vcd, od, lse, causal, softmax_scale, seqused
     if kv.paged:
         a.block_table = block_table
         a.page_size, a.num_pages, a.max_pages_per_seq = kv.page_size, kv.num_pages, kv.max_pages
+    # FA3's cache_batch_idx (a contiguous cache of cache_batch entries) and cache_leftpad (pointers or None)
+    a.cache_batch_idx, a.cache_leftpad = cache_batch_idx, cache_leftpad
+    a.cache_batch = cache_batch if cache_batch_idx else 0
     return a

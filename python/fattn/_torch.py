@@ -468,10 +468,12 @@ def _kv8_scale_block(scale, cache):
 
 
 def _kvcache_impl(q, k_cache, v_cache, k, v, cache_seqlens, page_table, causal, softmax_scale, disable_split,
-                  window_left=-1, window_right=-1, softcap=0.0, sink=None, k_scale=None, v_scale=None):
+                  window_left=-1, window_right=-1, softcap=0.0, sink=None, k_scale=None, v_scale=None,
+                  cache_batch_idx=None, cache_leftpad=None):
     kv = _core.check_kvcache_shapes(q.shape, k_cache.shape, v_cache.shape, None if k is None else k.shape,
                                     None if v is None else v.shape,
-                                    None if page_table is None else page_table.shape)
+                                    None if page_table is None else page_table.shape,
+                                    cache_batch=cache_batch_idx is not None)
     dims = kv.dims
     append = k is not None and dims.b > 0 and kv.seqlen_new > 0 and dims.hkv > 0
     if k is not None and cache_seqlens is None:
@@ -496,6 +498,11 @@ def _kvcache_impl(q, k_cache, v_cache, k, v, cache_seqlens, page_table, causal, 
     seqlens_ptr = cache_seqlens.data_ptr() if cache_seqlens is not None else None
     table_ptr = page_table.data_ptr() if page_table is not None else None
     seqused = cache_seqlens
+    if append and cache_batch_idx is not None:
+        # fattn_kv_append has no cache_batch_idx: the rows go into entries cache_batch_idx[b] by indexing
+        seqused = cache_seqlens + kv.seqlen_new
+        _append_at_entries(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx)
+        append = False
     if append:
         k, knd = _readable(k, "k")
         v, vnd = _readable(v, "v")
@@ -509,7 +516,10 @@ def _kvcache_impl(q, k_cache, v_cache, k, v, cache_seqlens, page_table, causal, 
             return _new_outputs(dims, q, None, sink)
         a = _core.fwd_kvcache_struct(kv, qd, kcd, vcd, od, lse.data_ptr(), causal, softmax_scale,
                                      seqused.data_ptr() if seqused is not None else None, table_ptr,
-                                     _variants(window_left, window_right, softcap, sink), scales)
+                                     _variants(window_left, window_right, softcap, sink), scales,
+                                     cache_batch_idx.data_ptr() if cache_batch_idx is not None else None,
+                                     k_cache.shape[0],
+                                     cache_leftpad.data_ptr() if cache_leftpad is not None else None)
         try:
             with ctx.option_set(_core.OPTION_DISABLE_SPLIT, int(bool(disable_split))):
                 ctx.fwd_raw(a)
@@ -528,20 +538,43 @@ def _kvcache_impl(q, k_cache, v_cache, k, v, cache_seqlens, page_table, causal, 
     return out, lse
 
 
+def _append_at_entries(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx):
+    """k, v [b, s_new, hkv, d] into rows cache_seqlens[b] .. + s_new - 1 of entries cache_batch_idx[b] of
+    contiguous caches (the bytes fattn_kv_append would copy).  Rows past the capacity: ValueError on the
+    CPU (as fattn_kv_append's check), left out on CUDA (as its kernel does)."""
+    cap, s_new = k_cache.shape[1], k.shape[1]
+    pos = cache_seqlens.long()[:, None] + torch.arange(s_new, device=k.device)
+    ent = cache_batch_idx.long()[:, None].expand(-1, s_new)
+    if k.device.type == "cpu":
+        if bool((pos >= cap).any()) or bool((ent < 0).any()) or bool((ent >= k_cache.shape[0]).any()):
+            raise ValueError("fattn: cache_seqlens + seqlen_new past the cache's capacity %d, or cache_batch_idx "
+                             "outside [0, %d)" % (cap, k_cache.shape[0]))
+        k_cache[ent, pos] = k
+        v_cache[ent, pos] = v
+        return
+    ok = (pos < cap) & (ent >= 0) & (ent < k_cache.shape[0])
+    k_cache[ent[ok], pos[ok]] = k[ok]
+    v_cache[ent[ok], pos[ok]] = v[ok]
+
+
 @torch.library.custom_op(_NS + "::fwd_kvcache", mutates_args=("k_cache", "v_cache"))
 def fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: Optional[torch.Tensor],
                 v: Optional[torch.Tensor], cache_seqlens: Optional[torch.Tensor], page_table: Optional[torch.Tensor],
                 causal: bool, softmax_scale: float, disable_split: bool, window_left: int = -1,
-                window_right: int = -1, softcap: float = 0.0,
-                learnable_sink: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                window_right: int = -1, softcap: float = 0.0, learnable_sink: Optional[torch.Tensor] = None,
+                cache_batch_idx: Optional[torch.Tensor] = None,
+                cache_leftpad: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Decoding on a KV cache: k, v (or None) appended in place into k_cache, v_cache at the rows
     cache_seqlens (int32 [b]) says (fattn_kv_append), then attention of q over each sequence's first
     cache_seqlens (+ k's seqlen when appending) keys (fattn_fwd with seqused_k; cache_seqlens None = all
     keys).  page_table int32 [b, max_pages] (contiguous): the caches are page pools [num_pages, page_size,
     hkv, d].  disable_split: FATTN_OPTION_DISABLE_SPLIT for the call.  The variants as fwd's.
+    cache_batch_idx (int32 [b]: sequence b's entry of a contiguous cache) and cache_leftpad (int32 [b]: its
+    keys from that row on): FA3's (fattn.h).
     (out [b, sq, hq, dv], lse [b, hq, sq] float32, the sink included).  No autograd."""
     return _kvcache_impl(q, k_cache, v_cache, k, v, cache_seqlens, page_table, causal, softmax_scale, disable_split,
-                         window_left, window_right, softcap, _op_sink(learnable_sink, q))
+                         window_left, window_right, softcap, _op_sink(learnable_sink, q),
+                         cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad)
 
 
 @fwd_kvcache.register_fake
@@ -558,12 +591,13 @@ def fwd_kvcache_fp8(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     v_scale: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor],
                     cache_seqlens: Optional[torch.Tensor], page_table: Optional[torch.Tensor], causal: bool,
                     softmax_scale: float, disable_split: bool, window_left: int = -1, window_right: int = -1,
-                    softcap: float = 0.0,
-                    learnable_sink: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                    softcap: float = 0.0, learnable_sink: Optional[torch.Tensor] = None,
+                    cache_leftpad: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """fwd_kvcache on an FP8 KV cache: float8_e4m3fn k_cache, v_cache with their float32 scales
     k_scale, v_scale (kvcache's checks), which an append writes as it quantises k, v."""
     return _kvcache_impl(q, k_cache, v_cache, k, v, cache_seqlens, page_table, causal, softmax_scale, disable_split,
-                         window_left, window_right, softcap, _op_sink(learnable_sink, q), k_scale, v_scale)
+                         window_left, window_right, softcap, _op_sink(learnable_sink, q), k_scale, v_scale,
+                         cache_leftpad=cache_leftpad)
 
 
 @fwd_kvcache_fp8.register_fake
@@ -666,7 +700,7 @@ def _check_kv8(q, k_cache, v_cache, k_scale, v_scale):
 
 def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale, causal, disable_split,
             window_size=None, softcap=0.0, learnable_sink=None, k_scale=None, v_scale=None, cu_seqlens_q=None,
-            max_seqlen_q=None):
+            max_seqlen_q=None, cache_batch_idx=None, cache_leftpad=None):
     """fattn.flash_attn_with_kvcache once its FA3 arguments are checked: (out, lse);
     window_size None or (left, right), softcap, learnable_sink: fattn.attention's;
     k_scale, v_scale: an FP8 KV cache's scales (_check_kv8); cu_seqlens_q with
@@ -689,12 +723,24 @@ def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale,
                                   "torch.inference_mode(), or on detached tensors"
                                   % (", ".join(grads), "s" if len(grads) == 1 else ""))
     if cu_seqlens_q is not None:
+        if cache_batch_idx is not None or cache_leftpad is not None:
+            raise NotImplementedError("fattn.flash_attn_with_kvcache: cache_batch_idx or cache_leftpad with "
+                                      "cu_seqlens_q is not supported by fattn's Python layer yet (fattn_fwd takes "
+                                      "them)")
         return _kvcache_varlen(q, k_cache, v_cache, k, cache_seqlens, page_table, softmax_scale, causal, window_size,
                                softcap, learnable_sink, k_scale, cu_seqlens_q, max_seqlen_q)
     if q.dim() != 4:
         raise ValueError("fattn: q must be 4-D [batch, seqlen, heads, head_dim], got shape %s" % (tuple(q.shape),))
     sink = _sink_tensor(learnable_sink, q)
     b = q.shape[0]
+    if cache_batch_idx is not None:
+        cache_batch_idx = _int32_on(cache_batch_idx, "cache_batch_idx", q.device, (b,))
+        if page_table is not None:  # FA3: the index picks each sequence's row of the page table
+            page_table = page_table[cache_batch_idx.long()].contiguous()
+            cache_batch_idx = None
+        elif k_scale is not None:
+            raise NotImplementedError("fattn.flash_attn_with_kvcache: cache_batch_idx on a contiguous FP8 KV cache "
+                                      "is not supported by fattn")
     if page_table is not None:
         if isinstance(page_table, torch.Tensor) and page_table.dim() != 2:
             raise ValueError("fattn: page_table must be [batch, max_pages_per_seq], got shape %s"
@@ -714,9 +760,12 @@ def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale,
     if k is not None and cache_seqlens is None:
         raise ValueError("fattn: k and v (rows to append) need cache_seqlens (where each sequence's rows go), as "
                          "FlashAttention's")
+    if cache_leftpad is not None:
+        cache_leftpad = _int32_on(cache_leftpad, "cache_leftpad", q.device, (b,))
     kv = _core.check_kvcache_shapes(q.shape, k_cache.shape, v_cache.shape, None if k is None else k.shape,
                                     None if v is None else v.shape,
-                                    None if page_table is None else page_table.shape)
+                                    None if page_table is None else page_table.shape,
+                                    cache_batch=cache_batch_idx is not None)
     if kv.seqlen_new and kv.dims.dv != kv.dims.d:
         raise NotImplementedError("fattn.flash_attn_with_kvcache: appending k, v with head_dim_v %d != head_dim %d "
                                   "is not supported by fattn (fattn_kv_append copies rows of one head_dim)"
@@ -725,9 +774,9 @@ def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale,
     wl, wr = window_size if window_size is not None else (-1, -1)
     if k_scale is not None:
         return fwd_kvcache_fp8(q, k_cache, v_cache, k_scale, v_scale, k, v, cache_seqlens, page_table, bool(causal),
-                               scale, bool(disable_split), int(wl), int(wr), float(softcap), sink)
+                               scale, bool(disable_split), int(wl), int(wr), float(softcap), sink, cache_leftpad)
     return fwd_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, bool(causal), scale,
-                       bool(disable_split), int(wl), int(wr), float(softcap), sink)
+                       bool(disable_split), int(wl), int(wr), float(softcap), sink, cache_batch_idx, cache_leftpad)
 
 
 def _kvcache_varlen(q, k_cache, v_cache, k, cache_seqlens, page_table, softmax_scale, causal, window_size, softcap,

@@ -1200,7 +1200,7 @@ def attention64(q, k, v, causal=False, scale=None):
 
 
 def kvcache_reference(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, page_table=None, causal=False,
-                      scale=None):
+                      scale=None, cache_batch_idx=None, cache_leftpad=None):
     """FlashAttention's flash_attn_with_kvcache in plain torch: (out, lse, k_cache', v_cache').  k, v are
     written into copies of the caches at rows cache_seqlens[i] .. + s_new - 1 of each sequence (row j of
     sequence i: (i, j), or with page_table row j % page_size of page page_table[i, j // page_size]), then each
@@ -1220,10 +1220,13 @@ def kvcache_reference(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, p
         lens = [int(x) for x in cache_seqlens.tolist()]
     s_new = 0 if k is None else k.shape[1]
 
-    def where(i, j):
+    ent = [int(x) for x in cache_batch_idx.tolist()] if cache_batch_idx is not None else list(range(b))
+    pad = [int(x) for x in cache_leftpad.tolist()] if cache_leftpad is not None else [0] * b
+
+    def where(i, j):  # FA3: cache_batch_idx picks the cache row (a contiguous cache's entry, a page table's row)
         if page_table is None:
-            return torch.full_like(j, i), j
-        return page_table[i].long()[j // ps], j % ps
+            return torch.full_like(j, ent[i]), j
+        return page_table[ent[i]].long()[j // ps], j % ps
 
     outs, lses = [], []
     for i in range(b):
@@ -1231,7 +1234,7 @@ def kvcache_reference(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, p
             pi, ri = where(i, torch.arange(lens[i], lens[i] + s_new))
             kc[pi, ri] = k[i]
             vc[pi, ri] = v[i]
-        pi, ri = where(i, torch.arange(lens[i] + s_new))
+        pi, ri = where(i, torch.arange(pad[i], lens[i] + s_new))  # the keys from the left pad on
         o, lse = attention64(q[i:i + 1], kc[pi, ri][None], vc[pi, ri][None], causal, scale)
         outs.append(o)
         lses.append(lse)
@@ -1331,6 +1334,43 @@ class KvCache(unittest.TestCase):
 
     def test_varlen_queries(self):
         self.check_varlen_q("cpu", 1e-5)
+
+    def check_batch_idx_and_leftpad(self, device, dtype, tol):
+        # FA3's cache_batch_idx (sequence b reads entry idx[b] of a cache of 5; on a paged cache, row idx[b] of
+        # the page table) and cache_leftpad (its keys from row pad[b] on), alone and together, with and without
+        # an append, both masks, against kvcache_reference; the caches after the call bit for bit
+        idx, pad, lens = torch.tensor([4, 0, 4], dtype=torch.int32), torch.tensor([2, 0, 10], dtype=torch.int32), \
+            torch.tensor([20, 7, 30], dtype=torch.int32)
+        for paged in (False, True):
+            for use_idx, use_pad in ((True, False), (False, True), (True, True)):
+                if paged and use_pad and device == "cuda":
+                    continue  # the CUDA kernels take a left pad on contiguous caches only (fattn.h)
+                for append in (False, True):
+                    for causal in (False, True):
+                        msg = "paged %s idx %s pad %s append %s causal %s %s" % (paged, use_idx, use_pad, append,
+                                                                                   causal, device)
+                        kc, vc, table = kv_setup(paged, b=5 if use_idx else 3, cap=64, d=64, dtype=dtype, seed=3)
+                        q, k, v = kv_new(sq=3, s_new=2, d=64, dtype=dtype, seed=4)
+                        if not append:
+                            k = v = None
+                        kw = dict(cache_batch_idx=idx if use_idx else None, cache_leftpad=pad if use_pad else None)
+                        want_o, want_lse, want_kc, want_vc = kvcache_reference(q, kc, vc, k, v, lens, table, causal,
+                                                                               **kw)
+                        dev = lambda t: None if t is None else t.to(device)  # noqa: E731
+                        kcd, vcd = kc.to(device), vc.to(device)
+                        o, lse = fattn.flash_attn_with_kvcache(dev(q), kcd, vcd, dev(k), dev(v), cache_seqlens=dev(lens),
+                                                               page_table=dev(table), causal=causal,
+                                                               return_softmax_lse=True,
+                                                               **{n: dev(t) for n, t in kw.items()})
+                        self.assertTrue(same_bits(kcd.cpu(), want_kc) and same_bits(vcd.cpu(), want_vc), msg)
+                        self.assertLess(rel(o.cpu(), want_o), tol, msg)
+                        fin = torch.isfinite(want_lse)
+                        self.assertTrue(torch.equal(torch.isfinite(lse.cpu()), fin), msg)
+                        torch.testing.assert_close(lse.cpu()[fin].double(), want_lse[fin].double(), rtol=1e-3,
+                                                   atol=1e-3)
+
+    def test_batch_idx_and_leftpad(self):
+        self.check_batch_idx_and_leftpad("cpu", torch.float32, 1e-5)
 
     def test_matches_reference(self):
         # contiguous and paged (page 16, shuffled) caches; without and with an append of sq rows; seqlen_q 1
@@ -1487,7 +1527,7 @@ class KvCache(unittest.TestCase):
         before = (kc.clone(), vc.clone())
         t = torch.ones(3, dtype=torch.int32)
         for bad in (dict(qv=q), dict(rotary_cos=torch.ones(64, 16)), dict(rotary_sin=torch.ones(64, 16)),
-                    dict(rotary_seqlens=t), dict(cache_batch_idx=t), dict(cache_leftpad=t),
+                    dict(rotary_seqlens=t),
                     dict(cu_seqlens_q=torch.arange(4, dtype=torch.int32)),
                     dict(cu_seqlens_k_new=torch.arange(4, dtype=torch.int32)), dict(q_descale=torch.ones(3, 2)),
                     dict(k_descale=torch.ones(3, 2)), dict(v_descale=torch.ones(3, 2)), dict(attention_chunk=64),
@@ -1715,6 +1755,10 @@ class KvCacheCuda(unittest.TestCase):
 
     def test_varlen_queries(self):
         KvCache.check_varlen_q(self, "cuda", 2e-2)
+
+    def test_batch_idx_and_leftpad(self):
+        # the decoding shapes run as varlen queries on the cache (the varlen kernels take these fields)
+        KvCache.check_batch_idx_and_leftpad(self, "cuda", torch.bfloat16, 2e-2)
 
     def test_unsupported_shape_raises(self):
         # 17 query rows on pages of 8 keys: beyond the decoding kernel, and the varlen kernels take pages of
