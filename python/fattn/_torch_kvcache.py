@@ -1,0 +1,360 @@
+"""_torch_kvcache.py - flash_attn_with_kvcache on torch tensors: the custom ops
+<ns>::fwd_kvcache, fwd_kvcache_fp8 and fwd_kvcache_varlen (fattn_kv_append, then
+fattn_fwd on the cache), with their fake implementations; imported by _torch.py,
+so that the ops are registered with the others."""
+from typing import Optional, Tuple
+
+import torch
+
+from . import _core
+from ._torch import (_DTYPES, _NS, _check_inputs, _context, _int32_on, _new_outputs, _on_current_stream, _op_sink,
+                     _readable, _sink_tensor, _variants)
+
+
+# ---------------------------------------------------------------------------
+# Decoding on a KV cache: fattn_kv_append, then fattn_fwd with seqused_k and
+# (paged) block_table; fattn.flash_attn_with_kvcache
+# ---------------------------------------------------------------------------
+
+def _cache_desc(t, name):
+    """Desc of a cache, read (and written) where it is: never a copy."""
+    d = _core.describe(t, name)
+    if d.c_strides is None:
+        raise ValueError("fattn: %s's layout %s with strides %s cannot be used in place: the head dim must be "
+                         "contiguous and no dimension expanded" % (name, tuple(t.shape), tuple(t.stride())))
+    return d
+
+
+def _kv8_scale_block(scale, cache):
+    """fattn_tensor's scale_block of an e4m3 cache's scales: [entries, hkv] one per
+    page or sequence (the cache's rows), [entries, hkv, rows] one per token."""
+    return 1 if scale.dim() == 3 else cache.shape[1]
+
+
+def _kvcache_impl(q, k_cache, v_cache, k, v, cache_seqlens, page_table, causal, softmax_scale, disable_split,
+                  window_left=-1, window_right=-1, softcap=0.0, sink=None, k_scale=None, v_scale=None,
+                  cache_batch_idx=None, cache_leftpad=None):
+    kv = _core.check_kvcache_shapes(q.shape, k_cache.shape, v_cache.shape, None if k is None else k.shape,
+                                    None if v is None else v.shape,
+                                    None if page_table is None else page_table.shape,
+                                    cache_batch=cache_batch_idx is not None)
+    dims = kv.dims
+    append = k is not None and dims.b > 0 and kv.seqlen_new > 0 and dims.hkv > 0
+    if k is not None and cache_seqlens is None:
+        raise ValueError("fattn: k and v (rows to append) need cache_seqlens (where each sequence's rows go)")
+    if not append and dims.empty:
+        return _new_outputs(dims, q, None, sink)
+    out = torch.empty(dims.o_shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(dims.lse_shape, dtype=torch.float32, device=q.device)
+    for name, t, shape in (("cache_seqlens", cache_seqlens, (dims.b,)),
+                           ("page_table", page_table, (dims.b, kv.max_pages))):
+        if t is not None and (t.dtype != torch.int32 or t.device != q.device or tuple(t.shape) != shape
+                              or not t.is_contiguous()):
+            raise ValueError("fattn: %s must be a contiguous int32 tensor %s on %s, got %s %s on %s"
+                             % (name, shape, q.device, t.dtype, tuple(t.shape), t.device))
+    ctx = _context(q.device)
+    q, qd = _readable(q, "q")
+    kcd, vcd = _cache_desc(k_cache, "k_cache"), _cache_desc(v_cache, "v_cache")
+    scales = None  # an e4m3 cache: (k scale pointer, block, v scale pointer, block)
+    if k_scale is not None:
+        scales = (k_scale.data_ptr(), _kv8_scale_block(k_scale, k_cache), v_scale.data_ptr(),
+                  _kv8_scale_block(v_scale, v_cache))
+    seqlens_ptr = cache_seqlens.data_ptr() if cache_seqlens is not None else None
+    table_ptr = page_table.data_ptr() if page_table is not None else None
+    seqused = cache_seqlens
+    if append and cache_batch_idx is not None:
+        # fattn_kv_append has no cache_batch_idx: the rows go into entries cache_batch_idx[b] by indexing
+        seqused = cache_seqlens + kv.seqlen_new
+        _append_at_entries(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx)
+        append = False
+    if append:
+        k, knd = _readable(k, "k")
+        v, vnd = _readable(v, "v")
+        seqused = cache_seqlens + kv.seqlen_new  # on the device, no host synchronisation
+    od = _core.describe(out, "out")
+    with ctx._lock:
+        _on_current_stream(ctx, q.device)
+        if append:
+            ctx.kv_append_raw(_core.kv_append_struct(kv, knd, vnd, kcd, vcd, seqlens_ptr, table_ptr, scales))
+        if dims.empty:
+            return _new_outputs(dims, q, None, sink)
+        a = _core.fwd_kvcache_struct(kv, qd, kcd, vcd, od, lse.data_ptr(), causal, softmax_scale,
+                                     seqused.data_ptr() if seqused is not None else None, table_ptr,
+                                     _variants(window_left, window_right, softcap, sink), scales,
+                                     cache_batch_idx.data_ptr() if cache_batch_idx is not None else None,
+                                     k_cache.shape[0],
+                                     cache_leftpad.data_ptr() if cache_leftpad is not None else None)
+        try:
+            with ctx.option_set(_core.OPTION_DISABLE_SPLIT, int(bool(disable_split))):
+                ctx.fwd_raw(a)
+        except _core.FattnUnsupportedError:
+            # more query rows than the CUDA decoding kernel takes: the same call as varlen queries on the
+            # cache (cu_seqlens_q alone: the varlen kernels' KV-cache instances), whose LSE is [hq, b * sq]
+            if not (q.is_cuda and scales is None and q.is_contiguous() and out.is_contiguous() and dims.sq > 0):
+                raise
+            lse_v = torch.empty((dims.hq, dims.b * dims.sq), dtype=torch.float32, device=q.device)
+            cu_q = torch.arange(0, (dims.b + 1) * dims.sq, dims.sq, dtype=torch.int32, device=q.device)
+            a.p.cu_seqlens_q = cu_q.data_ptr()
+            a.p.total_q = dims.b * dims.sq
+            a.lse = lse_v.data_ptr()
+            ctx.fwd_raw(a)
+            lse.copy_(lse_v.view(dims.hq, dims.b, dims.sq).permute(1, 0, 2))
+    return out, lse
+
+
+def _append_at_entries(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx):
+    """k, v [b, s_new, hkv, d] into rows cache_seqlens[b] .. + s_new - 1 of entries cache_batch_idx[b] of
+    contiguous caches (the bytes fattn_kv_append would copy).  Rows past the capacity: ValueError on the
+    CPU (as fattn_kv_append's check), left out on CUDA (as its kernel does)."""
+    cap, s_new = k_cache.shape[1], k.shape[1]
+    pos = cache_seqlens.long()[:, None] + torch.arange(s_new, device=k.device)
+    ent = cache_batch_idx.long()[:, None].expand(-1, s_new)
+    if k.device.type == "cpu":
+        if bool((pos >= cap).any()) or bool((ent < 0).any()) or bool((ent >= k_cache.shape[0]).any()):
+            raise ValueError("fattn: cache_seqlens + seqlen_new past the cache's capacity %d, or cache_batch_idx "
+                             "outside [0, %d)" % (cap, k_cache.shape[0]))
+        k_cache[ent, pos] = k
+        v_cache[ent, pos] = v
+        return
+    ok = (pos < cap) & (ent >= 0) & (ent < k_cache.shape[0])
+    k_cache[ent[ok], pos[ok]] = k[ok]
+    v_cache[ent[ok], pos[ok]] = v[ok]
+
+
+@torch.library.custom_op(_NS + "::fwd_kvcache", mutates_args=("k_cache", "v_cache"))
+def fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: Optional[torch.Tensor],
+                v: Optional[torch.Tensor], cache_seqlens: Optional[torch.Tensor], page_table: Optional[torch.Tensor],
+                causal: bool, softmax_scale: float, disable_split: bool, window_left: int = -1,
+                window_right: int = -1, softcap: float = 0.0, learnable_sink: Optional[torch.Tensor] = None,
+                cache_batch_idx: Optional[torch.Tensor] = None,
+                cache_leftpad: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Decoding on a KV cache: k, v (or None) appended in place into k_cache, v_cache at the rows
+    cache_seqlens (int32 [b]) says (fattn_kv_append), then attention of q over each sequence's first
+    cache_seqlens (+ k's seqlen when appending) keys (fattn_fwd with seqused_k; cache_seqlens None = all
+    keys).  page_table int32 [b, max_pages] (contiguous): the caches are page pools [num_pages, page_size,
+    hkv, d].  disable_split: FATTN_OPTION_DISABLE_SPLIT for the call.  The variants as fwd's.
+    cache_batch_idx (int32 [b]: sequence b's entry of a contiguous cache) and cache_leftpad (int32 [b]: its
+    keys from that row on): FA3's (fattn.h).
+    (out [b, sq, hq, dv], lse [b, hq, sq] float32, the sink included).  No autograd."""
+    return _kvcache_impl(q, k_cache, v_cache, k, v, cache_seqlens, page_table, causal, softmax_scale, disable_split,
+                         window_left, window_right, softcap, _op_sink(learnable_sink, q),
+                         cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad)
+
+
+@fwd_kvcache.register_fake
+def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, cache_seqlens, page_table, causal, softmax_scale, disable_split,
+                      *variants):
+    b, sq, hq, _ = q.shape
+    return (q.new_empty((b, sq, hq, v_cache.shape[3])), q.new_empty((b, hq, sq), dtype=torch.float32))
+
+
+# An op of its own for an FP8 cache: its scales are written (mutated) too, and a
+# mutated argument must not be Optional (torch's in-place bookkeeping indexes it).
+@torch.library.custom_op(_NS + "::fwd_kvcache_fp8", mutates_args=("k_cache", "v_cache", "k_scale", "v_scale"))
+def fwd_kvcache_fp8(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor,
+                    v_scale: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor],
+                    cache_seqlens: Optional[torch.Tensor], page_table: Optional[torch.Tensor], causal: bool,
+                    softmax_scale: float, disable_split: bool, window_left: int = -1, window_right: int = -1,
+                    softcap: float = 0.0, learnable_sink: Optional[torch.Tensor] = None,
+                    cache_leftpad: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """fwd_kvcache on an FP8 KV cache: float8_e4m3fn k_cache, v_cache with their float32 scales
+    k_scale, v_scale (kvcache's checks), which an append writes as it quantises k, v."""
+    return _kvcache_impl(q, k_cache, v_cache, k, v, cache_seqlens, page_table, causal, softmax_scale, disable_split,
+                         window_left, window_right, softcap, _op_sink(learnable_sink, q), k_scale, v_scale,
+                         cache_leftpad=cache_leftpad)
+
+
+@fwd_kvcache_fp8.register_fake
+def _fwd_kvcache_fp8_fake(q, k_cache, v_cache, k_scale, v_scale, *rest):
+    b, sq, hq, _ = q.shape
+    return (q.new_empty((b, sq, hq, v_cache.shape[3])), q.new_empty((b, hq, sq), dtype=torch.float32))
+
+
+@torch.library.custom_op(_NS + "::fwd_kvcache_varlen", mutates_args=())
+def fwd_kvcache_varlen(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                       cache_seqlens: Optional[torch.Tensor], page_table: Optional[torch.Tensor], max_seqlen_q: int,
+                       causal: bool, softmax_scale: float, window_left: int = -1, window_right: int = -1,
+                       softcap: float = 0.0,
+                       learnable_sink: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Varlen queries on a KV cache (chunked prefill; fattn_fwd with cu_seqlens_q alone): q [total_q, hq,
+    d] packed by cu_seqlens_q (int32 [b + 1]), sequence b attending its first cache_seqlens[b] keys of the
+    cache (None: all), causal bottom-right aligned on them.  (out [total_q, hq, dv], lse [hq, total_q]
+    float32, the sink included).  No append, no autograd."""
+    b, total_q = cu_seqlens_q.shape[0] - 1, q.shape[0]
+    kv = _core.check_kvcache_shapes((b, max_seqlen_q) + tuple(q.shape[1:]), k_cache.shape, v_cache.shape, None,
+                                    None, None if page_table is None else page_table.shape)
+    sink = _op_sink(learnable_sink, q)
+    out = torch.empty((total_q, kv.dims.hq, kv.dims.dv), dtype=q.dtype, device=q.device)
+    lse = torch.empty((kv.dims.hq, total_q), dtype=torch.float32, device=q.device)
+    if total_q == 0 or b == 0 or kv.dims.hq == 0:
+        return out, lse
+    ctx = _context(q.device)
+    q, qd = _readable(q.unsqueeze(0), "q")
+    kcd, vcd = _cache_desc(k_cache, "k_cache"), _cache_desc(v_cache, "v_cache")
+    od = _core.describe(out.unsqueeze(0), "out")
+    a = _core.fwd_kvcache_struct(kv, qd, kcd, vcd, od, lse.data_ptr(), causal, softmax_scale,
+                                 cache_seqlens.data_ptr() if cache_seqlens is not None else None,
+                                 page_table.data_ptr() if page_table is not None else None,
+                                 _variants(window_left, window_right, softcap, sink))
+    a.p.cu_seqlens_q = cu_seqlens_q.data_ptr()
+    a.p.total_q = total_q
+    with ctx._lock:
+        _on_current_stream(ctx, q.device)
+        ctx.fwd_raw(a)
+    return out, lse
+
+
+@fwd_kvcache_varlen.register_fake
+def _fwd_kvcache_varlen_fake(q, k_cache, v_cache, *rest):
+    return (q.new_empty((q.shape[0], q.shape[1], v_cache.shape[3])),
+            q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
+
+
+def _check_kv8(q, k_cache, v_cache, k_scale, v_scale):
+    """An FP8 KV cache's tensors (flash_attn_with_kvcache's docstring): True for
+    an e4m3 cache with its scales, False for a 16-bit one without; TypeError /
+    ValueError naming the tensor otherwise."""
+    e4m3 = [isinstance(t, torch.Tensor) and t.dtype == torch.float8_e4m3fn for t in (k_cache, v_cache)]
+    if not any(e4m3):
+        if k_scale is not None or v_scale is not None:
+            raise ValueError("fattn: k_scale and v_scale go with a float8_e4m3fn k_cache and v_cache (an FP8 KV "
+                             "cache); the caches are %s" % (k_cache.dtype,))
+        return False
+    if not all(e4m3):
+        raise TypeError("fattn: k_cache and v_cache must both be float8_e4m3fn (an FP8 KV cache), got %s and %s"
+                        % (k_cache.dtype, v_cache.dtype))
+    if not isinstance(q, torch.Tensor) or q.dtype not in _DTYPES:
+        raise TypeError("fattn: an FP8 KV cache takes float16, bfloat16 or float32 q, got %s"
+                        % (getattr(q, "dtype", type(q).__name__),))
+    if not (q.device == k_cache.device == v_cache.device):
+        raise ValueError("fattn: q, k_cache and v_cache must be on one device, got %s, %s and %s"
+                         % (q.device, k_cache.device, v_cache.device))
+    for name, sc, cache in (("k_scale", k_scale, k_cache), ("v_scale", v_scale, v_cache)):
+        if sc is None:
+            raise ValueError("fattn: a float8_e4m3fn cache needs %s (float32 [num_pages, hkv] per page or "
+                             "[num_pages, hkv, page_size] per token)" % name)
+        want2, want3 = (cache.shape[0], cache.shape[2]), (cache.shape[0], cache.shape[2], cache.shape[1])
+        if not isinstance(sc, torch.Tensor) or sc.dtype != torch.float32 or not sc.is_contiguous() \
+                or sc.device != q.device or tuple(sc.shape) not in (want2, want3):
+            raise ValueError("fattn: %s must be a contiguous float32 tensor on %s of shape %s (one scale per page "
+                             "or sequence and kv head) or %s (per token and kv head), got %s"
+                             % (name, q.device, want2, want3,
+                                "%s %s on %s" % (sc.dtype, tuple(sc.shape), sc.device)
+                                if isinstance(sc, torch.Tensor) else type(sc).__name__))
+    return True
+
+
+def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale, causal, disable_split,
+            window_size=None, softcap=0.0, learnable_sink=None, k_scale=None, v_scale=None, cu_seqlens_q=None,
+            max_seqlen_q=None, cache_batch_idx=None, cache_leftpad=None):
+    """fattn.flash_attn_with_kvcache once its FA3 arguments are checked: (out, lse);
+    window_size None or (left, right), softcap, learnable_sink: fattn.attention's;
+    k_scale, v_scale: an FP8 KV cache's scales (_check_kv8); cu_seqlens_q with
+    max_seqlen_q: q packed [total_q, hq, d] (no append), out [total_q, hq, dv],
+    lse [hq, total_q]."""
+    if _check_kv8(q, k_cache, v_cache, k_scale, v_scale):
+        _check_inputs(q, q, q)
+    else:
+        _check_inputs(q, k_cache, v_cache)
+    if (k is None) != (v is None):
+        raise ValueError("fattn: k and v (the rows to append) must be given together")
+    if k is not None:
+        _check_inputs(q, k, v)
+    grads = [n for n, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v),
+                            ("learnable_sink", learnable_sink), ("k_scale", k_scale), ("v_scale", v_scale))
+             if isinstance(t, torch.Tensor) and t.requires_grad]
+    if grads and torch.is_grad_enabled():
+        raise NotImplementedError("fattn.flash_attn_with_kvcache is forward only (decoding; FlashAttention's has no "
+                                  "backward either), but %s require%s grad: call it under torch.no_grad() or "
+                                  "torch.inference_mode(), or on detached tensors"
+                                  % (", ".join(grads), "s" if len(grads) == 1 else ""))
+    if cu_seqlens_q is not None:
+        if cache_batch_idx is not None or cache_leftpad is not None:
+            raise NotImplementedError("fattn.flash_attn_with_kvcache: cache_batch_idx or cache_leftpad with "
+                                      "cu_seqlens_q is not supported by fattn's Python layer yet (fattn_fwd takes "
+                                      "them)")
+        return _kvcache_varlen(q, k_cache, v_cache, k, cache_seqlens, page_table, softmax_scale, causal, window_size,
+                               softcap, learnable_sink, k_scale, cu_seqlens_q, max_seqlen_q)
+    if q.dim() != 4:
+        raise ValueError("fattn: q must be 4-D [batch, seqlen, heads, head_dim], got shape %s" % (tuple(q.shape),))
+    sink = _sink_tensor(learnable_sink, q)
+    b = q.shape[0]
+    if cache_batch_idx is not None:
+        cache_batch_idx = _int32_on(cache_batch_idx, "cache_batch_idx", q.device, (b,))
+        if page_table is not None:  # FA3: the index picks each sequence's row of the page table
+            page_table = page_table[cache_batch_idx.long()].contiguous()
+            cache_batch_idx = None
+        elif k_scale is not None:
+            raise NotImplementedError("fattn.flash_attn_with_kvcache: cache_batch_idx on a contiguous FP8 KV cache "
+                                      "is not supported by fattn")
+    if page_table is not None:
+        if isinstance(page_table, torch.Tensor) and page_table.dim() != 2:
+            raise ValueError("fattn: page_table must be [batch, max_pages_per_seq], got shape %s"
+                             % (tuple(page_table.shape),))
+        page_table = _int32_on(page_table, "page_table", q.device,
+                               (b, page_table.shape[1]) if isinstance(page_table, torch.Tensor) else None)
+    if cache_seqlens is not None:
+        if isinstance(cache_seqlens, torch.Tensor):
+            cache_seqlens = _int32_on(cache_seqlens, "cache_seqlens", q.device, (b,))
+        else:
+            if isinstance(cache_seqlens, bool) or not isinstance(cache_seqlens, int):
+                raise TypeError("fattn: cache_seqlens must be an int or an int32 tensor [batch], got a %s"
+                                % type(cache_seqlens).__name__)
+            if not 0 <= cache_seqlens <= 2 ** 31 - 1:
+                raise ValueError("fattn: cache_seqlens must be in [0, 2**31), got %d" % cache_seqlens)
+            cache_seqlens = torch.full((b,), cache_seqlens, dtype=torch.int32, device=q.device)
+    if k is not None and cache_seqlens is None:
+        raise ValueError("fattn: k and v (rows to append) need cache_seqlens (where each sequence's rows go), as "
+                         "FlashAttention's")
+    if cache_leftpad is not None:
+        cache_leftpad = _int32_on(cache_leftpad, "cache_leftpad", q.device, (b,))
+    kv = _core.check_kvcache_shapes(q.shape, k_cache.shape, v_cache.shape, None if k is None else k.shape,
+                                    None if v is None else v.shape,
+                                    None if page_table is None else page_table.shape,
+                                    cache_batch=cache_batch_idx is not None)
+    if kv.seqlen_new and kv.dims.dv != kv.dims.d:
+        raise NotImplementedError("fattn.flash_attn_with_kvcache: appending k, v with head_dim_v %d != head_dim %d "
+                                  "is not supported by fattn (fattn_kv_append copies rows of one head_dim)"
+                                  % (kv.dims.dv, kv.dims.d))
+    scale = _core.resolve_scale(softmax_scale, kv.dims.d)
+    wl, wr = window_size if window_size is not None else (-1, -1)
+    if k_scale is not None:
+        return fwd_kvcache_fp8(q, k_cache, v_cache, k_scale, v_scale, k, v, cache_seqlens, page_table, bool(causal),
+                               scale, bool(disable_split), int(wl), int(wr), float(softcap), sink, cache_leftpad)
+    return fwd_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, bool(causal), scale,
+                       bool(disable_split), int(wl), int(wr), float(softcap), sink, cache_batch_idx, cache_leftpad)
+
+
+def _kvcache_varlen(q, k_cache, v_cache, k, cache_seqlens, page_table, softmax_scale, causal, window_size, softcap,
+                    learnable_sink, k_scale, cu_seqlens_q, max_seqlen_q):
+    """kvcache with cu_seqlens_q: varlen queries on the cache (fwd_kvcache_varlen)."""
+    if k is not None:
+        raise NotImplementedError("fattn.flash_attn_with_kvcache: k, v to append with cu_seqlens_q (a varlen batch "
+                                  "of new rows, FA3's cu_seqlens_k_new) are not supported by fattn: append with "
+                                  "fattn's kv_append first, then attend")
+    if k_scale is not None:
+        raise NotImplementedError("fattn.flash_attn_with_kvcache: cu_seqlens_q on an FP8 KV cache is not supported "
+                                  "by fattn yet (its kernels serve the decoding shapes only)")
+    if q.dim() != 3:
+        raise ValueError("fattn: with cu_seqlens_q, q must be packed [total_q, heads, head_dim], got shape %s"
+                         % (tuple(q.shape),))
+    if not isinstance(cu_seqlens_q, torch.Tensor) or cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] < 1:
+        raise ValueError("fattn: cu_seqlens_q must be an int32 tensor [batch + 1]")
+    b = cu_seqlens_q.shape[0] - 1
+    cu = _int32_on(cu_seqlens_q, "cu_seqlens_q", q.device, (b + 1,))
+    if max_seqlen_q is None or isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int) or max_seqlen_q < 0:
+        raise ValueError("fattn: cu_seqlens_q needs max_seqlen_q, an int >= every sequence's query count (the "
+                         "lengths are not read on the host), got %r" % (max_seqlen_q,))
+    sink = _sink_tensor(learnable_sink, q)
+    if page_table is not None:
+        page_table = _int32_on(page_table, "page_table", q.device,
+                               (b, page_table.shape[1]) if isinstance(page_table, torch.Tensor) else None)
+    if cache_seqlens is not None:
+        if isinstance(cache_seqlens, torch.Tensor):
+            cache_seqlens = _int32_on(cache_seqlens, "cache_seqlens", q.device, (b,))
+        else:
+            cache_seqlens = torch.full((b,), int(cache_seqlens), dtype=torch.int32, device=q.device)
+    scale = _core.resolve_scale(softmax_scale, q.shape[2])
+    wl, wr = window_size if window_size is not None else (-1, -1)
+    return fwd_kvcache_varlen(q, k_cache, v_cache, cu, cache_seqlens, page_table, int(max_seqlen_q), bool(causal),
+                              scale, int(wl), int(wr), float(softcap), sink)
