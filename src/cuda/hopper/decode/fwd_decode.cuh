@@ -120,6 +120,16 @@ __device__ __forceinline__ uint32_t dec_sw(int row, int col) {
     return (uint32_t)((col >> 6) * R * 128 + row * 128 + ((((col & 63) >> 3) ^ (row & 7)) << 4));
 }
 
+/* A paged key's page and row in it; a key past the ones used reads page
+ * num_pages, outside the pool: zeros (TMA bounds) */
+__device__ __forceinline__ void dec_page_row(const DecParams &p, int key, int len, int b, int &pg, int &row) {
+    pg = p.num_pages, row = 0;
+    if (key < len) {
+        pg = p.block_table[(int64_t)b * p.max_pages + (key >> p.page_shift)];
+        row = key & (p.page_size - 1);
+    }
+}
+
 template <class C>
 __device__ __forceinline__ void dec_load_block(const DecParams &p, const CUtensorMap *tm_k, const CUtensorMap *tm_v,
                                                uint8_t *kst, uint8_t *vst, uint64_t *bar, int n, int hk, int b,
@@ -130,12 +140,8 @@ __device__ __forceinline__ void dec_load_block(const DecParams &p, const CUtenso
          * table entry outside the pool, reads as zeros (TMA bounds). */
         const int pb = p.page_size < C::BN ? p.page_size : C::BN;
         for (int k0 = 0; k0 < C::BN; k0 += pb) {
-            const int key = n * C::BN + k0;
-            int pg = p.num_pages, row = 0;
-            if (key < len) {
-                pg = p.block_table[(int64_t)b * p.max_pages + (key >> p.page_shift)];
-                row = key & (p.page_size - 1);
-            }
+            int pg, row;
+            dec_page_row(p, n * C::BN + k0, len, b, pg, row);
             for (int c = 0; c < C::SLABS; ++c) {
                 tma_load_4d(kst + c * C::BN * 128 + k0 * 128, tm_k, c * 64, row, hk, pg, bar);
                 tma_load_4d(vst + c * C::BN * 128 + k0 * 128, tm_v, c * 64, row, hk, pg, bar);
@@ -178,12 +184,8 @@ __device__ __forceinline__ void dec_load_block8(const DecParams &p, const CUtens
     if constexpr (C::PAGED) {
         const int pb = p.page_size < C::BN ? p.page_size : C::BN;
         for (int k0 = 0; k0 < C::BN; k0 += pb) {
-            const int key = n * C::BN + k0;
-            int pg = p.num_pages, row = 0;
-            if (key < len) {
-                pg = p.block_table[(int64_t)b * p.max_pages + (key >> p.page_shift)];
-                row = key & (p.page_size - 1);
-            }
+            int pg, row;
+            dec_page_row(p, n * C::BN + k0, len, b, pg, row);
             tma_load_4d(kst + k0 * C::D, tm_k, 0, row, hk, pg, bar);
             tma_load_4d(vst + k0 * C::D, tm_v, 0, row, hk, pg, bar);
         }
