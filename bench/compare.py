@@ -12,6 +12,8 @@ measured in one process on the same inputs (DESIGN.md §7).
     python3 bench/compare.py --bwd [--bwd-deterministic] [--bwd-no-fwd] [--backends fattn,cudnn,fa2,fa4]
         [--dtypes bf16] [--head-dims ..] [--seqlens 1024,...,16384] [--causal both|0|1] [--clocks] [--json out.json]
         [--dry-run]
+    python3 bench/compare.py --variants [--bwd] [--kinds window,softcap,sinks,hd192] [--causal both|0|1]
+        [--backends fattn,fattn-plain,cudnn,fa3,fa4] [--clocks] [--json out.json] [--dry-run | --cpu-check]
 
 FLOPs = 4 * batch * heads * seqlen^2 * head_dim (halved for causal);
 TFLOPs/s = FLOPs / median kernel time; the backends take turns over --rounds (3) rounds per shape,
@@ -46,6 +48,9 @@ torch.autograd.grad(O, (q, k, v), dO, retain_graph=True) on one forward's graph.
 forward's.  Ratios fattn bwd / cuDNN, / FA2, / FA4; fattn's cells read 'unsupported' where fattn_bwd answers
 FATTN_ERROR_UNSUPPORTED (the row goes on); dQ, dK, dV compared with fattn's (or the first backend's that ran).
 --bwd-deterministic adds fattn_bwd with deterministic = 1 (its cost against the default, a bitwise repeat).
+--variants (bench/compare_variants.py, whose docstring has the rows and FLOP counts) times issue 37's attention
+variants (window, softcap, learnable sinks, head_dim 192 / head_dim_v 128) beside fattn without the variant and the
+peers that have it, forward, or the backward with --bwd; --cpu-check builds its rows small on the CPU engine.
 """
 import argparse
 import contextlib
@@ -1220,7 +1225,23 @@ def main():
                          "cannot overlap the previous call's tail)")
     ap.add_argument("--dry-run", action="store_true",
                     help="print the rows, the backends and the expected duration, and stop (needs no torch or GPU)")
+    ap.add_argument("--variants", action="store_true",
+                    help="the attention variants of issue 37 (bench/compare_variants.py): sliding window, softcap, "
+                         "learnable sinks, head_dim 192 / head_dim_v 128, fattn beside fattn without the variant and "
+                         "the peers that have it (FA3, FA4, cuDNN); forward, or with --bwd the backward "
+                         "(--backends from fattn,fattn-plain,cudnn,fa3,fa4)")
+    ap.add_argument("--kinds", default="window,softcap,sinks,hd192",
+                    help="with --variants: which rows (window,softcap,sinks,hd192)")
+    ap.add_argument("--cpu-check", action="store_true",
+                    help="with --variants: build every row small on the CPU engine and check fattn's outputs and "
+                         "gradients against float64 torch, and the FLOP and tile counts (no GPU)")
     a = ap.parse_args()
+    if a.cpu_check and not a.variants:
+        ap.error("--cpu-check goes with --variants")
+    if a.variants:
+        sys.modules.setdefault("compare", sys.modules[__name__])  # compare_variants imports this module, not a copy
+        import compare_variants
+        return compare_variants.cpu_check(a) if a.cpu_check else compare_variants.main_variants(a, ap)
     a.bwd = a.bwd or a.bwd_deterministic
     if a.bwd_no_fwd and not a.bwd:
         ap.error("--bwd-no-fwd goes with --bwd")
