@@ -209,8 +209,9 @@ def _fa_common_args(fn, no, causal, descales, descale_note, window_size, attenti
         causal, ws = True, None  # FlashAttention's causal mask is the window (-inf, 0], bottom-right aligned
     if attention_chunk:
         no("attention_chunk=%r" % (attention_chunk,))
-    if num_splits is not None and num_splits > 1:
-        no("num_splits=%r (fattn picks its own split of the keys%s)" % (num_splits, splits_note))
+    # num_splits, as pack_gqa, only steers FA3's schedule (the same values up to rounding): a hint
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0):
+        raise ValueError("%s: num_splits must be an int >= 0, got %r" % (fn, num_splits))
     if sm_margin:
         no("sm_margin=%r" % (sm_margin,))
     return causal, ws, 0.0 if softcap is None else softcap
@@ -224,13 +225,13 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     `from fattn import flash_attn_func` switches an FA3 caller.  Tensors are
     [b, s, h, d] torch tensors.  Arguments whose effect fattn cannot give raise
     NotImplementedError, never ignored: qv, q/k/v_descale without
-    float8_e4m3fn inputs, attention_chunk != 0, num_splits > 1, sm_margin != 0.
+    float8_e4m3fn inputs, attention_chunk != 0, sm_margin != 0.
     float8_e4m3fn q, k, v take FA3's q/k/v_descale (float32 [b, hkv], None = 1) and
     return bf16, forward only, as FA3's FP8 kernel.  window_size
     (FA3's: (-1, -1) none, a negative side unbounded, (-1, 0) causal; FA4's
     None for a side is -1 too), softcap (0 or None off) and learnable_sink
     (FA4's: [hq], any float dtype) are fattn.attention's, with their
-    gradients.  num_splits 0 or 1 and
+    gradients.  num_splits (any) and
     pack_gqa are scheduling hints with no numerical effect: fattn schedules
     itself.  deterministic is passed to the backward.  Returns out, or
     (out, softmax_lse [b, h, sq] float32) with return_attn_probs=True."""
@@ -294,7 +295,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     the rows of out and lse past them are left unwritten (FA3's: nothing is
     promised there).  Arguments whose effect fattn cannot give
     raise NotImplementedError, never ignored: qv, q/k/v_descale,
-    attention_chunk != 0, num_splits > 1, sm_margin != 0.  num_splits 0 or 1 and pack_gqa are
+    attention_chunk != 0, sm_margin != 0.  num_splits and pack_gqa are
     scheduling hints: fattn schedules itself.  Shapes that do not fit,
     cu_seqlens of another dtype, layout, length or device raise ValueError
     (TypeError for a non-tensor)."""
@@ -338,7 +339,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     Arguments fattn cannot serve raise NotImplementedError, never ignored:
     qv, rotary_cos/rotary_sin/rotary_seqlens, cu_seqlens_k_new (and k, v
     with cu_seqlens_q), q/k/v_descale, attention_chunk != 0,
-    scheduler_metadata, num_splits > 1, sm_margin != 0, and appending k, v of
+    scheduler_metadata, sm_margin != 0, and appending k, v of
     head_dim_v != head_dim.  cu_seqlens_q (int32 [b + 1]) with max_seqlen_q:
     q packed [total_q, hq, d], a varlen batch of new queries on the cache
     (chunked prefill; vLLM's call), each sequence over its first
@@ -350,7 +351,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     engines; on CUDA through the varlen kernels (a contiguous cache for the
     left pad).  window_size, softcap and learnable_sink (FA4's
     name, after FA3's arguments) as flash_attn_func's, the window bottom-right
-    aligned on each sequence's used keys.  Accepted: num_splits 0 (fattn's schedule) and 1
+    aligned on each sequence's used keys.  Accepted: num_splits 0 or > 1 (fattn's schedule) and 1
     (no split of the keys: FATTN_OPTION_DISABLE_SPLIT for this call; the same
     values up to rounding), pack_gqa (a scheduling hint: fattn packs the GQA
     group itself), max_seqlen_q (needed with cu_seqlens_q, unused without),

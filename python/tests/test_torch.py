@@ -481,14 +481,15 @@ class FlashAttnFunc(unittest.TestCase):
         o2, lse2 = fattn.flash_attn_func(q, k, v, 0.2, True, return_attn_probs=True)
         self.assertTrue(torch.equal(o2, o) and torch.equal(lse2, lse))
         self.assertTrue(torch.equal(fattn.flash_attn_func(q, k, v, 0.2, window_size=(-1, 0)), o))  # = causal
-        for hint in (dict(num_splits=0), dict(num_splits=1), dict(pack_gqa=True), dict(pack_gqa=False),
+        for hint in (dict(num_splits=0), dict(num_splits=1), dict(num_splits=3), dict(pack_gqa=True),
+                     dict(pack_gqa=False),
                      dict(deterministic=True), dict(window_size=[-1, -1])):
             self.assertTrue(torch.equal(fattn.flash_attn_func(q, k, v, 0.2, True, **hint), o), hint)
 
     def test_unsupported_arguments_raise(self):
         q, k, v = inputs()
         for bad in (dict(qv=q), dict(q_descale=torch.ones(2, 2)), dict(k_descale=torch.ones(2, 2)),
-                    dict(v_descale=torch.ones(2, 2)), dict(attention_chunk=64), dict(num_splits=4),
+                    dict(v_descale=torch.ones(2, 2)), dict(attention_chunk=64),
                     dict(sm_margin=8)):
             with self.assertRaises(NotImplementedError, msg=str(bad)):
                 fattn.flash_attn_func(q, k, v, **bad)
@@ -1499,7 +1500,8 @@ class KvCache(unittest.TestCase):
         lens = torch.tensor([1, 20, 40], dtype=torch.int32)
         want = fattn.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, page_table=table, causal=True,
                                              return_softmax_lse=True)
-        for hint in (dict(num_splits=0), dict(num_splits=1), dict(num_splits=None), dict(pack_gqa=True),
+        for hint in (dict(num_splits=0), dict(num_splits=1), dict(num_splits=3), dict(num_splits=None),
+                     dict(pack_gqa=True),
                      dict(pack_gqa=False), dict(max_seqlen_q=3), dict(rotary_interleaved=False),
                      dict(window_size=[-1, -1]), dict(sm_margin=0), dict(causal=False, window_size=(-1, 0))):
             kw = dict(causal=True)
@@ -1531,7 +1533,7 @@ class KvCache(unittest.TestCase):
                     dict(cu_seqlens_q=torch.arange(4, dtype=torch.int32)),
                     dict(cu_seqlens_k_new=torch.arange(4, dtype=torch.int32)), dict(q_descale=torch.ones(3, 2)),
                     dict(k_descale=torch.ones(3, 2)), dict(v_descale=torch.ones(3, 2)), dict(attention_chunk=64),
-                    dict(scheduler_metadata=t), dict(num_splits=4), dict(sm_margin=8)):
+                    dict(scheduler_metadata=t), dict(sm_margin=8)):
             with self.assertRaises(NotImplementedError, msg=str(bad)) as cm:
                 fattn.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, page_table=table, **bad)
             self.assertIn("not supported by fattn", str(cm.exception))
@@ -2129,7 +2131,8 @@ class Varlen(unittest.TestCase):
     def test_hints_change_nothing(self):
         q, k, v, cu_q, cu_k, mq, mk = varlen_inputs(VARLEN_SEQS, seed=50)
         want = fattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, causal=True, return_attn_probs=True)
-        for hint in (dict(num_splits=0), dict(num_splits=1), dict(pack_gqa=True), dict(pack_gqa=False),
+        for hint in (dict(num_splits=0), dict(num_splits=1), dict(num_splits=3), dict(pack_gqa=True),
+                     dict(pack_gqa=False),
                      dict(deterministic=True), dict(window_size=[-1, -1]), dict(sm_margin=0),
                      dict(causal=False, window_size=(-1, 0))):
             kw = dict(causal=True)
@@ -2165,7 +2168,7 @@ class Varlen(unittest.TestCase):
         q, k, v, cu_q, cu_k, mq, mk = varlen_inputs(VARLEN_SEQS)
         for bad in (dict(qv=q), dict(q_descale=torch.ones(8, 2)),
                     dict(k_descale=torch.ones(8, 2)), dict(v_descale=torch.ones(8, 2)), dict(attention_chunk=64),
-                    dict(num_splits=4), dict(sm_margin=8)):
+                    dict(sm_margin=8)):
             with self.assertRaises(NotImplementedError, msg=str(bad)) as cm:
                 fattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, **bad)
             self.assertIn("not supported by fattn", str(cm.exception))
