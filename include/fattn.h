@@ -869,12 +869,13 @@ FATTN_API fattn_status fattn_kv_append(fattn_ctx *ctx, const fattn_kv_append_arg
  *   q, k, v, o, lse as in fattn_fwd (lse required); dout like o;
  *   dq like q, dk like k, dv like v (same dtype as q; f32/f16/bf16 only).
  *   With GQA, dk and dv are sums over the query heads of each kv head.
- *   D = rowsum(dout * o) is computed from the o passed here, so pass the
- *   forward's own output.  Exception: the CPU engine with f16 / bf16 o
- *   takes D as sum_j P_ij dP_ij over this call's keys (the same value for
- *   the forward's own o, without o's rounding); so a block of keys
- *   differentiated with the o and lse of a larger call (ring attention,
- *   FlashAttention's block backward) needs f32 tensors on the CPU engine.
+ *   D = rowsum(dout * o) is computed from the o passed here: the forward's
+ *   own output, or the o and lse of a larger call when this call is one
+ *   block of its keys (ring attention, FlashAttention's block backward).
+ *   The CPU engine with f16 / bf16 o takes D as sum_j P_ij dP_ij over this
+ *   call's keys instead (the same value without o's rounding) in the rows
+ *   where those keys (and the sink) hold the whole softmax, P summing to
+ *   at least 1 - 2^-13; in the others, dout . o.
  *   A row whose lse is -inf (it saw no key) gets
  *   dq = 0 and adds nothing to dk, dv.
  *   deterministic: nonzero asks for bitwise-reproducible results (the CPU

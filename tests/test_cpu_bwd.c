@@ -179,6 +179,82 @@ static void cancellation_case(fattn_ctx *ctx, tu_rng *rng, fattn_dtype dt, int s
     tu_tensor_free(&dO); tu_tensor_free(&dq); tu_tensor_free(&dk); tu_tensor_free(&dvt);
 }
 
+/* A key block differentiated with the o and lse of the whole call (ring
+ * attention, FlashAttention's block backward): keys split at s1, each block's
+ * fattn_bwd given the full forward's o and lse, dq summed over the blocks, dk
+ * and dv the blocks' rows, against the oracle's gradients of the whole call.
+ * With a 16-bit o the engine must take D = dO . O from o for these rows (their
+ * P over the block sums to less than 1), not the block's own sum of P dP.
+ * Tolerance: the case's dtype's (two stored dq halves add one rounding). */
+static void block_case(fattn_ctx *ctx, tu_rng *rng, fattn_dtype dt, int sq, int sk, int s1, double tol) {
+    const int h = 2, d = 64;
+    tu_tensor q, k, v, o, dO, dq, dq2, dk, dvt;
+    tu_tensor_alloc(&q, dt, 1, sq, h, d, TU_BSHD, 1);
+    tu_tensor_alloc(&k, dt, 1, sk, h, d, TU_BSHD, 1);
+    tu_tensor_alloc(&v, dt, 1, sk, h, d, TU_BSHD, 1);
+    tu_tensor_alloc(&o, dt, 1, sq, h, d, TU_BSHD, 1);
+    tu_tensor_alloc(&dO, dt, 1, sq, h, d, TU_BSHD, 1);
+    tu_tensor_alloc(&dq, dt, 1, sq, h, d, TU_BSHD, 1);
+    tu_tensor_alloc(&dq2, dt, 1, sq, h, d, TU_BSHD, 1);
+    tu_tensor_alloc(&dk, dt, 1, sk, h, d, TU_BSHD, 1);
+    tu_tensor_alloc(&dvt, dt, 1, sk, h, d, TU_BSHD, 1);
+    const size_t nin = q.count + k.count + v.count + dO.count;
+    double *src = (double *)tu_malloc(sizeof(double) * nin), *hq = (double *)tu_malloc(sizeof(double) * q.count);
+    double *hk = (double *)tu_malloc(sizeof(double) * k.count), *hv = (double *)tu_malloc(sizeof(double) * v.count);
+    double *hd = (double *)tu_malloc(sizeof(double) * dO.count);
+    double *ref[3] = {(double *)tu_malloc(sizeof(double) * q.count), (double *)tu_malloc(sizeof(double) * k.count),
+                      (double *)tu_malloc(sizeof(double) * v.count)};
+    double *g = (double *)tu_malloc(sizeof(double) * q.count), *g2 = (double *)tu_malloc(sizeof(double) * q.count);
+    float *lse = (float *)tu_malloc(sizeof(float) * (size_t)h * sq);
+    tu_fill_normal(rng, src, nin);
+    tu_tensor_set(&q, src, hq);
+    tu_tensor_set(&k, src + q.count, hk);
+    tu_tensor_set(&v, src + q.count + k.count, hv);
+    tu_tensor_set(&dO, src + q.count + k.count + v.count, hd);
+    oracle_problem op = {1, sq, sk, h, h, d, d, 0.0, 0, NULL, NULL};
+    oracle_bwd(&op, hq, hk, hv, hd, ref[0], ref[1], ref[2]);
+    fattn_fwd_args fa;
+    memset(&fa, 0, sizeof fa);
+    fa.p = tu_problem(1, sq, sk, h, h, d, 0, 0, NULL, NULL);
+    fa.q = q.t, fa.k = k.t, fa.v = v.t, fa.o = o.t, fa.lse = lse;
+    TU_EXPECT_OK(fattn_fwd(ctx, &fa));
+    const size_t es = fattn_dtype_size(dt), row = (size_t)h * d;
+    for (int blk = 0; blk < 2; blk++) {
+        const int k0 = blk ? s1 : 0, kn = blk ? sk - s1 : s1;
+        fattn_bwd_args ba;
+        memset(&ba, 0, sizeof ba);
+        ba.p = tu_problem(1, sq, kn, h, h, d, 0, 0, NULL, NULL);
+        ba.q = q.t, ba.o = o.t, ba.dout = dO.t, ba.lse = lse, ba.dq = blk ? dq2.t : dq.t;
+        fattn_tensor *kv[4] = {&ba.k, &ba.v, &ba.dk, &ba.dv};
+        const tu_tensor *src_t[4] = {&k, &v, &dk, &dvt};
+        for (int t = 0; t < 4; t++) { /* rows k0 .. k0 + kn - 1 of the full tensors */
+            *kv[t] = src_t[t]->t;
+            kv[t]->data = (char *)src_t[t]->t.data + (size_t)k0 * row * es;
+            kv[t]->stride_seq = (int64_t)row, kv[t]->stride_head = d, kv[t]->stride_batch = (int64_t)kn * row;
+        }
+        TU_EXPECT_OK(fattn_bwd(ctx, &ba));
+    }
+    tu_tensor_get(&dq, g);
+    tu_tensor_get(&dq2, g2);
+    for (size_t i = 0; i < q.count; i++) g[i] += g2[i];
+    char what[96];
+    snprintf(what, sizeof what, "%s block backward %dx%d split at %d: dQ rel err", fattn_dtype_name(dt), sq, sk, s1);
+    TU_EXPECT_LE(tu_rel_err(g, ref[0], q.count), 2 * tol, what);
+    const tu_tensor *kt[2] = {&dk, &dvt};
+    for (int t = 0; t < 2; t++) {
+        double *gk = (double *)tu_malloc(sizeof(double) * k.count);
+        tu_tensor_get(kt[t], gk);
+        snprintf(what, sizeof what, "%s block backward %dx%d split at %d: %s rel err", fattn_dtype_name(dt), sq, sk, s1,
+                 t ? "dV" : "dK");
+        TU_EXPECT_LE(tu_rel_err(gk, ref[t + 1], k.count), tol, what);
+        free(gk);
+    }
+    free(src), free(hq), free(hk), free(hv), free(hd), free(g), free(g2), free(lse);
+    for (int t = 0; t < 3; t++) free(ref[t]);
+    tu_tensor_free(&q), tu_tensor_free(&k), tu_tensor_free(&v), tu_tensor_free(&o), tu_tensor_free(&dO);
+    tu_tensor_free(&dq), tu_tensor_free(&dq2), tu_tensor_free(&dk), tu_tensor_free(&dvt);
+}
+
 int main(void) {
     tu_rng rng;
     tu_rng_init(&rng, (uint64_t)tu_seed());
@@ -215,6 +291,9 @@ int main(void) {
         cancellation_case(ctx, &rng, F16, 40, 5, 1, 2.0);
         cancellation_case(ctx, &rng, BF16, 17, 2, 0, 2.0);
     }
+    block_case(ctx, &rng, F32, 70, 90, 40, TOL_F32);
+    block_case(ctx, &rng, BF16, 70, 90, 40, TOL_BF16);
+    block_case(ctx, &rng, F16, 33, 200, 17, TOL_F16);
     fattn_ctx_free(ctx);
     return tu_finish("test_cpu_bwd");
 }

@@ -62,9 +62,9 @@ def block_backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic
     """fattn's backward of one block with an outside O and LSE (the merged result
     of every block, as ring attention has): D = rowsum(dout * out) and P =
     exp(S * scale - lse) come from `out` and `lse`, not from this block alone.
-    Returns (dq, dk, dv) in q's dtype, or float32 for 16-bit CPU tensors: the CPU
-    engine's 16-bit backward takes D from the block's own P and dP (exact only for
-    its own forward's O), so such a block runs in float32 here."""
+    Returns (dq, dk, dv) in q's dtype, or float32 for 16-bit CPU tensors, whose
+    blocks run in float32 here (the ring sums the blocks' gradients; the CPU engine
+    computes in f32 anyway)."""
     ops = _ops()
     if _cpu16(q):
         dout, q, k, v, out = (t.float() for t in (dout, q, k, v, out))

@@ -238,7 +238,11 @@ static void key_range(const fattn_problem *p, const fattn_seq *sq, int64_t i0, i
  * its digits (issue 27 item 8: bf16 causal 23 x 3, dq 8x the error of the
  * rounded exact gradient).  sum_j P_ij dP_ij is the same D computed from the
  * f32 P and dP the backward recomputes anyway, so dS only sees f32 rounding;
- * it costs the two GEMMs of S and dP once more (about 2/7 of the backward). */
+ * it costs the two GEMMs of S and dP once more (about 2/7 of the backward).
+ * That sum is D only over all of a row's keys: a row whose P (with its sink)
+ * sums to less than 1 - 2^-13 here was given the LSE of a larger call (ring
+ * attention, FlashAttention's block backward) and takes D = dO . O from the
+ * o passed, as the GPU engines do. */
 static void bwd_d_exact_task(void *arg, int64_t task, int worker) {
     const bwd_job *j = (const bwd_job *)arg;
     const fattn_problem *p = &j->a->p;
@@ -251,10 +255,10 @@ static void bwd_d_exact_task(void *arg, int64_t task, int worker) {
     const int64_t hk = h / j->m.group;
     const int64_t i0 = qb * BM;
     const int64_t rows = imin64(sq.qlen - i0, BM);
-    float acc[FATTN_CPU_BM];
+    float acc[FATTN_CPU_BM], psum[FATTN_CPU_BM];
     int64_t vlo[FATTN_CPU_BM], vhi[FATTN_CPU_BM];
     load_q_block(j, &w, &sq, b, h, i0, rows);
-    for (int64_t r = 0; r < rows; r++) acc[r] = 0.0f;
+    for (int64_t r = 0; r < rows; r++) acc[r] = psum[r] = 0.0f;
     int64_t kbeg, kend;
     key_range(p, &sq, i0, rows, &kbeg, &kend);
     for (int64_t j0 = kbeg; j0 < kend; j0 += BN) {
@@ -263,12 +267,27 @@ static void bwd_d_exact_task(void *arg, int64_t task, int worker) {
         tile_p(j, &w, &sq, i0, rows, j0, jn, vlo, vhi);
         for (int64_t r = 0; r < rows; r++) {
             const float *prow = w.s + r * BN, *dprow = w.dP + r * BN;
-            float t = acc[r];
-            for (int64_t c = vlo[r]; c < vhi[r]; c++) t += prow[c] * dprow[c];
-            acc[r] = t;
+            float t = acc[r], ps = psum[r];
+            for (int64_t c = vlo[r]; c < vhi[r]; c++) t += prow[c] * dprow[c], ps += prow[c];
+            acc[r] = t, psum[r] = ps;
         }
     }
-    for (int64_t r = 0; r < rows; r++) j->dbuf[fattn_lse_index(p, &sq, b, h, i0 + r)] = acc[r];
+    const fattn_bwd_args *a = j->a;
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t li = fattn_lse_index(p, &sq, b, h, i0 + r);
+        const float lse = a->lse[li];
+        float mass = psum[r];
+        if (a->learnable_sink && lse != -INFINITY) mass += expf(a->learnable_sink[h] - lse);
+        if (lse != -INFINITY && mass < 1.0f - 0x1p-13f) { /* an outside LSE: D from the o given */
+            const int64_t tr = sq.q0 + i0 + r;
+            fattn_load_row(&a->o, fattn_row_offset(&a->o, sq.tb, tr, h), (int)j->m.dv, 1.0f, NULL, w.dO);
+            fattn_load_row(&a->dout, fattn_row_offset(&a->dout, sq.tb, tr, h), (int)j->m.dv, 1.0f, NULL, w.row);
+            float d = 0.0f;
+            for (int64_t t = 0; t < j->m.dv; t++) d += w.dO[t] * w.row[t];
+            acc[r] = d;
+        }
+        j->dbuf[li] = acc[r];
+    }
 }
 
 /* ---- d(sink) ------------------------------------------------------------ *
