@@ -244,6 +244,28 @@ def _check_kv8(q, k_cache, v_cache, k_scale, v_scale):
     return True
 
 
+def _cache_index(page_table, cache_seqlens, b, device):
+    """page_table [b, max_pages] and cache_seqlens ([b] tensor or an int) of b sequences as contiguous int32
+    tensors on device (None stays None); TypeError / ValueError naming the argument otherwise."""
+    if page_table is not None:
+        if isinstance(page_table, torch.Tensor) and page_table.dim() != 2:
+            raise ValueError("fattn: page_table must be [batch, max_pages_per_seq], got shape %s"
+                             % (tuple(page_table.shape),))
+        page_table = _int32_on(page_table, "page_table", device,
+                               (b, page_table.shape[1]) if isinstance(page_table, torch.Tensor) else None)
+    if cache_seqlens is not None:
+        if isinstance(cache_seqlens, torch.Tensor):
+            cache_seqlens = _int32_on(cache_seqlens, "cache_seqlens", device, (b,))
+        else:
+            if isinstance(cache_seqlens, bool) or not isinstance(cache_seqlens, int):
+                raise TypeError("fattn: cache_seqlens must be an int or an int32 tensor [batch], got a %s"
+                                % type(cache_seqlens).__name__)
+            if not 0 <= cache_seqlens <= 2 ** 31 - 1:
+                raise ValueError("fattn: cache_seqlens must be in [0, 2**31), got %d" % cache_seqlens)
+            cache_seqlens = torch.full((b,), cache_seqlens, dtype=torch.int32, device=device)
+    return page_table, cache_seqlens
+
+
 def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale, causal, disable_split,
             window_size=None, softcap=0.0, learnable_sink=None, k_scale=None, v_scale=None, cu_seqlens_q=None,
             max_seqlen_q=None, cache_batch_idx=None, cache_leftpad=None):
@@ -287,22 +309,7 @@ def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale,
         elif k_scale is not None:
             raise NotImplementedError("fattn.flash_attn_with_kvcache: cache_batch_idx on a contiguous FP8 KV cache "
                                       "is not supported by fattn")
-    if page_table is not None:
-        if isinstance(page_table, torch.Tensor) and page_table.dim() != 2:
-            raise ValueError("fattn: page_table must be [batch, max_pages_per_seq], got shape %s"
-                             % (tuple(page_table.shape),))
-        page_table = _int32_on(page_table, "page_table", q.device,
-                               (b, page_table.shape[1]) if isinstance(page_table, torch.Tensor) else None)
-    if cache_seqlens is not None:
-        if isinstance(cache_seqlens, torch.Tensor):
-            cache_seqlens = _int32_on(cache_seqlens, "cache_seqlens", q.device, (b,))
-        else:
-            if isinstance(cache_seqlens, bool) or not isinstance(cache_seqlens, int):
-                raise TypeError("fattn: cache_seqlens must be an int or an int32 tensor [batch], got a %s"
-                                % type(cache_seqlens).__name__)
-            if not 0 <= cache_seqlens <= 2 ** 31 - 1:
-                raise ValueError("fattn: cache_seqlens must be in [0, 2**31), got %d" % cache_seqlens)
-            cache_seqlens = torch.full((b,), cache_seqlens, dtype=torch.int32, device=q.device)
+    page_table, cache_seqlens = _cache_index(page_table, cache_seqlens, b, q.device)
     if k is not None and cache_seqlens is None:
         raise ValueError("fattn: k and v (rows to append) need cache_seqlens (where each sequence's rows go), as "
                          "FlashAttention's")
@@ -346,14 +353,7 @@ def _kvcache_varlen(q, k_cache, v_cache, k, cache_seqlens, page_table, softmax_s
         raise ValueError("fattn: cu_seqlens_q needs max_seqlen_q, an int >= every sequence's query count (the "
                          "lengths are not read on the host), got %r" % (max_seqlen_q,))
     sink = _sink_tensor(learnable_sink, q)
-    if page_table is not None:
-        page_table = _int32_on(page_table, "page_table", q.device,
-                               (b, page_table.shape[1]) if isinstance(page_table, torch.Tensor) else None)
-    if cache_seqlens is not None:
-        if isinstance(cache_seqlens, torch.Tensor):
-            cache_seqlens = _int32_on(cache_seqlens, "cache_seqlens", q.device, (b,))
-        else:
-            cache_seqlens = torch.full((b,), int(cache_seqlens), dtype=torch.int32, device=q.device)
+    page_table, cache_seqlens = _cache_index(page_table, cache_seqlens, b, q.device)
     scale = _core.resolve_scale(softmax_scale, q.shape[2])
     wl, wr = window_size if window_size is not None else (-1, -1)
     return fwd_kvcache_varlen(q, k_cache, v_cache, cu, cache_seqlens, page_table, int(max_seqlen_q), bool(causal),
