@@ -37,27 +37,63 @@ struct FwdTransposer {
     const FwdSmem<C> &sm;
     int tw, lane; /* transposer warp 0..2 */
 
-    __device__ __forceinline__ void transpose(int s) const {
-        const uint32_t src = smem_u32(sm.vraw_stage(s)), dst = smem_u32(sm.v_stage(s));
+    /* Unit u of a block: 16 keys (group kg) x 32 columns (group dg).  Both
+     * swizzles XOR a row's 16-byte chunk with bits of the row that are a
+     * lane's own whatever the unit, and the stage bases are 1024-byte
+     * aligned, so a unit's address is (stage + lane offset) XOR a constant
+     * chunk (32 dg within the row for ldmatrix, 16 kg within 128 keys for
+     * stmatrix) plus a constant: one LOP3 each, two lane registers (f7) */
+    static constexpr int KG = BN / 16, ROWDG = C::SW / 32; /* column groups per swizzled row */
+    struct Lanes {
+        uint32_t ld, st;
+    };
+    __device__ __forceinline__ Lanes lanes() const {
         const int j = lane >> 3, i = lane & 7;
-        for (int u = tw; u < UNITS; u += 3) {
-            const int kg = u % (BN / 16), dg = u / (BN / 16);
-            /* ldmatrix: lane gives row i of matrix j: key 16 kg + 8 (j % 2) + i, columns 32 dg + 16 (j / 2) .. + 15 */
-            const int key = 16 * kg + 8 * (j & 1) + i, col = 32 * dg + 16 * (j >> 1);
-            const int sl = col / C::SLAB_COLS;
-            uint32_t r[4];
-            ldsm_x4_trans(r, src + sl * BN * C::SW + swz_offset<C::SW>(key, col % C::SLAB_COLS));
-            const uint32_t o0 = __byte_perm(r[0], r[1], 0x6420), o1 = __byte_perm(r[0], r[1], 0x7531);
-            const uint32_t o2 = __byte_perm(r[2], r[3], 0x6420), o3 = __byte_perm(r[2], r[3], 0x7531);
-            /* stmatrix: lane gives row i of matrix j: V^T row (column of V)
-             * 32 dg + 16 (j / 2) + 2 i + j % 2, keys 16 kg .. + 15 */
-            const int vrow = 32 * dg + 16 * (j >> 1) + 2 * i + (j & 1);
-            const int k0 = 16 * kg;
-            stsm_x4(dst + (k0 / 128) * D * 128 + swz_offset<128>(vrow, k0 % 128), o0, o1, o2, o3);
+        /* ldmatrix: lane gives row i of matrix j: key 16 kg + 8 (j % 2) + i, columns 32 dg + 16 (j / 2) .. + 15;
+         * stmatrix: lane gives row i of matrix j: V^T row (column of V) 32 dg + 16 (j / 2) + 2 i + j % 2,
+         * keys 16 kg .. + 15 */
+        return Lanes{swz_offset<C::SW>(8 * (j & 1) + i, 16 * (j >> 1)), swz_offset<128>(16 * (j >> 1) + 2 * i + (j & 1), 0)};
+    }
+    template <int U>
+    __device__ __forceinline__ void load(uint32_t (&r)[4], uint32_t ld) const {
+        constexpr int kg = U % KG, dg = U / KG;
+        constexpr uint32_t flip = 32 * (dg % ROWDG), add = (dg / ROWDG) * BN * C::SW + 16 * kg * C::SW;
+        ldsm_x4_trans(r, (ld ^ flip) + add);
+    }
+    template <int U>
+    __device__ __forceinline__ void store(const uint32_t (&r)[4], uint32_t st) const {
+        constexpr int kg = U % KG, dg = U / KG;
+        constexpr uint32_t flip = 16 * (kg % 8), add = (kg / 8) * D * 128 + 32 * dg * 128;
+        const uint32_t o0 = __byte_perm(r[0], r[1], 0x6420), o1 = __byte_perm(r[0], r[1], 0x7531);
+        const uint32_t o2 = __byte_perm(r[2], r[3], 0x6420), o3 = __byte_perm(r[2], r[3], 0x7531);
+        stsm_x4((st ^ flip) + add, o0, o1, o2, o3);
+    }
+    /* transposer warp TW's units TW, TW + 3, ..., unrolled, two loads in flight */
+    template <int TW, int U = TW>
+    __device__ __forceinline__ void units(uint32_t ld, uint32_t st) const {
+        if constexpr (U + 3 < UNITS) {
+            uint32_t a[4], b[4];
+            load<U>(a, ld);
+            load<U + 3>(b, ld);
+            store<U>(a, st);
+            store<U + 3>(b, st);
+            units<TW, U + 6>(ld, st);
+        } else if constexpr (U < UNITS) {
+            uint32_t a[4];
+            load<U>(a, ld);
+            store<U>(a, st);
         }
+    }
+    __device__ __forceinline__ void transpose(int s, const Lanes &l) const {
+        /* the stage bases are 1024-byte aligned: adding them keeps the XOR bits */
+        const uint32_t ld = smem_u32(sm.vraw_stage(s)) + l.ld, st = smem_u32(sm.v_stage(s)) + l.st;
+        if (tw == 0) units<0>(ld, st);
+        else if (tw == 1) units<1>(ld, st);
+        else units<2>(ld, st);
     }
 
     __device__ __forceinline__ void run() const {
+        const Lanes l = lanes();
         for (int it = 0;; ++it) {
             const int s = ring_stage(it, STAGES);
             const uint32_t ph = ring_phase(it, STAGES);
@@ -70,7 +106,7 @@ struct FwdTransposer {
             if (lane == 0) end = ld_shared_s32(&sm.end_flag[s]) == it;
             if (__shfl_sync(0xffffffffu, end, 0)) break;
             mbar_wait<true>(&sm.empty_v[s], ph ^ 1);
-            transpose(s);
+            transpose(s, l);
             fence_async_shared(); /* V^T is read by wgmma (the async proxy) */
             __syncwarp();
             if (lane == 0) {
