@@ -4,6 +4,8 @@
  * S^T / dP^T GEMM issue, P^T from S^T, dS^T into shared memory, a dQ tile
  * into its staging buffer. */
 #pragma once
+#include <climits>
+#include <type_traits>
 #include "../../common/wgmma_gen.cuh"
 #include "../../common/wgmma_tnsp.cuh"
 #include "bwd_epilogue.cuh"
@@ -28,30 +30,64 @@ __device__ __forceinline__ void bwd_issue_sdp(const BwdSmem<C> &sm, uint64_t des
     wgmma_commit();
 }
 
+/* How bwd_p_group masks: per element under the tile's run-time need_mask
+ * (the plain kernels), or known for the whole tile (LOCAL, bwd_p_tile) */
+enum BwdMask { BWD_MASK_RUNTIME, BWD_MASK_NONE, BWD_MASK_ALL };
+
 /* P^T in place for 8-column group i of a consumer's S^T accumulator: element
  * 4 i + e is key key_r + 8 (e / 2), query query_c + 8 i + e % 2; P^T =
  * exp2(S^T scale log2 e - LSE log2 e), 0 where the causal mask hides the key
- * and (VARLEN) for a key past the sequence's (the next sequence's rows). */
-template <class C>
+ * and (VARLEN) for a key past the sequence's (the next sequence's rows).
+ * CAP: LOCAL's softcap first. */
+template <class C, bool CAP, BwdMask MASK>
 __device__ __forceinline__ void bwd_p_group(float (&acc)[32], int i, float2 l, const BwdParams &p, bool need_mask,
                                             int key_r, int query_c) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
         float sc = acc[4 * i + e];
-        if (C::LOCAL && p.cap_b != 0.f) { /* softcap, as the forward's fwd_softcap */
+        if constexpr (CAP) { /* softcap, as the forward's fwd_softcap */
             float t;
             asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(sc * p.cap_b));
             sc = p.cap_a * t;
         }
         float x = exp2f(fmaf(sc, p.scale_log2, -((e & 1) ? l.y : l.x)));
-        if (need_mask) {
+        if (MASK == BWD_MASK_ALL || (MASK == BWD_MASK_RUNTIME && need_mask)) {
             const int key = key_r + 8 * (e >> 1), q = query_c + 8 * i + (e & 1);
-            if ((C::CAUSAL && key > q + p.causal_offset) || (C::VARLEN && key >= p.seqlen_k)) x = 0.f;
-            if (C::LOCAL && ((p.win_right >= 0 && key > q + p.causal_offset + p.win_right) ||
-                             (p.win_left >= 0 && key < q + p.causal_offset - p.win_left)))
+            if constexpr (C::LOCAL) {
+                /* key - q against the window's sides as selects, no branches
+                 * (hopper_window_of bounds the sides: no overflow) */
+                const int hi = p.win_right >= 0 ? p.causal_offset + p.win_right : INT_MAX;
+                const int lo = p.win_left >= 0 ? p.causal_offset - p.win_left : INT_MIN;
+                const int kq = key - q;
+                x = (kq > hi) | (kq < lo) | (C::VARLEN && key >= p.seqlen_k) ? 0.f : x;
+            } else if ((C::CAUSAL && key > q + p.causal_offset) || (C::VARLEN && key >= p.seqlen_k)) {
                 x = 0.f;
+            }
         }
         acc[4 * i + e] = x;
+    }
+}
+
+template <bool V> using bwd_bool = std::integral_constant<bool, V>;
+template <BwdMask V> using bwd_mask = std::integral_constant<BwdMask, V>;
+
+/* f(cap, mask) for one sub-tile, with bwd_p_group's CAP and MASK as types.
+ * LOCAL: the softcap and the mask chosen once for the tile, since tested per
+ * element they became branches (BSSY/BRA) around every exponential, which
+ * cost the LOCAL kernels ~1.35-1.4x the plain ones per tile (perf-notes
+ * "Variants: first measurement") */
+template <class C, class F>
+__device__ __forceinline__ void bwd_p_tile(const BwdParams &p, bool need_mask, F &&f) {
+    if constexpr (C::LOCAL) {
+        if (p.cap_b != 0.f) {
+            if (need_mask) f(bwd_bool<true>{}, bwd_mask<BWD_MASK_ALL>{});
+            else f(bwd_bool<true>{}, bwd_mask<BWD_MASK_NONE>{});
+        } else {
+            if (need_mask) f(bwd_bool<false>{}, bwd_mask<BWD_MASK_ALL>{});
+            else f(bwd_bool<false>{}, bwd_mask<BWD_MASK_NONE>{});
+        }
+    } else {
+        f(bwd_bool<false>{}, bwd_mask<BWD_MASK_RUNTIME>{});
     }
 }
 
@@ -78,7 +114,7 @@ __device__ __forceinline__ float4 bwd_group4(const float (&a)[32], int i) {
  * times the cap's derivative 1 - tanh^2, tanh recovered from P and the LSE
  * (l, log2 units): cap tanh = (log2 P + l) / (scale log2 e); P = 0 (masked,
  * or too small to matter) gives 0. */
-template <class C>
+template <class C, bool CAP>
 __device__ __forceinline__ void bwd_ds_group(float (&dp)[32], float4 pg, int i, float2 d, const BwdParams &p,
                                              float2 l) {
     const float pv[4] = {pg.x, pg.y, pg.z, pg.w};
@@ -86,7 +122,7 @@ __device__ __forceinline__ void bwd_ds_group(float (&dp)[32], float4 pg, int i, 
     for (int e = 0; e < 4; ++e) {
         const float P = pv[e];
         float ds = P * (dp[4 * i + e] - ((e & 1) ? d.y : d.x));
-        if (C::LOCAL && p.cap_b != 0.f) {
+        if constexpr (CAP) {
             const float t = (__log2f(P) + ((e & 1) ? l.y : l.x)) * p.cap_t;
             ds = P > 0.f ? ds * (1.f - t * t) : 0.f;
         }
@@ -208,8 +244,11 @@ __device__ __forceinline__ void bwd_consumer(const BwdSmem<C> &sm, const BwdPara
         reg_fence(st);
         /* P^T: element 4 i + e is key r0 + 8 (e / 2), query 8 i + 2 q4 + e % 2 */
         const bool need_mask = bwd_need_mask<C>(p, key0, m * BM);
+        bwd_p_tile<C>(p, need_mask, [&](auto cap, auto mask) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) bwd_p_group<C>(st, i, l2[i], p, need_mask, key0 + r0, m * BM + 2 * q4);
+            for (int i = 0; i < 8; ++i)
+                bwd_p_group<C, decltype(cap)::value, decltype(mask)::value>(st, i, l2[i], p, need_mask, key0 + r0, m * BM + 2 * q4);
+        });
         uint32_t pf[4][4], df[4][4];
         bwd_pack_frag<C>(st, pf);
         /* dV += P^T dO, dK += dS^T Q (B MN-major: rows of queries, k16 step 16 rows) */
@@ -228,10 +267,10 @@ __device__ __forceinline__ void bwd_consumer(const BwdSmem<C> &sm, const BwdPara
         if (C::LOCAL && p.cap_b != 0.f) {
 #pragma unroll
             for (int i = 0; i < 8; ++i)
-                bwd_ds_group<C>(dpt, bwd_group4(st, i), i, d2[i], p, ld_shared_f32x2(lse + 8 * i + 2 * q4));
+                bwd_ds_group<C, true>(dpt, bwd_group4(st, i), i, d2[i], p, ld_shared_f32x2(lse + 8 * i + 2 * q4));
         } else {
 #pragma unroll
-            for (int i = 0; i < 8; ++i) bwd_ds_group<C>(dpt, bwd_group4(st, i), i, d2[i], p, float2{0.f, 0.f});
+            for (int i = 0; i < 8; ++i) bwd_ds_group<C, false>(dpt, bwd_group4(st, i), i, d2[i], p, float2{0.f, 0.f});
         }
         bwd_pack_frag<C>(dpt, df);
         uint8_t *dsb = sm.ds(it % C::DS_BUFS);

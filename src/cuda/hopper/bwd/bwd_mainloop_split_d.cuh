@@ -44,12 +44,15 @@ __device__ __forceinline__ void bwd_consumer_split_d(const BwdSmem<C> &sm, const
         if (cw == 0) {
             const float *lse = sm.lse(s);
             const bool need_mask = bwd_need_mask<C>(p, key0, m * BM); /* BN = BM = 64 */
+            bwd_p_tile<C>(p, need_mask, [&](auto cap, auto mask) {
 #pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                bwd_p_group<C>(acc, i, ld_shared_f32x2(lse + 8 * i + 2 * q4), p, need_mask, key0 + r0, m * BM + 2 * q4);
-                st_shared_f32x4(pt + (i * 128 + t) * 16,
-                                make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
-            }
+                for (int i = 0; i < 8; ++i) {
+                    bwd_p_group<C, decltype(cap)::value, decltype(mask)::value>(acc, i, ld_shared_f32x2(lse + 8 * i + 2 * q4), p, need_mask,
+                                                          key0 + r0, m * BM + 2 * q4);
+                    st_shared_f32x4(pt + (i * 128 + t) * 16,
+                                    make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
+                }
+            });
             bwd_pack_frag<C>(acc, pf);
             named_bar_arrive(C::BAR_P, 256); /* P^T written (generic stores, generic loads) */
         } else {
@@ -57,16 +60,20 @@ __device__ __forceinline__ void bwd_consumer_split_d(const BwdSmem<C> &sm, const
             /* dS^T = P^T (dP^T - D) with consumer 0's fp32 P^T (the same
              * thread's fragment: same warp of the warpgroup, same lane) */
             const float *dsum = sm.dsum(s), *lse = sm.lse(s);
-            const bool cap = C::LOCAL && p.cap_b != 0.f;
+            auto ds_tile = [&](auto cap) {
 #pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                const float4 x = ld_shared_f32x4(pt + (i * 128 + t) * 16);
-                const float2 dd = ld_shared_f32x2(dsum + 8 * i + 2 * q4);
-                bwd_ds_group<C>(acc, x, i, dd, p, cap ? ld_shared_f32x2(lse + 8 * i + 2 * q4) : float2{0.f, 0.f});
-                /* elements 4 i .. 4 i + 3 = pairs j = 2 (i % 2), + 1 of ks = i / 2 */
-                pf[i / 2][2 * (i % 2)] = C::BF16 ? pack_bf16x2(x.x, x.y) : pack_f16x2(x.x, x.y);
-                pf[i / 2][2 * (i % 2) + 1] = C::BF16 ? pack_bf16x2(x.z, x.w) : pack_f16x2(x.z, x.w);
-            }
+                for (int i = 0; i < 8; ++i) {
+                    const float4 x = ld_shared_f32x4(pt + (i * 128 + t) * 16);
+                    const float2 dd = ld_shared_f32x2(dsum + 8 * i + 2 * q4);
+                    bwd_ds_group<C, decltype(cap)::value>(
+                        acc, x, i, dd, p, decltype(cap)::value ? ld_shared_f32x2(lse + 8 * i + 2 * q4) : float2{0.f, 0.f});
+                    /* elements 4 i .. 4 i + 3 = pairs j = 2 (i % 2), + 1 of ks = i / 2 */
+                    pf[i / 2][2 * (i % 2)] = C::BF16 ? pack_bf16x2(x.x, x.y) : pack_f16x2(x.x, x.y);
+                    pf[i / 2][2 * (i % 2) + 1] = C::BF16 ? pack_bf16x2(x.z, x.w) : pack_f16x2(x.z, x.w);
+                }
+            };
+            if (C::LOCAL && p.cap_b != 0.f) ds_tile(bwd_bool<true>{});
+            else ds_tile(bwd_bool<false>{});
         }
         /* dV_w += P^T dO_w: B = dO's slabs 2 cw, 2 cw + 1 (MN-major: rows of
          * queries, 64-column slabs BM * 128 bytes apart), k16 step 16 rows */
