@@ -226,7 +226,7 @@ struct FwdConsumer {
             /* LOCAL: softcap at runtime (a uniform branch: calls without it
              * pay no MUFU); before the mask, whose -inf it would not keep */
             if constexpr (C::LOCAL)
-                if (loc->cap_b != 0.f) fwd_softcap<C>(sacc, loc->cap_a, loc->cap_b);
+                if (loc->cap_b != 0.f) fwd_softcap<C>(sacc, loc->cap_b);
             mask.apply(sacc, col0);
             sf.step(sacc, c2, alpha, rescale);
         }

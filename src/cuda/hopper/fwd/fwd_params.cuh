@@ -80,9 +80,9 @@ struct FwdVarlen {
  * right (off = seqlen_k - seqlen_q of the sequence), -1 unbounded; the host
  * folds causal into right = 0 and sets a side that reaches past every key
  * to -1 (fwd_local_of), and keeps seqlen_q + seqlen_k below 2^30, so no
- * bound overflows an int.  Softcap (cap > 0): the raw score x
- * (softmax_scale is applied later, in c2) becomes cap_a tanh(cap_b x),
- * cap_a = cap / scale, cap_b = scale / cap, so that scale times it is
+ * bound overflows an int.  Softcap (cap > 0): the raw score x becomes
+ * tanh(cap_b x), cap_b = scale / cap, and the launcher makes FwdParams'
+ * softmax_scale cap (scale_log2 cap log2 e), so that the softmax sees
  * cap tanh(scale x / cap); cap_b 0: off.
  * sink: NULL or float[heads_q], natural-log units (fattn_fwd_args).
  * m_up: the dynamic scheduler takes a head's query blocks in ascending
@@ -90,7 +90,7 @@ struct FwdVarlen {
  * keys); else descending, as causal. */
 struct FwdLocal {
     int left, right;
-    float cap_a, cap_b;
+    float cap_b;
     const float *sink;
     int m_up;
 };

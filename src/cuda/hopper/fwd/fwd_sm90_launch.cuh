@@ -46,7 +46,7 @@ inline FwdLocal fwd_local_of(const fattn_fwd_args *a, int bm, int bn, bool varle
     FwdLocal L;
     memset(&L, 0, sizeof L);
     const hopper_window w = hopper_window_of(pr);
-    L.left = w.left, L.right = w.right, L.cap_a = w.cap_a, L.cap_b = w.cap_b;
+    L.left = w.left, L.right = w.right, L.cap_b = w.cap_b;
     L.sink = a->learnable_sink;
     L.m_up = 0;
     if (!varlen && L.left >= 0 && pr->seqlen_q > 0) {
@@ -247,6 +247,12 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, const
     if (C::DYNAMIC) p.tile_counter = st->tile_counter;
     p.softmax_scale = pr->softmax_scale;
     p.scale_log2 = pr->softmax_scale * 1.4426950408889634f;
+    if (C::LOCAL && !C::FP8 && pr->softcap > 0.f) {
+        /* softcap: the kernel's scores are tanh(scale x / cap) (FwdLocal), so
+         * the softmax's scale is cap itself, as FlashAttention-3 folds it */
+        p.softmax_scale = pr->softcap;
+        p.scale_log2 = pr->softcap * 1.4426950408889634f;
+    }
     if (!sp) grid = p.num_tiles < max_ctas ? p.num_tiles : max_ctas; /* num_tiles is even with a cluster */
 
     CUtensorMap tq, tk, tv;

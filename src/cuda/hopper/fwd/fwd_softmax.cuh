@@ -63,17 +63,13 @@ struct FwdMask {
     }
 };
 
-/* LOCAL softcap: the raw scores x -> a tanh(b x) (FwdLocal: scale times it is
- * cap tanh(scale x / cap)), by the MUFU's tanh.approx.f32 (max relative
- * error 2^-11, as FlashAttention-3's softcap) */
+/* LOCAL softcap: the raw scores x -> tanh(b x), b = scale / cap (the
+ * softmax's scale is then cap: fwd_sm90_launch), by the MUFU's
+ * tanh.approx.f32 (max relative error 2^-11, as FlashAttention-3's softcap) */
 template <class C>
-__device__ __forceinline__ void fwd_softcap(float (&s)[C::BN / 2], float a, float b) {
+__device__ __forceinline__ void fwd_softcap(float (&s)[C::BN / 2], float b) {
 #pragma unroll
-    for (int i = 0; i < C::BN / 2; ++i) {
-        float t;
-        asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(s[i] * b));
-        s[i] = a * t;
-    }
+    for (int i = 0; i < C::BN / 2; ++i) asm("tanh.approx.f32 %0, %1;" : "=f"(s[i]) : "f"(s[i] * b));
 }
 
 /* Running row max and row sum of the two rows; scores become
