@@ -11,8 +11,9 @@ second, in TB/s, and TFLOPs/s (4 x batch x heads_q x seqlen_q x seqlen_k x d); t
 bandwidth (a 4 GiB tensor copied, read + write bytes) measured in the same run.  Timing: CUDA
 events around --calls back-to-back calls, the median of --iters samples per round, the backends
 taking turns within each round (--rounds rounds, the best round's median reported, as compare.py).
-Correctness: each backend's O against fattn's contiguous O (max |diff|), and fattn's paged O
-against its contiguous O (bits).
+Correctness: each backend's O against fattn's contiguous O (max |diff|), fattn's paged O
+against its contiguous O (bits), and every backend's O of sequence 0 against float64 (max |O -
+fp64|: the FP8 caches' error beside the bf16 cache's, issue 38).
 An FP8 KV cache (fattn.h 0.5; --no-fp8 leaves it out): the paged cache quantised to e4m3 with
 float32 scales per token ("fattn fp8 tok") and per page ("fattn fp8 page"), bf16 q; its TB/s
 column counts the 16-bit cache's bytes (the "16-bit equivalent": the same keys over the FP8
@@ -166,6 +167,11 @@ def main():
             for name, fn in order:
                 ms = timed(fn, a.calls, a.iters)
                 best[name] = min(best.get(name, ms), ms)
+        # every backend's error against float64 on sequence 0 (the FP8 caches' beside the bf16 one's)
+        qf, kf, vf = (x[0].double() for x in (q, k, v))
+        kf, vf = (x.repeat_interleave(hq // hk, dim=1) for x in (kf, vf))
+        o64 = torch.einsum("hqk,khd->qhd", (torch.einsum("qhd,khd->hqk", qf, kf) / d ** 0.5).softmax(-1), vf)
+        del qf, kf, vf
         kv_bytes = 2.0 * b * sk * hk * d * 2
         fl = 4.0 * b * hq * sq * sk * d
         print("\n%d x %d (KV %.0f MB)" % (b, sk, kv_bytes / 1e6))
@@ -179,14 +185,16 @@ def main():
             same = None
             if name == "fattn paged":
                 same = bool(torch.equal(op, o)) and bool(torch.equal(lsep, lse))
+            err64 = None if outs.get(name) is None else (outs[name][0].double() - o64).abs().max().item()
             tbs = kv_bytes / ms / 1e9
             read = "" if name not in fp8_bytes else "  (reads %.2f TB/s)" % (fp8_bytes[name] / ms / 1e9)
-            print("  %-14s %8.4f ms  %5.2f TB/s (%3.0f%% of copy)  %6.1f TFLOPs/s%s%s%s" %
+            print("  %-14s %8.4f ms  %5.2f TB/s (%3.0f%% of copy)  %6.1f TFLOPs/s%s%s%s%s" %
                   (name, ms, tbs, 100 * tbs / copy_tbs, fl / ms / 1e9, read,
+                   "" if err64 is None else "  max|O - fp64| %.2e" % err64,
                    "" if diff is None else "  max|O - fattn's| %.2e" % diff,
                    "" if same is None else ("  bits = contiguous" if same else "  bits differ from contiguous")))
             row["backends"][name] = {"ms": ms, "tbs": tbs, "tflops": fl / ms / 1e9, "max_diff": diff,
-                                     "same_bits": same}
+                                     "same_bits": same, "max_err_fp64_seq0": err64}
             if name in fp8_bytes:
                 row["backends"][name]["read_tbs"] = fp8_bytes[name] / ms / 1e9
         for ref in ("fa3", "fa3 paged", "cudnn"):
@@ -198,7 +206,7 @@ def main():
             if name in best:
                 print("  %s / fattn paged (speed-up of the FP8 cache): %.2fx" % (name, best["fattn paged"] / best[name]))
         rows.append(row)
-        del q, k, v, kp, vp, o, op, keep, fp8_out
+        del q, k, v, kp, vp, o, op, keep, fp8_out, o64
         torch.cuda.empty_cache()
     if a.json:
         with open(a.json, "w") as f:
