@@ -25,35 +25,27 @@ import json
 import os
 import statistics
 import sys
+import time
 
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 import fattn  # noqa: E402
+import decode  # noqa: E402  (bench/: its timing loop)
 
 
 def timed(fn, calls, iters, cuda):
-    if not cuda:
-        import time
-        out = []
-        fn()
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            out.append((time.perf_counter() - t0) * 1e3 / calls)
-        return statistics.median(out)
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    """decode.py's CUDA-event median; on the CPU (--cpu-check) the wall clock's."""
+    if cuda:
+        return decode.timed(fn, calls, iters)
     out = []
     fn()
     for _ in range(iters):
-        s.record()
+        t0 = time.perf_counter()
         for _ in range(calls):
             fn()
-        e.record()
-        e.synchronize()
-        out.append(s.elapsed_time(e) / calls)
+        out.append((time.perf_counter() - t0) * 1e3 / calls)
     return statistics.median(out)
 
 
