@@ -159,7 +159,7 @@ FATTN_API const char *fattn_status_string(fattn_status status);
 /* ------------------------------------------------------------------------ */
 
 typedef enum fattn_backend {
-    FATTN_BACKEND_AUTO = 0, /* CUDA on a GPU from sm_80 on, else CPU (fattn_ctx_create) */
+    FATTN_BACKEND_AUTO = 0, /* CUDA on a GPU from sm_80 on, else CPU (ctx_create) */
     FATTN_BACKEND_CPU = 1,
     FATTN_BACKEND_CUDA = 2
 } fattn_backend;
@@ -557,13 +557,14 @@ typedef struct fattn_problem {
  *   a power of two >= 16), seqused_k, causal and the variants as for 16-bit
  *   caches; k and v 16-byte aligned with strides multiples of 16 bytes
  *   (TMA).  Other shapes, and the portable engine, are UNSUPPORTED until
- *   the paged prefill kernel exists (the CPU engine serves them).  The codes are converted exactly
- *   to q's 16-bit type; K's scale multiplies the f32 scores, V's multiplies
- *   P before P is rounded to q's type for the PV product (the FP8 forward's
- *   v scale placement), so the result is a 16-bit kernel's over the
- *   dequantised cache: with f16 q a v scale above 65504 (a block amax above
- *   ~2.9e7) overflows P to Inf, and a product of P and a v scale below
- *   2^-126 flushes to zero (the kernels' f32 arithmetic flushes subnormals).
+ *   the paged prefill kernel exists (the CPU engine serves them).  The
+ *   codes are converted exactly to q's 16-bit type; K's scale multiplies
+ *   the f32 scores, V's multiplies P before P is rounded to q's type for
+ *   the PV product (the FP8 forward's v scale placement), so the result
+ *   is a 16-bit kernel's over the dequantised cache: with f16 q a v scale
+ *   above 65504 (a block amax above ~2.9e7) overflows P to Inf, and a
+ *   product of P and a v scale below 2^-126 flushes to zero (the kernels'
+ *   f32 arithmetic flushes subnormals).
  * NaN and Inf in the inputs reach O and LSE as in torch's SDPA, through
  * the keys a row sees and nothing else:
  *   - a NaN in q makes its row's O and LSE NaN; a NaN (or a +inf score) in
