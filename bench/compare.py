@@ -48,6 +48,10 @@ torch.autograd.grad(O, (q, k, v), dO, retain_graph=True) on one forward's graph.
 forward's.  Ratios fattn bwd / cuDNN, / FA2, / FA4; fattn's cells read 'unsupported' where fattn_bwd answers
 FATTN_ERROR_UNSUPPORTED (the row goes on); dQ, dK, dV compared with fattn's (or the first backend's that ran).
 --bwd-deterministic adds fattn_bwd with deterministic = 1 (its cost against the default, a bitwise repeat).
+--fattn-engine portable (any mode) times fattn's portable engine (FlashAttention-2 style, issue 41) on a Hopper
+GPU: it sets FATTN_CUDA_ENGINE for every fattn context the process creates (read at creation, fattn.h), checks
+that the timed context runs it (fattn_ctx_engine) and records it as fattn_engine in the JSON, as every run does;
+the fattn column is then the portable engine's and "x FA2" its ratio to torch SDPA's FlashAttention-2.
 --variants (bench/compare_variants.py, whose docstring has the rows and FLOP counts) times issue 37's attention
 variants (window, softcap, learnable sinks, head_dim 192 / head_dim_v 128) beside fattn without the variant and the
 peers that have it, forward, or the backward with --bwd; --cpu-check builds its rows small on the CPU engine.
@@ -98,6 +102,17 @@ MAXDIFF_WARN = 0.05  # a wrong mask or scale moves outputs by 0.1-1; bf16 roundi
 def key(name):
     """A backend's key in the JSON (fattn-b -> fattn_b)."""
     return name.replace("-", "_")
+
+
+def fattn_engine(ctx):
+    """The engine and architecture fattn's timed context runs (fattn_ctx_engine: "cuda hopper sm_90", "cuda
+    portable sm_90 (FATTN_CUDA_ENGINE)"); exits when --fattn-engine (FATTN_CUDA_ENGINE) named another."""
+    e = getattr(ctx, "engine", None) or "unknown (a library without fattn_ctx_engine)"
+    want = os.environ.get("FATTN_CUDA_ENGINE", "")
+    if want in ("hopper", "portable") and not e.startswith("cuda " + want):
+        sys.exit("compare.py: FATTN_CUDA_ENGINE=%s, but fattn's context runs %s" % (want, e))
+    print("fattn engine: %s" % e)
+    return e
 
 
 class Clocks:
@@ -623,6 +638,7 @@ def main_fp8(a, ap):
     ctx = fattn.Context(fattn.BACKEND_CUDA, 0)
     fb = FattnB(a.fattn_lib_b, a.fattn_py_b) if a.fattn_lib_b else None
     init_clocks(a)
+    engine = fattn_engine(ctx)
     if a.no_pdl:
         ctx.set_option(fattn.OPTION_DISABLE_PDL, 1)
         if fb:
@@ -636,7 +652,7 @@ def main_fp8(a, ap):
           "(quantise with blocks of %d rows, Hadamard on Q and K, attend). TFLOPs/s, one FLOP count for all"
           % (FP8_BLOCK, FP8_BLOCK_D128_KV, FP8_BLOCK))
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "fattn_version": fattn.__version__,
-           "fattn_library": fattn.library_path, "fp8": True, "fp8_block": FP8_BLOCK, "fp8_block_d128_kv": FP8_BLOCK_D128_KV, "pdl": not a.no_pdl,
+           "fattn_library": fattn.library_path, "fattn_engine": engine, "fp8": True, "fp8_block": FP8_BLOCK, "fp8_block_d128_kv": FP8_BLOCK_D128_KV, "pdl": not a.no_pdl,
            "backends": backends, "fa3_version": fa3_info if fa3 else None,
            "fa3_unavailable": None if fa3 else fa3_info, "order": a.order, "rounds": a.rounds, "iters": a.iters,
            "settle_ms": a.settle_ms, "cooldown_ms": a.cooldown_ms, "estimate_s": round(est), "results": []}
@@ -977,6 +993,7 @@ def main_bwd(a, ap):
     init_clocks(a)
     if a.no_pdl:
         ctx.set_option(fattn.OPTION_DISABLE_PDL, 1)
+    engine = fattn_engine(ctx)
     print("device: %s, torch %s, cuDNN %s, fattn %s (%s); backend order %s, settle %.0f ms, cool-down %.0f ms "
           "per turn" % (torch.cuda.get_device_name(), torch.__version__, torch.backends.cudnn.version(),
                         fattn.__version__, fattn.library_path, a.order, a.settle_ms, a.cooldown_ms))
@@ -988,7 +1005,7 @@ def main_bwd(a, ap):
           "that" % ("deterministic 0" + (" and 1" if a.bwd_deterministic else ""), BWD_FLOPS))
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "cudnn": torch.backends.cudnn.version(), "fattn_version": fattn.__version__,
-           "fattn_library": fattn.library_path, "bwd": True, "bwd_flops_factor": BWD_FLOPS,
+           "fattn_library": fattn.library_path, "fattn_engine": engine, "bwd": True, "bwd_flops_factor": BWD_FLOPS,
            "bwd_deterministic": a.bwd_deterministic, "fwd_timed": not a.bwd_no_fwd, "pdl": not a.no_pdl,
            "backends": backends, "fa4_version": fa4_info if fa4 else None,
            "fa4_unavailable": None if fa4 or "fa4" not in backends else fa4_info, "order": a.order,
@@ -1223,6 +1240,10 @@ def main():
     ap.add_argument("--no-pdl", action="store_true",
                     help="launch fattn (and fattn-b) without programmatic dependent launch (its set-up then "
                          "cannot overlap the previous call's tail)")
+    ap.add_argument("--fattn-engine", choices=["auto", "hopper", "portable"],
+                    help="the CUDA engine fattn's contexts run (sets FATTN_CUDA_ENGINE before they are created; "
+                         "default: the variable as the environment has it, else by the GPU's architecture): "
+                         "portable times the portable engine on a Hopper GPU")
     ap.add_argument("--dry-run", action="store_true",
                     help="print the rows, the backends and the expected duration, and stop (needs no torch or GPU)")
     ap.add_argument("--variants", action="store_true",
@@ -1238,6 +1259,14 @@ def main():
     a = ap.parse_args()
     if a.cpu_check and not a.variants:
         ap.error("--cpu-check goes with --variants")
+    if a.fattn_engine:  # read by each fattn context at its creation (fattn.h), fattn-b's included
+        os.environ["FATTN_CUDA_ENGINE"] = a.fattn_engine
+    if os.environ.get("FATTN_CUDA_ENGINE") not in (None, "", "auto"):
+        print("FATTN_CUDA_ENGINE=%s: fattn's contexts run that engine (checked once created)"
+              % os.environ["FATTN_CUDA_ENGINE"])
+    if os.environ.get("FATTN_CUDA_ENGINE") == "portable":  # FlashAttention-2's design: the estimate takes FA2's speeds
+        EST_TFLOPS.update({"fattn": EST_TFLOPS["fa2"], "fattn-bwd": EST_TFLOPS["fa2-bwd"],
+                           "fattn-det-bwd": 0.9 * EST_TFLOPS["fa2-bwd"]})
     if a.variants:
         sys.modules.setdefault("compare", sys.modules[__name__])  # compare_variants imports this module, not a copy
         import compare_variants
@@ -1293,6 +1322,7 @@ def main():
         ctx.set_option(fattn.OPTION_DISABLE_PDL, 1)
         if fb is not None:
             fb.ctx.set_option(fb.mod.OPTION_DISABLE_PDL, 1)
+    engine = fattn_engine(ctx)
     print("device: %s, torch %s, cuDNN %s, fattn %s; backend order %s, settle %.0f ms, cool-down %.0f ms per turn" % (
         torch.cuda.get_device_name(), torch.__version__, torch.backends.cudnn.version(), fattn.__version__, a.order,
         a.settle_ms, a.cooldown_ms))
@@ -1304,8 +1334,9 @@ def main():
     elif "fa3" in backends:
         print("FA3: n/a (%s); its column reads n/a" % fa3_info)
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "cudnn": torch.backends.cudnn.version(), "fattn_version": fattn.__version__, "pdl": not a.no_pdl,
-           "backends": backends, "fa3_version": fa3_info if fa3 else None, "fa3_unavailable": None if fa3 else fa3_info,
+           "cudnn": torch.backends.cudnn.version(), "fattn_version": fattn.__version__, "fattn_engine": engine,
+           "pdl": not a.no_pdl, "backends": backends, "fa3_version": fa3_info if fa3 else None,
+           "fa3_unavailable": None if fa3 else fa3_info,
            "fattn_b": None if fb is None else {"library": fb.path, "version": fb.version, "same_as_fattn": fb.same},
            "order": a.order, "rounds": a.rounds, "iters": a.iters, "settle_ms": a.settle_ms,
            "cooldown_ms": a.cooldown_ms, "estimate_s": round(est), "results": [], "ablation": []}

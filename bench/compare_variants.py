@@ -423,6 +423,7 @@ def main_variants(a, ap):
     C.init_clocks(a)
     if a.no_pdl:
         ctx.set_option(fattn.OPTION_DISABLE_PDL, 1)
+    engine = C.fattn_engine(ctx)
     print("device: %s, torch %s, cuDNN %s, fattn %s (%s); backend order %s, settle %.0f ms, cool-down %.0f ms "
           "per turn" % (torch.cuda.get_device_name(), torch.__version__, torch.backends.cudnn.version(),
                         fattn.__version__, fattn.library_path, a.order, a.settle_ms, a.cooldown_ms))
@@ -433,7 +434,8 @@ def main_variants(a, ap):
         print("backward: fattn_bwd alone on one fattn forward's O and LSE (with the sink: dsink too); the peers "
               "torch.autograd.grad(O, (q, k, v[, sink]), dO, retain_graph=True) on one forward's graph")
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
-           "fattn_version": fattn.__version__, "fattn_library": fattn.library_path, "variants": mode,
+           "fattn_version": fattn.__version__, "fattn_library": fattn.library_path, "fattn_engine": engine,
+           "variants": mode,
            "flops": "2*b*h*(d+dv)*entries; entries = sq*sk (halved causal), with a window the unmasked pairs" +
                     ("; backward x %.1f" % C.BWD_FLOPS if mode == "bwd" else ""),
            "tile": TILE[mode], "pdl": not a.no_pdl, "backends": backends,

@@ -1,5 +1,6 @@
 /*
- * fattn.h - fused attention for NVIDIA Hopper GPUs, with a CPU engine that
+ * fattn.h - fused attention for NVIDIA GPUs from Ampere (sm_80) on, with
+ * FlashAttention-3-style kernels on Hopper (sm_90), and a CPU engine that
  * computes the same function anywhere.
  *
  *   O = softmax(Q K^T * softmax_scale [+ causal mask]) V
@@ -133,7 +134,9 @@ typedef enum fattn_status {
      * output (see Conventions), int32 overflow of a size product, ... */
     FATTN_ERROR_INVALID_ARGUMENT = 1,
     /* A valid request this build, engine or device cannot serve (a head dim or
-     * dtype the kernel lacks, a CUDA context on a non-Hopper GPU, ...). */
+     * dtype the kernel lacks, FP8 or a variant on the portable engine, a CUDA
+     * context on a GPU older than sm_80, ...); the message names the engine
+     * and, for the CUDA engine, the architecture. */
     FATTN_ERROR_UNSUPPORTED = 2,
     /* FATTN_BACKEND_CUDA asked for, but no usable CUDA device (or the library
      * was built without CUDA). */
@@ -156,7 +159,7 @@ FATTN_API const char *fattn_status_string(fattn_status status);
 /* ------------------------------------------------------------------------ */
 
 typedef enum fattn_backend {
-    FATTN_BACKEND_AUTO = 0, /* CUDA when a supported GPU is present, else CPU */
+    FATTN_BACKEND_AUTO = 0, /* CUDA on a GPU from sm_80 on, else CPU (ctx_create) */
     FATTN_BACKEND_CPU = 1,
     FATTN_BACKEND_CUDA = 2
 } fattn_backend;
@@ -181,22 +184,41 @@ typedef struct fattn_ctx fattn_ctx;
 
 /*
  * Create a context.  `device` is the CUDA device ordinal (ignored for the CPU
- * backend).  AUTO picks CUDA when the library was built with CUDA and device
- * `device` is a Hopper GPU (sm_90), otherwise the CPU.  CUDA asked for runs,
- * on sm_90, the Hopper engine and, on every other GPU from sm_80 on, the
- * portable engine: the 16-bit forward (head dims 64, 128, 192, 256; causal,
- * GQA, varlen, seqused_k, LSE) and backward (the same head dims; causal,
- * GQA, varlen, deterministic), everything else UNSUPPORTED; its backward is
- * not yet run on a GPU (docs/status.md).
- * Fails with INVALID_ARGUMENT (ctx NULL, unknown backend, device < 0, a bad
- * FATTN_CUDA_ENGINE), NO_DEVICE (CUDA asked for and unavailable), UNSUPPORTED
- * (CUDA asked for on a GPU older than sm_80, or FATTN_CUDA_ENGINE=hopper on
- * one other than sm_90), OUT_OF_MEMORY.
+ * backend).  Which engine computes, by the device's architecture:
  *
- * FATTN_CUDA_ENGINE: a CUDA context reads this environment variable once,
- * here.  Unset, empty or auto: by the architecture, as above; portable: the
- * portable engine on any sm_80+ GPU, Hopper included (tests, comparisons);
- * hopper: the Hopper engine (sm_90 only).
+ *   device                      AUTO               CUDA
+ *   none, or built without CUDA CPU                NO_DEVICE
+ *   older than sm_80            CPU                UNSUPPORTED
+ *   sm_90 (Hopper)              Hopper engine      Hopper engine
+ *   any other from sm_80 on     portable engine    portable engine
+ *   (sm_80/86/87/89 A100, RTX 30, L40S, RTX 40; sm_100/103/120 Blackwell)
+ *
+ * The Hopper engine is what the rest of this header calls the CUDA engine
+ * (FP8, decoding, paged caches, the variants).  The portable engine
+ * (FlashAttention-2's design, mma.sync) serves the 16-bit forward (head
+ * dims 64, 128, 192, 256 with head_dim_v equal; causal, GQA, varlen,
+ * seqused_k, LSE), the 16-bit backward (the same head dims; causal, GQA,
+ * varlen, deterministic), fattn_merge and fattn_kv_append; every other
+ * request (e4m3 inputs, fattn_fwd_fp8, fattn_quantize, an FP8 KV cache,
+ * block_table, window, softcap, learnable_sink, other head dims, the
+ * serving fields) returns UNSUPPORTED with a message naming "the portable
+ * CUDA engine (sm_NN)", and writes nothing.  A call is never moved to
+ * another engine: an AUTO context is a CUDA context once created (its
+ * pointers are device pointers), so the caller decides (Python:
+ * fattn.attention raises NotImplementedError, fattn.sdpa computes such
+ * calls with a torch composite).
+ *
+ * Fails with INVALID_ARGUMENT (ctx NULL, unknown backend, device < 0, a bad
+ * FATTN_CUDA_ENGINE where a CUDA engine would run), NO_DEVICE (CUDA asked
+ * for and unavailable), UNSUPPORTED (CUDA asked for on a GPU older than
+ * sm_80, or FATTN_CUDA_ENGINE=hopper on a GPU other than sm_90, AUTO
+ * included), OUT_OF_MEMORY.
+ *
+ * FATTN_CUDA_ENGINE: read once, here, when a CUDA engine would run (CUDA,
+ * or AUTO on a GPU from sm_80 on).  Unset, empty or auto: by the
+ * architecture, as above; portable: the portable engine on any sm_80+ GPU,
+ * Hopper included (tests, and comparisons of the two engines on one GPU);
+ * hopper: the Hopper engine (sm_90 only).  fattn_ctx_engine says which ran.
  * *ctx is set to NULL on failure.  Failure details of ctx creation are
  * available through fattn_last_error(NULL) (thread-local).
  *
@@ -229,10 +251,11 @@ FATTN_API void fattn_ctx_free(fattn_ctx *ctx);
 /* The backend a context actually computes on (never AUTO). */
 FATTN_API fattn_backend fattn_ctx_backend(const fattn_ctx *ctx);
 
-/* The engine a context computes with, in words for reports: "cpu", or
- * "cuda hopper sm_90", "cuda portable sm_86", "cuda portable sm_90
- * (FATTN_CUDA_ENGINE)" when the environment chose it; "" for NULL.  Owned by
- * the context, valid until fattn_ctx_free. */
+/* The engine and architecture a context computes with, in words for
+ * reports: "cpu", or "cuda hopper sm_90", "cuda portable sm_86", "cuda
+ * portable sm_120", "cuda portable sm_90 (FATTN_CUDA_ENGINE)" when the
+ * environment chose it; "" for NULL.  Owned by the context, valid until
+ * fattn_ctx_free. */
 FATTN_API const char *fattn_ctx_engine(const fattn_ctx *ctx);
 
 /* CUDA contexts: the cudaStream_t (passed as void*) that later calls are
@@ -498,6 +521,12 @@ typedef struct fattn_problem {
  *          16 bytes.  Variable-length batches (cu_seqlens, with total_q and
  *          total_k): f16/bf16 only (e4m3 UNSUPPORTED), seqused_k allowed
  *          (below), batch x ceil(seqlen_q / 64) x heads_q < 2^31.
+ *          CUDA (portable engine, sm_80 on but Hopper): f16/bf16,
+ *          head_dim == head_dim_v in {64, 128, 192, 256}, fixed-length
+ *          and variable-length, causal, GQA, seqused_k, lse, batch and
+ *          heads_q <= 65535, the same alignment rules; e4m3, the
+ *          variants, block_table, an FP8 KV cache and the serving fields
+ *          UNSUPPORTED (fattn_ctx_create).
  * FP8 KV cache (0.5; FlashInfer's and vLLM's fp8 cache with 16-bit
  * queries): q f16, bf16 or f32 with k and v e4m3 (both; o.dtype ==
  * q.dtype).  Key j's K row is k's codes times its k.scale entry, its V row
@@ -527,14 +556,15 @@ typedef struct fattn_problem {
  *   head_dim == head_dim_v in {64, 128, 256}, contiguous or paged (page_size
  *   a power of two >= 16), seqused_k, causal and the variants as for 16-bit
  *   caches; k and v 16-byte aligned with strides multiples of 16 bytes
- *   (TMA).  Other shapes are UNSUPPORTED until the paged prefill kernel
- *   exists (the CPU engine serves them).  The codes are converted exactly
- *   to q's 16-bit type; K's scale multiplies the f32 scores, V's multiplies
- *   P before P is rounded to q's type for the PV product (the FP8 forward's
- *   v scale placement), so the result is a 16-bit kernel's over the
- *   dequantised cache: with f16 q a v scale above 65504 (a block amax above
- *   ~2.9e7) overflows P to Inf, and a product of P and a v scale below
- *   2^-126 flushes to zero (the kernels' f32 arithmetic flushes subnormals).
+ *   (TMA).  Other shapes, and the portable engine, are UNSUPPORTED until
+ *   the paged prefill kernel exists (the CPU engine serves them).  The
+ *   codes are converted exactly to q's 16-bit type; K's scale multiplies
+ *   the f32 scores, V's multiplies P before P is rounded to q's type for
+ *   the PV product (the FP8 forward's v scale placement), so the result
+ *   is a 16-bit kernel's over the dequantised cache: with f16 q a v scale
+ *   above 65504 (a block amax above ~2.9e7) overflows P to Inf, and a
+ *   product of P and a v scale below 2^-126 flushes to zero (the kernels'
+ *   f32 arithmetic flushes subnormals).
  * NaN and Inf in the inputs reach O and LSE as in torch's SDPA, through
  * the keys a row sees and nothing else:
  *   - a NaN in q makes its row's O and LSE NaN; a NaN (or a +inf score) in
@@ -731,7 +761,8 @@ FATTN_API fattn_status fattn_fwd(fattn_ctx *ctx, const fattn_fwd_args *args);
  * count.  Fixed-length batches only (for varlen outputs describe the packed
  * [total, heads, dim] tensors as batch 1, seqlen total: the LSE layout
  * [heads, total] is then the same).
- * Engines: CPU; CUDA (Hopper): any head_dim, dtypes and strides as above.
+ * Engines: CPU; CUDA (both engines: Hopper's, the portable one): any
+ *   head_dim, dtypes and strides as above.
  *   Accumulates in f32: weights and their sum in double, each weight
  *   rounded to f32, o summed by f32 fma in part order and rounded once to
  *   o's dtype (within ~(num_parts + 4) * 2^-24 * max_i |O_i| of the CPU's
@@ -844,7 +875,7 @@ FATTN_API fattn_status fattn_merge(fattn_ctx *ctx, const fattn_merge_args *args)
  *   other's rows are coded with either scale (unspecified).  Both
  *   engines give the same bits.  CUDA: scale_block < page_size must
  *   divide page_size (UNSUPPORTED otherwise).
- * Engines: CPU (the context's threads for large appends); CUDA (Hopper):
+ * Engines: CPU (the context's threads for large appends); CUDA (both engines):
  *   any head_dim and strides as above, no alignment beyond the elements':
  *   16-byte loads and stores where the four tensors' addresses and strides
  *   and the row's bytes are multiples of 16 bytes, 8-, 4- or 2-byte
@@ -900,7 +931,8 @@ FATTN_API fattn_status fattn_kv_append(fattn_ctx *ctx, const fattn_kv_append_arg
  *          one after another, whatever stream each was issued on.
  *          CUDA (portable engine, sm_80 on): bf16 / f16, head_dim ==
  *          head_dim_v in {64, 128, 192, 256} (192 and 256 need the shared
- *          memory of an A100 or Hopper: UNSUPPORTED on sm_86/89), causal,
+ *          memory of an A100 or Hopper: UNSUPPORTED where a block gets
+ *          99 KB, sm_86/89/120), causal,
  *          GQA, fixed-length or variable-length batches, deterministic,
  *          batch and heads_q <= 65535; the same alignment, workspace and
  *          graph-capture rules as above; window, softcap, dsink, seqused_q

@@ -10,6 +10,7 @@
  * structs and buffers are never written until every check has passed. */
 #include "api_check.h"
 #include "cpu/kernels.h"
+#include "engine_pick.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -45,9 +46,19 @@ fattn_status fattn_ctx_create(fattn_ctx **out, fattn_backend backend, int device
     if (device < 0)
         return fattn_fail(NULL, FATTN_ERROR_INVALID_ARGUMENT, "device %d must be >= 0", device);
 
+    /* AUTO: the CPU below sm_80 or without a GPU, else the CUDA engine that
+     * fattn_engine_pick gives (engine_pick.h; Hopper's on sm_90, the portable
+     * one on the others); FATTN_CUDA_ENGINE is read here, once */
+    const char *engine_env = backend == FATTN_BACKEND_CPU ? NULL : getenv("FATTN_CUDA_ENGINE");
     fattn_backend chosen = backend;
-    if (backend == FATTN_BACKEND_AUTO)
-        chosen = fattn_cuda_available(device) ? FATTN_BACKEND_CUDA : FATTN_BACKEND_CPU;
+    if (backend == FATTN_BACKEND_AUTO) {
+        const int sm = fattn_cuda_device_sm(device);
+        fattn_engine engine;
+        char why[256];
+        const fattn_status st = fattn_engine_pick(backend, sm, engine_env, &engine, why, sizeof why);
+        if (st != FATTN_OK) return fattn_fail(NULL, st, "CUDA device %d: %s", device, why);
+        chosen = engine == FATTN_ENGINE_CPU ? FATTN_BACKEND_CPU : FATTN_BACKEND_CUDA;
+    }
 
     fattn_ctx *ctx = (fattn_ctx *)calloc(1, sizeof *ctx);
     if (!ctx)
@@ -72,7 +83,7 @@ fattn_status fattn_ctx_create(fattn_ctx **out, fattn_backend backend, int device
         }
     }
     if (chosen == FATTN_BACKEND_CUDA) {
-        fattn_status st = fattn_cuda_ctx_init(ctx);
+        fattn_status st = fattn_cuda_ctx_init(ctx, engine_env);
         if (st != FATTN_OK) {
             /* The engine wrote its reason into ctx->err; creation errors live
              * in the thread-local buffer. */

@@ -4,12 +4,13 @@
 
 #define FATTN_NO_CUDA_MSG "fattn was built without the CUDA engine"
 
-int fattn_cuda_available(int device) {
+int fattn_cuda_device_sm(int device) {
     (void)device;
     return 0;
 }
 
-fattn_status fattn_cuda_ctx_init(fattn_ctx *ctx) {
+fattn_status fattn_cuda_ctx_init(fattn_ctx *ctx, const char *engine_env) {
+    (void)engine_env;
     return fattn_fail(ctx, FATTN_ERROR_NO_DEVICE, FATTN_NO_CUDA_MSG);
 }
 

@@ -89,8 +89,13 @@ fattn_status fattn_cpu_kv_append(fattn_ctx *ctx, const fattn_kv_append_args *a);
 /* CUDA engine (src/cuda; src/cuda_stub.c answers NO_DEVICE when built
  * without CUDA).  Its checks refuse varlen batches: nothing reads cu_seqlens
  * from the device while arguments are checked. */
-int fattn_cuda_available(int device); /* 1 if device is sm_90 (AUTO's choice; CUDA contexts take sm_80+) */
-fattn_status fattn_cuda_ctx_init(fattn_ctx *ctx);
+/* The compute capability of CUDA device `device` as 10 x major + minor (0: no
+ * usable device, or no CUDA engine): what fattn_engine_pick decides AUTO on. */
+int fattn_cuda_device_sm(int device);
+/* The context's CUDA state; engine_env is FATTN_CUDA_ENGINE's value as api.c
+ * read it at creation (NULL: unset), which fattn_engine_pick turns into the
+ * engine (Hopper's or the portable one). */
+fattn_status fattn_cuda_ctx_init(fattn_ctx *ctx, const char *engine_env);
 /* fattn_ctx_engine's text for a CUDA context (context.cu; the stub: "cuda"). */
 const char *fattn_cuda_engine_name(const fattn_ctx *ctx);
 void fattn_cuda_ctx_free(fattn_ctx *ctx);

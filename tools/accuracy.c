@@ -74,7 +74,8 @@ static const char *ACC_HELP =
     "\n"
     "options:\n"
     "  --engine auto|cpu|cuda  where the rows run (default auto: CUDA when a\n"
-    "                  Hopper GPU is present, else the CPU)\n"
+    "                  GPU from sm_80 on is present, else the CPU; FP8 rows need\n"
+    "                  Hopper: the portable engine answers unsupported)\n"
     "  --seqlen N      query and key length (default 8448)\n"
     "  --head-dim N    head dimension, a power of two for the rotation; the CUDA\n"
     "                  engine takes 64, 128, 256 (default 128)\n"
@@ -233,7 +234,7 @@ static void print_table(const acc_run *r, const acc_meta *m, const row_result *r
     printf("fattn accuracy: batch %d, seqlen %d, heads %d, head dim %d, FP8 block %d rows, "
            "seed %llu, engine %s\n",
            (int)r->batch, (int)r->n, (int)r->heads, (int)r->d, (int)r->block,
-           (unsigned long long)r->seed, r->gpu ? "cuda" : "cpu");
+           (unsigned long long)r->seed, fattn_ctx_engine(r->ctx));
     printf("inputs %s; RMSE of O against FP64 (reference %.1f s on %d threads, rows %.1f s); "
            "FP8 rows quantise %s, write %s\n",
            strcmp(m->inputs, "protocol") ? "N(0,1)" : "N(0,1) + N(0,100)*Bernoulli(0.001)", m->t_ref,

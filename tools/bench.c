@@ -107,7 +107,7 @@ typedef struct bench_field {
     const char *head, *key;
     int width, tprec, rprec; /* table column width; digits in the table, the records */
     double x;
-    char text[24];
+    char text[48]; /* fits fattn_ctx_engine's longest, "cuda portable sm_120 (FATTN_CUDA_ENGINE)" */
     const char *json; /* the JSON header only: this JSON value instead */
 } bench_field;
 
@@ -136,9 +136,10 @@ static void put_text(bench_fields *r, const char *head, const char *key, int wid
 
 /* The header fields of the JSON file after "version" (a key with text: a
  * string); mode NULL for the prefill sweep. */
-static void put_meta(bench_fields *m, const char *mode, int gpu, fattn_dtype dtype) {
+static void put_meta(bench_fields *m, const char *mode, const fattn_ctx *ctx, fattn_dtype dtype) {
     if (mode) put_text(m, NULL, "mode", 0, mode, 0);
-    put_text(m, NULL, "backend", 0, gpu ? "cuda" : "cpu", 0);
+    put_text(m, NULL, "backend", 0, fattn_ctx_backend(ctx) == FATTN_BACKEND_CUDA ? "cuda" : "cpu", 0);
+    put_text(m, NULL, "engine", 0, fattn_ctx_engine(ctx), 0); /* "cuda portable sm_86", ... */
     put_text(m, NULL, "dtype", 0, fattn_dtype_name(dtype), 0);
 }
 
@@ -340,9 +341,9 @@ static int bench_decode(const char *cmd, fattn_ctx *ctx, const decode_opts *o) {
     }
 
     printf("fattn %s decoding sweep: backend %s, dtype %s, median of %d\n\n",
-           fattn_version_string(), gpu ? "cuda" : "cpu", fattn_dtype_name(o->dtype), o->iters);
+           fattn_version_string(), fattn_ctx_engine(ctx), fattn_dtype_name(o->dtype), o->iters);
     bench_fields meta = {0};
-    put_meta(&meta, "decode", gpu, o->dtype);
+    put_meta(&meta, "decode", ctx, o->dtype);
     put(&meta, NULL, "iters", 0, 0, 0, o->iters);
     bench_report(cmd, o->csv, o->json, gpu, o->dtype, &meta, rows, n, decode_fields);
     free(rows);
@@ -447,11 +448,11 @@ static int bench_varlen(const char *cmd, fattn_ctx *ctx, const varlen_opts *o) {
     tool_lens_text(lq, sizeof lq, o->lens_q, o->nseq);
     tool_lens_text(lk, sizeof lk, o->lens_k, o->nseq);
     printf("fattn %s varlen sweep: backend %s, dtype %s, %d sequences, median of %d\n",
-           fattn_version_string(), gpu ? "cuda" : "cpu", fattn_dtype_name(o->dtype), o->nseq,
+           fattn_version_string(), fattn_ctx_engine(ctx), fattn_dtype_name(o->dtype), o->nseq,
            o->iters);
     printf("lengths q %s\n        k %s\n\n", lq, lk);
     bench_fields meta = {0};
-    put_meta(&meta, "varlen", gpu, o->dtype);
+    put_meta(&meta, "varlen", ctx, o->dtype);
     put(&meta, NULL, "iters", 0, 0, 0, o->iters);
     char *jq = lens_json(cmd, o->lens_q, o->nseq), *jk = lens_json(cmd, o->lens_k, o->nseq);
     put(&meta, NULL, "lens_q", 0, 0, 0, 0)->json = jq;
@@ -599,12 +600,12 @@ static int bench_prefill(const char *cmd, fattn_ctx *ctx, const prefill_opts *o)
                                            ", FP8 end to end (block scales + rotation)"};
     static const char *const fp8_json[] = {"off", "block", "rotate"};
     printf("fattn %s forward sweep: backend %s, dtype %s%s, %d tokens, hidden %d, median of %d",
-           fattn_version_string(), gpu ? "cuda" : "cpu", fattn_dtype_name(dtype), fp8_name[fp8], tokens,
+           fattn_version_string(), fattn_ctx_engine(ctx), fattn_dtype_name(dtype), fp8_name[fp8], tokens,
            hidden, iters);
     if (o->hdim_v) printf(", head_dim_v %d", o->hdim_v);
     printf("\n\n");
     bench_fields meta = {0};
-    put_meta(&meta, NULL, gpu, dtype);
+    put_meta(&meta, NULL, ctx, dtype);
     put_text(&meta, NULL, "fp8", 0, fp8_json[fp8], 0);
     put(&meta, NULL, "tokens", 0, 0, 0, tokens);
     put(&meta, NULL, "hidden", 0, 0, 0, hidden);

@@ -11,8 +11,10 @@ static const char *RUN_HELP =
     "usage: fattn run [options]\n"
     "\n"
     "Runs one attention forward, O = softmax(Q K^T / sqrt(d)) V, on random inputs,\n"
-    "on the GPU when one is present, otherwise on the CPU.  Prints the median time,\n"
-    "the throughput and the error against an FP64 reference on sampled rows.\n"
+    "on the GPU when one is present (sm_80 or newer), otherwise on the CPU.  Prints\n"
+    "the engine that ran (cpu, cuda hopper sm_90, cuda portable sm_86, ...), the\n"
+    "median time, the throughput and the error against an FP64 reference on sampled\n"
+    "rows.  FATTN_CUDA_ENGINE=portable runs the portable engine on Hopper too.\n"
     "\n"
     "Defaults: GPU batch 4, seqlen 4096, heads 16, head dim 128, bf16;\n"
     "          CPU batch 1, seqlen 1024, heads 8,  head dim 128, f32.\n"
@@ -186,10 +188,8 @@ int fattn_cmd_run(int argc, char **argv) {
                  heads_kv == heads ? 0 : heads_kv, hd, causal ? ", causal" : "");
 
     printf("fattn %s - attention forward\n\n", fattn_version_string());
-    if (gpu)
-        printf("  %-18s cuda (GPU: %s)\n", "backend", fattn_ctx_engine(ctx));
-    else
-        printf("  %-18s %s\n", "backend", "cpu");
+    /* "cpu", "cuda hopper sm_90", "cuda portable sm_86": the engine and architecture that ran */
+    printf("  %-18s %s\n", "backend", fattn_ctx_engine(ctx));
     printf("  %-18s %s\n", "shape", shape);
     if (nvar) {
         char text[96];

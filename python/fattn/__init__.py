@@ -1,7 +1,7 @@
 """fattn: Python bindings (ctypes) over the fattn C library.
 
     import torch, fattn
-    o = fattn.attention(q, k, v, causal=True)       # q [b, s, h, d]: CUDA (Hopper) or CPU tensors
+    o = fattn.attention(q, k, v, causal=True)       # q [b, s, h, d]: CUDA (sm_80 on) or CPU tensors
 
     o = fattn.flash_attn_func(q, k, v, causal=True)  # FlashAttention-3's signature
 
@@ -15,8 +15,9 @@ Inputs are torch tensors (CUDA, or CPU through the CPU engine) or NumPy arrays
 (CPU engine) in [batch, seqlen, heads, head_dim] layout, GQA by fewer K/V
 heads.  fp8=True or fp8=fattn.FP8(...) runs FP8 attention (forward only).
 On torch tensors the call is the custom op torch.ops.fattn.fwd (fwd_fp8):
-differentiable (CPU engine; the CUDA engine at head dims 64, 96, 128, 192, 256 and 192/128) and
-traceable by torch.compile.  window_size, softcap and learnable_sink (FA3's and
+differentiable (CPU engine; on Hopper at head dims 64, 96, 128, 192, 256 and 192/128, on every other
+GPU from sm_80 on, the portable engine, at 64, 128, 192, 256) and traceable by torch.compile.
+Context(...).engine names the engine and architecture ("cuda portable sm_86", ...).  window_size, softcap and learnable_sink (FA3's and
 FA4's names) are arguments of every entry point, with their gradients.  Library errors raise FattnError (with the
 library's message) or a subclass: FattnInvalidArgumentError (a ValueError)
 and FattnUnsupportedError (a NotImplementedError).

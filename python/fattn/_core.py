@@ -116,7 +116,9 @@ def error(status, msg, where=None):
 
 class Context:
     """A fattn context: a CUDA device (backend=BACKEND_CUDA) or the CPU
-    (BACKEND_CPU).  Calls on one context are serialised by a lock (the C
+    (BACKEND_CPU); `engine` says which engine computes ("cpu", "cuda hopper
+    sm_90", "cuda portable sm_86": the portable engine on GPUs other than
+    Hopper from sm_80 on, or anywhere with FATTN_CUDA_ENGINE=portable).  Calls on one context are serialised by a lock (the C
     contract: a context is not for use from two threads at once).  The C
     context is freed by close(), when the object is collected, or at exit."""
 
@@ -130,6 +132,9 @@ class Context:
         self._options = {}  # option -> value set through set_option (the library's default is 0)
         self._lock = threading.RLock()
         self.backend = lib.fattn_ctx_backend(h)
+        # "cpu", "cuda hopper sm_90", "cuda portable sm_86", ... (fattn_ctx_engine):
+        # the engine and architecture this context's calls run on
+        self.engine = lib.fattn_ctx_engine(h).decode()
         self.device = device
         # A finalizer rather than __del__: it runs at exit while the module's
         # globals still exist (a __del__ at shutdown printed an ignored exception).

@@ -91,7 +91,7 @@ class Package(unittest.TestCase):
         try:
             c = fattn.Context(fattn.BACKEND_CUDA, 0)
         except fattn.FattnUnsupportedError as e:
-            self.assertIn(e.status, (2, 3))  # UNSUPPORTED (not Hopper) or NO_DEVICE
+            self.assertIn(e.status, (2, 3))  # UNSUPPORTED (older than sm_80) or NO_DEVICE
             self.assertTrue(e.detail)
         else:
             c.close()
@@ -101,8 +101,14 @@ class Package(unittest.TestCase):
         a = _core.context(fattn.BACKEND_CPU)
         self.assertIs(a, _core.context(fattn.BACKEND_CPU, 3))  # one CPU context, whatever the device
         self.assertEqual(a.backend, fattn.BACKEND_CPU)
+        self.assertEqual(a.engine, "cpu")
         c = fattn.Context(fattn.BACKEND_AUTO)
         self.assertIn(c.backend, (fattn.BACKEND_CPU, fattn.BACKEND_CUDA))
+        # fattn_ctx_engine: which engine and architecture (issue 41)
+        if c.backend == fattn.BACKEND_CPU:
+            self.assertEqual(c.engine, "cpu")
+        else:
+            self.assertRegex(c.engine, r"^cuda (hopper sm_90|portable sm_\d+)( \(FATTN_CUDA_ENGINE\))?$")
         c.close()
         c.close()  # harmless twice
         with self.assertRaises(ValueError):

@@ -12,11 +12,9 @@
 
 /* ---- device / context ----------------------------------------------------- */
 
-/* AUTO's choice: still Hopper only.  An explicit FATTN_BACKEND_CUDA context
- * runs the portable engine on any other sm_80+ GPU; its backward has not run
- * on a GPU yet, and AUTO on such a GPU would hand fattn_bwd from the CPU to
- * it: AUTO moves when the portable backward has passed its tests (issue 41). */
-extern "C" int fattn_cuda_available(int device) {
+/* The device's compute capability, 10 x major + minor; 0 without a usable
+ * device (api.c: AUTO's choice through fattn_engine_pick). */
+extern "C" int fattn_cuda_device_sm(int device) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {
         (void)cudaGetLastError();
@@ -24,8 +22,11 @@ extern "C" int fattn_cuda_available(int device) {
     }
     if (device < 0 || device >= n) return 0;
     cudaDeviceProp prop;
-    if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) return 0;
-    return prop.major == 9 && prop.minor == 0;
+    if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return prop.major * 10 + prop.minor;
 }
 
 /* Why cudaGetDeviceCount failed, in words a user can act on: the runtime
@@ -46,47 +47,15 @@ static const char *no_device_reason(cudaError_t e, char *buf, size_t n) {
     return cudaGetErrorString(e);
 }
 
-/* The kernels a context on this device runs: Hopper's on sm_90, the portable
- * engine's on every other GPU from sm_80 on.  FATTN_CUDA_ENGINE, read here
- * once per context (as FATTN_CPU_ISA for CPU contexts): unset, empty or
- * "auto" = by the architecture; "portable" = the portable engine on any
- * sm_80+ GPU, Hopper included (tests, comparisons); "hopper" = the Hopper
- * kernels, UNSUPPORTED elsewhere; anything else INVALID_ARGUMENT. */
-static fattn_status pick_engine(fattn_ctx *ctx, const cudaDeviceProp *prop, cuda_engine_kind *engine) {
-    const int sm = prop->major * 10 + prop->minor;
-    const char *want = getenv("FATTN_CUDA_ENGINE");
-    const bool hopper = sm == 90;
-    if (sm < 80)
-        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                          "CUDA device %d is sm_%d%d (%s); the CUDA engine needs sm_80 or newer (Ampere, Ada, "
-                          "Hopper, Blackwell)",
-                          ctx->device, prop->major, prop->minor, prop->name);
-    if (!want || !*want || !strcmp(want, "auto")) {
-        *engine = hopper ? CUDA_ENGINE_HOPPER : CUDA_ENGINE_PORTABLE;
-        return FATTN_OK;
-    }
-    if (!strcmp(want, "portable")) {
-        *engine = CUDA_ENGINE_PORTABLE;
-        return FATTN_OK;
-    }
-    if (!strcmp(want, "hopper")) {
-        if (!hopper)
-            return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                              "FATTN_CUDA_ENGINE=hopper: CUDA device %d is sm_%d%d (%s); the Hopper kernels need sm_90",
-                              ctx->device, prop->major, prop->minor, prop->name);
-        *engine = CUDA_ENGINE_HOPPER;
-        return FATTN_OK;
-    }
-    return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
-                      "FATTN_CUDA_ENGINE=%.64s is not a CUDA engine (auto, hopper or portable, or unset)", want);
-}
-
 extern "C" const char *fattn_cuda_engine_name(const fattn_ctx *ctx) {
     const fattn_cuda_state *st = (const fattn_cuda_state *)ctx->cuda;
     return st ? st->name : "cuda";
 }
 
-extern "C" fattn_status fattn_cuda_ctx_init(fattn_ctx *ctx) {
+/* The kernels a context on this device runs (fattn_engine_pick, engine_pick.h):
+ * Hopper's on sm_90, the portable engine's on every other GPU from sm_80 on,
+ * unless engine_env (FATTN_CUDA_ENGINE, read once by api.c) names one. */
+extern "C" fattn_status fattn_cuda_ctx_init(fattn_ctx *ctx, const char *engine_env) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0) {
@@ -100,20 +69,18 @@ extern "C" fattn_status fattn_cuda_ctx_init(fattn_ctx *ctx) {
     cudaDeviceProp prop;
     e = cudaGetDeviceProperties(&prop, ctx->device);
     if (e != cudaSuccess) return fattn_fail(ctx, FATTN_ERROR_CUDA, "cudaGetDeviceProperties: %s", cudaGetErrorString(e));
-    cuda_engine_kind engine;
-    fattn_status es = pick_engine(ctx, &prop, &engine);
-    if (es != FATTN_OK) return es;
+    const int sm = prop.major * 10 + prop.minor;
+    fattn_engine engine;
+    char why[256];
+    fattn_status es = fattn_engine_pick(FATTN_BACKEND_CUDA, sm, engine_env, &engine, why, sizeof why);
+    if (es != FATTN_OK) return fattn_fail(ctx, es, "CUDA device %d (%s): %s", ctx->device, prop.name, why);
     fattn_cuda_state *st = (fattn_cuda_state *)calloc(1, sizeof(fattn_cuda_state));
     if (!st) return fattn_fail(ctx, FATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
     st->num_sms = prop.multiProcessorCount;
     st->engine = engine;
-    st->sm = prop.major * 10 + prop.minor;
+    st->sm = sm;
     st->smem_optin = (int)prop.sharedMemPerBlockOptin;
-    {
-        const char *forced = getenv("FATTN_CUDA_ENGINE");
-        snprintf(st->name, sizeof st->name, "cuda %s sm_%d%s", engine == CUDA_ENGINE_HOPPER ? "hopper" : "portable",
-                 st->sm, forced && *forced && strcmp(forced, "auto") ? " (FATTN_CUDA_ENGINE)" : "");
-    }
+    fattn_engine_text(engine, sm, engine_env, st->name, sizeof st->name);
     cudaDriverEntryPointQueryResult q;
     void *fn = NULL;
     e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q);

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 #include <stdlib.h>
 
+#include "../engine_pick.h"
 #include "../internal.h"
 
 /* A workspace a context owns: NULL until first needed, grown (the outgrown
@@ -21,15 +22,12 @@ struct cuda_owned_ws {
     void *event; /* cudaEvent_t */
 };
 
-/* Which kernels a CUDA context runs: the Hopper engine (hopper/, sm_90 only)
- * or the portable one (portable/: mma.sync, cp.async, ldmatrix; every GPU
- * from sm_80 on).  Chosen at context creation (fattn_cuda_ctx_init: by the
- * architecture, or FATTN_CUDA_ENGINE). */
-enum cuda_engine_kind { CUDA_ENGINE_HOPPER = 0, CUDA_ENGINE_PORTABLE = 1 };
-
 struct fattn_cuda_state {
     int num_sms;
-    cuda_engine_kind engine;
+    /* which kernels the context runs: FATTN_ENGINE_CUDA_HOPPER (hopper/, sm_90
+     * only) or _PORTABLE (portable/: every GPU from sm_80 on); chosen at
+     * creation by fattn_engine_pick (engine_pick.h) */
+    fattn_engine engine;
     int sm;         /* compute capability, 10 x major + minor (90: Hopper) */
     int smem_optin; /* shared memory per block a kernel may opt in to, bytes */
     char name[48];  /* fattn_ctx_engine's text */

@@ -133,6 +133,21 @@ static fattn_status check_fwd_kv8(fattn_ctx *ctx, const fattn_fwd_args *a) {
     return FATTN_OK;
 }
 
+static bool portable_engine(const fattn_ctx *ctx) {
+    /* a context without device state (tests/test_api_errors.c's host-only checks) is Hopper's */
+    return ctx->cuda && ((const fattn_cuda_state *)ctx->cuda)->engine == FATTN_ENGINE_CUDA_PORTABLE;
+}
+
+/* Who refuses, for the messages: "the portable CUDA engine (sm_86)", "the
+ * Hopper CUDA engine (sm_90)"; "the CUDA engine" without device state. */
+static const char *engine_words(const fattn_ctx *ctx, char *buf, size_t n) {
+    const fattn_cuda_state *st = (const fattn_cuda_state *)ctx->cuda;
+    if (!st) return "the CUDA engine";
+    snprintf(buf, n, "the %s CUDA engine (sm_%d)", st->engine == FATTN_ENGINE_CUDA_PORTABLE ? "portable" : "Hopper",
+             st->sm);
+    return buf;
+}
+
 /* FlashAttention-3's serving arguments of 0.4 (fattn.h, fattn_fwd_args):
  * the CPU engine serves them all; the Hopper forward's varlen kernels
  * (kv_cache_ok) serve seqused_q with cu_seqlens_q, and cache_batch_idx and
@@ -150,23 +165,19 @@ static fattn_status check_serving_fields(fattn_ctx *ctx, const fattn_problem *p,
                   {cache_batch_idx, kv_cache && !block_table, "cache_batch_idx",
                    "with cu_seqlens_q alone on a dense cache"},
                   {cache_leftpad, kv_cache && !block_table, "cache_leftpad", "with cu_seqlens_q alone on a dense cache"}};
+    char who[48];
     for (int i = 0; i < COUNT(fields); ++i)
         if (fields[i].set && !fields[i].served)
             return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                              "%s is not supported by the CUDA engine's %s here (%s; the CPU engine serves it "
-                              "everywhere)",
-                              fields[i].name, call, kv_cache_ok ? fields[i].needs : "not on this engine");
+                              "%s is not supported by the %s of %s here (%s; the CPU engine serves it everywhere)",
+                              fields[i].name, call, engine_words(ctx, who, sizeof who),
+                              kv_cache_ok ? fields[i].needs : "not on this engine");
     if (p->cu_seqlens_q && !p->cu_seqlens_k && !kv_cache_ok)
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                           "cu_seqlens_q without cu_seqlens_k (varlen queries against fixed-length keys) is not "
-                          "supported by the CUDA engine's %s yet (the CPU engine serves it)",
-                          call);
+                          "supported by the %s of %s yet (the CPU engine serves it)",
+                          call, engine_words(ctx, who, sizeof who));
     return FATTN_OK;
-}
-
-static bool portable_engine(const fattn_ctx *ctx) {
-    /* a context without device state (tests/test_api_errors.c's host-only checks) is Hopper's */
-    return ctx->cuda && ((const fattn_cuda_state *)ctx->cuda)->engine == CUDA_ENGINE_PORTABLE;
 }
 
 /* The portable engine (portable/fwd_portable.cuh) on this context's GPU:
@@ -201,6 +212,13 @@ static fattn_status portable_fwd_check(fattn_ctx *ctx, const fattn_fwd_args *a) 
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                           "head_dim %d is not supported by the portable CUDA engine (sm_%d); supported: %s",
                           p->head_dim, sm, list_ints(list, sizeof list, fwd_portable_head_dims, COUNT(fwd_portable_head_dims)));
+    const int optin = ((const fattn_cuda_state *)ctx->cuda)->smem_optin;
+    const int need = fwd_portable_smem_need(p->head_dim, optin);
+    if (need)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "head_dim %d: the forward of the portable CUDA engine (sm_%d) needs %d bytes of shared memory "
+                          "per block; this GPU allows %d",
+                          p->head_dim, sm, need, optin);
     if (p->batch > 65535 || p->heads_q > 65535)
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                           "batch %d, heads_q %d: the portable CUDA engine takes at most 65535 of each", p->batch,
@@ -358,6 +376,13 @@ static fattn_status portable_bwd_check(fattn_ctx *ctx, const fattn_bwd_args *a) 
                           "head_dim %d is not supported by the portable CUDA engine's backward (sm_%d); supported: %s",
                           p->head_dim, sm,
                           list_ints(list, sizeof list, bwd_portable_head_dims, COUNT(bwd_portable_head_dims)));
+    const int optin = ((const fattn_cuda_state *)ctx->cuda)->smem_optin;
+    const int need = bwd_portable_smem_need(p->head_dim, optin);
+    if (need)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "head_dim %d: the backward of the portable CUDA engine (sm_%d) needs %d bytes of shared memory "
+                          "per block; this GPU allows %d (its forward runs; the CPU engine serves the backward)",
+                          p->head_dim, sm, need, optin);
     /* grids (key blocks, heads_kv, batch) and, varlen, (query blocks, heads_q, batch) */
     if (p->batch > 65535 || p->heads_q > 65535)
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
@@ -376,9 +401,11 @@ extern "C" fattn_status fattn_cuda_bwd_check(fattn_ctx *ctx, const fattn_bwd_arg
     char list[64];
     fattn_status ss = check_serving_fields(ctx, p, a->seqused_q, NULL, NULL, NULL, false, "backward");
     if (ss != FATTN_OK) return ss;
+    char who[48];
     if (a->seqused_k)
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                          "seqused_k is not supported by the CUDA engine's backward yet (the CPU engine serves it)");
+                          "seqused_k is not supported by the backward of %s yet (the CPU engine serves it)",
+                          engine_words(ctx, who, sizeof who));
     if (portable_engine(ctx)) return portable_bwd_check(ctx, a);
     /* learnable_sink alone is not read by the backward (dq, dk, dv come from
      * the sink-inclusive lse and o): only dsink asks for sink arithmetic */

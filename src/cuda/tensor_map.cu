@@ -7,18 +7,20 @@
 
 #include "cuda_engine.h"
 
-/* TMA addresses global memory in 16-byte units: base and strides. */
+/* TMA addresses global memory in 16-byte units: base and strides (the
+ * portable engine's cp.async loads 16-byte chunks of rows: the same rule). */
 fattn_status cuda_check_tma_layout(fattn_ctx *ctx, const fattn_tensor *t, fattn_dtype dtype, const char *name) {
     const int64_t es = (int64_t)fattn_dtype_size(dtype);
     if (es == 0) return fattn_fail(ctx, FATTN_ERROR_INTERNAL, "%s: dtype %d has no element size", name, (int)dtype);
     if ((uintptr_t)t->data % 16)
         return fattn_fail(ctx, FATTN_ERROR_INVALID_ARGUMENT,
-                          "%s.data (%p) must be 16-byte aligned for the CUDA engine (TMA)", name, t->data);
+                          "%s.data (%p) must be 16-byte aligned for the CUDA engine (16-byte loads: TMA, cp.async)",
+                          name, t->data);
     const int64_t step = 16 / es; /* elements per 16 bytes */
     if (t->stride_seq % step || t->stride_head % step || t->stride_batch % step)
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                           "%s strides (batch %lld, seq %lld, head %lld) must be multiples of %lld elements (16 bytes) "
-                          "for the CUDA engine (TMA)",
+                          "for the CUDA engine (16-byte loads: TMA, cp.async)",
                           name, (long long)t->stride_batch, (long long)t->stride_seq, (long long)t->stride_head,
                           (long long)step);
     return FATTN_OK;

@@ -1,5 +1,5 @@
 /* gpu_testutil.h - what the GPU tests share: a CUDA error check that names
- * the call, and the "no Hopper GPU -> exit 77 (ctest: skipped)" rule, which
+ * the call, and the "no suitable GPU -> exit 77 (ctest: skipped)" rule, which
  * FATTN_REQUIRE_GPU=1 turns into a failure. */
 #pragma once
 #include <cuda_runtime.h>
@@ -28,22 +28,40 @@ static inline void gpu_skip(const char *why) {
     exit(77);
 }
 
-/* A CUDA context on device 0, or gpu_skip with the reason when this machine
- * has no Hopper GPU (or the library was built without CUDA). */
-static inline fattn_ctx *gpu_ctx_or_skip(void) {
+/* A CUDA context on device 0, or gpu_skip with the reason: no GPU from sm_80
+ * on (or a build without CUDA); or, unless any_engine, a context that runs the
+ * portable engine without FATTN_CUDA_ENGINE=portable asking for it (a GPU
+ * other than Hopper, issue 41): the tests are the Hopper engine's, and the
+ * ones the portable engine serves run there through ctest's gpu_portable_*
+ * entries, which force it, so each runs once on such a GPU. */
+static inline fattn_ctx *gpu_ctx_make_or_skip(int any_engine) {
     fattn_ctx *ctx = NULL;
     fattn_status st = fattn_ctx_create(&ctx, FATTN_BACKEND_CUDA, 0);
     if (st == FATTN_ERROR_NO_DEVICE || st == FATTN_ERROR_UNSUPPORTED) {
         char why[640]; /* the library's messages are shorter than 512 bytes */
-        snprintf(why, sizeof why, "no Hopper GPU (%s: %s)", fattn_status_string(st), fattn_last_error(NULL));
+        snprintf(why, sizeof why, "no CUDA GPU from sm_80 on (%s: %s)", fattn_status_string(st),
+                 fattn_last_error(NULL));
         gpu_skip(why);
     }
     if (st != FATTN_OK) {
         fprintf(stderr, "fattn_ctx_create: %s: %s\n", fattn_status_string(st), fattn_last_error(NULL));
         exit(1);
     }
+    const char *forced = getenv("FATTN_CUDA_ENGINE");
+    if (!any_engine && strstr(fattn_ctx_engine(ctx), "portable") && !(forced && !strcmp(forced, "portable"))) {
+        char why[160];
+        snprintf(why, sizeof why, "device 0 runs the portable engine (%s): this test is the Hopper engine's (its "
+                 "portable cases run as ctest's gpu_portable_* entries)", fattn_ctx_engine(ctx));
+        fattn_ctx_free(ctx);
+        gpu_skip(why);
+    }
     return ctx;
 }
+
+static inline fattn_ctx *gpu_ctx_or_skip(void) { return gpu_ctx_make_or_skip(0); }
+
+/* Whichever engine device 0 runs (calls both engines serve: fattn_merge). */
+static inline fattn_ctx *gpu_ctx_any_engine_or_skip(void) { return gpu_ctx_make_or_skip(1); }
 
 /* Whether FATTN_CUDA_ENGINE=portable forces the portable engine (issue 41)
  * on this run: ctest runs the forward and backward tests again so

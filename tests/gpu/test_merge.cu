@@ -472,7 +472,7 @@ static void graph_replay(fattn_ctx *ctx, const mdata &m, const std::vector<uint8
  * captures and replays to the eager bits. */
 static void graph_first_capture(const mdata &m, const std::vector<uint8_t> &eo, const std::vector<float> &el,
                                 const char *what) {
-    fattn_ctx *ctx = gpu_ctx_or_skip();
+    fattn_ctx *ctx = gpu_ctx_any_engine_or_skip();
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     fattn_ctx_set_stream(ctx, st);
@@ -657,7 +657,7 @@ static void refusals(fattn_ctx *ctx) {
 }
 
 int main(void) {
-    fattn_ctx *ctx = gpu_ctx_or_skip();
+    fattn_ctx *ctx = gpu_ctx_any_engine_or_skip();
     fattn_ctx *cpu = gpu_cpu_ctx();
     tu_rng rng;
     tu_rng_init(&rng, (uint64_t)tu_seed());

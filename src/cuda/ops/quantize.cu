@@ -560,7 +560,7 @@ extern "C" fattn_status fattn_cuda_quantize_check(fattn_ctx *ctx, const fattn_qu
     const int d = a->head_dim;
     /* its kernels use Hopper's clusters and are built for sm_90a only */
     const fattn_cuda_state *st = (const fattn_cuda_state *)ctx->cuda;
-    if (st->engine == CUDA_ENGINE_PORTABLE)
+    if (st->engine == FATTN_ENGINE_CUDA_PORTABLE)
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                           "fattn_quantize: the portable CUDA engine (sm_%d) has no FP8 quantiser yet (the CUDA one "
                           "needs Hopper's thread-block clusters); the CPU engine has one",

@@ -11,6 +11,23 @@
 
 const int bwd_portable_head_dims[4] = {64, 128, 192, 256};
 
+/* the shallowest ring's bytes when even they exceed optin (bwd_portable_run's
+ * rule: NS_SMALL 0 has no shallower ring) */
+template <int D> static int bwd_smem_need(int optin) {
+    using C = PortableBwdCfg<D>;
+    constexpr int least = portable_bwd_smem_bytes<D, C::NS_SMALL ? C::NS_SMALL : C::NS>();
+    return least <= optin ? 0 : least;
+}
+
+int bwd_portable_smem_need(int head_dim, int optin) {
+    switch (head_dim) {
+    case 64: return bwd_smem_need<64>(optin);
+    case 128: return bwd_smem_need<128>(optin);
+    case 192: return bwd_smem_need<192>(optin);
+    default: return bwd_smem_need<256>(optin);
+    }
+}
+
 static fattn_status pbwd_launch_error(fattn_ctx *ctx, const char *what) {
     const cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess) return FATTN_OK;

@@ -7,6 +7,22 @@
 
 const int fwd_portable_head_dims[4] = {64, 128, 192, 256};
 
+/* the shallower ring's bytes when even they exceed optin (fwd_portable_run's rule) */
+template <int D> static int fwd_smem_need(int optin) {
+    using C = PortableCfg<D>;
+    const int small = portable_smem_bytes<D, C::NW, C::BN, C::NS_SMALL>();
+    return small <= optin ? 0 : small;
+}
+
+int fwd_portable_smem_need(int head_dim, int optin) {
+    switch (head_dim) {
+    case 64: return fwd_smem_need<64>(optin);
+    case 128: return fwd_smem_need<128>(optin);
+    case 192: return fwd_smem_need<192>(optin);
+    default: return fwd_smem_need<256>(optin);
+    }
+}
+
 fattn_status fwd_portable_launch(fattn_ctx *ctx, const fattn_fwd_args *a) {
     const fattn_problem *pr = &a->p;
     PortableFwdParams p;
