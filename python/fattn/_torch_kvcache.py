@@ -129,6 +129,8 @@ def _append_rows(k_cache, v_cache, k, v, cache_seqlens, page_table=None, cache_b
         seq = seq.clamp(max=b - 1)
         t = r - cu[seq]
         new_len = (cu[1:] - cu[:-1]).to(torch.int32)
+    if b == 0 or k.shape[0] == 0:
+        return new_len
     pos = cache_seqlens.long()[seq] + t
     ok &= pos >= 0
     if page_table is None:
