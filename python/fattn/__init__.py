@@ -338,32 +338,41 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     reads both).
 
     Arguments fattn cannot serve raise NotImplementedError, never ignored:
-    qv, rotary_cos/rotary_sin/rotary_seqlens, cu_seqlens_k_new (and k, v
-    with cu_seqlens_q), q/k/v_descale, attention_chunk != 0,
-    scheduler_metadata, sm_margin != 0, and appending k, v of
-    head_dim_v != head_dim.  cu_seqlens_q (int32 [b + 1]) with max_seqlen_q:
-    q packed [total_q, hq, d], a varlen batch of new queries on the cache
-    (chunked prefill; vLLM's call), each sequence over its first
-    cache_seqlens[b] keys; out [total_q, hq, dv], softmax_lse [hq, total_q];
-    a 16-bit cache (an FP8 one: NotImplementedError).  cache_batch_idx
-    (int32 [b]): sequence b reads entry cache_batch_idx[b] of a contiguous
-    cache (appends go there too), or row cache_batch_idx[b] of page_table;
-    cache_leftpad (int32 [b]): its keys start at that row (fattn.h).  Both
-    engines; on CUDA through the varlen kernels (a contiguous cache for the
-    left pad).  window_size, softcap and learnable_sink (FA4's
-    name, after FA3's arguments) as flash_attn_func's, the window bottom-right
-    aligned on each sequence's used keys.  Accepted: num_splits 0 or > 1 (fattn's schedule) and 1
-    (no split of the keys: FATTN_OPTION_DISABLE_SPLIT for this call; the same
-    values up to rounding), pack_gqa (a scheduling hint: fattn packs the GQA
-    group itself), max_seqlen_q (needed with cu_seqlens_q, unused without),
-    rotary_interleaved (unused without rotary_cos).  Forward only (FA3's has
-    no backward): tensors that require grad with grad mode on raise
-    NotImplementedError.  The CUDA engine serves caches with cache_seqlens
-    or page_table by its decoding kernel only (fattn.h: 16-bit, head dims
-    64/128/256, sq <= 16 and sq * hq / hkv <= 64, 32 at d 256, page_size a
-    power of two >= 16); others raise FattnUnsupportedError, after the append
-    when k, v are given (the rows are then written past cache_seqlens, where
-    the next append writes them again).
+    qv, rotary_cos/rotary_sin, float8_e4m3fn q (FA3's FP8 call),
+    q/k/v_descale, attention_chunk != 0, scheduler_metadata, sm_margin != 0,
+    and appending k, v [b, s_new, ...] of head_dim_v != head_dim to a cache
+    without cu_seqlens.  rotary_seqlens and rotary_interleaved are ignored
+    without rotary_cos, as FA3 ignores them.  cu_seqlens_q (int32 [b + 1])
+    with max_seqlen_q: q packed [total_q, hq, d], a varlen batch of new
+    queries on the cache (chunked prefill; vLLM's call), each sequence over
+    its first cache_seqlens[b] keys (plus its new rows); out [total_q, hq,
+    dv], softmax_lse [hq, total_q]; a 16-bit cache (an FP8 one:
+    NotImplementedError).  cu_seqlens_k_new (int32 [b + 1]): k, v packed
+    [total_new, hkv, d (dv)], sequence b's new rows cu_seqlens_k_new[b] ..
+    [b + 1] - 1.  New rows beside cu_seqlens_q or packed by cu_seqlens_k_new
+    are written by torch indexing (fattn_kv_append takes neither; on CUDA
+    this costs a host synchronisation, so such a call is not for CUDA
+    graphs), then attended with cache_seqlens + each sequence's count; a
+    16-bit cache.  cache_batch_idx (int32 [b]): sequence b reads entry
+    cache_batch_idx[b] of a contiguous cache (appends go there too), or row
+    cache_batch_idx[b] of page_table; cache_leftpad (int32 [b]): its keys
+    start at that row (fattn.h).  Both engines, with cu_seqlens_q too; on
+    CUDA through the varlen kernels (a contiguous cache for the left pad).
+    window_size, softcap and learnable_sink (FA4's name, after FA3's
+    arguments) as flash_attn_func's, the window bottom-right aligned on each
+    sequence's used keys.  Accepted: num_splits 0 or > 1 (fattn's schedule)
+    and 1 (no split of the keys: FATTN_OPTION_DISABLE_SPLIT for this call;
+    the same values up to rounding), pack_gqa (a scheduling hint: fattn
+    packs the GQA group itself), max_seqlen_q (needed with cu_seqlens_q,
+    unused without).  Forward only (FA3's has no backward): tensors that
+    require grad with grad mode on raise NotImplementedError.  The CUDA
+    engine serves caches with cache_seqlens or page_table by its decoding
+    kernel (fattn.h: 16-bit, head dims 64/128/256, sq <= 16 and sq * hq /
+    hkv <= 64, 32 at d 256) and, past those shapes, by its varlen kernels;
+    both take page_size a power of two >= 16.  Others raise
+    FattnUnsupportedError, after the append when k, v are given (the rows
+    are then written past cache_seqlens, where the next append writes them
+    again).
 
     An FP8 KV cache (fattn.h 0.5; vLLM's and FlashInfer's k_scale / v_scale
     names, after FA3's arguments): k_cache and v_cache torch.float8_e4m3fn
@@ -380,11 +389,16 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     FattnUnsupportedError.  k_scale / v_scale without an e4m3 cache, or an
     e4m3 cache without them: ValueError."""
     no = _refuser("fattn.flash_attn_with_kvcache")
+    # rotary_seqlens and rotary_interleaved only steer the rotary embedding of rotary_cos/rotary_sin: FA3
+    # ignores them without it (its own test passes rotary_seqlens=cache_seqlens either way)
     for name, val in (("qv", qv), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
-                      ("rotary_seqlens", rotary_seqlens),
-                      ("cu_seqlens_k_new", cu_seqlens_k_new), ("scheduler_metadata", scheduler_metadata)):
+                      ("scheduler_metadata", scheduler_metadata)):
         if val is not None:
             no(name)
+    if _is_torch(q) and str(q.dtype) == "torch.float8_e4m3fn":
+        no("float8_e4m3fn q (FA3's FP8 decoding: e4m3 q, k, v and caches with q/k/v_descale; fattn's FP8 KV "
+           "cache takes float16/bfloat16/float32 q with k_scale, v_scale, and the CUDA decoding and varlen kernels "
+           "have no e4m3-q instance on a cache)")
     causal, ws, softcap = _fa_common_args("fattn.flash_attn_with_kvcache", no, causal,
                                           (q_descale, k_descale, v_descale), " (fp8 inputs)", window_size,
                                           attention_chunk, softcap, num_splits, "; 0 or 1 = none are served",
@@ -393,5 +407,5 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
         raise TypeError("fattn.flash_attn_with_kvcache takes torch tensors, got a %s" % type(q).__name__)
     out, lse = _torch_module().kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale, causal,
                                        num_splits == 1, ws, softcap, learnable_sink, k_scale, v_scale, cu_seqlens_q,
-                                       max_seqlen_q, cache_batch_idx, cache_leftpad)
+                                       max_seqlen_q, cache_batch_idx, cache_leftpad, cu_seqlens_k_new)
     return (out, lse) if return_softmax_lse else out

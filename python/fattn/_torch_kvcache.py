@@ -1,7 +1,8 @@
 """_torch_kvcache.py - flash_attn_with_kvcache on torch tensors: the custom ops
 <ns>::fwd_kvcache, fwd_kvcache_fp8 and fwd_kvcache_varlen (fattn_kv_append, then
-fattn_fwd on the cache), with their fake implementations; imported by _torch.py,
-so that the ops are registered with the others."""
+fattn_fwd on the cache) and kv_append_rows (the appends fattn_kv_append lacks, by
+indexing), with their fake implementations; imported by _torch.py, so that the
+ops are registered with the others."""
 from typing import Optional, Tuple
 
 import torch
@@ -64,8 +65,7 @@ def _kvcache_impl(q, k_cache, v_cache, k, v, cache_seqlens, page_table, causal, 
     seqused = cache_seqlens
     if append and cache_batch_idx is not None:
         # fattn_kv_append has no cache_batch_idx: the rows go into entries cache_batch_idx[b] by indexing
-        seqused = cache_seqlens + kv.seqlen_new
-        _append_at_entries(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx)
+        seqused = cache_seqlens + _append_rows(k_cache, v_cache, k, v, cache_seqlens, None, cache_batch_idx)
         append = False
     if append:
         k, knd = _readable(k, "k")
@@ -102,23 +102,71 @@ def _kvcache_impl(q, k_cache, v_cache, k, v, cache_seqlens, page_table, causal, 
     return out, lse
 
 
-def _append_at_entries(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx):
-    """k, v [b, s_new, hkv, d] into rows cache_seqlens[b] .. + s_new - 1 of entries cache_batch_idx[b] of
-    contiguous caches (the bytes fattn_kv_append would copy).  Rows past the capacity: ValueError on the
-    CPU (as fattn_kv_append's check), left out on CUDA (as its kernel does)."""
-    cap, s_new = k_cache.shape[1], k.shape[1]
-    pos = cache_seqlens.long()[:, None] + torch.arange(s_new, device=k.device)
-    ent = cache_batch_idx.long()[:, None].expand(-1, s_new)
-    if k.device.type == "cpu":
-        if bool((pos >= cap).any()) or bool((ent < 0).any()) or bool((ent >= k_cache.shape[0]).any()):
-            raise ValueError("fattn: cache_seqlens + seqlen_new past the cache's capacity %d, or cache_batch_idx "
-                             "outside [0, %d)" % (cap, k_cache.shape[0]))
-        k_cache[ent, pos] = k
-        v_cache[ent, pos] = v
-        return
-    ok = (pos < cap) & (ent >= 0) & (ent < k_cache.shape[0])
-    k_cache[ent[ok], pos[ok]] = k[ok]
-    v_cache[ent[ok], pos[ok]] = v[ok]
+def _append_rows(k_cache, v_cache, k, v, cache_seqlens, page_table=None, cache_batch_idx=None,
+                 cu_seqlens_k_new=None):
+    """k, v written into the caches by indexing: the bytes fattn_kv_append would copy, for the forms it lacks
+    (FA3's cache_batch_idx on a contiguous cache, cu_seqlens_k_new's packed rows).  k, v [b, s_new, hkv, d]
+    (dv), or packed [total_new, hkv, d] with cu_seqlens_k_new (int32 [b + 1], sequence b's new rows
+    cu_seqlens_k_new[b] .. [b + 1] - 1).  New row t of sequence b becomes row cache_seqlens[b] + t of entry
+    cache_batch_idx[b] (b without it) of a contiguous cache, or of the pages page_table[b] names.  Returns
+    the new rows' counts, int32 [b] on the device (nothing read on the host but on the CPU).  A row whose
+    destination is out of range (past the capacity or the table, an entry or page outside the cache):
+    ValueError on the CPU before anything is written (as fattn_kv_append's check), left out on CUDA (as its
+    kernel does; the mask costs a host synchronisation there).  One cache row written twice: either value."""
+    b, dev = cache_seqlens.shape[0], k.device
+    if cu_seqlens_k_new is None:
+        s_new = k.shape[1]
+        seq = torch.arange(b, device=dev).repeat_interleave(s_new)
+        t = torch.arange(s_new, device=dev).repeat(b)
+        k, v = k.reshape((b * s_new,) + tuple(k.shape[2:])), v.reshape((b * s_new,) + tuple(v.shape[2:]))
+        new_len = torch.full((b,), s_new, dtype=torch.int32, device=dev)
+        ok = torch.ones_like(seq, dtype=torch.bool)
+    else:
+        cu = cu_seqlens_k_new.long()
+        r = torch.arange(k.shape[0], device=dev)
+        seq = torch.searchsorted(cu[1:], r, right=True)  # the sequence of packed row r (b: past cu[b])
+        ok = (seq < b) & (r >= cu[0])
+        seq = seq.clamp(max=b - 1)
+        t = r - cu[seq]
+        new_len = (cu[1:] - cu[:-1]).to(torch.int32)
+    if b == 0 or k.shape[0] == 0:
+        return new_len
+    pos = cache_seqlens.long()[seq] + t
+    ok &= pos >= 0
+    if page_table is None:
+        ent = cache_batch_idx.long()[seq] if cache_batch_idx is not None else seq
+        ok &= (pos < k_cache.shape[1]) & (ent >= 0) & (ent < k_cache.shape[0])
+        where = "past the cache's capacity %d, or cache_batch_idx outside [0, %d)" % (k_cache.shape[1],
+                                                                                      k_cache.shape[0])
+    else:
+        ps, mp = k_cache.shape[1], page_table.shape[1]
+        ent = page_table.long()[seq, (pos // ps).clamp(0, mp - 1)]
+        ok &= (pos < mp * ps) & (ent >= 0) & (ent < k_cache.shape[0])
+        where = "past max_pages_per_seq * page_size = %d, or on a page outside [0, %d)" % (mp * ps, k_cache.shape[0])
+        pos = pos % ps
+    if dev.type == "cpu":
+        if not bool(ok.all()):
+            raise ValueError("fattn: new rows at cache_seqlens + their index %s" % where)
+    else:
+        ent, pos, k, v = ent[ok], pos[ok], k[ok], v[ok]
+    k_cache[ent, pos] = k
+    v_cache[ent, pos] = v
+    return new_len
+
+
+@torch.library.custom_op(_NS + "::kv_append_rows", mutates_args=("k_cache", "v_cache"))
+def kv_append_rows(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   cache_seqlens: torch.Tensor, page_table: Optional[torch.Tensor],
+                   cache_batch_idx: Optional[torch.Tensor], cu_seqlens_k_new: Optional[torch.Tensor]) -> torch.Tensor:
+    """_append_rows as an op (it writes the caches): the append of flash_attn_with_kvcache's forms that
+    fattn_kv_append lacks (cu_seqlens_k_new, or new rows beside cu_seqlens_q), before the attention.
+    Returns the new rows' counts, int32 [b]."""
+    return _append_rows(k_cache, v_cache, k, v, cache_seqlens, page_table, cache_batch_idx, cu_seqlens_k_new)
+
+
+@kv_append_rows.register_fake
+def _kv_append_rows_fake(k_cache, v_cache, k, v, cache_seqlens, *rest):
+    return cache_seqlens.new_empty(cache_seqlens.shape)
 
 
 @torch.library.custom_op(_NS + "::fwd_kvcache", mutates_args=("k_cache", "v_cache"))
@@ -174,15 +222,18 @@ def _fwd_kvcache_fp8_fake(q, k_cache, v_cache, k_scale, v_scale, *rest):
 def fwd_kvcache_varlen(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
                        cache_seqlens: Optional[torch.Tensor], page_table: Optional[torch.Tensor], max_seqlen_q: int,
                        causal: bool, softmax_scale: float, window_left: int = -1, window_right: int = -1,
-                       softcap: float = 0.0,
-                       learnable_sink: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                       softcap: float = 0.0, learnable_sink: Optional[torch.Tensor] = None,
+                       cache_batch_idx: Optional[torch.Tensor] = None,
+                       cache_leftpad: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Varlen queries on a KV cache (chunked prefill; fattn_fwd with cu_seqlens_q alone): q [total_q, hq,
     d] packed by cu_seqlens_q (int32 [b + 1]), sequence b attending its first cache_seqlens[b] keys of the
-    cache (None: all), causal bottom-right aligned on them.  (out [total_q, hq, dv], lse [hq, total_q]
-    float32, the sink included).  No append, no autograd."""
+    cache (None: all), causal bottom-right aligned on them.  cache_batch_idx and cache_leftpad (int32 [b]) as
+    fwd_kvcache's.  (out [total_q, hq, dv], lse [hq, total_q] float32, the sink included).  No append (the
+    caller's kv_append_rows comes first), no autograd."""
     b, total_q = cu_seqlens_q.shape[0] - 1, q.shape[0]
     kv = _core.check_kvcache_shapes((b, max_seqlen_q) + tuple(q.shape[1:]), k_cache.shape, v_cache.shape, None,
-                                    None, None if page_table is None else page_table.shape)
+                                    None, None if page_table is None else page_table.shape,
+                                    cache_batch=cache_batch_idx is not None)
     sink = _op_sink(learnable_sink, q)
     out = torch.empty((total_q, kv.dims.hq, kv.dims.dv), dtype=q.dtype, device=q.device)
     lse = torch.empty((kv.dims.hq, total_q), dtype=torch.float32, device=q.device)
@@ -195,7 +246,10 @@ def fwd_kvcache_varlen(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     a = _core.fwd_kvcache_struct(kv, qd, kcd, vcd, od, lse.data_ptr(), causal, softmax_scale,
                                  cache_seqlens.data_ptr() if cache_seqlens is not None else None,
                                  page_table.data_ptr() if page_table is not None else None,
-                                 _variants(window_left, window_right, softcap, sink))
+                                 _variants(window_left, window_right, softcap, sink), None,
+                                 cache_batch_idx.data_ptr() if cache_batch_idx is not None else None,
+                                 k_cache.shape[0],
+                                 cache_leftpad.data_ptr() if cache_leftpad is not None else None)
     a.p.cu_seqlens_q = cu_seqlens_q.data_ptr()
     a.p.total_q = total_q
     with ctx._lock:
@@ -268,12 +322,12 @@ def _cache_index(page_table, cache_seqlens, b, device):
 
 def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale, causal, disable_split,
             window_size=None, softcap=0.0, learnable_sink=None, k_scale=None, v_scale=None, cu_seqlens_q=None,
-            max_seqlen_q=None, cache_batch_idx=None, cache_leftpad=None):
+            max_seqlen_q=None, cache_batch_idx=None, cache_leftpad=None, cu_seqlens_k_new=None):
     """fattn.flash_attn_with_kvcache once its FA3 arguments are checked: (out, lse);
     window_size None or (left, right), softcap, learnable_sink: fattn.attention's;
     k_scale, v_scale: an FP8 KV cache's scales (_check_kv8); cu_seqlens_q with
-    max_seqlen_q: q packed [total_q, hq, d] (no append), out [total_q, hq, dv],
-    lse [hq, total_q]."""
+    max_seqlen_q: q packed [total_q, hq, d], out [total_q, hq, dv], lse [hq,
+    total_q]; cu_seqlens_k_new: k, v packed [total_new, hkv, d (dv)]."""
     if _check_kv8(q, k_cache, v_cache, k_scale, v_scale):
         _check_inputs(q, q, q)
     else:
@@ -290,13 +344,17 @@ def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale,
                                   "backward either), but %s require%s grad: call it under torch.no_grad() or "
                                   "torch.inference_mode(), or on detached tensors"
                                   % (", ".join(grads), "s" if len(grads) == 1 else ""))
+    if cu_seqlens_k_new is not None and k is None:
+        raise ValueError("fattn: cu_seqlens_k_new goes with k and v, the packed rows to append")
+    if (cu_seqlens_q is not None or cu_seqlens_k_new is not None) and k is not None and k_scale is not None:
+        raise NotImplementedError("fattn.flash_attn_with_kvcache: k, v to append with cu_seqlens_q or "
+                                  "cu_seqlens_k_new on an FP8 KV cache are not supported by fattn (fattn_kv_append, "
+                                  "which quantises the rows, takes [batch, seqlen_new] rows only): append with "
+                                  "fattn's kv_append first, then attend")
     if cu_seqlens_q is not None:
-        if cache_batch_idx is not None or cache_leftpad is not None:
-            raise NotImplementedError("fattn.flash_attn_with_kvcache: cache_batch_idx or cache_leftpad with "
-                                      "cu_seqlens_q is not supported by fattn's Python layer yet (fattn_fwd takes "
-                                      "them)")
-        return _kvcache_varlen(q, k_cache, v_cache, k, cache_seqlens, page_table, softmax_scale, causal, window_size,
-                               softcap, learnable_sink, k_scale, cu_seqlens_q, max_seqlen_q)
+        return _kvcache_varlen(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale, causal,
+                               window_size, softcap, learnable_sink, k_scale, cu_seqlens_q, max_seqlen_q,
+                               cache_batch_idx, cache_leftpad, cu_seqlens_k_new)
     if q.dim() != 4:
         raise ValueError("fattn: q must be 4-D [batch, seqlen, heads, head_dim], got shape %s" % (tuple(q.shape),))
     sink = _sink_tensor(learnable_sink, q)
@@ -315,8 +373,9 @@ def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale,
                          "FlashAttention's")
     if cache_leftpad is not None:
         cache_leftpad = _int32_on(cache_leftpad, "cache_leftpad", q.device, (b,))
-    kv = _core.check_kvcache_shapes(q.shape, k_cache.shape, v_cache.shape, None if k is None else k.shape,
-                                    None if v is None else v.shape,
+    packed = cu_seqlens_k_new is not None  # k, v packed rows: appended here by indexing (kv_append_rows)
+    kv = _core.check_kvcache_shapes(q.shape, k_cache.shape, v_cache.shape, None if k is None or packed else k.shape,
+                                    None if v is None or packed else v.shape,
                                     None if page_table is None else page_table.shape,
                                     cache_batch=cache_batch_idx is not None)
     if kv.seqlen_new and kv.dims.dv != kv.dims.d:
@@ -324,6 +383,11 @@ def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale,
                                   "is not supported by fattn (fattn_kv_append copies rows of one head_dim)"
                                   % (kv.dims.dv, kv.dims.d))
     scale = _core.resolve_scale(softmax_scale, kv.dims.d)
+    if packed:  # every check done: the rows are written, then attended as part of the cache
+        cu_k_new = _check_packed_new(k, v, cu_seqlens_k_new, b, kv.dims, q.device)
+        cache_seqlens = cache_seqlens + kv_append_rows(k_cache, v_cache, k, v, cache_seqlens, page_table,
+                                                       cache_batch_idx, cu_k_new)
+        k = v = None
     wl, wr = window_size if window_size is not None else (-1, -1)
     if k_scale is not None:
         return fwd_kvcache_fp8(q, k_cache, v_cache, k_scale, v_scale, k, v, cache_seqlens, page_table, bool(causal),
@@ -332,13 +396,23 @@ def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale,
                        bool(disable_split), int(wl), int(wr), float(softcap), sink, cache_batch_idx, cache_leftpad)
 
 
-def _kvcache_varlen(q, k_cache, v_cache, k, cache_seqlens, page_table, softmax_scale, causal, window_size, softcap,
-                    learnable_sink, k_scale, cu_seqlens_q, max_seqlen_q):
-    """kvcache with cu_seqlens_q: varlen queries on the cache (fwd_kvcache_varlen)."""
-    if k is not None:
-        raise NotImplementedError("fattn.flash_attn_with_kvcache: k, v to append with cu_seqlens_q (a varlen batch "
-                                  "of new rows, FA3's cu_seqlens_k_new) are not supported by fattn: append with "
-                                  "fattn's kv_append first, then attend")
+def _check_packed_new(k, v, cu_seqlens_k_new, b, dims, device):
+    """FA3's cu_seqlens_k_new with k, v packed [total_new, hkv, d] and [total_new, hkv, dv]: the
+    cu_seqlens_k_new int32 [b + 1] on device (its entries are read on the device only); ValueError
+    otherwise."""
+    if k.dim() != 3 or v.dim() != 3 or tuple(k.shape[1:]) != (dims.hkv, dims.d) \
+            or tuple(v.shape) != (k.shape[0], dims.hkv, dims.dv):
+        raise ValueError("fattn: with cu_seqlens_k_new, k and v must be packed [total_new, heads_kv, head_dim] = "
+                         "[n, %d, %d] and [n, %d, %d], got %s and %s" % (dims.hkv, dims.d, dims.hkv, dims.dv,
+                                                                         tuple(k.shape), tuple(v.shape)))
+    return _int32_on(cu_seqlens_k_new, "cu_seqlens_k_new", device, (b + 1,))
+
+
+def _kvcache_varlen(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale, causal, window_size, softcap,
+                    learnable_sink, k_scale, cu_seqlens_q, max_seqlen_q, cache_batch_idx=None, cache_leftpad=None,
+                    cu_seqlens_k_new=None):
+    """kvcache with cu_seqlens_q: varlen queries on the cache (fwd_kvcache_varlen), after the append of k, v
+    ([b, s_new, hkv, d], or packed with cu_seqlens_k_new) by indexing (kv_append_rows)."""
     if k_scale is not None:
         raise NotImplementedError("fattn.flash_attn_with_kvcache: cu_seqlens_q on an FP8 KV cache is not supported "
                                   "by fattn yet (its kernels serve the decoding shapes only)")
@@ -353,8 +427,32 @@ def _kvcache_varlen(q, k_cache, v_cache, k, cache_seqlens, page_table, softmax_s
         raise ValueError("fattn: cu_seqlens_q needs max_seqlen_q, an int >= every sequence's query count (the "
                          "lengths are not read on the host), got %r" % (max_seqlen_q,))
     sink = _sink_tensor(learnable_sink, q)
+    if cache_batch_idx is not None:
+        cache_batch_idx = _int32_on(cache_batch_idx, "cache_batch_idx", q.device, (b,))
+        if page_table is not None:  # FA3: the index picks each sequence's row of the page table
+            page_table = page_table[cache_batch_idx.long()].contiguous()
+            cache_batch_idx = None
+    if cache_leftpad is not None:
+        cache_leftpad = _int32_on(cache_leftpad, "cache_leftpad", q.device, (b,))
     page_table, cache_seqlens = _cache_index(page_table, cache_seqlens, b, q.device)
+    kv = _core.check_kvcache_shapes((b, max_seqlen_q) + tuple(q.shape[1:]), k_cache.shape, v_cache.shape, None,
+                                    None, None if page_table is None else page_table.shape,
+                                    cache_batch=cache_batch_idx is not None)
+    cu_k_new = None
+    if k is not None:
+        if cache_seqlens is None:
+            raise ValueError("fattn: k and v (rows to append) need cache_seqlens (where each sequence's rows go), "
+                             "as FlashAttention's")
+        if cu_seqlens_k_new is not None:
+            cu_k_new = _check_packed_new(k, v, cu_seqlens_k_new, b, kv.dims, q.device)
+        else:  # [b, s_new, hkv, d (dv)]
+            _core.check_kvcache_shapes((b, 1) + tuple(q.shape[1:]), k_cache.shape, v_cache.shape, k.shape, v.shape,
+                                       None if page_table is None else page_table.shape,
+                                       cache_batch=cache_batch_idx is not None)
     scale = _core.resolve_scale(softmax_scale, q.shape[2])
+    if k is not None:  # every check done: the rows are written, then attended as part of the cache
+        cache_seqlens = cache_seqlens + kv_append_rows(k_cache, v_cache, k, v, cache_seqlens, page_table,
+                                                       cache_batch_idx, cu_k_new)
     wl, wr = window_size if window_size is not None else (-1, -1)
     return fwd_kvcache_varlen(q, k_cache, v_cache, cu, cache_seqlens, page_table, int(max_seqlen_q), bool(causal),
-                              scale, int(wl), int(wr), float(softcap), sink)
+                              scale, int(wl), int(wr), float(softcap), sink, cache_batch_idx, cache_leftpad)

@@ -1333,14 +1333,115 @@ class KvCache(unittest.TestCase):
                     fin = torch.isfinite(want_lse[0])
                     torch.testing.assert_close(lse[:, r].cpu()[fin].double(), want_lse[0][fin].double(), rtol=1e-3,
                                                atol=1e-3)
-        with self.assertRaises(NotImplementedError):  # an append with varlen queries: FA3's cu_seqlens_k_new
-            k = torch.zeros(3, 1, 2, 64, device=device, dtype=q.dtype)
-            fattn.flash_attn_with_kvcache(q, kc, vc, k, k, cache_seqlens=torch.tensor(lens, dtype=torch.int32,
-                                                                                          device=device),
-                                          cu_seqlens_q=cu.to(device), max_seqlen_q=21)
 
     def test_varlen_queries(self):
         self.check_varlen_q("cpu", 1e-5)
+
+    def test_varlen_new_rows_batch_idx_leftpad(self):
+        # FA3's cu_seqlens_q with cache_batch_idx and cache_leftpad (fattn_fwd takes them), and with new rows:
+        # k, v [b, s_new] or packed by cu_seqlens_k_new (fattn_kv_append takes neither beside varlen queries:
+        # written by indexing), on contiguous and paged caches (idx: row idx[b] of the page table), both masks;
+        # each sequence against kvcache_reference alone, the caches after the call bit for bit; then packed
+        # new rows beside [b, sq] queries.  Sequences of 2, 0 and 5 queries; 1, 0 and 3 packed new rows.
+        lq, lens = [2, 0, 5], [20, 7, 30]
+        cu_q, cu_k = torch.tensor([0, 2, 2, 7], dtype=torch.int32), torch.tensor([0, 1, 1, 4], dtype=torch.int32)
+        idx, pad = torch.tensor([4, 0, 2], dtype=torch.int32), torch.tensor([2, 0, 10], dtype=torch.int32)
+        g = torch.Generator().manual_seed(31)
+        q = torch.randn(7, 8, 64, generator=g)
+        k_b, v_b = torch.randn(3, 2, 2, 64, generator=g), torch.randn(3, 2, 2, 64, generator=g)
+        k_p, v_p = torch.randn(4, 2, 64, generator=g), torch.randn(4, 2, 64, generator=g)
+        n = 0
+        for paged in (False, True):
+            for use_idx, use_pad in ((False, False), (True, False), (False, True), (True, True)):
+                for new in ("none", "batched", "packed"):
+                    for causal in (False, True):
+                        msg = "paged %s idx %s pad %s new %s causal %s" % (paged, use_idx, use_pad, new, causal)
+                        kc, vc, table = kv_setup(paged, b=5 if use_idx else 3, cap=64, d=64, seed=n)
+                        n += 1
+                        kw = dict(cache_batch_idx=idx if use_idx else None, cache_leftpad=pad if use_pad else None)
+                        k, v = dict(none=(None, None), batched=(k_b, v_b), packed=(k_p, v_p))[new]
+                        want_kc, want_vc = kc.clone(), vc.clone()
+                        o, lse = fattn.flash_attn_with_kvcache(
+                            q, kc, vc, k, v, cache_seqlens=torch.tensor(lens, dtype=torch.int32), page_table=table,
+                            cu_seqlens_q=cu_q, max_seqlen_q=5, cu_seqlens_k_new=cu_k if new == "packed" else None,
+                            causal=causal, return_softmax_lse=True, **kw)
+                        self.assertEqual((tuple(o.shape), tuple(lse.shape)), ((7, 8, 64), (8, 7)), msg)
+                        for b in range(3):
+                            r = slice(int(cu_q[b]), int(cu_q[b + 1]))
+                            kb = vb = None
+                            if new == "batched":
+                                kb, vb = k_b[b:b + 1], v_b[b:b + 1]
+                            elif new == "packed":
+                                kr = slice(int(cu_k[b]), int(cu_k[b + 1]))
+                                kb, vb = k_p[kr].unsqueeze(0), v_p[kr].unsqueeze(0)
+                            # sequence b alone: its cache entry (or page table row) picked by cache_batch_idx
+                            ent = torch.tensor([int(idx[b]) if use_idx else b], dtype=torch.int32)
+                            wo, wl, want_kc, want_vc = kvcache_reference(
+                                q[r].unsqueeze(0), want_kc, want_vc, kb, vb, torch.tensor([lens[b]], dtype=torch.int32),
+                                table, causal, cache_batch_idx=ent, cache_leftpad=pad[b:b + 1] if use_pad else None)
+                            if lq[b]:
+                                torch.testing.assert_close(o[r].unsqueeze(0).double(), wo, rtol=1e-5, atol=1e-5,
+                                                           msg=lambda m: "%s seq %d: %s" % (msg, b, m))
+                                fin = torch.isfinite(wl[0])
+                                torch.testing.assert_close(lse[:, r][fin], wl[0][fin], rtol=1e-5, atol=1e-5)
+                        self.assertTrue(same_bits(kc, want_kc) and same_bits(vc, want_vc), "caches: " + msg)
+        # packed new rows beside [b, sq] queries: as the same rows given [b, s_new] where every sequence has
+        # s_new of them, and the rows no sequence appends left as they were
+        kc, vc, table = kv_setup(True, cap=64, d=64, seed=99)
+        q4, _, _ = kv_new(sq=2, d=64, seed=99)
+        lens_t = torch.tensor(lens, dtype=torch.int32)
+        kc2, vc2 = kc.clone(), vc.clone()
+        cu_2 = torch.tensor([0, 2, 4, 6], dtype=torch.int32)
+        kp2, vp2 = torch.randn(6, 2, 64, generator=g), torch.randn(6, 2, 64, generator=g)
+        got = fattn.flash_attn_with_kvcache(q4, kc, vc, kp2, vp2, cache_seqlens=lens_t, page_table=table,
+                                            cu_seqlens_k_new=cu_2, causal=True, return_softmax_lse=True)
+        want = fattn.flash_attn_with_kvcache(q4, kc2, vc2, kp2.view(3, 2, 2, 64), vp2.view(3, 2, 2, 64),
+                                             cache_seqlens=lens_t, page_table=table, causal=True,
+                                             return_softmax_lse=True)
+        self.assertTrue(same_bits(got[0], want[0]) and same_bits(got[1], want[1]))
+        self.assertTrue(same_bits(kc, kc2) and same_bits(vc, vc2))
+        # refusals before anything is written: rows past the capacity, k not packed, an FP8 cache
+        kc1, vc1, _ = kv_setup(False, cap=64, d=64, seed=5)
+        before = (kc1.clone(), vc1.clone())
+        for kk, kw in ((k_p, dict(cache_seqlens=torch.tensor([0, 0, 62], dtype=torch.int32), cu_seqlens_k_new=cu_k)),
+                       (k_b, dict(cache_seqlens=lens_t, cu_seqlens_k_new=cu_k))):
+            with self.assertRaises(ValueError):
+                fattn.flash_attn_with_kvcache(q, kc1, vc1, kk, kk, cu_seqlens_q=cu_q, max_seqlen_q=5, **kw)
+        self.assertTrue(same_bits(kc1, before[0]) and same_bits(vc1, before[1]))
+        with self.assertRaises(ValueError):  # cu_seqlens_k_new without the rows
+            fattn.flash_attn_with_kvcache(q, kc1, vc1, cache_seqlens=lens_t, cu_seqlens_q=cu_q, max_seqlen_q=5,
+                                          cu_seqlens_k_new=cu_k)
+
+    def test_rotary_arguments_without_rotary_cos(self):
+        # FA3 ignores rotary_seqlens and rotary_interleaved without rotary_cos / rotary_sin (its own test passes
+        # rotary_seqlens=cache_seqlens either way): the same bits as the call without them; with rotary_cos
+        # or rotary_sin the call is refused, the caches untouched
+        kc, vc, table = kv_setup(True, seed=37)
+        q, k, v = kv_new(sq=2, s_new=2, seed=37)
+        lens = torch.tensor([1, 20, 40], dtype=torch.int32)
+        kc2, vc2 = kc.clone(), vc.clone()
+        want = fattn.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, page_table=table, causal=True,
+                                             return_softmax_lse=True)
+        got = fattn.flash_attn_with_kvcache(q, kc2, vc2, k, v, cache_seqlens=lens, page_table=table, causal=True,
+                                            rotary_seqlens=lens, rotary_interleaved=False, return_softmax_lse=True)
+        self.assertTrue(same_bits(got[0], want[0]) and same_bits(got[1], want[1]))
+        self.assertTrue(same_bits(kc2, kc) and same_bits(vc2, vc))
+        cos = torch.ones(64, 16)
+        for kw in (dict(rotary_cos=cos, rotary_sin=cos, rotary_seqlens=lens), dict(rotary_cos=cos),
+                   dict(rotary_sin=cos)):
+            with self.assertRaises(NotImplementedError) as cm:
+                fattn.flash_attn_with_kvcache(q, kc2, vc2, k, v, cache_seqlens=lens, page_table=table, **kw)
+            self.assertIn("rotary_", str(cm.exception))
+        self.assertTrue(same_bits(kc2, kc) and same_bits(vc2, vc))
+
+    def test_e4m3_q_refused(self):
+        # FA3's FP8 decoding (e4m3 q, k, v and caches): a NotImplementedError naming q's dtype, not a TypeError
+        kc, vc, _ = kv_setup(False, seed=41)
+        q, k, v = kv_new(seed=41)
+        e4 = [t.to(torch.float8_e4m3fn) for t in (q, kc, vc, k, v)]
+        with self.assertRaises(NotImplementedError) as cm:
+            fattn.flash_attn_with_kvcache(e4[0], e4[1], e4[2], e4[3], e4[4], cache_seqlens=3)
+        self.assertIn("float8_e4m3fn q", str(cm.exception))
 
     def check_batch_idx_and_leftpad(self, device, dtype, tol):
         # FA3's cache_batch_idx (sequence b reads entry idx[b] of a cache of 5; on a paged cache, row idx[b] of
@@ -1535,9 +1636,7 @@ class KvCache(unittest.TestCase):
         before = (kc.clone(), vc.clone())
         t = torch.ones(3, dtype=torch.int32)
         for bad in (dict(qv=q), dict(rotary_cos=torch.ones(64, 16)), dict(rotary_sin=torch.ones(64, 16)),
-                    dict(rotary_seqlens=t),
-                    dict(cu_seqlens_q=torch.arange(4, dtype=torch.int32)),
-                    dict(cu_seqlens_k_new=torch.arange(4, dtype=torch.int32)), dict(q_descale=torch.ones(3, 2)),
+                    dict(q_descale=torch.ones(3, 2)),
                     dict(k_descale=torch.ones(3, 2)), dict(v_descale=torch.ones(3, 2)), dict(attention_chunk=64),
                     dict(scheduler_metadata=t), dict(sm_margin=8)):
             with self.assertRaises(NotImplementedError, msg=str(bad)) as cm:
@@ -1697,6 +1796,17 @@ class KvCache(unittest.TestCase):
                       False, 0.25, True)):
             for name, res in torch.library.opcheck(torch.ops.fattn.fwd_kvcache.default, args).items():
                 self.assertEqual(res, "SUCCESS", name)
+        # the append by indexing (packed rows) and varlen queries with cache_batch_idx and cache_leftpad
+        cu = torch.tensor([0, 1, 3], dtype=torch.int32)
+        kp, vp = k.reshape(4, 2, 16)[:3].clone(), v.reshape(4, 2, 16)[:3].clone()
+        for op, args in ((torch.ops.fattn.kv_append_rows.default, (kc.clone(), vc.clone(), kp, vp, lens, table, None,
+                                                                   cu)),
+                         (torch.ops.fattn.fwd_kvcache_varlen.default,
+                          (q.reshape(4, 8, 16), kc.reshape(3, 32, 2, 16), vc.reshape(3, 32, 2, 16),
+                           torch.tensor([0, 2, 4], dtype=torch.int32), lens, None, 2, True, 0.25, -1, -1, 0.0, None,
+                           torch.tensor([2, 0], dtype=torch.int32), torch.tensor([1, 0], dtype=torch.int32)))):
+            for name, res in torch.library.opcheck(op, args).items():
+                self.assertEqual(res, "SUCCESS", "%s %s" % (op, name))
 
 
 def kv_cuda(t):
