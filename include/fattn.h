@@ -198,7 +198,7 @@ typedef struct fattn_ctx fattn_ctx;
  * (FlashAttention-2's design, mma.sync) serves the 16-bit forward (head
  * dims 64, 128, 192, 256 with head_dim_v equal; causal, GQA, varlen,
  * seqused_k, LSE), the 16-bit backward (the same head dims; causal, GQA,
- * varlen, deterministic), fattn_merge and fattn_kv_append; every other
+ * varlen with seqused_q / seqused_k, deterministic), fattn_merge and fattn_kv_append; every other
  * request (e4m3 inputs, fattn_fwd_fp8, fattn_quantize, an FP8 KV cache,
  * block_table, window, softcap, learnable_sink, other head dims, the
  * serving fields) returns UNSUPPORTED with a message naming "the portable
@@ -639,7 +639,7 @@ typedef struct fattn_fwd_args {
      *   queries as a variable-length batch, cu_seqlens_q alone, for any
      *   count).  With cu_seqlens, seqused_k and (cu_seqlens_q alone)
      *   block_table are served by the variable-length kernels (forward
-     *   only: the CUDA fattn_bwd has no seqused_k yet; 16-bit k and v;
+     *   and, with cu_seqlens_k, fattn_bwd; 16-bit k and v;
      *   page_size a power of two >= 16); there the rows of v past a
      *   sequence's used keys, in the key block that holds its last used key
      *   (its page, or the pages its table names past them, a page number
@@ -715,10 +715,12 @@ typedef struct fattn_fwd_args {
      *   entries of the pages read inside [0, num_pages).
      * CUDA (Hopper forward, 16-bit): seqused_q with cu_seqlens_q (the
      *   variable-length kernels); cache_batch_idx and cache_leftpad with
-     *   cu_seqlens_q alone on a dense cache (no block_table).  Elsewhere,
-     *   and in the CUDA backward and the portable engine, they are
-     *   UNSUPPORTED (the CPU engine serves them everywhere; give decoding
-     *   calls as cu_seqlens_q alone to use them on CUDA).  The CUDA engine
+     *   cu_seqlens_q alone on a dense cache (no block_table); the CUDA
+     *   backward (both engines) takes seqused_q with cu_seqlens_q and
+     *   cu_seqlens_k (fattn_bwd_args).  Elsewhere, and in the portable
+     *   engine's forward, they are UNSUPPORTED (the CPU engine serves them
+     *   everywhere; give decoding calls as cu_seqlens_q alone to use them
+     *   on CUDA).  The CUDA engine
      *   does not check the entries: it clamps seqused_q[b] and
      *   cache_leftpad[b] into range (a negative one is 0), and takes
      *   cache_batch_idx[b] outside [0, cache_batch) as a batch entry of
@@ -935,8 +937,8 @@ FATTN_API fattn_status fattn_kv_append(fattn_ctx *ctx, const fattn_kv_append_arg
  *          99 KB, sm_86/89/120), causal,
  *          GQA, fixed-length or variable-length batches, deterministic,
  *          batch and heads_q <= 65535; the same alignment, workspace and
- *          graph-capture rules as above; window, softcap, dsink, seqused_q
- *          and seqused_k UNSUPPORTED.
+ *          graph-capture rules as above; seqused_q and seqused_k with
+ *          cu_seqlens; window, softcap and dsink UNSUPPORTED.
  */
 typedef struct fattn_bwd_args {
     fattn_problem p;
@@ -962,8 +964,16 @@ typedef struct fattn_bwd_args {
      * not written (left as they were, their gradient being zero;
      * FlashAttention-3's tests mask those rows out before comparing).  lse, o and dout are read for the used rows only.
      * CPU: entries checked on the host (>= 0, INVALID_ARGUMENT naming the
-     * field).  CUDA: UNSUPPORTED for now.  cu_seqlens_q without
-     * cu_seqlens_k works here as in the forward (CPU only). */
+     * field).  CUDA (Hopper and portable engines): with cu_seqlens_q and
+     * cu_seqlens_k (a variable-length batch; on a fixed-length one
+     * UNSUPPORTED, give it as cu_seqlens of equal lengths); the entries are
+     * read on the device only, a negative one taken as 0.  Hopper loads
+     * whole 64-query and 128-key (d256: 64-key) blocks, so the rows of q,
+     * dout, k and v past a sequence's used counts in the block of its last
+     * used query (key) must be finite, as the forward's rule for v (a NaN
+     * or Inf there reaches dq, dk, dv as 0 x NaN); the portable engine
+     * loads them as zeros.  cu_seqlens_q without cu_seqlens_k works here as
+     * in the forward (CPU only). */
     const int32_t *seqused_q;
     const int32_t *seqused_k;
 } fattn_bwd_args;

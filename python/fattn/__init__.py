@@ -281,20 +281,20 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     causal: bottom-right aligned per sequence, as FlashAttention's (key j seen
     by query i iff j <= i + len_k - len_q; a row that sees no key gives 0 and
     lse -inf).  seqused_k (int32 [batch], optional): sequence b uses its first
-    seqused_k[b] keys only; both engines serve it (the CUDA engine's
-    variable-length kernels; fattn.h says which unused rows of v must be
-    finite there).  Forward only: inputs that require grad with grad mode on
-    raise NotImplementedError (fattn_bwd has no seqused_k).  Returns out [total_q,
+    seqused_k[b] keys only; both engines serve it, forward and backward (the
+    CUDA engine's variable-length kernels; fattn.h says which unused rows
+    must be finite there), the gradients of the unused keys' k and v rows
+    being 0.  Returns out [total_q,
     hq, dv], or (out, softmax_lse [hq, total_q] float32) with
     return_attn_probs=True.  Differentiable (torch.ops.fattn.fwd_varlen, with
     fattn_bwd on the same cu_seqlens); deterministic is passed to the backward.
 
     window_size, softcap and learnable_sink as flash_attn_func's, per sequence
     (the window bottom-right aligned on its own lengths; d(learnable_sink)
-    sums every sequence's rows).  seqused_q (int32 [batch], optional, forward
-    only as seqused_k): sequence b computes its first seqused_q[b] queries,
-    the rows of out and lse past them are left unwritten (FA3's: nothing is
-    promised there).  Arguments whose effect fattn cannot give
+    sums every sequence's rows).  seqused_q (int32 [batch], optional):
+    sequence b computes its first seqused_q[b] queries, the rows of out and
+    lse past them are left unwritten (FA3's: nothing is promised there) and
+    their q rows get a zero gradient.  Arguments whose effect fattn cannot give
     raise NotImplementedError, never ignored: qv, q/k/v_descale,
     attention_chunk != 0, sm_margin != 0.  num_splits and pack_gqa are
     scheduling hints: fattn schedules itself.  Shapes that do not fit,

@@ -535,9 +535,10 @@ def run_fwd(ctx, dims, qd, kd, vd, od, lse, causal, softmax_scale, varlen=None, 
 
 
 def run_bwd(ctx, dims, qd, kd, vd, od, dod, dqd, dkd, dvd, lse, causal, softmax_scale, deterministic, varlen=None,
-            variants=NO_VARIANTS, dsink=None):
+            variants=NO_VARIANTS, dsink=None, seqused_q=None, seqused_k=None):
     """fattn_bwd; variants: the forward's (its learnable_sink is read only for dsink, a
-    pointer to float32 [heads_q] or None: fattn.h)."""
+    pointer to float32 [heads_q] or None: fattn.h); seqused_q, seqused_k: pointers to
+    int32 [batch] or None, the forward's (fattn_bwd_args)."""
     a = _capi.BwdArgs()
     a.p = problem(dims, causal, softmax_scale, varlen)
     set_variants(a.p, variants)
@@ -547,6 +548,7 @@ def run_bwd(ctx, dims, qd, kd, vd, od, dod, dqd, dkd, dvd, lse, causal, softmax_
     a.deterministic = int(bool(deterministic))
     if dsink is not None:
         a.learnable_sink, a.dsink = variants.learnable_sink, dsink
+    a.seqused_q, a.seqused_k = seqused_q, seqused_k
     ctx.bwd_raw(a)
 
 

@@ -2,7 +2,7 @@
 <ns>::fwd_fp8, <ns>::fwd_kvcache, <ns>::fwd_varlen and <ns>::bwd_varlen
 (torch.library, with fake implementations for torch.compile), autograd through
 fattn_bwd (fwd_fp8 is forward only: its backward raises; fwd_kvcache, decoding,
-has none; fwd_varlen's goes through bwd_varlen, but not with seqused_k).
+has none; fwd_varlen's goes through bwd_varlen, seqused_q and seqused_k included).
 
 Every op takes fattn.h's variants as its last arguments, with defaults that
 mean none: window_left, window_right (-1, -1: no window), softcap (0: off) and
@@ -215,12 +215,15 @@ fwd_fp8.register_autograd(_fp8_backward, setup_context=_fp8_setup_context)
 
 
 def _bwd_impl(shapes, dout, q, k, v, out, lse, causal, softmax_scale, deterministic, varlen=None, window_left=-1,
-              window_right=-1, softcap=0.0, sink=None):
+              window_right=-1, softcap=0.0, sink=None, seqused_q=None, seqused_k=None):
     """(dq, dk, dv, dsink): dq, dk, dv shaped and typed like q, k, v, through fattn_bwd,
     and dsink float32 [hq] when a sink is given (_op_sink's; else an empty tensor);
     shapes: the call's _core.Dims, or its VarlenDims with varlen (a _core.Varlen): the
-    packed 3-D tensors are then described as batch 1."""
-    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    packed 3-D tensors are then described as batch 1.  seqused_q, seqused_k: contiguous
+    int32 [batch] tensors or None (varlen); fattn_bwd leaves the rows past them unwritten,
+    and their gradient is 0, so the gradients then start as zeros."""
+    new = torch.zeros if seqused_q is not None or seqused_k is not None else torch.empty
+    dq, dk, dv = (new(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     dsink = torch.empty((q.shape[-2] if sink is not None else 0,), dtype=torch.float32, device=q.device)
     if shapes.empty:  # no key anywhere: o = 0, so every gradient is 0
         for g in (dq, dk, dv, dsink):
@@ -237,7 +240,8 @@ def _bwd_impl(shapes, dout, q, k, v, out, lse, causal, softmax_scale, determinis
             _on_current_stream(ctx, q.device)
             _core.run_bwd(ctx, dims, *[d for _, d in ts], *gd, lse.data_ptr(), causal, softmax_scale, deterministic,
                           varlen, _variants(window_left, window_right, softcap, sink),
-                          dsink.data_ptr() if sink is not None else None)
+                          dsink.data_ptr() if sink is not None else None,
+                          *(t.data_ptr() if t is not None else None for t in (seqused_q, seqused_k)))
     except _core.FattnUnsupportedError as e:
         if q.is_cuda:
             raise type(e)(e.status, "fattn backward on CUDA tensors: %s (CPU tensors are differentiable "
@@ -260,12 +264,15 @@ def bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o
                      window_right, softcap, _op_sink(learnable_sink, q))
 
 
-def _bwd_fake(dout, q, k, v, *rest):
-    """The fake of bwd and bwd_varlen: the gradients are shaped like q, k, v; dsink
-    [hq] when the last argument, learnable_sink, is given, else [0]."""
-    sink = rest[-1] if rest and isinstance(rest[-1], torch.Tensor) else None
+def _grad_fakes(q, k, v, sink):
+    """The fake gradients of a backward op: shaped like q, k, v; dsink [hq] with a sink, else [0]."""
     return tuple(t.new_empty(t.shape) for t in (q, k, v)) + (
         q.new_empty((q.shape[-2] if sink is not None else 0,), dtype=torch.float32),)
+
+
+def _bwd_fake(dout, q, k, v, *rest):
+    """The fake of bwd: learnable_sink is its last argument."""
+    return _grad_fakes(q, k, v, rest[-1] if rest and isinstance(rest[-1], torch.Tensor) else None)
 
 
 bwd.register_fake(_bwd_fake)
@@ -517,10 +524,10 @@ def fwd_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: 
     v [total_k, hkv, dv] packed, sequence b at rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 (k, v:
     cu_seqlens_k), int32 [batch + 1]; max_seqlen_q/k the longest lengths; seqused_k (int32 [batch] or
     None): sequence b uses its first seqused_k[b] keys only.  (out [total_q, hq, dv] in q's dtype, lse
-    [hq, total_q] float32, the sink included).  `deterministic` is kept for the backward (none with
-    seqused_k).  The variants as fwd's, per sequence (its own lengths).  seqused_q (int32 [batch] or
-    None): sequence b computes its first seqused_q[b] queries only, the other rows of out and lse left
-    unwritten (FA3's: they promise nothing there); forward only, as seqused_k."""
+    [hq, total_q] float32, the sink included).  `deterministic` is kept for the backward.  The variants
+    as fwd's, per sequence (its own lengths).  seqused_q (int32 [batch] or None): sequence b computes its
+    first seqused_q[b] queries only, the other rows of out and lse left unwritten (FA3's: they promise
+    nothing there).  Both reach the backward (bwd_varlen), whose gradients are 0 on the unused rows."""
     shapes = _varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
     sink = _op_sink(learnable_sink, q)
     out, lse = _new_outputs(shapes, q, None, sink)
@@ -542,43 +549,43 @@ def _fwd_varlen_fake(q, k, v, *rest):
 def bwd_varlen(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
                max_seqlen_k: int, causal: bool, softmax_scale: float, deterministic: bool, window_left: int = -1,
-               window_right: int = -1, softcap: float = 0.0, learnable_sink: Optional[torch.Tensor] = None
+               window_right: int = -1, softcap: float = 0.0, learnable_sink: Optional[torch.Tensor] = None,
+               seqused_q: Optional[torch.Tensor] = None, seqused_k: Optional[torch.Tensor] = None
                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv, dsink) of fwd_varlen (without seqused_k), as bwd's, through fattn_bwd with the
-    same cu_seqlens (dsink sums the rows of every sequence)."""
-    shapes = _varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k, None, max_seqlen_q, max_seqlen_k)
+    """(dq, dk, dv, dsink) of fwd_varlen, as bwd's, through fattn_bwd with the same cu_seqlens
+    (dsink sums the used rows of every sequence) and the forward's seqused_q / seqused_k (int32
+    [batch] or None): the rows of dq past a sequence's used queries and of dk, dv past its used
+    keys are 0."""
+    shapes = _varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
+    if seqused_q is not None:
+        seqused_q = _int32_on(seqused_q, "seqused_q", q.device, (shapes.dims.b,))
     return _bwd_impl(shapes, dout, q, k, v, out, lse, causal, softmax_scale, deterministic,
                      _varlen_fields(shapes, cu_seqlens_q, cu_seqlens_k), window_left, window_right, softcap,
-                     _op_sink(learnable_sink, q))
+                     _op_sink(learnable_sink, q), seqused_q, seqused_k)
 
 
-bwd_varlen.register_fake(_bwd_fake)
-
-
-def _seqused_grad_error():
-    return NotImplementedError("fattn: the backward of a variable-length call with seqused_k or seqused_q is not "
-                               "supported here: call it under torch.no_grad() or on tensors that do not require "
-                               "grad, or leave them unset")
+@bwd_varlen.register_fake
+def _bwd_varlen_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                     softmax_scale, deterministic, window_left=-1, window_right=-1, softcap=0.0, learnable_sink=None,
+                     seqused_q=None, seqused_k=None):
+    return _grad_fakes(q, k, v, learnable_sink)
 
 
 def _varlen_setup_context(ctx, inputs, output):
     q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, \
         deterministic = inputs[:11]
-    wl, wr, softcap, sink = (tuple(inputs[11:15]) + (-1, -1, 0.0, None)[len(inputs[11:15]):])
+    wl, wr, softcap, sink, seqused_q = (tuple(inputs[11:16]) + (-1, -1, 0.0, None, None)[len(inputs[11:16]):])
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, sink)
-    ctx.seqused = seqused_k is not None or (len(inputs) > 15 and inputs[15] is not None)
+    ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, sink, seqused_q, seqused_k)
     ctx.scalars = (max_seqlen_q, max_seqlen_k, causal, softmax_scale, deterministic, wl, wr, softcap)
     ctx.mark_non_differentiable(lse)  # as fwd's: fattn_bwd takes no dlse
 
 
 def _varlen_backward(ctx, dout, dlse):
-    if ctx.seqused:  # varlen() refuses this before the call; a direct op call raises here
-        raise _seqused_grad_error()
-    q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, sink = ctx.saved_tensors
+    q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, sink, seqused_q, seqused_k = ctx.saved_tensors
     want = _wants_dsink(ctx, 14, sink)
     dq, dk, dv, dsink = bwd_varlen(dout, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *ctx.scalars,
-                                   sink if want else None)
+                                   sink if want else None, seqused_q, seqused_k)
     return (dq, dk, dv) + (None,) * 11 + (dsink if want else None, None)  # the last: seqused_q
 
 
@@ -604,8 +611,6 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seq
     shapes = _varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
     scale = _core.resolve_scale(softmax_scale, shapes.dims.d)
     sink = _sink_tensor(learnable_sink, q)
-    if (seqused_k is not None or seqused_q is not None) and _requires_grad(q, k, v, sink):
-        raise _seqused_grad_error()
     if seqused_q is not None:
         seqused_q = _int32_on(seqused_q, "seqused_q", q.device, (shapes.dims.b,))
     wl, wr = window_size if window_size is not None else (-1, -1)

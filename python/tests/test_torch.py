@@ -1990,6 +1990,37 @@ def varlen_grads(q, k, v, dout, cu_q, cu_k, mq, mk, causal):
     return got, peer, want
 
 
+def seqused_rows(cu, used):
+    """(rows, cu2): the packed rows each sequence of cu_seqlens `cu` uses, its first min(used[b], its
+    length) (used None: all), and the cu_seqlens of those rows alone (int32, on the CPU)."""
+    cu = cu.cpu().tolist()
+    lens = [cu[b + 1] - cu[b] for b in range(len(cu) - 1)]
+    n = lens if used is None else [min(int(u), m) for u, m in zip(used, lens)]
+    rows = torch.cat([torch.arange(cu[b], cu[b] + n[b]) for b in range(len(n))] + [torch.zeros(0, dtype=torch.long)])
+    return rows, torch.tensor([0] + n).cumsum(0).to(torch.int32)
+
+
+def seqused_grads(q, k, v, dout, cu_q, cu_k, mq, mk, causal, used_q, used_k, deterministic=False):
+    """(dq, dk, dv) of fattn.flash_attn_varlen_func with seqused_q / seqused_k (int32 CPU tensors or None;
+    sent to q's device), then of varlen_reference on only the used rows in the inputs' dtype (the peer) and
+    in float64 (the truth): rows that take no part get gradient 0 there (index_select's backward)."""
+    rq, cq2 = seqused_rows(cu_q, used_q)
+    rk, ck2 = seqused_rows(cu_k, used_k)
+
+    def ref(a, b, c):  # the full-size output, the unused rows 0 (never compared: their dout is dropped)
+        o = varlen_reference(a[rq], b[rk], c[rk], cq2, ck2, causal)[0]
+        return a.new_zeros(a.shape[:2] + (c.shape[2],)).index_copy(0, rq, o)
+
+    cpu = lambda t: t.detach().cpu()  # noqa: E731
+    want = grads(ref, cpu(q).double(), cpu(k).double(), cpu(v).double(), cpu(dout).double())[1:]
+    peer = grads(ref, cpu(q), cpu(k), cpu(v), cpu(dout))[1:]
+    dev = lambda t: None if t is None else t.to(q.device)  # noqa: E731
+    got = grads(lambda a, b, c: fattn.flash_attn_varlen_func(a, b, c, cu_q, cu_k, mq, mk, causal=causal,
+                                                             deterministic=deterministic, seqused_q=dev(used_q),
+                                                             seqused_k=dev(used_k)), q, k, v, dout)[1:]
+    return got, peer, want, (rq, rk, rk)
+
+
 # ---------------------------------------------------------------------------
 # An FP8 KV cache (fattn.h 0.5): float8_e4m3fn caches with k_scale / v_scale
 # ---------------------------------------------------------------------------
@@ -2222,7 +2253,7 @@ class Varlen(unittest.TestCase):
 
     def test_seqused_k(self):
         # sequence b uses its first seqused_k[b] keys (the CPU engine serves it with cu_seqlens); the keys
-        # past them hold NaN and never reach the output.  Forward only: fattn_bwd has no seqused_k.
+        # past them hold NaN and never reach the output (their gradients: test_seqused_grads)
         seqs = [(10, 30), (0, 4), (25, 20), (1, 9)]
         q, k, v, cu_q, cu_k, mq, mk = varlen_inputs(seqs, seed=40)
         used = torch.tensor([12, 4, 0, 9], dtype=torch.int32)
@@ -2233,16 +2264,77 @@ class Varlen(unittest.TestCase):
             o, _ = self.check_forward("causal %s" % causal, q, k, v, cu_q, cu_k, mq, mk, causal, 1e-5,
                                       seqused_k=used)
             self.assertTrue(bool(torch.isfinite(o).all()))
-        with self.assertRaises(NotImplementedError) as cm:
-            fattn.flash_attn_varlen_func(q.requires_grad_(True), k, v, cu_q, cu_k, mq, mk, seqused_k=used)
-        self.assertIn("seqused_k", str(cm.exception))
-        with torch.no_grad():
-            fattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, seqused_k=used)
-        # the op called directly: its backward raises, never a wrong gradient
+        # the op called directly: its backward gets seqused_k too (the NaN keys reach no gradient)
+        q.requires_grad_(True)
         o, _ = torch.ops.fattn.fwd_varlen(q, k, v, cu_q, cu_k, used, mq, mk, False, 0.25, False)
-        with self.assertRaises(NotImplementedError):
-            o.sum().backward()
-        self.assertIsNone(q.grad)
+        o.sum().backward()
+        self.assertTrue(bool(torch.isfinite(q.grad).all()))
+
+    def check_seqused_grads(self, device, dtype, shapes, used_q, used_k, seqs, check, nan=False, dets=(False,)):
+        """Gradients with seqused_q and seqused_k (fattn_bwd_args) against seqused_grads' float64
+        reference: `check(msg, got, peer, want)` on each of dq, dk, dv; the rows that take no part exactly
+        0.  nan: the unused rows of q, k, v and dout hold NaN (the CPU engine reads none of them)."""
+        for n, shape in enumerate(shapes):
+            q, k, v, cu_q, cu_k, mq, mk = varlen_inputs(seqs, dtype=dtype, seed=70 + n, **shape)
+            dout = torch.randn(q.shape[:2] + (v.shape[2],), generator=torch.Generator().manual_seed(n)).to(dtype)
+            uq, uk = (None if u is None else torch.tensor(u, dtype=torch.int32) for u in (used_q, used_k))
+            if nan:
+                for t, cu, u in ((q, cu_q, uq), (dout, cu_q, uq), (k, cu_k, uk), (v, cu_k, uk)):
+                    keep = torch.zeros(t.shape[0], dtype=torch.bool)
+                    keep[seqused_rows(cu, u)[0]] = True
+                    t[~keep] = float("nan")
+            q, k, v, dout, cu_q, cu_k = (t.to(device) for t in (q, k, v, dout, cu_q, cu_k))
+            for causal in (False, True):
+                for det in dets:
+                    msg = "%s %s causal %s det %s" % (dtype, shape, causal, det)
+                    got, peer, want, rows = seqused_grads(q, k, v, dout, cu_q, cu_k, mq, mk, causal, uq, uk, det)
+                    for name, g, p, w, r in zip(("dq", "dk", "dv"), got, peer, want, rows):
+                        g = g.cpu()
+                        self.assertEqual((g.dtype, g.shape), (dtype, w.shape), (name, msg))
+                        unused = torch.ones(g.shape[0], dtype=torch.bool)
+                        unused[r] = False
+                        self.assertTrue(bool((g[unused] == 0).all()), ("unused rows not 0", name, msg))
+                        check("%s %s" % (name, msg), g[r], p[r], w[r])
+
+    def check_f32(self, msg, g, p, w):  # Backward's: 2x the f32 reference's own error + 1e-6
+        err, peer_err = (g.double() - w).norm().item(), (p.double() - w).norm().item()
+        self.assertLessEqual(err, 2 * peer_err + 1e-6 * max(w.norm().item(), 1.0), msg)
+
+    def check_16bit(self, msg, g, p, w):  # Backward's: 2x the 16-bit reference's relative error
+        self.assertLessEqual(rel(g, w), 2 * rel(p, w) + 1e-6, msg)
+
+    # seqused_q and seqused_k of the gradients: fewer rows than the sequence has, none, one, all, more than
+    # it has; VARLEN_SEQS has empty sequences, no keys, no queries, length 1, tails past 64
+    SEQUSED_Q = [20, 0, 1, 200, 3, 0, 17, 5]
+    SEQUSED_K = [49, 0, 0, 64, 0, 7, 1, 100]
+
+    def test_seqused_grads(self):
+        self.check_seqused_grads("cpu", torch.float32, VARLEN_SHAPES[:2], self.SEQUSED_Q, self.SEQUSED_K,
+                                 VARLEN_SEQS, self.check_f32, nan=True)
+        for uq, uk in ((self.SEQUSED_Q, None), (None, self.SEQUSED_K)):  # one of the two
+            self.check_seqused_grads("cpu", torch.float32, VARLEN_SHAPES[:1], uq, uk, VARLEN_SEQS, self.check_f32,
+                                     nan=True)
+        for dtype in (torch.float16, torch.bfloat16):
+            self.check_seqused_grads("cpu", dtype, VARLEN_SHAPES[:1], self.SEQUSED_Q, self.SEQUSED_K, VARLEN_SEQS,
+                                     self.check_16bit)
+
+    def test_seqused_grads_compile(self):
+        # the op's autograd with seqused_q, seqused_k under torch.compile(fullgraph=True): eager's bits
+        q, k, v, cu_q, cu_k, mq, mk = varlen_inputs(VARLEN_SEQS, seed=61)
+        dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(7))
+        uq, uk = (torch.tensor(u, dtype=torch.int32) for u in (self.SEQUSED_Q, self.SEQUSED_K))
+
+        def f(q, k, v):
+            return fattn.flash_attn_varlen_func(q * 1.5, k, v, cu_q, cu_k, mq, mk, causal=True, seqused_q=uq,
+                                                seqused_k=uk)
+
+        want = grads(f, q, k, v, dout)
+        torch._dynamo.reset()
+        got = grads(torch.compile(f, fullgraph=True, backend="aot_eager"), q, k, v, dout)
+        rq = seqused_rows(cu_q, uq)[0]
+        self.assertTrue(torch.equal(got[0][rq], want[0][rq]), "o")  # the rows past seqused_q are not written
+        for name, a, w in zip(("dq", "dk", "dv"), got[1:], want[1:]):
+            self.assertTrue(torch.equal(a, w), name)
 
     def test_hints_change_nothing(self):
         q, k, v, cu_q, cu_k, mq, mk = varlen_inputs(VARLEN_SEQS, seed=50)
@@ -2273,9 +2365,6 @@ class Varlen(unittest.TestCase):
             fin = torch.isfinite(rl)
             self.assertTrue(torch.equal(torch.isfinite(lse.cpu()[:, keep]), fin))
             torch.testing.assert_close(lse.cpu()[:, keep][fin].double(), rl[fin], rtol=1e-3, atol=1e-3)
-        with self.assertRaises(NotImplementedError):  # forward only, as seqused_k
-            fattn.flash_attn_varlen_func(q.clone().requires_grad_(), k, v, cu_q, cu_k, mq, mk,
-                                         seqused_q=torch.tensor(used, dtype=torch.int32, device=device))
 
     def test_seqused_q(self):
         self.check_seqused_q("cpu", torch.float32, 1e-5)
@@ -2431,8 +2520,10 @@ class Varlen(unittest.TestCase):
         o, lse = torch.ops.fattn.fwd_varlen(q, k, v, cu_q, cu_k, None, mq, mk, True, 0.3, False)
         bargs = (torch.randn_like(o), q.detach(), k.detach(), v.detach(), o.detach(), lse, cu_q, cu_k, mq, mk, True,
                  0.3, False)
-        for name, res in torch.library.opcheck(torch.ops.fattn.bwd_varlen.default, bargs).items():
-            self.assertEqual(res, "SUCCESS", name)
+        used = torch.tensor([3, 1, 2], dtype=torch.int32)
+        for args in (bargs, bargs + (-1, -1, 0.0, None, used, used)):  # and with seqused_q, seqused_k
+            for name, res in torch.library.opcheck(torch.ops.fattn.bwd_varlen.default, args).items():
+                self.assertEqual(res, "SUCCESS", name)
 
     def test_compile(self):
         # torch.compile(fullgraph=True) of a function calling it, forward and backward: aot_eager traces the
@@ -2459,8 +2550,9 @@ class Varlen(unittest.TestCase):
 class VarlenCuda(unittest.TestCase):
     """flash_attn_varlen_func on CUDA tensors (the Hopper varlen forward, and its backward) in bf16 against
     varlen_reference in float64: out within 2e-2 (relative Frobenius, as class Cuda), lse within 1e-3 on the
-    rows that see keys, -inf on the others; dq, dk, dv within 1e-2 (as Cuda.test_backward_matches_reference).
-    The forward and the backward enqueue their work without waiting for the GPU (torch's sync debug mode)."""
+    rows that see keys, -inf on the others; dq, dk, dv within 1e-2 (as Cuda.test_backward_matches_reference),
+    with seqused_q / seqused_k too (Varlen.check_seqused_grads).  The forward and the backward enqueue
+    their work without waiting for the GPU (torch's sync debug mode)."""
 
     SEQS = [(300, 300), (0, 0), (1, 77), (129, 64), (5, 0), (64, 200), (1000, 1000), (17, 17)]
 
@@ -2499,6 +2591,19 @@ class VarlenCuda(unittest.TestCase):
                                          seqused_k=used.cuda())
         want, _ = varlen_reference(q.double(), k.double(), v.double(), cu_q, cu_k, True, seqused_k=used)
         self.assertLess(rel(o.cpu(), want), 2e-2)
+
+    def test_seqused_grads(self):
+        # the Hopper varlen backward with seqused_q and seqused_k (fattn_bwd_args): dq, dk, dv within 1e-2 of
+        # the float64 reference on the used rows, exactly 0 on the others; deterministic mode too.  The
+        # unused rows hold finite values (fattn.h: on CUDA those in a used row's block must be finite)
+        def check(msg, g, p, w):
+            self.assertLess(rel(g, w), 1e-2, msg)
+
+        used_q = [299, 0, 1, 17, 5, 0, 1000, 1]  # SEQS: fewer, none, all, a tail, more than it has
+        used_k = [1000, 0, 0, 63, 0, 100, 17, 17]
+        for d in (64, 128, 256):
+            Varlen.check_seqused_grads(self, "cuda", torch.bfloat16, [dict(hq=8, hkv=2, d=d)], used_q, used_k,
+                                       self.SEQS, check, dets=(False, True))
 
     def test_backward_matches_reference(self):
         for d in (64, 128, 256):

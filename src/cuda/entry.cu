@@ -152,7 +152,8 @@ static const char *engine_words(const fattn_ctx *ctx, char *buf, size_t n) {
  * the CPU engine serves them all; the Hopper forward's varlen kernels
  * (kv_cache_ok) serve seqused_q with cu_seqlens_q, and cache_batch_idx and
  * cache_leftpad with cu_seqlens_q alone on a dense cache (FwdVarlen); the
- * rest is refused by name rather than ignored. */
+ * rest is refused by name rather than ignored.  (The backward's seqused_q
+ * and seqused_k: bwd_check_seqused.) */
 static fattn_status check_serving_fields(fattn_ctx *ctx, const fattn_problem *p, const int32_t *seqused_q,
                                          const int32_t *cache_batch_idx, const int32_t *cache_leftpad,
                                          const int32_t *block_table, bool kv_cache_ok, const char *call) {
@@ -347,8 +348,8 @@ static const int bwd_head_dims[] = {64, 96, 128, 192, 256};
 
 /* The portable backward (portable/bwd_portable.cuh) on this context's GPU:
  * what its forward serves (16-bit, head_dim == head_dim_v of
- * bwd_portable_head_dims, causal, GQA, varlen) and the deterministic mode;
- * no variants (window, softcap, dsink) yet. */
+ * bwd_portable_head_dims, causal, GQA, varlen), the deterministic mode and,
+ * varlen, seqused_q / seqused_k; no variants (window, softcap, dsink) yet. */
 static fattn_status portable_bwd_check(fattn_ctx *ctx, const fattn_bwd_args *a) {
     const fattn_problem *p = &a->p;
     const int sm = ((const fattn_cuda_state *)ctx->cuda)->sm;
@@ -396,16 +397,26 @@ static fattn_status portable_bwd_check(fattn_ctx *ctx, const fattn_bwd_args *a) 
     return FATTN_OK;
 }
 
+/* The backward's seqused_q and seqused_k: both engines' variable-length
+ * kernels read them on the device (varlen_used: a negative entry is 0);
+ * the fixed-length kernels have no field for them. */
+static fattn_status bwd_check_seqused(fattn_ctx *ctx, const fattn_bwd_args *a) {
+    if ((a->seqused_q || a->seqused_k) && !(a->p.cu_seqlens_q && a->p.cu_seqlens_k))
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "%s in the CUDA engine's backward needs a variable-length batch (cu_seqlens_q and "
+                          "cu_seqlens_k; a fixed-length batch can be given as one with equal lengths); the CPU engine "
+                          "serves it on fixed-length batches too",
+                          a->seqused_q ? "seqused_q" : "seqused_k");
+    return FATTN_OK;
+}
+
 extern "C" fattn_status fattn_cuda_bwd_check(fattn_ctx *ctx, const fattn_bwd_args *a) {
     const fattn_problem *p = &a->p;
     char list[64];
-    fattn_status ss = check_serving_fields(ctx, p, a->seqused_q, NULL, NULL, NULL, false, "backward");
+    /* cu_seqlens_q alone: refused; seqused_q: bwd_check_seqused's */
+    fattn_status ss = check_serving_fields(ctx, p, NULL, NULL, NULL, NULL, false, "backward");
     if (ss != FATTN_OK) return ss;
-    char who[48];
-    if (a->seqused_k)
-        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                          "seqused_k is not supported by the backward of %s yet (the CPU engine serves it)",
-                          engine_words(ctx, who, sizeof who));
+    if ((ss = bwd_check_seqused(ctx, a)) != FATTN_OK) return ss;
     if (portable_engine(ctx)) return portable_bwd_check(ctx, a);
     /* learnable_sink alone is not read by the backward (dq, dk, dv come from
      * the sink-inclusive lse and o): only dsink asks for sink arithmetic */
@@ -545,9 +556,17 @@ extern "C" fattn_status fattn_cuda_bwd(fattn_ctx *ctx, const fattn_bwd_args *a) 
                               "%s.data must be 4-byte aligned and %s's strides even for the CUDA engine", x.name,
                               x.name);
     }
-    if (a->p.cu_seqlens_q && ((s = cuda_check_device_ptr(ctx, a->p.cu_seqlens_q, "cu_seqlens_q")) != FATTN_OK ||
-                              (s = cuda_check_device_ptr(ctx, a->p.cu_seqlens_k, "cu_seqlens_k")) != FATTN_OK))
-        return s;
+    /* int32 arrays the kernels read (api.c checked their alignment); their
+     * entries are not read on the host, as the forward's seqused_k */
+    const struct {
+        const int32_t *ptr;
+        const char *name;
+    } ints[] = {{a->p.cu_seqlens_q, "cu_seqlens_q"},
+                {a->p.cu_seqlens_k, "cu_seqlens_k"},
+                {a->seqused_q, "seqused_q"},
+                {a->seqused_k, "seqused_k"}};
+    for (const auto &x : ints)
+        if (x.ptr && (s = cuda_check_device_ptr(ctx, x.ptr, x.name)) != FATTN_OK) return s;
     if (portable_engine(ctx)) return bwd_portable_launch(ctx, a);
     return bwd_sm90_launch(ctx, a);
 }

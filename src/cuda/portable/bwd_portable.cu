@@ -77,6 +77,7 @@ static fattn_status pbwd_run(fattn_ctx *ctx, const fattn_bwd_args *a) {
         p.cu_q = pr->cu_seqlens_q, p.cu_k = pr->cu_seqlens_k;
         p.total_q = pr->total_q, p.total_k = pr->total_k;
         p.rb_total = (int)(((int64_t)pr->total_q + BM * (int64_t)pr->batch) / BM + 1);
+        p.seqused_q = a->seqused_q, p.seqused_k = a->seqused_k; /* fixed length: refused (entry.cu) */
     }
     /* workspace: dQ accumulator, LSE log2, D, the counters; per 64-row block
      * of [batch][heads_q][m_blocks], varlen of [heads_q][rb_total] */
@@ -103,8 +104,8 @@ static fattn_status pbwd_run(fattn_ctx *ctx, const fattn_bwd_args *a) {
         if (p.m_blocks > 0)
             bwd_pre_varlen_kernel<BF16><<<qgrid, 256, 0, stream>>>(
                 (const uint16_t *)a->o.data, a->o.stride_seq, a->o.stride_head, (const uint16_t *)a->dout.data,
-                a->dout.stride_seq, a->dout.stride_head, a->lse, (float *)p.lse2, (float *)p.dsum, p.cu_q, p.total_q,
-                pr->seqlen_q, p.rb_total, D);
+                a->dout.stride_seq, a->dout.stride_head, a->lse, (float *)p.lse2, (float *)p.dsum, p.cu_q, p.seqused_q,
+                p.total_q, pr->seqlen_q, p.rb_total, D);
     } else {
         bwd_pre_kernel<BF16><<<(unsigned)((rows + 7) / 8), 256, 0, stream>>>(
             (const uint16_t *)a->o.data, a->o.stride_batch, a->o.stride_seq, a->o.stride_head,
@@ -122,8 +123,8 @@ static fattn_status pbwd_run(fattn_ctx *ctx, const fattn_bwd_args *a) {
         if (p.m_blocks > 0)
             bwd_post_varlen_kernel<BF16><<<qgrid, 256, 0, stream>>>(p.dq_acc, (uint16_t *)a->dq.data,
                                                                     a->dq.stride_seq, a->dq.stride_head, p.cu_q,
-                                                                    p.total_q, pr->seqlen_q, p.rb_total, D, D, D,
-                                                                    pr->softmax_scale);
+                                                                    p.seqused_q, p.total_q, pr->seqlen_q,
+                                                                    p.rb_total, D, D, D, pr->softmax_scale);
     } else {
         const int64_t pairs = (int64_t)pr->batch * pr->heads_q * pr->seqlen_q * D / 2;
         bwd_post_kernel<BF16><<<(unsigned)((pairs + 255) / 256), 256, 0, stream>>>(

@@ -44,6 +44,7 @@ struct PortableBwdParams {
     int heads_q, group, m_blocks; /* m_blocks: fixed length's 64-row blocks per (batch, head) */
     const int *cu_q, *cu_k; /* both or neither */
     int total_q, total_k, rb_total; /* varlen: packed rows, the workspace's blocks per head */
+    const int *seqused_q, *seqused_k; /* varlen: NULL, or sequence b's used queries and keys (fattn.h) */
     float scale, scale_log2; /* softmax_scale, x log2(e) */
     int causal, deterministic;
 };
@@ -157,11 +158,14 @@ __global__ void __launch_bounds__(PBWD_NW * 32, PortableBwdCfg<D>::MINB) bwd_por
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
 
-    /* this sequence's rows */
+    /* this sequence's rows (varlen: its used ones; the rows past them load
+     * as zeros, and their dq, dk, dv are not written) */
     int q0 = 0, len_q = p.seqlen_q, k0 = 0, len_k = p.seqlen_k, rb = 0;
     if (p.cu_q) {
         varlen_rows(p.cu_q, b, p.total_q, p.seqlen_q, q0, len_q);
         varlen_rows(p.cu_k, b, p.total_k, p.seqlen_k, k0, len_k);
+        varlen_used(p.seqused_q, b, len_q);
+        varlen_used(p.seqused_k, b, len_k);
         rb = bwd_varlen_rb(q0, b);
     }
     const int n0 = n_block * BN;

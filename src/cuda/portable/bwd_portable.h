@@ -9,7 +9,7 @@
 struct PortableBwdParams;
 
 /* entry.cu has checked the arguments (16-bit, head_dim == head_dim_v of
- * bwd_portable_head_dims, no variant, no seqused_k). */
+ * bwd_portable_head_dims, no variant; seqused_q / seqused_k varlen only). */
 fattn_status bwd_portable_launch(fattn_ctx *ctx, const fattn_bwd_args *a);
 
 /* The head dims the instances serve: the forward's. */

@@ -78,16 +78,18 @@ __global__ void __launch_bounds__(256) bwd_post_kernel(const float *acc, uint16_
 /* VARLEN preprocess: block (m, h, b) = query block m of head h, sequence b
  * (the grid covers the longest); 8 warps, 8 rows each: D and the LSE in log2
  * units at the row's place in the workspace ([2][heads][rb_total][64]),
- * the block's rows past the sequence as padding (D 0, LSE +inf: P = 0). */
+ * the block's rows past the sequence (or past seqused_q[b], used_q not
+ * NULL: their o and lse are not read) as padding (D 0, LSE +inf: P = 0). */
 template <bool BF16>
 __global__ void __launch_bounds__(256) bwd_pre_varlen_kernel(const uint16_t *o, int64_t o_ss, int64_t o_sh,
                                                              const uint16_t *dout, int64_t d_ss, int64_t d_sh,
                                                              const float *lse, float *lse2, float *dsum,
-                                                             const int *cu_q, int total_q, int max_q, int rb_total,
-                                                             int d) {
+                                                             const int *cu_q, const int *used_q, int total_q,
+                                                             int max_q, int rb_total, int d) {
     const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     int q0, lq;
     varlen_rows(cu_q, b, total_q, max_q, q0, lq);
+    varlen_used(used_q, b, lq);
     if (m * 64 >= lq) return;
     const size_t tile = ((size_t)h * rb_total + bwd_varlen_rb(q0, b) + m) * 64;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -111,15 +113,18 @@ __global__ void __launch_bounds__(256) bwd_pre_varlen_kernel(const uint16_t *o, 
 }
 
 /* VARLEN postprocess: block (m, h, b) writes dq = softmax_scale dq_acc for
- * the rows of query block m of sequence b that exist (tiles of 64 x dt
- * columns, d <= dt written). */
+ * the rows of query block m of sequence b that exist and are used (below
+ * seqused_q[b] with used_q; the others are not written), tiles of 64 x dt
+ * columns, d <= dt written. */
 template <bool BF16>
 __global__ void __launch_bounds__(256) bwd_post_varlen_kernel(const float *acc, uint16_t *dq, int64_t q_ss, int64_t q_sh,
-                                                              const int *cu_q, int total_q, int max_q, int rb_total,
-                                                              int width, int d, int dt, float scale) {
+                                                              const int *cu_q, const int *used_q, int total_q,
+                                                              int max_q, int rb_total, int width, int d, int dt,
+                                                              float scale) {
     const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     int q0, lq;
     varlen_rows(cu_q, b, total_q, max_q, q0, lq);
+    varlen_used(used_q, b, lq);
     if (m * 64 >= lq) return;
     const float *tile = acc + ((size_t)h * rb_total + bwd_varlen_rb(q0, b) + m) * 64 * dt;
     const int rows = min(64, lq - m * 64);
@@ -134,12 +139,16 @@ __global__ void __launch_bounds__(256) bwd_post_varlen_kernel(const float *acc, 
 /* d(sink) (fattn_bwd_args.dsink): one block per query head h,
  *     dsink[h] = -sum over the head's rows of exp2(sink_h log2 e - lse2_i) D_i
  * from the preprocess's workspace (lse2 +inf on rows that saw no key and on
- * padding: no term).  Each thread sums a fixed set of rows in double, then
- * a fixed-order tree: the same bits on every call. */
+ * padding: no term); VARLEN: a sequence's used rows (used_q, the
+ * preprocess's: the blocks past them hold no row's values).  Each thread
+ * sums a fixed set of rows in double, then a fixed-order tree: the same
+ * bits on every call.  used_q is the last parameter, so that the
+ * fixed-length instance's others keep their offsets. */
 template <bool VARLEN>
 __global__ void __launch_bounds__(256) bwd_dsink_kernel(const float *lse2, const float *dsum, const float *sink,
                                                         float *dsink, int batch, int heads, int seqlen_q, int sq_pad,
-                                                        const int *cu_q, int total_q, int rb_total) {
+                                                        const int *cu_q, int total_q, int rb_total,
+                                                        const int *used_q) {
     const int h = blockIdx.x;
     const double s2 = (double)sink[h] * 1.4426950408889634;
     double acc = 0.0;
@@ -148,7 +157,10 @@ __global__ void __launch_bounds__(256) bwd_dsink_kernel(const float *lse2, const
         size_t base = ((size_t)b * heads + h) * sq_pad;
         if constexpr (VARLEN) {
             varlen_rows(cu_q, b, total_q, seqlen_q, q0, lq);
+            varlen_used(used_q, b, lq);
             base = ((size_t)h * rb_total + bwd_varlen_rb(q0, b)) * 64;
+        } else {
+            (void)used_q;
         }
         for (int i = threadIdx.x; i < lq; i += blockDim.x) {
             const float l = lse2[base + i];

@@ -117,11 +117,14 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     bwd_tile_coords<C>(p, n, hk, b);
     if constexpr (C::VARLEN) {
         /* the grid covers the longest sequence: a key block past this one's
-         * has nothing to do (and its dK, dV rows are another sequence's) */
+         * used keys has nothing to do (its dK, dV rows are another
+         * sequence's, or past seqused_k: not written) */
         BwdSeq sq;
         int lq, lk;
         varlen_rows(p.cu_q, b, p.total_q, p.seqlen_q, sq.q0, lq);
         varlen_rows(p.cu_k, b, p.total_k, p.seqlen_k, sq.k0, lk);
+        varlen_used(p.seqused_q, b, lq);
+        varlen_used(p.seqused_k, b, lk);
         if (n * C::BN >= lk) return;
         sq.rb = bwd_varlen_rb(sq.q0, b);
         BwdParams ps = p;

@@ -51,6 +51,7 @@ fattn_status bwd_sm90_run(fattn_ctx *ctx, const fattn_bwd_args *a) {
         p.cu_q = pr->cu_seqlens_q, p.cu_k = pr->cu_seqlens_k;
         p.total_q = pr->total_q, p.total_k = pr->total_k;
         p.rb_total = (int)(((int64_t)pr->total_q + 64 * (int64_t)pr->batch) / 64 + 1);
+        p.seqused_q = a->seqused_q, p.seqused_k = a->seqused_k; /* fixed length: refused (entry.cu) */
     }
     /* workspace: dQ accumulator, LSE log2, D, the deterministic mode's
      * counters; per 64-row block of [batch][heads_q][m_blocks], VARLEN of
@@ -105,8 +106,8 @@ fattn_status bwd_sm90_run(fattn_ctx *ctx, const fattn_bwd_args *a) {
         if (p.m_blocks > 0)
             bwd_pre_varlen_kernel<C::BF16><<<qgrid, 256, 0, stream>>>(
                 (const uint16_t *)a->o.data, a->o.stride_seq, a->o.stride_head, (const uint16_t *)a->dout.data,
-                a->dout.stride_seq, a->dout.stride_head, a->lse, (float *)p.lse2, (float *)p.dsum, p.cu_q, p.total_q,
-                pr->seqlen_q, p.rb_total, HDV);
+                a->dout.stride_seq, a->dout.stride_head, a->lse, (float *)p.lse2, (float *)p.dsum, p.cu_q, p.seqused_q,
+                p.total_q, pr->seqlen_q, p.rb_total, HDV);
     } else {
         bwd_pre_kernel<C::BF16><<<(unsigned)((rows + 7) / 8), 256, 0, stream>>>(
             (const uint16_t *)a->o.data, a->o.stride_batch, a->o.stride_seq, a->o.stride_head,
@@ -117,7 +118,7 @@ fattn_status bwd_sm90_run(fattn_ctx *ctx, const fattn_bwd_args *a) {
     if (a->dsink) {
         bwd_dsink_kernel<C::VARLEN><<<(unsigned)pr->heads_q, 256, 0, stream>>>(
             p.lse2, p.dsum, a->learnable_sink, a->dsink, pr->batch, pr->heads_q, pr->seqlen_q, p.sq_pad, p.cu_q,
-            p.total_q, p.rb_total);
+            p.total_q, p.rb_total, p.seqused_q);
         if ((s = bwd_launch_error(ctx, "d(sink)")) != FATTN_OK) return s;
     }
 
@@ -133,8 +134,8 @@ fattn_status bwd_sm90_run(fattn_ctx *ctx, const fattn_bwd_args *a) {
     if constexpr (C::VARLEN) {
         if (p.m_blocks > 0)
             bwd_post_varlen_kernel<C::BF16><<<qgrid, 256, 0, stream>>>(
-                p.dq_acc, (uint16_t *)a->dq.data, a->dq.stride_seq, a->dq.stride_head, p.cu_q, p.total_q,
-                pr->seqlen_q, p.rb_total, C::DQ_N, HD, D, pr->softmax_scale);
+                p.dq_acc, (uint16_t *)a->dq.data, a->dq.stride_seq, a->dq.stride_head, p.cu_q, p.seqused_q,
+                p.total_q, pr->seqlen_q, p.rb_total, C::DQ_N, HD, D, pr->softmax_scale);
     } else {
         const int64_t pairs = (int64_t)pr->batch * pr->heads_q * pr->seqlen_q * HD / 2;
         bwd_post_kernel<C::BF16><<<(unsigned)((pairs + 255) / 256), 256, 0, stream>>>(

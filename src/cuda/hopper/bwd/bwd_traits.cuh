@@ -36,6 +36,10 @@ struct BwdParams {
      * off), cap_t = 1 / (softcap log2 e) recovers tanh from P and the LSE */
     int win_left, win_right;
     float cap_a, cap_b, cap_t;
+    /* VARLEN: FlashAttention-3's seqused_q / seqused_k (fattn.h) or NULL:
+     * sequence b's first seqused_q[b] queries and seqused_k[b] keys (last,
+     * so that no other field moves: the fixed-length kernels' SASS stays) */
+    const int *seqused_q, *seqused_k;
 };
 
 /* the tile's sequence in the packed tensors (fixed length: all 0) */

@@ -82,8 +82,8 @@ __device__ __forceinline__ FwdSeq fwd_seq(const FwdParams &p, const FwdVarlen *v
         } else {
             varlen_rows(vl->cu_k, b, vl->total_k, p.seqlen_k, s.k0, s.len_k);
         }
-        if (vl->seqused_k) s.len_k = min(s.len_k, max(__ldg(vl->seqused_k + b), 0));
-        if (vl->seqused_q) s.len_q = min(s.len_q, max(__ldg(vl->seqused_q + b), 0));
+        varlen_used(vl->seqused_k, b, s.len_k);
+        varlen_used(vl->seqused_q, b, s.len_q);
         if constexpr (C::KVCACHE) {
             if (vl->cache_leftpad) { /* keys from row leftpad on: k0 is their offset in the cache row */
                 s.k0 = min(max(__ldg(vl->cache_leftpad + b), 0), s.len_k);
