@@ -358,11 +358,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     rotary_interleaved (unused without rotary_cos).  Forward only (FA3's has
     no backward): tensors that require grad with grad mode on raise
     NotImplementedError.  The CUDA engine serves caches with cache_seqlens
-    or page_table by its decoding kernel only (fattn.h: 16-bit, head dims
+    or page_table by its decoding kernel (fattn.h: 16-bit, head dims
     64/128/256, sq <= 16 and sq * hq / hkv <= 64, 32 at d 256, page_size a
-    power of two >= 16); others raise FattnUnsupportedError, after the append
-    when k, v are given (the rows are then written past cache_seqlens, where
-    the next append writes them again).
+    power of two >= 8), and other 16-bit calls (longer chunks, other page
+    sizes) as varlen queries on the cache (cu_seqlens_q built on the device:
+    the varlen kernels, any sq and page_size); others (an FP8 cache outside
+    the decoding kernel's shapes) raise FattnUnsupportedError, after the
+    append when k, v are given (the rows are then written past
+    cache_seqlens, where the next append writes them again).
 
     An FP8 KV cache (fattn.h 0.5; vLLM's and FlashInfer's k_scale / v_scale
     names, after FA3's arguments): k_cache and v_cache torch.float8_e4m3fn
