@@ -417,9 +417,9 @@ typedef struct fattn_problem {
      * cache: fattn_fwd_args, Serving), every sequence has seqlen_k keys
      * (before seqused_k); FlashAttention-3's flash_attn_with_kvcache with
      * cu_seqlens_q.  CUDA (Hopper): the forward, 16-bit, on the varlen
-     * kernels (k and v dense [batch, seqlen_k, ...] or page pools with
-     * page_size a power of two >= 16; the variants too); its backward and
-     * the portable engine: UNSUPPORTED.  cu_seqlens_k
+     * kernels (k and v dense [batch, seqlen_k, ...] or page pools of any
+     * page_size >= 1; the variants too); its backward and the portable
+     * engine: UNSUPPORTED.  cu_seqlens_k
      * alone is INVALID_ARGUMENT.  Checked where the arrays live, never through a
      * copy from the device:
      * - a CPU context checks them on the host before any work
@@ -554,7 +554,7 @@ typedef struct fattn_problem {
  *   kernel's shapes only: fixed-length batches, q f16 | bf16, seqlen_q <=
  *   16 and seqlen_q * heads_q / heads_kv <= 64 (16 at head_dim 256),
  *   head_dim == head_dim_v in {64, 128, 256}, contiguous or paged (page_size
- *   a power of two >= 16), seqused_k, causal and the variants as for 16-bit
+ *   a power of two >= 8), seqused_k, causal and the variants as for 16-bit
  *   caches; k and v 16-byte aligned with strides multiples of 16 bytes
  *   (TMA).  Other shapes, and the portable engine, are UNSUPPORTED until
  *   the paged prefill kernel exists (the CPU engine serves them).  The
@@ -635,17 +635,21 @@ typedef struct fattn_fwd_args {
  *   KV cache), seqlen_q <= 16 and
      *   seqlen_q * heads_q / heads_kv <= 64 (32 at head_dim 256), which is
      *   also what every such call runs on without them; page_size a power
-     *   of two >= 16 (16 .. 256 tested).  Others: UNSUPPORTED (give the
+     *   of two >= 8 (8 .. 256 tested).  Others: UNSUPPORTED (give the
      *   queries as a variable-length batch, cu_seqlens_q alone, for any
-     *   count).  With cu_seqlens, seqused_k and (cu_seqlens_q alone)
-     *   block_table are served by the variable-length kernels (forward
-     *   and, with cu_seqlens_k, fattn_bwd; 16-bit k and v;
-     *   page_size a power of two >= 16); there the rows of v past a
+     *   count and any page_size).  With cu_seqlens, seqused_k and
+     *   (cu_seqlens_q alone) block_table are served by the variable-length
+     *   kernels (forward and, with cu_seqlens_k, fattn_bwd; 16-bit k and
+     *   v; any page_size >= 1: pages whose rows the kernel's
+     *   key block (80 to 176 keys) cannot take in TMA boxes of a multiple
+     *   of 8 rows, e.g. 1, 2, 4 or odd sizes, are gathered row by row, at
+     *   a cost in speed not yet measured); there the rows of v past a
      *   sequence's used keys, in the key block that holds its last used key
      *   (its page, or the pages its table names past them, a page number
-     *   outside the pool reading as zeros), must be finite: a NaN or Inf
-     *   there reaches O as NaN (0 x Inf), as the next sequence's rows can
-     *   (fattn_problem). */
+     *   outside the pool reading as zeros), must be finite where the pages
+     *   are loaded by TMA: a NaN or Inf there reaches O as NaN (0 x Inf),
+     *   as the next sequence's rows can (fattn_problem); gathered pages
+     *   read no row past the used keys. */
     const int32_t *seqused_k;
     const int32_t *block_table;
     int32_t page_size;

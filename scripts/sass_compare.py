@@ -20,7 +20,11 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from sass_loops import read_functions, main_loop  # noqa: E402
 
 OLD = "D BN NC STAGES CAUSAL BF16 OVERLAP PINGPONG SCHED LAZY CLUSTER OSTORE XTILE QEARLY SLEEP L2HINT ROWMASK TREEMAX SITOUT SPREAD SKIPDIAG QREG SPLIT UNIWG OTMA".split()
-NEW = "d bn nc stages causal bf16 overlap pingpong cluster qearly sleep sitout spread skipdiag qreg split otma fp8 kcol".split()
+# FwdOpts's fields in their order (fwd_traits.cuh); a listing from before a
+# field existed gets 0 for it and for the fields after it (so compare
+# listings of the same FwdOpts)
+NEW = ("d bn dv nc stages causal bf16 overlap pingpong cluster qearly sleep sitout spread skipdiag qreg split otma "
+       "fp8 kcol kvblk preg varlen local kvcache").split()
 KEY = NEW
 
 
@@ -43,7 +47,8 @@ def key_of(mangled):
         vals = {"d": o["D"], "bn": o["BN"], "nc": o["NC"], "stages": o["STAGES"], "causal": o["CAUSAL"],
                 "bf16": o["BF16"], "overlap": o["OVERLAP"], "pingpong": o["PINGPONG"], "cluster": o["CLUSTER"],
                 "qearly": o["QEARLY"], "sleep": o["SLEEP"], "sitout": o["SITOUT"], "spread": o["SPREAD"],
-                "skipdiag": o["SKIPDIAG"], "qreg": o["QREG"], "split": o["SPLIT"], "otma": o["OTMA"], "fp8": 0, "kcol": 0}
+                "skipdiag": o["SKIPDIAG"], "qreg": o["QREG"], "split": o["SPLIT"], "otma": o["OTMA"]}
+        vals = dict(dict.fromkeys(NEW, 0), **vals)
     return (entry,) + tuple(vals[k] for k in KEY)
 
 

@@ -1,7 +1,7 @@
 /* test_cpu_paged.c - fattn_fwd's serving fields on the CPU engine
  * (fattn.h, fattn_fwd_args: seqused_k, block_table, page_size, num_pages,
  * max_pages_per_seq):
- *   - a paged KV cache (pages 1, 16, 64, 256 rows, in shuffled order, some
+ *   - a paged KV cache (pages 1, 3, 8, 16, 48, 64, 256 rows, in shuffled order, some
  *     shared by two sequences, unused pages and the rows past seqlen_k
  *     poisoned with NaN, table entries past the used pages garbage) gives
  *     bitwise the O and LSE of the same keys in a contiguous cache, every
@@ -590,9 +590,9 @@ int main(void) {
     if (!g_ctx) return 1;
 
     const fattn_dtype dts[] = {FATTN_DTYPE_F32, FATTN_DTYPE_BF16, FATTN_DTYPE_F16, FATTN_DTYPE_E4M3};
-    const int pages[] = {1, 16, 64, 256};
+    const int pages[] = {1, 3, 8, 16, 48, 64, 256}; /* 3, 48: not powers of two */
     int i = 0;
-    for (int pi = 0; pi < 4; pi++)
+    for (int pi = 0; pi < (int)(sizeof pages / sizeof pages[0]); pi++)
         for (int di = 0; di < 4; di++)
             for (int causal = 0; causal < 2; causal++, i++)
                 check_paged(&rng, dts[di], pages[pi], causal, i % 3 ? 64 : 128, i % 4 == 1 ? TU_BHSD : TU_BSHD);

@@ -321,6 +321,16 @@ static void check_forward(tu_rng *rng) {
         c.name = "varlen queries, paged (64), seqused_k, leftpad, seqused_q, not causal";
         c.page_size = 64, c.causal = 0;
         run_fwd_case(rng, &c);
+        /* small pages (the CUDA engine gathers 1, 3 and 4 row by row, and
+         * takes 8 in TMA boxes of one swizzle atom) */
+        static const int small_pages[] = {1, 3, 4, 8};
+        c.leftpad = NULL, c.used_q = NULL, c.causal = 1;
+        for (int i = 0; i < 4; i++) {
+            char name[64];
+            snprintf(name, sizeof name, "varlen queries on a paged cache (%d), seqused_k", small_pages[i]);
+            c.name = name, c.page_size = small_pages[i];
+            run_fwd_case(rng, &c);
+        }
     }
     {
         const int32_t bidx[] = {1, 1, 0}, pad[] = {4, 0, 9}, used_k[] = {20, 8, 9}, used_q[] = {1, 3, 2};

@@ -368,8 +368,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     require grad with grad mode on raise NotImplementedError.  The CUDA
     engine serves caches with cache_seqlens or page_table by its decoding
     kernel (fattn.h: 16-bit, head dims 64/128/256, sq <= 16 and sq * hq /
-    hkv <= 64, 32 at d 256) and, past those shapes, by its varlen kernels;
-    both take page_size a power of two >= 16.  Others raise
+    hkv <= 64, 32 at d 256, page_size a power of two >= 8) and, past those
+    shapes or page sizes, by its varlen kernels (any page_size).  Others raise
     FattnUnsupportedError, after the append when k, v are given (the rows
     are then written past cache_seqlens, where the next append writes them
     again).

@@ -88,8 +88,9 @@ def _kvcache_impl(q, k_cache, v_cache, k, v, cache_seqlens, page_table, causal, 
             with ctx.option_set(_core.OPTION_DISABLE_SPLIT, int(bool(disable_split))):
                 ctx.fwd_raw(a)
         except _core.FattnUnsupportedError:
-            # more query rows than the CUDA decoding kernel takes: the same call as varlen queries on the
-            # cache (cu_seqlens_q alone: the varlen kernels' KV-cache instances), whose LSE is [hq, b * sq]
+            # more query rows, or pages, than the CUDA decoding kernel takes (it wants page sizes 2^k >= 8):
+            # the same call as varlen queries on the cache (cu_seqlens_q alone: the varlen kernels' KV-cache
+            # instances, any page size), whose LSE is [hq, b * sq]
             if not (q.is_cuda and scales is None and q.is_contiguous() and out.is_contiguous() and dims.sq > 0):
                 raise
             lse_v = torch.empty((dims.hq, dims.b * dims.sq), dtype=torch.float32, device=q.device)

@@ -1850,26 +1850,38 @@ class KvCacheCuda(unittest.TestCase):
                             w1 = kvcache_reference(q, kc, vc, None, None, 100, table, causal)[0]
                             self.assertLess(rel(o1.cpu(), w1), 2e-2, msg)
 
+    def append_and_attend(self, msg, paged, sq, causal, cap=256, page=16):
+        # sq new rows appended to each sequence's cache ([0, 100, cap - sq] rows before), then attended
+        kc, vc, table = kv_setup(paged, cap=cap, d=128, page=page, dtype=torch.bfloat16, seed=sq + page)
+        q, k, v = kv_new(sq=sq, s_new=sq, d=128, dtype=torch.bfloat16, seed=sq)
+        lens = torch.tensor([0, 100, cap - sq], dtype=torch.int32)
+        want_o, want_lse, want_kc, want_vc = kvcache_reference(q, kc, vc, k, v, lens, table, causal)
+        kcg, vcg = kc.cuda(), vc.cuda()
+        o, lse = fattn.flash_attn_with_kvcache(q.cuda(), kcg, vcg, k.cuda(), v.cuda(), cache_seqlens=lens.cuda(),
+                                               page_table=kv_cuda(table), causal=causal, return_softmax_lse=True)
+        self.assertTrue(same_bits(kcg.cpu(), want_kc) and same_bits(vcg.cpu(), want_vc), msg)
+        self.assertLess(rel(o.cpu(), want_o), 2e-2, msg)
+        fin = torch.isfinite(want_lse)
+        self.assertTrue(torch.equal(torch.isfinite(lse.cpu()), fin), msg)
+        torch.testing.assert_close(lse.cpu()[fin], want_lse[fin], rtol=1e-3, atol=1e-3)
+
     def test_chunked_prefill(self):
         # more query rows than the decoding kernel takes (17, 100; a chunk of a prompt after its earlier
         # chunks, appended as it runs): the varlen kernels' KV-cache instances, through cu_seqlens_q
         for paged in (False, True):
             for sq in (17, 100):
                 for causal in (False, True):
-                    msg = "paged %s sq %d causal %s" % (paged, sq, causal)
-                    kc, vc, table = kv_setup(paged, cap=256, d=128, dtype=torch.bfloat16, seed=sq)
-                    q, k, v = kv_new(sq=sq, s_new=sq, d=128, dtype=torch.bfloat16, seed=sq)
-                    lens = torch.tensor([0, 100, 256 - sq], dtype=torch.int32)
-                    want_o, want_lse, want_kc, want_vc = kvcache_reference(q, kc, vc, k, v, lens, table, causal)
-                    kcg, vcg = kc.cuda(), vc.cuda()
-                    o, lse = fattn.flash_attn_with_kvcache(q.cuda(), kcg, vcg, k.cuda(), v.cuda(),
-                                                           cache_seqlens=lens.cuda(), page_table=kv_cuda(table),
-                                                           causal=causal, return_softmax_lse=True)
-                    self.assertTrue(same_bits(kcg.cpu(), want_kc) and same_bits(vcg.cpu(), want_vc), msg)
-                    self.assertLess(rel(o.cpu(), want_o), 2e-2, msg)
-                    fin = torch.isfinite(want_lse)
-                    self.assertTrue(torch.equal(torch.isfinite(lse.cpu()), fin), msg)
-                    torch.testing.assert_close(lse.cpu()[fin], want_lse[fin], rtol=1e-3, atol=1e-3)
+                    self.append_and_attend("paged %s sq %d causal %s" % (paged, sq, causal), paged, sq, causal)
+
+    def test_small_pages(self):
+        # pages of 1, 3, 4 and 8 keys, decoding and a chunk: the decoding kernel takes pages of 8 (powers of
+        # two >= 8); the other pages, and the chunk, run as varlen queries on the cache, whose kernels
+        # gather pages of 1, 3 and 4 keys with cp.async (pages of 8: TMA boxes of one swizzle atom)
+        for page in (1, 3, 4, 8):
+            for sq in (1, 17):
+                for causal in (False, True):
+                    self.append_and_attend("page %d sq %d causal %s" % (page, sq, causal), True, sq, causal,
+                                           cap=240, page=page)
 
     def test_varlen_queries(self):
         KvCache.check_varlen_q(self, "cuda", 2e-2)
@@ -1879,10 +1891,10 @@ class KvCacheCuda(unittest.TestCase):
         KvCache.check_batch_idx_and_leftpad(self, "cuda", torch.bfloat16, 2e-2)
 
     def test_unsupported_shape_raises(self):
-        # 17 query rows on pages of 8 keys: beyond the decoding kernel, and the varlen kernels take pages of
-        # 16 and up (fattn.h): the library's UNSUPPORTED as a Python exception
-        kc, vc, table = kv_setup(True, cap=64, d=128, page=8, dtype=torch.bfloat16, device="cuda")
-        q = torch.randn(3, 17, 8, 128, dtype=torch.bfloat16, device="cuda")
+        # 17 query rows at head dim 512 (the CPU engine's largest): neither the decoding kernel nor the
+        # varlen kernels have it: the library's UNSUPPORTED as a Python exception
+        kc, vc, table = kv_setup(True, cap=64, d=512, page=8, dtype=torch.bfloat16, device="cuda")
+        q = torch.randn(3, 17, 8, 512, dtype=torch.bfloat16, device="cuda")
         with self.assertRaises(fattn.FattnUnsupportedError):
             fattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=20, page_table=table)
 

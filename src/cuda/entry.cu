@@ -303,14 +303,11 @@ extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_arg
                           p->batch, p->seqlen_q, p->heads_q);
     /* (api.c refuses block_table with cu_seqlens_k on every engine) */
     const bool varlen = p->cu_seqlens_q || p->cu_seqlens_k;
-    /* varlen queries on a paged cache: the varlen kernels load a key block
-     * in boxes of gcd(its rows, page_size), each inside one page; a power
-     * of two >= 16 keeps them >= 16 rows (every BN is a multiple of 16) and
-     * the page arithmetic to shifts, as the decoding kernel's */
-    if (varlen && a->block_table && (a->page_size < 16 || (a->page_size & (a->page_size - 1))))
-        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                          "page_size %d with cu_seqlens_q is not supported by the CUDA engine: a power of two >= 16",
-                          a->page_size);
+    /* varlen queries on a paged cache: any page_size.  The varlen kernels
+     * load a key block in TMA boxes of gcd(its rows, page_size) rows when
+     * that is a multiple of 8 (a box must start on a 128-byte swizzle
+     * atom), else their producer warpgroup gathers the rows with cp.async
+     * (page_div.h, fwd_gather.cuh) */
     /* fixed-length seqused_k, paged K/V and FP8 caches: the decoding
      * kernel only (fwd_decode.cu); varlen seqused_k: the varlen kernels */
     if (!varlen && (a->seqused_k || a->block_table || fwd_kv8(a))) {
@@ -334,9 +331,15 @@ extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_arg
                               "heads_q / heads_kv): the CUDA decoding kernel takes softcap at head dim 256 for up "
                               "to 16 rows",
                               p->seqlen_q * (p->heads_q / p->heads_kv));
-        if (a->block_table && (a->page_size < 16 || (a->page_size & (a->page_size - 1))))
+        /* the decoding kernel loads a block in TMA boxes of min(64, page_size)
+         * rows at shifts: a power of two, >= 8 so that a box starts on a
+         * 128-byte swizzle atom (8 rows) */
+        if (a->block_table && (a->page_size < 8 || (a->page_size & (a->page_size - 1))))
             return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                              "page_size %d is not supported by the CUDA engine: a power of two >= 16", a->page_size);
+                              "page_size %d on a fixed-length batch is not supported by the CUDA engine: its decoding "
+                              "kernel takes a power of two >= 8; give the queries as a variable-length batch "
+                              "(cu_seqlens_q alone, total_q = batch x seqlen_q), which takes any page_size",
+                              a->page_size);
     }
     return FATTN_OK;
 }

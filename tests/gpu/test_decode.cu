@@ -311,6 +311,10 @@ static void refusals(fattn_ctx *ctx) {
     a.block_table = dt, a.page_size = 24, a.num_pages = 2, a.max_pages_per_seq = 4; /* not a power of two */
     st = fattn_fwd(ctx, &a);
     TU_CHECK(st == FATTN_ERROR_UNSUPPORTED, "page_size 24: %s", fattn_status_string(st));
+    a.page_size = 4, a.max_pages_per_seq = 16; /* below the decoding kernel's 8: the message names the varlen path */
+    st = fattn_fwd(ctx, &a);
+    TU_CHECK(st == FATTN_ERROR_UNSUPPORTED && strstr(fattn_last_error(ctx), "cu_seqlens_q"), "page_size 4: %s: %s",
+             fattn_status_string(st), fattn_last_error(ctx));
     /* an FP8 KV cache outside the decoding kernel's shapes: no paged prefill yet */
     a.block_table = NULL, a.page_size = a.num_pages = a.max_pages_per_seq = 0;
     a.k.dtype = a.v.dtype = FATTN_DTYPE_E4M3;
@@ -359,6 +363,8 @@ int main(void) {
         {2, 1, 2000, 8, 8, 256, 0, BF, 256, 1, 0},
         {4, 1, 100, 4, 1, 64, 0, BF, 32, 1, 0},
         {3, 4, 5000, 32, 8, 128, 1, BF, 128, 1, 0},
+        {3, 1, 1000, 32, 8, 128, 0, BF, 8, 1, 0}, /* pages of 8: boxes of one swizzle atom */
+        {2, 4, 300, 8, 2, 64, 1, F16, 8, 1, 0},
         /* the variants: batch sq sk hq hkv d causal dtype page used no_split, window wl wr, softcap, sink? base */
         {5, 1, 600, 32, 8, 128, 0, BF, 0, 1, 0, 1, 100, -1, 0, 1, 0},       /* seqused_k, left window, sink */
         {3, 4, 300, 8, 2, 64, 1, F16, 0, 1, 0, 1, 37, 5, 2, 0, 0},          /* causal + window, softcap */
@@ -387,6 +393,7 @@ int main(void) {
         {2, 1, 2000, 8, 8, 256, 0, BF, 256, 1, 0, 0, 0, 0, 0, 0, 0, 2},
         {4, 1, 100, 4, 1, 64, 0, BF, 32, 1, 0, 0, 0, 0, 0, 0, 0, 4},
         {3, 4, 5000, 32, 8, 128, 1, BF, 128, 1, 0, 0, 0, 0, 0, 0, 0, 1},
+        {3, 1, 1000, 32, 8, 64, 0, BF, 8, 1, 0, 0, 0, 0, 0, 0, 0, 1},     /* pages of 8 (512-byte boxes), per token */
         {1, 16, 5, 4, 4, 64, 1, BF, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},        /* rows that see no key */
         {3, 1, 1000, 32, 8, 128, 0, BF, 16, 1, 0, 1, 200, 0, 0, 1, -30, 1}, /* paged, window, sink */
         {3, 4, 300, 8, 2, 64, 1, F16, 0, 1, 0, 1, 37, 5, 2, 0, 0, 2},       /* causal + window, softcap */

@@ -7,17 +7,21 @@
  *
  * Ragged query chunks (empty, 1, 17, not multiples of a tile), caches longer
  * than their chunk (the chunk is the last queries: causal is bottom-right
- * aligned on the used keys), GQA, head dims 64/128/256, bf16 and f16, page
- * sizes 16, 64 and 256 with the pages shuffled in the pool and shared pages
- * past the used keys, a window with softcap (the LOCAL instances).  Unused
- * cache rows hold finite noise (fattn.h: they must be finite); one case puts
- * page numbers outside the pool past the used keys (they read as zeros).
+ * aligned on the used keys), GQA, head dims 64/96/128/192/256, bf16 and f16,
+ * the pages shuffled in the pool and shared pages past the used keys, a
+ * window with softcap (the LOCAL instances).  Page sizes: 16, 64, 256 and
+ * 48 (TMA boxes of 16 rows, a page not a power of two), 8 and 24 (boxes of
+ * 8 rows: one swizzle atom), and 1, 2, 3, 4, 5 and 12, whose gcd with the
+ * key block is below 8 rows: the producer warpgroup's cp.async gather
+ * (fwd_gather.cuh).  Unused cache rows hold finite noise (fattn.h: they
+ * must be finite); two cases put page numbers outside the pool past the
+ * used keys (TMA reads them as zeros, the gather never reads them).
  * Inputs N(0,1) from a fixed seed (FATTN_TEST_SEED overrides); O and LSE
  * poisoned with NaN bytes; tolerances: gpu_check_fwd (gpu_testutil.h), the
  * dense forward's.  Also FlashAttention-3's seqused_q, cache_batch_idx and
- * cache_leftpad on a dense cache (rows past seqused_q keep their poison),
- * and page sizes the kernels cannot take are refused with O untouched.  Exit 77 without a Hopper GPU (FATTN_REQUIRE_GPU=1: a
- * failure); FATTN_TEST_SMALL=1: the small cases only (compute-sanitizer). */
+ * cache_leftpad on a dense cache (rows past seqused_q keep their poison).
+ * Exit 77 without a Hopper GPU (FATTN_REQUIRE_GPU=1: a failure);
+ * FATTN_TEST_SMALL=1: the small cases only (compute-sanitizer). */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
@@ -287,44 +291,6 @@ static void run_serving_case(fattn_ctx *ctx, tu_rng *rng, const scase &c) {
     if (dpad) cudaFree(dpad);
 }
 
-/* Page sizes the varlen kernels cannot take (not a power of two >= 16):
- * UNSUPPORTED with a message, O untouched. */
-static void refusals(fattn_ctx *ctx) {
-    const int B = 2, S = 8, CAP = 96, H = 2, D = 64;
-    for (int page : {8, 24}) {
-        const int max_pages = (CAP + page - 1) / page, num_pages = B * max_pages;
-        void *dq, *dk, *dout;
-        int32_t *dcq, *dtable;
-        CK(cudaMalloc(&dq, (size_t)B * S * H * D * 2));
-        CK(cudaMalloc(&dk, (size_t)num_pages * page * H * D * 2));
-        CK(cudaMalloc(&dout, (size_t)B * S * H * D * 2));
-        CK(cudaMalloc(&dcq, (B + 1) * 4));
-        CK(cudaMalloc(&dtable, (size_t)B * max_pages * 4));
-        const int32_t cq[3] = {0, S, 2 * S};
-        CK(cudaMemcpy(dcq, cq, sizeof cq, cudaMemcpyHostToDevice));
-        CK(cudaMemset(dq, 0, (size_t)B * S * H * D * 2));
-        CK(cudaMemset(dk, 0, (size_t)num_pages * page * H * D * 2));
-        CK(cudaMemset(dtable, 0, (size_t)B * max_pages * 4));
-        CK(cudaMemset(dout, 0x5A, (size_t)B * S * H * D * 2));
-        fattn_fwd_args a;
-        memset(&a, 0, sizeof a);
-        a.p = tu_problem(B, S, CAP, H, H, D, 0, 1, dcq, NULL);
-        a.p.total_q = B * S;
-        a.q = fattn_tensor_bshd(dq, FATTN_DTYPE_BF16), a.o = fattn_tensor_bshd(dout, FATTN_DTYPE_BF16);
-        a.k = a.v = fattn_tensor_bshd(dk, FATTN_DTYPE_BF16);
-        a.block_table = dtable, a.page_size = page, a.num_pages = num_pages, a.max_pages_per_seq = max_pages;
-        const fattn_status st = fattn_fwd(ctx, &a);
-        std::vector<uint16_t> h((size_t)B * S * H * D);
-        CK(cudaMemcpy(h.data(), dout, h.size() * 2, cudaMemcpyDeviceToHost));
-        size_t changed = 0;
-        for (uint16_t x : h) changed += x != 0x5A5A;
-        TU_CHECK(st == FATTN_ERROR_UNSUPPORTED && changed == 0, "page_size %d with cu_seqlens_q: %s (%s), %zu written",
-                 page, fattn_status_string(st), fattn_last_error(ctx), changed);
-        printf("  [ok] refused: page_size %d: \"%s\"\n", page, fattn_last_error(ctx));
-        cudaFree(dq), cudaFree(dk), cudaFree(dout), cudaFree(dcq), cudaFree(dtable);
-    }
-}
-
 int main(void) {
     fattn_ctx *ctx = gpu_ctx_or_skip();
     tu_rng rng;
@@ -332,24 +298,46 @@ int main(void) {
     const int small = getenv("FATTN_TEST_SMALL") != NULL;
     const fattn_dtype BF = FATTN_DTYPE_BF16, F16 = FATTN_DTYPE_F16;
     std::vector<kcase> cases;
-    /* small: every head dim, dense and paged, both masks */
+    /* small: every head dim, dense and paged (TMA boxes of 16 and 64 rows, of
+     * 8, and the gather of single rows), both masks */
     for (int d : {64, 128, 256})
-        for (int page : {0, 16, 64})
+        for (int page : {0, 16, 64, 8, 1})
             for (int causal : {0, 1}) {
                 kcase c;
                 c.lq = {1, 17, 0, 40}, c.used = {30, 17, 5, 200}, c.capacity = 256, c.page = page;
                 c.hq = 4, c.hkv = 2, c.d = d, c.causal = causal, c.dt = (d == 128 && causal) ? F16 : BF;
                 cases.push_back(c);
             }
+    /* more page sizes (gathered: 2, 3, 4, 5, 12; TMA: 24 in boxes of 8, 48
+     * in boxes of 16), GQA 4:1 and 1:1, head dims 96 and 192 (whole 64-column
+     * slabs whose last columns are zeros, three slabs a row), tails of 1
+     * and 17 keys and a sequence of 1000 */
+    const struct {
+        int page, d, causal, hq, hkv;
+    } more[] = {{3, 128, 1, 8, 2}, {4, 64, 0, 4, 4},  {2, 256, 1, 4, 1},  {5, 96, 1, 4, 2},   {12, 192, 0, 4, 2},
+                {4, 128, 0, 8, 2}, {24, 128, 1, 8, 2}, {24, 256, 0, 4, 2}, {48, 256, 1, 4, 1}, {48, 96, 0, 2, 2},
+                {3, 192, 1, 4, 4}};
+    for (const auto &m : more) {
+        kcase c;
+        c.lq = {1, 17, 300, 0, 7}, c.used = {1, 1017, 1000, 9, 30}, c.capacity = 1024, c.page = m.page;
+        c.hq = m.hq, c.hkv = m.hkv, c.d = m.d, c.causal = m.causal, c.dt = m.page % 2 ? F16 : BF;
+        cases.push_back(c);
+    }
     { /* a window with softcap (LOCAL), paged */
         kcase c;
         c.lq = {33, 100}, c.used = {150, 100}, c.capacity = 160, c.page = 16;
         c.hq = 8, c.hkv = 2, c.d = 128, c.causal = 1, c.dt = BF, c.window = 1, c.wl = 40, c.wr = 0, c.softcap = 20.f;
         cases.push_back(c);
     }
-    { /* page numbers outside the pool past the used keys */
+    { /* a window with softcap (LOCAL), gathered */
         kcase c;
-        c.lq = {5, 64}, c.used = {20, 64}, c.capacity = 256, c.page = 16, c.wild_pages = 1;
+        c.lq = {33, 100}, c.used = {150, 100}, c.capacity = 160, c.page = 4;
+        c.hq = 8, c.hkv = 2, c.d = 128, c.causal = 1, c.dt = BF, c.window = 1, c.wl = 40, c.wr = 0, c.softcap = 20.f;
+        cases.push_back(c);
+    }
+    for (int page : {16, 1}) { /* page numbers outside the pool past the used keys */
+        kcase c;
+        c.lq = {5, 64}, c.used = {20, 64}, c.capacity = 256, c.page = page, c.wild_pages = 1;
         c.hq = 2, c.hkv = 2, c.d = 64, c.causal = 1, c.dt = BF;
         cases.push_back(c);
     }
@@ -363,6 +351,13 @@ int main(void) {
                 c.page = page, c.hq = 4, c.hkv = 2, c.d = d, c.causal = page != 16, c.dt = d == 64 ? F16 : BF;
                 cases.push_back(c);
             }
+        /* the gather on the same long sequences: single rows, and pages of 3 */
+        for (int page : {1, 3}) {
+            kcase c;
+            c.lq = {600, 1, 333, 97}, c.used = {2000, 1500, 333, 4097}, c.capacity = 4224;
+            c.page = page, c.hq = 4, c.hkv = 2, c.d = 128, c.causal = page == 1, c.dt = BF;
+            cases.push_back(c);
+        }
     }
     for (const kcase &c : cases) run_case(ctx, &rng, c);
     /* the serving fields: each alone, then all three, both masks */
@@ -375,7 +370,6 @@ int main(void) {
         s4.qused = {9, 0, 33, 1}, s4.idx = {1, 3, 2, 0}, s4.cache_batch = 4, s4.pad = {29, 0, 100, 2};
         for (const scase *sc : {&s1, &s2, &s3, &s4}) run_serving_case(ctx, &rng, *sc);
     }
-    refusals(ctx);
     fattn_ctx_free(ctx);
     return tu_finish("gpu kv-cache prefill");
 }

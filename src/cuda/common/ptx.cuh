@@ -41,6 +41,20 @@ __device__ __forceinline__ int ld_shared_s32(const void *p) {
     return v;
 }
 
+/* four words at a 16-byte aligned shared address */
+__device__ __forceinline__ void st_shared_s32x4(void *p, int a, int b, int c, int d) {
+    asm volatile("st.shared.v4.s32 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_u32(p)), "r"(a), "r"(b), "r"(c), "r"(d)
+                 : "memory");
+}
+__device__ __forceinline__ int4 ld_shared_s32x4(const void *p) {
+    int4 v;
+    asm volatile("ld.shared.v4.s32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(smem_u32(p))
+                 : "memory");
+    return v;
+}
+
 /* ---- wgmma bookkeeping --------------------------------------------------- */
 /* wgmma.fence: order register accesses to accumulators / A fragments before a
  * following wgmma that uses them. */

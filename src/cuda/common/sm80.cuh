@@ -1,6 +1,6 @@
 /* sm80.cuh - the warp-level instructions every GPU from sm_80 on has, each a
- * few lines of inline PTX: the shared-memory address of a pointer, cp.async's
- * commit and wait, ldmatrix (plain and .trans) and mma.sync m16n8k16 with fp32
+ * few lines of inline PTX: the shared-memory address of a pointer, cp.async
+ * (copy, commit, wait, mbarrier arrival), ldmatrix (plain and .trans) and mma.sync m16n8k16 with fp32
  * accumulators.  The Hopper kernels (ptx.cuh includes it), the portable
  * engine (../portable/mma_sm80.cuh) and the quantiser share them; nothing
  * here needs more than compute_80. */
@@ -9,11 +9,29 @@
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
-/* ---- cp.async groups ------------------------------------------------------ */
+/* ---- cp.async ------------------------------------------------------------- */
+/* 16 bytes from global `src` to shared `dst`; valid false reads nothing and
+ * writes 16 zero bytes (src-size 0), so rows past a sequence's end are zeros
+ * in shared memory: no NaN left in a buffer by an earlier block can reach a
+ * product through P = 0 (0 x NaN).  src must still be a valid address. */
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void *src, bool valid) {
+    const int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 /* Wait until at most N of this thread's committed groups are pending. */
 template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+/* ... and for all of its cp.async, committed or not */
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+/* An arrival on the mbarrier at `bar` once every cp.async this thread has
+ * issued so far has landed (.noinc: it is one of the arrivals the barrier
+ * was initialised to count).  The data is written through the generic
+ * proxy: a reader through the async proxy (wgmma) needs a
+ * fence.proxy.async after its wait. */
+__device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint64_t *bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
 
 /* ---- ldmatrix ------------------------------------------------------------ */

@@ -12,15 +12,6 @@
 
 namespace sm80 {
 
-/* ---- cp.async ------------------------------------------------------------- */
-/* 16 bytes from global `src` to shared `dst`; valid false reads nothing and
- * writes 16 zero bytes (src-size 0), so rows past a sequence's end are zeros
- * in shared memory: no NaN left in a buffer by an earlier block can reach a
- * product through P = 0 (0 x NaN).  src must still be a valid address. */
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void *src, bool valid) {
-    const int n = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
-}
 /* Two fp32 values as one register of 16-bit pairs (lo in the low half): the
  * accumulator pair (row, 2t), (row, 2t + 1) of m16n8k16 becomes the A
  * fragment pair of the next product (the FlashAttention-2 register reuse). */

@@ -61,6 +61,9 @@ struct FwdConsumer {
     float kcol[C::KCOL ? BN / 4 : 1];
     uint32_t qfrag[C::QREG ? C::QREGK : 1][4]; /* QREG: this tile's Q, A fragments per 16 columns */
     uint64_t desc_q_tile;
+    /* KVCACHE only, set by the kernel (with a default initialiser beside
+     * loc, the other kernels' PTX registers were renumbered: other SASS) */
+    const FwdPaged *pg;
 
     __device__ __forceinline__ void pp_sync() const {
         if (C::PINGPONG) named_bar_sync(bar_self, 256);
@@ -69,6 +72,14 @@ struct FwdConsumer {
         if (C::PINGPONG) named_bar_arrive(bar_next, 256);
     }
     __device__ __forceinline__ void release(uint64_t *bar) const { ring_release<C>(bar, lane, cta_rank); }
+    /* after the full waits of a stage the gather warps wrote (KVCACHE, kv_box
+     * 0): their cp.async writes are generic-proxy, the wgmma reads
+     * async-proxy (fwd_gather.cuh) */
+    __device__ __forceinline__ void gather_fence() const {
+        if constexpr (C::KVCACHE) {
+            if (pg->kv_box == 0) fence_async_shared();
+        }
+    }
     /* A key block this warpgroup has no use for (SITOUT, SKIPDIAG): its
      * pingpong turn and the release of its two stages, nothing else (the
      * waits spin: sleeping ones lengthened the 3-warpgroup causal loop) */
@@ -268,6 +279,7 @@ struct FwdConsumer {
          * two GEMMs */
         mbar_wait<C::SLEEP>(&sm.full_v[pv_s], pv_ph);
         mbar_wait<C::SLEEP>(&sm.full_k[s], ph);
+        gather_fence();
         FWD_TRACE(2);
         pp_sync();
         FWD_TRACE(4);
@@ -309,6 +321,7 @@ struct FwdConsumer {
         fwd_rescale_o<C>(oacc, alpha, rescale);
         mbar_wait<C::SLEEP>(&sm.full_v[pv_s], pv_ph);
         mbar_wait<C::SLEEP>(&sm.full_k[s], ph);
+        gather_fence();
         pp_sync();
         wgmma_fence();
         issue_pv(pv_s);
@@ -330,6 +343,7 @@ struct FwdConsumer {
     __device__ __forceinline__ void last_pv_and_epilogue(int ps, uint32_t pph, const FwdSoftmax<C> &sf, int eb, int eh,
                                                          int erow, int split_t) {
         mbar_wait<C::SLEEP>(&sm.full_v[ps], pph);
+        gather_fence();
         FWD_TRACE(2);
         pp_sync();
         FWD_TRACE(8);
@@ -378,6 +392,7 @@ struct FwdConsumer {
          * before taking the token, so a warpgroup never holds it idle. */
         fp8_load((n + n_lo) * BN);
         mbar_wait<C::SLEEP>(&sm.full_k[s], ph);
+        gather_fence();
         FWD_TRACE(2);
         pp_sync();
         FWD_TRACE(3);

@@ -5,6 +5,8 @@
 #include <stdint.h>
 #include <vector_types.h>
 
+#include "page_div.h"
+
 struct FwdParams {
     void *o;
     float *lse;
@@ -64,16 +66,32 @@ struct FwdVarlen {
     int total_q, total_k;
     /* cu_k NULL (varlen queries on a KV cache): sequence b's keys are rows
      * 0 .. seqlen_k - 1 of batch entry b of k and v, or with block_table
-     * pages of 2^page_shift rows (key j: row j & page_mask of page
-     * block_table[b * max_pages + (j >> page_shift)]), each key block loaded
-     * as BN / kv_box boxes of kv_box rows (kv_box divides BN and the page) */
+     * pages of page_size rows (key j: row j % page_size of page
+     * block_table[b * max_pages + j / page_size], the quotient
+     * fattn_page_div(j, page_mul, page_shr): page_div.h); how a key block
+     * is loaded: FwdPaged */
     const int *block_table;
-    int page_shift, page_mask, max_pages, kv_box;
+    int page_size;
+    uint32_t page_mul;
+    int page_shr, max_pages;
     /* FlashAttention-3's serving fields (fattn.h): sequence b computes its
      * first seqused_q[b] queries; on a dense cache (KVCACHE, no table) its
      * keys are rows cache_leftpad[b] .. end - 1 of batch entry
      * cache_batch_idx[b]; NULL: off */
     const int *seqused_q, *cache_batch_idx, *cache_leftpad;
+};
+/* KVCACHE on a page pool (block_table): the parameter after FwdVarlen of
+ * those instances only (FwdVarlen's size is every varlen and LOCAL
+ * kernel's parameter layout).  kv_box > 0: each key block is BN / kv_box
+ * TMA boxes of kv_box rows (fattn_page_box: a multiple of 8, dividing BN
+ * and the page); 0: the producer warpgroup's warps 1-3 gather its rows with
+ * cp.async (fwd_gather.cuh) from the pools k and v, [num_pages, page_size,
+ * heads_kv, d] with these byte strides.  A dense cache: kv_box BN. */
+struct FwdPaged {
+    const uint8_t *k, *v;
+    int64_t k_page, k_row, k_head; /* bytes */
+    int64_t v_page, v_row, v_head;
+    int num_pages, kv_box;
 };
 /* LOCAL (the variants, issue 37): the parameter after FwdParams of those
  * instances only.  Query i sees key j iff i + off - left <= j <= i + off +

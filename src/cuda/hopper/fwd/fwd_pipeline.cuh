@@ -14,7 +14,11 @@
  *     producer ends them with a plain arrive on full_vraw after writing the
  *     ring position of that arrive into the stage's end flag: one flag per
  *     stage, so that the write comes after every read of the flag the
- *     producer has seen released (empty_vraw) and before the next. */
+ *     producer has seen released (empty_vraw) and before the next.
+ *   KVCACHE gathered by cp.async (FwdPaged kv_box 0, fwd_gather.cuh): a job
+ *     barrier and a job slot per stage, the producer's hand-over of each key
+ *     block to the gather warps; full_k and full_v then count the gather
+ *     threads' cp.async arrivals instead of the producer's TMA bytes. */
 #pragma once
 #include "../../common/ptx.cuh"
 #include "fwd_traits.cuh"
@@ -28,6 +32,8 @@ struct FwdSmem {
     uint64_t *full_q, *empty_q; /* index w * QBUF + buffer */
     int *tile_slot;             /* st/ld_shared_s32 only */
     int *vkey, *vorder;         /* VARLEN causal: fwd_varlen_order's keys and order */
+    uint64_t *job;              /* KVCACHE: [STAGES] */
+    int *job_slot;              /* KVCACHE: [STAGES][4], 16-byte aligned */
 
     __device__ __forceinline__ explicit FwdSmem(uint8_t *smem_raw) {
         base = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
@@ -48,12 +54,18 @@ struct FwdSmem {
         end_flag = tile_slot + C::NC * C::QBUF;
         vkey = (int *)(base + C::OFF_ORDER);
         vorder = vkey + FWD_VARLEN_ORDER_MAX;
+        if constexpr (C::KVCACHE) {
+            job = empty_q + C::NC * C::QBUF;
+            job_slot = (int *)(base + C::OFF_JOB);
+        }
     }
-    /* by one thread, before anyone uses them */
-    __device__ __forceinline__ void init_barriers() const {
+    /* by one thread, before anyone uses them; kv_arrivals: full_k's and
+     * (16-bit) full_v's count, the producer's one arrive.expect_tx, or with
+     * the KVCACHE gather one cp.async arrival per gather thread */
+    __device__ __forceinline__ void init_barriers(uint32_t kv_arrivals = 1) const {
         for (int s = 0; s < C::STAGES; ++s) {
-            mbar_init(&full_k[s], 1);
-            mbar_init(&full_v[s], C::FP8 ? 3 : 1); /* FP8: one arrival per transposer warp */
+            mbar_init(&full_k[s], kv_arrivals);
+            mbar_init(&full_v[s], C::FP8 ? 3 : kv_arrivals); /* FP8: one arrival per transposer warp */
             /* one arrival per consumer warp, after its wgmma reads are waited for */
             mbar_init(&empty_k[s], 4 * C::NC * C::CLUSTER);
             mbar_init(&empty_v[s], 4 * C::NC * C::CLUSTER);
@@ -65,6 +77,8 @@ struct FwdSmem {
             }
             for (int s = 0; s < C::STAGES; ++s) st_shared_s32(&end_flag[s], -1);
         }
+        if constexpr (C::KVCACHE)
+            for (int s = 0; s < C::STAGES; ++s) mbar_init(&job[s], 1); /* the producer's arrive */
         for (int w = 0; w < C::NC * C::QBUF; ++w) {
             mbar_init(&full_q[w], 1);
             mbar_init(&empty_q[w], 128); /* every consumer thread: it read the tile slot */

@@ -1,7 +1,9 @@
 /* fwd_producer.cuh - the producer warpgroup's one working thread: it runs the
  * tile scheduler, hands each consumer warpgroup its tile index and Q rows
  * (the Q slots), and streams the tile's K and V blocks into the ring by TMA,
- * from the last key block to the first (the masked blocks come first). */
+ * from the last key block to the first (the masked blocks come first); on
+ * KV-cache pages TMA cannot load, it posts each block to the gather warps
+ * instead (fwd_gather.cuh). */
 #pragma once
 #include "fwd_pipeline.cuh"
 #include "fwd_scheduler.cuh"
@@ -14,6 +16,7 @@ struct FwdProducer {
     uint32_t cta_rank;
     const FwdVarlen *vl; /* VARLEN only */
     const FwdLocal *loc = nullptr; /* LOCAL only */
+    const FwdPaged *pg = nullptr; /* KVCACHE only */
     int q_iter = 0;
     /* VARLEN: the walk's position vb in the order of the sequences, that
      * sequence vs, its first compact tile vbase and its tile count vn */
@@ -128,13 +131,38 @@ struct FwdProducer {
                 tma_load_4d(dst + c * C::BN * C::SW, map, c * C::SLAB_COLS, lpad + k0, hk, bb, bar);
             return;
         }
-        for (int r = 0; r < C::BN; r += vl->kv_box) {
+        for (int r = 0; r < C::BN; r += pg->kv_box) {
             const int key = k0 + r;
-            const int page = __ldg(vl->block_table + b * vl->max_pages + min(key >> vl->page_shift, vl->max_pages - 1));
+            const int j = fattn_page_div(key, vl->page_mul, vl->page_shr);
+            const int page = __ldg(vl->block_table + b * vl->max_pages + min(j, vl->max_pages - 1));
+            const int row = key - j * vl->page_size;
 #pragma unroll
             for (int c = 0; c < C::SLABS; ++c)
-                tma_load_4d(dst + (c * C::BN + r) * C::SW, map, c * C::SLAB_COLS, key & vl->page_mask, hk, page, bar);
+                tma_load_4d(dst + (c * C::BN + r) * C::SW, map, c * C::SLAB_COLS, row, hk, page, bar);
         }
+    }
+    /* KVCACHE on pages TMA cannot load (FwdPaged kv_box 0): the gather
+     * warps load the stages (fwd_gather.cuh).  Its uses sit under `if
+     * constexpr (C::KVCACHE)`: even folded to false, a plain `if` renumbered
+     * the other kernels' PTX registers, and ptxas allocated them otherwise */
+    __device__ __forceinline__ bool gathers() const { return pg->kv_box == 0; }
+    /* ... and this thread posts them each block (after empty_k[s]): its
+     * sequence, kv head, first key and used keys; b < 0: the end */
+    __device__ __forceinline__ void post_job(int s, int b, int hk, int k0, int len) const {
+        if constexpr (C::KVCACHE) {
+            st_shared_s32x4(sm.job_slot + 4 * s, b, hk, k0, len);
+            mbar_arrive(&sm.job[s]);
+        }
+    }
+    /* the K and V maps into the descriptor cache */
+    __device__ __forceinline__ void prefetch_kv_maps() const {
+        tma_prefetch_desc(&tm_k);
+        tma_prefetch_desc(&tm_v);
+    }
+    /* K block n into stage s by TMA, the stage's full barrier expecting its bytes */
+    __device__ __forceinline__ void load_k(int s, int n, int hk, int b, int k0) const {
+        mbar_expect_tx_arrive(&sm.full_k[s], C::K_BYTES);
+        load_kv<C::SLABS>(sm.k_stage(s), &tm_k, n, hk, b, k0, &sm.full_k[s]);
     }
     /* Q is read once, from DRAM: pull the next tile's Q into L2 a tile ahead
      * of its load into shared memory */
@@ -152,8 +180,11 @@ struct FwdProducer {
         int trace_n = 0;
 #endif
         tma_prefetch_desc(&tm_q);
-        tma_prefetch_desc(&tm_k);
-        tma_prefetch_desc(&tm_v);
+        if constexpr (C::KVCACHE) {
+            if (!gathers()) prefetch_kv_maps(); /* the gather's maps are not made */
+        } else {
+            prefetch_kv_maps();
+        }
         int it = 0;
         int rng;
         int t = tile_of(sched.first(rng));
@@ -190,8 +221,12 @@ struct FwdProducer {
                 const uint32_t ph = ring_phase(it, C::STAGES);
                 ring_wait_empty<C>(&sm.empty_k[s], ph ^ 1);
                 FWD_TRACE(21);
-                mbar_expect_tx_arrive(&sm.full_k[s], C::K_BYTES);
-                load_kv<C::SLABS>(sm.k_stage(s), &tm_k, n, hk, b, seq.k0, &sm.full_k[s]);
+                if constexpr (C::KVCACHE) {
+                    if (gathers()) post_job(s, b, hk, n * C::BN, seq.len_k); /* K and V: the gather warps */
+                    else load_k(s, n, hk, b, seq.k0);
+                } else {
+                    load_k(s, n, hk, b, seq.k0);
+                }
                 if (!C::QEARLY && n == n_hi - 1) {
                     /* the first K's stage frees before the Q buffers do (one
                      * block earlier), so K goes first; then each warpgroup's
@@ -199,6 +234,9 @@ struct FwdProducer {
                      * its last QK^T of the previous tile */
                     hand_over_each(t, true, m, h, b, seq.q0);
                     FWD_TRACE(22);
+                }
+                if constexpr (C::KVCACHE) {
+                    if (gathers()) continue;
                 }
                 /* FP8: V row-major into its own ring, for the transposers */
                 uint64_t *v_empty = C::FP8 ? &sm.empty_vraw[s] : &sm.empty_v[s];
@@ -220,6 +258,13 @@ struct FwdProducer {
         }
         /* end of work for the consumers (QEARLY: handed over with the last tile) */
         if (!C::QEARLY) hand_over_all(p.num_tiles);
+        if constexpr (C::KVCACHE) {
+            if (gathers()) { /* the gather warps' end, once the stage's job slot is free */
+                const int s = ring_stage(it, C::STAGES);
+                ring_wait_empty<C>(&sm.empty_k[s], ring_phase(it, C::STAGES) ^ 1);
+                post_job(s, -1, 0, 0, 0);
+            }
+        }
         if (C::FP8) {
             /* the transposers' end: the next V stage's turn comes with the flag set */
             const int s = ring_stage(it, C::STAGES);

@@ -5,6 +5,8 @@
  *   fwd_pipeline.cuh   shared memory: the K/V ring and the Q slots, their barriers
  *   fwd_scheduler.cuh  tile order (static, causal longest-first, split) and decode
  *   fwd_producer.cuh   warpgroup 0: scheduler, Q hand-over, K/V loads by TMA
+ *   fwd_gather.cuh     KVCACHE on small pages: warps 1-3 of warpgroup 0
+ *                      gather K/V rows by cp.async
  *   fwd_mainloop.cuh   warpgroups 1..NC: QK^T, softmax, PV (overlap, pingpong)
  *   fwd_softmax.cuh    mask and online softmax
  *   fwd_epilogue.cuh   O / l and LSE (registers or TMA), empty tiles, split merge
@@ -17,6 +19,7 @@
  * row), each written by one TMA box (at D 96 the last box half zeros). */
 #pragma once
 #include "fwd_mainloop.cuh"
+#include "fwd_gather.cuh"
 #include "fwd_producer.cuh"
 #include "fwd_transpose.cuh"
 #include "fwd_traits.cuh"
@@ -31,14 +34,18 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
                                               const CUtensorMap *tm_o /* OTMA only */,
                                               const FwdFp8 *f8 /* FP8 only */,
                                               const FwdVarlen *vl = nullptr /* VARLEN only */,
-                                              const FwdLocal *loc = nullptr /* LOCAL only */) {
+                                              const FwdLocal *loc = nullptr /* LOCAL only */,
+                                              const FwdPaged *pg = nullptr /* KVCACHE only */) {
     extern __shared__ uint8_t smem_raw[];
     const FwdSmem<C> sm(smem_raw);
     const int warpgroup = threadIdx.x / 128;
     const int tid = threadIdx.x % 128;
     const int warp = tid / 32, lane = tid % 32;
 
-    if (threadIdx.x == 0) sm.init_barriers();
+    if (threadIdx.x == 0) {
+        if constexpr (C::KVCACHE) sm.init_barriers(pg->kv_box == 0 ? FWD_GATHER_THREADS : 1);
+        else sm.init_barriers();
+    }
     /* with a cluster, the peer's barriers must be initialised before this
      * CTA multicasts into its shared memory or arrives on them */
     if (C::CLUSTER > 1) cluster_sync_all();
@@ -61,6 +68,13 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
             }
         }
         if constexpr (C::VARLEN && C::CAUSAL) fwd_varlen_order<C>(sm, p, vl, tid);
+        if constexpr (C::KVCACHE) {
+            if (warp >= 1 && pg->kv_box == 0) {
+                const FwdGather<C> ga{sm, *vl, *pg, tid - 32};
+                ga.run();
+                return;
+            }
+        }
         /* one working thread: warp 0, lane 0; a CTA leaves only when its
          * peer is done with its shared memory */
         if (threadIdx.x != 0) {
@@ -68,7 +82,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
             return;
         }
         const FwdScheduler<C, SP> sched{p, sp, cta_rank};
-        FwdProducer<C, SP> prod{tm_q, tm_k, tm_v, p, sm, cta_rank, vl, loc};
+        FwdProducer<C, SP> prod{tm_q, tm_k, tm_v, p, sm, cta_rank, vl, loc, pg};
         prod.run(sched);
         if (C::CLUSTER > 1) cluster_sync_all();
         return;
@@ -89,6 +103,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap &tm_q, const CUt
     epi.loc = loc;
     FwdConsumer<C, SP> cons{p,  sp,       sm,           epi,    wg,
                             warp, lane, r0, q4, cta_rank, p.scale_log2, 8 + wg, 8 + (wg + 1) % C::NC, f8, vl, loc};
+    if constexpr (C::KVCACHE) cons.pg = pg;
     cons.run();
     if (C::CLUSTER > 1) cluster_sync_all();
 }
@@ -141,6 +156,19 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                            const __grid_constant__ CUtensorMap tm_v, const FwdParams p,
                            const __grid_constant__ FwdVarlen vl) {
     fwd_sm90_body<C>(tm_q, tm_k, tm_v, p, FwdNoSplit(), nullptr, nullptr, &vl);
+}
+
+/* KVCACHE (varlen queries on a KV cache): one signature for the plain and
+ * the LOCAL instances, with the page pool's FwdPaged (a kernel of their
+ * own, so that the other varlen and LOCAL kernels keep their parameter
+ * layout) */
+template <class C>
+__global__ void __launch_bounds__(C::THREADS, 1)
+    fwd_sm90_kvcache_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                            const __grid_constant__ CUtensorMap tm_v, const FwdParams p,
+                            const __grid_constant__ FwdVarlen vl, const __grid_constant__ FwdPaged pg,
+                            const __grid_constant__ FwdLocal loc) {
+    fwd_sm90_body<C>(tm_q, tm_k, tm_v, p, FwdNoSplit(), nullptr, nullptr, &vl, C::LOCAL ? &loc : nullptr, &pg);
 }
 
 /* LOCAL (the variants: window, softcap, sinks): one signature for every

@@ -55,19 +55,6 @@ fattn_status fwd_sm90_fp8_hdim64(fattn_ctx *ctx, const fattn_fwd_args *a, const 
 fattn_status fwd_sm90_fp8_hdim128(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v, fwd_kernel k);
 fattn_status fwd_sm90_fp8_hdim256(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v, fwd_kernel k);
 
-/* A paged KV cache in the variable-length forward (FwdVarlen): each key
- * block of bn rows is loaded in boxes of gcd(bn, page_size) rows, so that no
- * box crosses a page; entry.cu asks for page sizes that make it >= 16. */
-inline int fwd_kv_box(int bn, int page_size) {
-    int a = bn, b = page_size;
-    while (b) {
-        const int t = a % b;
-        a = b;
-        b = t;
-    }
-    return a;
-}
-
 /* Decoding (fwd_decode.cu): seqlen_q <= FWD_DECODE_MAX_SEQLEN_Q queries whose
  * GQA group packs into one tile of <= FWD_DECODE_MAX_ROWS rows (group x
  * seqlen_q; half that at head dim 256), 16-bit q (with a 16-bit or an FP8 cache), fixed-length batches; the

@@ -20,13 +20,17 @@ static_assert(3 * sizeof(CUtensorMap) + sizeof(FwdParams) + sizeof(FwdFp8) <= 40
 static_assert(4 * sizeof(CUtensorMap) + sizeof(FwdParams) + sizeof(FwdLocal) + sizeof(FwdVarlen) + sizeof(FwdFp8) + 64 <=
                   4096,
               "LOCAL kernel parameters");
+static_assert(3 * sizeof(CUtensorMap) + sizeof(FwdParams) + sizeof(FwdVarlen) + sizeof(FwdPaged) + sizeof(FwdLocal) + 64 <=
+                  4096,
+              "KVCACHE kernel parameters");
 
 /* the kernel of an instance: (Q, K, V tensor maps, FwdParams), with SPLIT a
  * FwdSplit after FwdParams, with OTMA O's tensor map last; the launch passes
  * its arguments in that order */
 template <class C>
 auto fwd_sm90_kernel_of() {
-    if constexpr (C::LOCAL) return fwd_sm90_local_kernel<C>;
+    if constexpr (C::KVCACHE) return fwd_sm90_kvcache_kernel<C>;
+    else if constexpr (C::LOCAL) return fwd_sm90_local_kernel<C>;
     else if constexpr (C::VARLEN) return fwd_sm90_varlen_kernel<C>;
     else if constexpr (C::FP8) return fwd_sm90_fp8_kernel<C>;
     else if constexpr (C::SPLIT && C::OTMA) return fwd_sm90_split_kernel_o<C>;
@@ -162,9 +166,8 @@ fattn_status fwd_sm90_max_ctas(fattn_ctx *ctx, int *max_ctas_out) {
 }
 
 /* FwdVarlen of a call: its cu_seqlens and serving arrays, and a paged
- * cache's page arithmetic (page_size a power of two: entry.cu) with the box
- * rows the key maps were made with */
-inline FwdVarlen fwd_varlen_of(const fattn_fwd_args *a, int kv_box) {
+ * cache's page arithmetic (any page_size >= 1: page_div.h) */
+inline FwdVarlen fwd_varlen_of(const fattn_fwd_args *a) {
     const fattn_problem *pr = &a->p;
     FwdVarlen vl;
     vl.cu_q = pr->cu_seqlens_q;
@@ -176,12 +179,27 @@ inline FwdVarlen fwd_varlen_of(const fattn_fwd_args *a, int kv_box) {
     vl.seqused_q = a->seqused_q;
     vl.cache_batch_idx = a->cache_batch_idx;
     vl.cache_leftpad = a->cache_leftpad;
-    vl.page_shift = 0;
-    while (a->block_table && (1 << vl.page_shift) < a->page_size) ++vl.page_shift;
-    vl.page_mask = a->block_table ? a->page_size - 1 : 0;
+    vl.page_size = a->block_table ? a->page_size : 1;
+    fattn_page_div_make(vl.page_size, &vl.page_mul, &vl.page_shr);
     vl.max_pages = a->max_pages_per_seq;
-    vl.kv_box = kv_box;
     return vl;
+}
+
+/* FwdPaged of a KV-cache call: the TMA box rows of the key maps (a dense
+ * cache: BN), or 0 and the pools' addresses and byte strides for the
+ * gather (fwd_gather.cuh) */
+inline FwdPaged fwd_paged_of(const fattn_fwd_args *a, int kv_box) {
+    FwdPaged pg;
+    memset(&pg, 0, sizeof pg);
+    pg.kv_box = kv_box;
+    pg.num_pages = a->num_pages;
+    if (kv_box == 0) {
+        const int64_t es = 2; /* 16-bit: entry.cu */
+        pg.k = (const uint8_t *)a->k.data, pg.v = (const uint8_t *)a->v.data;
+        pg.k_page = a->k.stride_batch * es, pg.k_row = a->k.stride_seq * es, pg.k_head = a->k.stride_head * es;
+        pg.v_page = a->v.stride_batch * es, pg.v_row = a->v.stride_seq * es, pg.v_head = a->v.stride_head * es;
+    }
+    return pg;
 }
 
 /* Launch instance C; sp: SPLIT's tables (split instances only), grid: the
@@ -304,22 +322,27 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, const
         if (C::KVCACHE) {
             rk = a->block_table ? a->page_size : pr->seqlen_k;
             bk = a->block_table ? a->num_pages : a->cache_batch_idx && a->cache_batch ? a->cache_batch : pr->batch;
-            if (a->block_table) kv_box = fwd_kv_box(C::BN, a->page_size);
-            if (kv_box < 8) /* entry.cu asks for page sizes that make it >= 16 */
-                return fattn_fail(ctx, FATTN_ERROR_INTERNAL, "paged forward: page_size %d with key blocks of %d",
-                                  a->page_size, C::BN);
+            /* pages: boxes that start on a swizzle atom, or 0: gathered, no key maps */
+            if (a->block_table) kv_box = fattn_page_box(C::BN, a->page_size);
         }
         vl_box = kv_box;
         if ((s = cuda_make_tensor_map(ctx, &tq, &a->q, C::D, rq, pr->heads_q, C::VARLEN ? 1 : pr->batch, 64, "q")) !=
             FATTN_OK)
             return s;
-        if ((s = cuda_make_tensor_map(ctx, &tk, &a->k, C::D, rk, pr->heads_kv, bk, kv_box, "k")) != FATTN_OK) return s;
-        if ((s = cuda_make_tensor_map(ctx, &tv, &a->v, C::DV, rk, pr->heads_kv, bk, kv_box, "v")) != FATTN_OK) return s;
+        memset(&tk, 0, sizeof tk);
+        memset(&tv, 0, sizeof tv);
+        if (kv_box > 0) {
+            if ((s = cuda_make_tensor_map(ctx, &tk, &a->k, C::D, rk, pr->heads_kv, bk, kv_box, "k")) != FATTN_OK)
+                return s;
+            if ((s = cuda_make_tensor_map(ctx, &tv, &a->v, C::DV, rk, pr->heads_kv, bk, kv_box, "v")) != FATTN_OK)
+                return s;
+        }
     }
     const FwdLocal loc = fwd_local_of(a, C::BM, C::BN, C::VARLEN);
     if (C::KVCACHE != (C::VARLEN && !pr->cu_seqlens_k))
         return fattn_fail(ctx, FATTN_ERROR_INTERNAL, "varlen forward: a KV-cache instance for packed keys or back");
-    const FwdVarlen vl = fwd_varlen_of(a, vl_box);
+    const FwdVarlen vl = fwd_varlen_of(a);
+    const FwdPaged pg = fwd_paged_of(a, vl_box);
     /* OTMA: O through TMA stores where TMA can address it (o_wide: base and
      * strides 16-byte multiples; strides below 2^40 bytes), else the
      * kernel's register stores (the map is then never read) */
@@ -347,7 +370,11 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, const
     /* the arguments in the order of the kernel's parameters (fwd_sm90_kernel_of) */
     void *args[8] = {&tq, &tk, &tv, &p};
     int nargs = 4;
-    if constexpr (C::LOCAL) { /* fwd_sm90_local_kernel: every block, in its order */
+    if constexpr (C::KVCACHE) { /* fwd_sm90_kvcache_kernel */
+        args[nargs++] = const_cast<FwdVarlen *>(&vl);
+        args[nargs++] = const_cast<FwdPaged *>(&pg);
+        args[nargs++] = const_cast<FwdLocal *>(&loc);
+    } else if constexpr (C::LOCAL) { /* fwd_sm90_local_kernel: every block, in its order */
         args[nargs++] = const_cast<FwdLocal *>(&loc);
         args[nargs++] = const_cast<FwdVarlen *>(&vl);
         args[nargs++] = &f8;

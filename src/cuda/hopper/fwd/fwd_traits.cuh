@@ -124,7 +124,9 @@ struct FwdCfg {
     static constexpr int OFF_V = OFF_K + STAGES * K_BYTES;
     static constexpr int OFF_VRAW = OFF_V + STAGES * V_BYTES;
     static constexpr int OFF_BAR = OFF_VRAW + STAGES * VRAW_BYTES;
-    static constexpr int NUM_BARS = (FP8 ? 6 : 4) * STAGES + 2 * NC * QBUF;
+    static constexpr bool KVCACHE = O.varlen && O.kvcache;
+    /* KVCACHE: a job barrier per stage for the gather (fwd_gather.cuh) */
+    static constexpr int NUM_BARS = (FP8 ? 6 : 4) * STAGES + 2 * NC * QBUF + (KVCACHE ? STAGES : 0);
     static constexpr int OFF_SLOT = OFF_BAR + NUM_BARS * 8; /* tile index per consumer warpgroup and Q buffer */
     using NoSplit = FwdCfg<fwd_opts_no_split(O)>;
     /* OTMA: each consumer warp stages its 16 rows of O / l in shared memory
@@ -139,11 +141,13 @@ struct FwdCfg {
     /* VARLEN causal: the sequences' order, longest first (fwd_varlen_order):
      * keys and ranks of up to FWD_VARLEN_ORDER_MAX sequences */
     static constexpr int OFF_ORDER = END_SLOT, END_ORDER = END_SLOT + (O.varlen && O.causal ? 8 * FWD_VARLEN_ORDER_MAX : 0);
-    static constexpr int SMEM_BYTES = (OTMA ? OFF_OST + 4 * NC * OST_WARP_BYTES : END_ORDER) + 1024; /* + alignment slack */
+    /* KVCACHE: the gather's job per stage (sequence, kv head, first key, keys used) */
+    static constexpr int OFF_JOB = (END_ORDER + 15) / 16 * 16;
+    static constexpr int END_JOB = KVCACHE ? OFF_JOB + 16 * STAGES : END_ORDER;
+    static constexpr int SMEM_BYTES = (OTMA ? OFF_OST + 4 * NC * OST_WARP_BYTES : END_JOB) + 1024; /* + alignment slack */
     static constexpr bool DYNAMIC = CAUSAL; /* causal tiles are grabbed from an atomic counter, longest first */
     static constexpr int CLUSTER = O.cluster;
     static constexpr bool VARLEN = O.varlen;
-    static constexpr bool KVCACHE = O.varlen && O.kvcache;
     /* O stores of 16 bytes after a quad transpose; three consumers (160
      * registers) spill with the transpose and store 4 bytes */
     static constexpr int OSTORE = NC == 2 ? 16 : 4;

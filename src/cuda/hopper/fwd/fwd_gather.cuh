@@ -1,0 +1,95 @@
+/* fwd_gather.cuh - KVCACHE on a page pool whose pages TMA cannot load:
+ * page sizes whose gcd with the key block is not a multiple of the 8-row
+ * swizzle atom (1, 2, 4, odd sizes, ...; page_div.h's fattn_page_box 0).
+ * Warps 1-3 of the producer warpgroup (idle in the 16-bit kernels) gather
+ * each key block's K and V rows with cp.async, 16 bytes a copy, into the
+ * 128-byte swizzled layout TMA would write (row r of a 64-column slab at
+ * slab + r * 128, its 16-byte chunk c at (c ^ r % 8) * 16), rows past the
+ * sequence's used keys, pages outside the pool and head-dim columns past D
+ * (d96, d192's slabs) as zeros (src-size 0: nothing read), as TMA's bounds
+ * give zeros.
+ *
+ * Protocol, per ring position it (stage s = it % STAGES, parity ph):
+ *   producer thread   waits empty_k[s] (parity ph ^ 1), writes the job
+ *                     (sequence b, kv head, first key, keys used) into
+ *                     job_slot[s] and arrives on job[s] (count 1, release);
+ *                     it does not touch full_k, full_v or empty_v.
+ *   gather threads    wait job[s] (ph), read the job, fence.proxy.async (the
+ *   (96)              consumers' wgmma reads of the stage, async proxy, are
+ *                     ordered before these generic-proxy writes), issue K's
+ *                     copies, cp.async.mbarrier.arrive.noinc on full_k[s];
+ *                     then wait empty_v[s] (ph ^ 1) themselves, fence, V's
+ *                     copies, arrive.noinc on full_v[s].
+ *   consumers         wait full_k / full_v as with TMA, then (kv_box 0 only)
+ *                     fence.proxy.async.shared::cta before their wgmma: the
+ *                     copies are generic-proxy writes, which the async proxy
+ *                     sees only across a proxy fence on the path from the
+ *                     write to the read (here after the acquiring wait).
+ * full_k and full_v are initialised with count 96 (the .noinc arrivals, one
+ * per gather thread, each made when that thread's copies have landed) and no
+ * transaction bytes, so a phase completes when every copy of the stage has
+ * landed, as TMA's complete_tx completes it.  job[s] cannot run a phase
+ * ahead of a gather thread: the producer posts position it + STAGES only
+ * after empty_k[s], which needs full_k of position it, which needs every
+ * gather thread's arrival there.  The end: the producer posts a job with
+ * b = -1 at the position after its last block (after empty_k, so that the
+ * slot is free); the gather threads wait for their copies and leave. */
+#pragma once
+#include "fwd_pipeline.cuh"
+
+constexpr int FWD_GATHER_THREADS = 96; /* warps 1-3 of the producer warpgroup */
+
+template <class C>
+struct FwdGather {
+    const FwdSmem<C> &sm;
+    const FwdVarlen &vl;
+    const FwdPaged &pg;
+    int t; /* 0 .. FWD_GATHER_THREADS - 1 */
+
+    /* One key block of a stage: SL slabs of 64 columns, the first COLS of
+     * each row from the pool (the rest zeros).  Thread t copies 16-byte
+     * chunk t % (8 SL) of rows t / (8 SL), + 96 / (8 SL), ...: a row's chunks
+     * are consecutive threads (one 128..512-byte read), and each thread looks
+     * up its rows' pages (the row's threads the same table word). */
+    template <int SL, int COLS>
+    __device__ __forceinline__ void gather(uint8_t *dst, const uint8_t *pool, int64_t s_page, int64_t s_row,
+                                           int64_t s_head, int4 job) const {
+        constexpr int CH = SL * 8, RP = FWD_GATHER_THREADS / CH;
+        static_assert(FWD_GATHER_THREADS % CH == 0, "a pass covers whole rows");
+        const int g = t % CH, ch = g & 7;
+        const uint32_t base = smem_u32(dst) + (g >> 3) * C::BN * 128;
+        const uint8_t *col = pool + job.y * s_head + g * 16; /* kv head job.y, chunk g */
+        const int *table = vl.block_table + job.x * vl.max_pages;
+#pragma unroll 2
+        for (int r = t / CH; r < C::BN; r += RP) {
+            const int key = job.z + r;
+            const uint8_t *src = pool;
+            bool ok = false;
+            if (key < job.w && g < COLS * 2 / 16) {
+                const int j = fattn_page_div(key, vl.page_mul, vl.page_shr);
+                const int page = __ldg(table + j);
+                ok = (unsigned)page < (unsigned)pg.num_pages; /* else zeros, as TMA's bounds */
+                src = col + page * s_page + (key - j * vl.page_size) * s_row;
+            }
+            cp_async_16(base + r * 128 + ((ch ^ (r & 7)) << 4), ok ? src : pool, ok);
+        }
+    }
+
+    __device__ __forceinline__ void run() const {
+        for (int it = 0;; ++it) {
+            const int s = ring_stage(it, C::STAGES);
+            const uint32_t ph = ring_phase(it, C::STAGES);
+            mbar_wait<true>(&sm.job[s], ph); /* sleeping: the consumers keep the issue slots */
+            const int4 job = ld_shared_s32x4(sm.job_slot + 4 * s);
+            if (job.x < 0) break;
+            fence_async_shared();
+            gather<C::SLABS, C::D>(sm.k_stage(s), pg.k, pg.k_page, pg.k_row, pg.k_head, job);
+            cp_async_mbar_arrive_noinc(&sm.full_k[s]);
+            mbar_wait<true>(&sm.empty_v[s], ph ^ 1);
+            fence_async_shared();
+            gather<C::V_SLABS, C::DV>(sm.v_stage(s), pg.v, pg.v_page, pg.v_row, pg.v_head, job);
+            cp_async_mbar_arrive_noinc(&sm.full_v[s]);
+        }
+        cp_async_wait_all();
+    }
+};
