@@ -4,7 +4,12 @@
  * Each row is computed alone, in double, parts in index order, so the result
  * does not depend on how rows are spread over threads.  Parts whose LSE is
  * -inf for a row are skipped before anything is read of their O: a weight of
- * 0 times a garbage (NaN) O would otherwise poison the row. */
+ * 0 times a garbage (NaN) O would otherwise poison the row.  These are the
+ * rules of the CUDA engine's combines (src/cuda/common/lse_combine.cuh, form
+ * (a): -inf parts skipped, a NaN lse a NaN row, no part o = 0 and lse -inf);
+ * the arithmetic stays double where the device rounds the weights and the
+ * sum of O to f32, since this is the reference that engine is checked
+ * against (docs/design.md, section 3). */
 #include <math.h>
 #include <stdint.h>
 

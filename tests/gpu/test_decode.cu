@@ -10,10 +10,17 @@
  * does not use hold out-of-range indices: neither may reach O.  Tolerances:
  * gpu_check_fwd (gpu_testutil.h), the same as the dense forward's, which
  * this kernel meets with fp32 accumulation, P rounded to 16 bits and the
- * splits merged in fp32.  The variants (issue 37: the decoding kernel's LOCAL
- * instances): a sliding window (relative to each sequence's used keys),
- * softcap (bounds widened by cap x 2^-11, gpu_check_fwd's extra) and
- * learnable sinks, with split keys, seqused_k and paged caches.  Exit 77
+ * splits merged by fattn_merge's arithmetic (src/cuda/common/lse_combine.cuh:
+ * weights in double, O summed in fp32; splits whose LSE is -inf not read;
+ * a sink one more part with O = 0).  Splits left empty by seqused_k (every
+ * split of a sequence of length 0, all but the first at length 1) and a
+ * combine over two tiles of 32 splits are among the cases; NaN partials
+ * (a NaN LSE in one split, NaN in one split's O, every split NaN) are
+ * test_fwd_nan.cu's, whose decoding cases with 4097 and 700 keys split.
+ * The variants (issue 37: the decoding kernel's LOCAL instances): a sliding
+ * window (relative to each sequence's used keys), softcap (bounds widened
+ * by cap x 2^-11, gpu_check_fwd's extra) and learnable sinks, with split
+ * keys, seqused_k and paged caches.  Exit 77
  * without a Hopper GPU (FATTN_REQUIRE_GPU=1: a failure).
  * An FP8 KV cache (fattn.h 0.5: e4m3 k and v, the KV8 instances): the
  * same cases with the keys quantised on the host (scales per token, per
@@ -365,6 +372,9 @@ int main(void) {
         {3, 4, 5000, 32, 8, 128, 1, BF, 128, 1, 0},
         {3, 1, 1000, 32, 8, 128, 0, BF, 8, 1, 0}, /* pages of 8: boxes of one swizzle atom */
         {2, 4, 300, 8, 2, 64, 1, F16, 8, 1, 0},
+        /* 64 splits (two tiles of 32 in the combine); seqused_k 0 (every split
+         * empty: LSE -inf), 1 (one live split, 63 empty), random and full */
+        {4, 1, 8192, 8, 1, 128, 0, BF, 0, 1, 0},
         /* the variants: batch sq sk hq hkv d causal dtype page used no_split, window wl wr, softcap, sink? base */
         {5, 1, 600, 32, 8, 128, 0, BF, 0, 1, 0, 1, 100, -1, 0, 1, 0},       /* seqused_k, left window, sink */
         {3, 4, 300, 8, 2, 64, 1, F16, 0, 1, 0, 1, 37, 5, 2, 0, 0},          /* causal + window, softcap */
@@ -376,6 +386,7 @@ int main(void) {
         {2, 1, 2000, 8, 8, 256, 0, BF, 256, 1, 0, 1, 500, 500, 2, 1, 0},    /* paged d256, 1 row, softcap */
         {1, 16, 5, 4, 4, 64, 1, BF, 0, 0, 0, 1, 2, -1, 0, 1, 0},            /* rows that see no key: LSE = sink */
         {4, 1, 100, 4, 1, 64, 0, F16, 32, 1, 0, 0, 0, 0, 30, 1, 8},         /* softcap and sink, no window */
+        {4, 1, 8192, 8, 1, 128, 0, F16, 0, 1, 0, 0, 0, 0, 0, 1, 2},         /* 64 splits, the sink one more part */
         /* an FP8 KV cache (last field: the scales' mode, kv8_block) */
         {2, 1, 1, 8, 2, 128, 0, BF, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
         {4, 1, 1000, 32, 8, 128, 0, BF, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2},    /* per sequence */

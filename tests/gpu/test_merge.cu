@@ -17,8 +17,12 @@
  *     be read), rows where every part is -inf (o = 0, lse = -inf), parts
  *     whose weight underflows (lse 150 below), a NaN lse (row NaN), a NaN in
  *     a participating O (that element NaN, lse finite), an lse of +inf (row
- *     NaN); the same NaN / -inf pattern as the CPU's is required exactly,
- *     besides the explicit checks of those rows;
+ *     NaN), a NaN lse in every part (row NaN); with more than 256 parts of
+ *     distinct layouts (several launches), a row with no live part in the
+ *     first launch and one with none after it (the running state empty, or
+ *     alone); the same NaN / -inf pattern as the CPU's is required exactly,
+ *     besides the explicit checks of those rows (the rules are
+ *     src/cuda/common/lse_combine.cuh's form (a));
  *   - lse NULL (o the same bits, the LSE buffer untouched); the call
  *     captured into a CUDA graph (replays give the eager call's bits; a
  *     call that needs the workspace before the context has one is
@@ -163,6 +167,8 @@ struct mdata {
     std::vector<fattn_merge_part> hparts, dparts;
     fattn_merge_args ha, da;
     int row_nan_lse, row_nan_o, elem_nan_o, row_pinf; /* -1: none */
+    int row_all_nan;                /* every part's lse NaN */
+    int row_head_empty, row_tail_empty; /* > 256 parts: parts [0, 256) all -inf; parts [256, P) all -inf */
 };
 
 static size_t esz(fattn_dtype d) { return fattn_dtype_size(d); }
@@ -246,6 +252,41 @@ static void mdata_make(mdata &m, const mcase &c, tu_rng *rng) {
                 part_lse_h(m, live)[q] = INFINITY;
             }
             ++found;
+        }
+    }
+    /* rows from the end that no injection above took and that are not the
+     * all -inf rows: every part's lse NaN (the max over live parts stays
+     * -inf, each weight exp(NaN + inf) is NaN); with more than 256 parts
+     * (distinct layouts: launches of 256), a row whose first launch has no
+     * live part (its state carries l = 0 and is not live) and a row whose
+     * later launches have none (the state alone reaches o) */
+    m.row_all_nan = m.row_head_empty = m.row_tail_empty = -1;
+    if (c.specials) {
+        auto taken = [&](int q) {
+            return q % 11 == 5 || q == m.row_nan_lse || q == m.row_nan_o || q == m.row_pinf || q == m.row_all_nan ||
+                   q == m.row_head_empty || q == m.row_tail_empty;
+        };
+        auto live_in = [&](int q, int i0, int i1) {
+            for (int i = i0; i < i1; ++i)
+                if (part_lse_h(m, i)[q] != -INFINITY) return true;
+            return false;
+        };
+        for (int q = m.rows - 1; q >= 0 && m.row_all_nan < 0; --q)
+            if (!taken(q)) {
+                m.row_all_nan = q;
+                for (int i = 0; i < P; ++i) part_lse_h(m, i)[q] = NAN;
+            }
+        if (P > 256) {
+            for (int q = m.rows - 1; q >= 0 && m.row_head_empty < 0; --q)
+                if (!taken(q) && live_in(q, 256, P)) {
+                    m.row_head_empty = q;
+                    for (int i = 0; i < 256; ++i) part_lse_h(m, i)[q] = -INFINITY;
+                }
+            for (int q = m.rows - 1; q >= 0 && m.row_tail_empty < 0; --q)
+                if (!taken(q) && live_in(q, 0, 256)) {
+                    m.row_tail_empty = q;
+                    for (int i = 256; i < P; ++i) part_lse_h(m, i)[q] = -INFINITY;
+                }
         }
     }
     dual_push(m.pool);
@@ -394,6 +435,24 @@ static int compare(const mdata &m, const uint8_t *got, const float *got_lse, int
         int n = 0;
         for (int e = 0; e < D; ++e) n += isnan(g[e]) != 0;
         TU_CHECK(n == D, "%s: an lse of +inf left %d of %d elements NaN", what, n, D);
+    }
+    if (m.row_all_nan >= 0) {
+        row_of(m.row_all_nan, g);
+        int n = 0;
+        for (int e = 0; e < D; ++e) n += isnan(g[e]) != 0;
+        TU_CHECK(n == D && (!with_lse || isnan(got_lse[m.row_all_nan])),
+                 "%s: NaN lse in every part left %d of %d elements NaN%s", what, n, D,
+                 with_lse && !isnan(got_lse[m.row_all_nan]) ? " and the row's lse not NaN" : "");
+    }
+    for (int q : {m.row_head_empty, m.row_tail_empty}) {
+        if (q < 0) continue;
+        row_of(q, g);
+        int fin = 0;
+        for (int e = 0; e < D; ++e) fin += isfinite(g[e]) != 0;
+        TU_CHECK(fin == D && (!with_lse || isfinite(got_lse[q])),
+                 "%s: a row with no live part in %s 256 parts: %d of %d elements finite, lse %g", what,
+                 q == m.row_head_empty ? "the first" : "all but the first", fin, D,
+                 with_lse ? (double)got_lse[q] : 0.0);
     }
     printf("  [%s] %s: worst error %.3g of the bound, Frobenius %.3g, %zu rows with no part\n",
            tu_failures == before ? "ok" : "FAIL", what, worst, fro, zero_rows);

@@ -4,15 +4,17 @@
  * over the parts whose lse_i is not -inf (include/fattn.h; the CPU engine is
  * src/cpu/merge.c).
  *
- * Precision.  The weights and their sum are computed in double (exp, log
- * and one division per row and part: cheap next to the row's O), each w_i
- * rounded once to f32; O is accumulated in f32 by fmaf, parts in index
- * order, multiplied by the f32 rounding of 1 / sum and rounded once to o's
- * dtype.  Against the CPU engine (double throughout, one rounding to f32):
- * an element of o differs by at most about (P + 4) u max_i |O_i| over its
- * row (u = 2^-24, P parts: one rounding per fmaf, each bounded by the
- * running sum, which never exceeds sum_i w_i |O_i|), typically ~u sqrt(P)
- * relative, plus one ulp of a 16-bit output; lse by an ulp or two.
+ * Precision: the policy of common/lse_combine.cuh, form (a), which the
+ * decoding kernel's split combine shares.  The weights and their sum are
+ * computed in double (exp, log and one division per row and part: cheap
+ * next to the row's O), each w_i rounded once to f32; O is accumulated in
+ * f32 by fma, parts in index order, multiplied by the f32 rounding of
+ * 1 / sum and rounded once to o's dtype.  Against the CPU engine (double
+ * throughout, one rounding to f32): an element of o differs by at most
+ * about (P + 4) u max_i |O_i| over its row (u = 2^-24, P parts: one
+ * rounding per fma, each bounded by the running sum, which never exceeds
+ * sum_i w_i |O_i|), typically ~u sqrt(P) relative, plus one ulp of a 16-bit
+ * output; lse by an ulp or two.
  * tests/gpu/test_merge.cu derives the bounds it checks.
  *
  * Work layout.  A thread holds a chunk of 8 consecutive elements of a row,
@@ -55,6 +57,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "../common/lse_combine.cuh"
 #include "../cuda_engine.h"
 
 #define MERGE_THREADS 256
@@ -171,7 +174,7 @@ __device__ __forceinline__ void merge_accumulate(float (&acc)[MERGE_CHUNK], floa
     if constexpr (PW == 4) {
         if (dt == FATTN_DTYPE_F32) {
 #pragma unroll
-            for (int e = 0; e < MERGE_CHUNK; ++e) acc[e] = fmaf(w, __uint_as_float(raw[e]), acc[e]);
+            for (int e = 0; e < MERGE_CHUNK; ++e) acc[e] = lse_accumulate(acc[e], w, __uint_as_float(raw[e]));
             return;
         }
     }
@@ -180,14 +183,14 @@ __device__ __forceinline__ void merge_accumulate(float (&acc)[MERGE_CHUNK], floa
         for (int e = 0; e < MERGE_CHUNK; ++e) {
             const uint32_t word = raw[e >> 1];
             const float x = __uint_as_float((e & 1) ? (word & 0xFFFF0000u) : (word << 16));
-            acc[e] = fmaf(w, x, acc[e]);
+            acc[e] = lse_accumulate(acc[e], w, x);
         }
     } else {
 #pragma unroll
         for (int e = 0; e < MERGE_CHUNK; ++e) {
             const uint32_t word = raw[e >> 1];
             const float x = __half2float(__ushort_as_half((unsigned short)((e & 1) ? word >> 16 : word & 0xFFFFu)));
-            acc[e] = fmaf(w, x, acc[e]);
+            acc[e] = lse_accumulate(acc[e], w, x);
         }
     }
 }
@@ -284,10 +287,10 @@ __global__ void __launch_bounds__(MERGE_THREADS, 3) merge_kernel(const __grid_co
     if (valid)
         for (int i = lr; i < n; i += lanes) {
             const float l = __ldg(p.plse[i] + q);
-            if (l != -INFINITY) any = 1, m = fmaxf(m, l);
+            if (lse_part_live(l)) any = 1, m = lse_running_max(m, l);
         }
     for (int off = lanes >> 1; off > 0; off >>= 1) {
-        m = fmaxf(m, __shfl_xor_sync(MERGE_FULL, m, off));
+        m = lse_running_max(m, __shfl_xor_sync(MERGE_FULL, m, off));
         any |= __shfl_xor_sync(MERGE_FULL, any, off);
     }
     /* the running state of earlier launches: a part of weight l_in exp(m_in - M) */
@@ -299,9 +302,9 @@ __global__ void __launch_bounds__(MERGE_THREADS, 3) merge_kernel(const __grid_co
         l_in = p.ws_l[q];
         st_live = !(l_in == 0.0); /* NaN: live */
     }
-    if (st_live) any = 1, m = fmaxf(m, m_in);
+    if (st_live) any = 1, m = lse_running_max(m, m_in);
     const double M = (double)m;
-    const double st_scale = st_live ? exp((double)m_in - M) : 0.0;
+    const double st_scale = st_live ? lse_part_weight(m_in, M) : 0.0;
 
     double lsum = 0.0, L = 0.0;
     const int64_t o_row = (int64_t)b * p.o_sb + (int64_t)s * p.o_ss + (int64_t)h * p.o_sh;
@@ -328,9 +331,9 @@ __global__ void __launch_bounds__(MERGE_THREADS, 3) merge_kernel(const __grid_co
             int live = 0;
             if (valid && i < n) {
                 const float l = __ldg(p.plse[i] + q);
-                if (l != -INFINITY) {
+                if (lse_part_live(l)) {
                     live = 1;
-                    const double wd = exp((double)l - M);
+                    const double wd = lse_part_weight(l, M);
                     w = (float)wd;
                     if (cp == 0) lsum += wd;
                 }
@@ -372,14 +375,14 @@ __global__ void __launch_bounds__(MERGE_THREADS, 3) merge_kernel(const __grid_co
         }
         if (p.final_out) {
             float v[MERGE_CHUNK];
-            const float inv = any ? (float)(1.0 / L) : 0.0f;
+            const float inv = lse_out_scale(any, L);
 #pragma unroll
-            for (int e = 0; e < MERGE_CHUNK; ++e) v[e] = any ? acc[e] * inv : 0.0f;
+            for (int e = 0; e < MERGE_CHUNK; ++e) v[e] = lse_out(any, acc[e], inv);
             if (has_chunk) {
                 const int esz = p.o_dtype == FATTN_DTYPE_F32 ? 4 : 2;
                 merge_store_chunk(p.o + o_row + (int64_t)e0 * esz, v, p.o_dtype, p.o_width, ne);
             }
-            if (cp == 0 && lr == 0 && valid && p.lse) p.lse[q] = any ? (float)(M + log(L)) : -INFINITY;
+            if (cp == 0 && lr == 0 && valid && p.lse) p.lse[q] = lse_out_lse(any, M, L);
         } else {
             __syncwarp(); /* every lane of the row has read the state before it is overwritten */
             if (has_chunk) {

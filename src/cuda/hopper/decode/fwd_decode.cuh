@@ -13,7 +13,8 @@
  *     warps' (max, sum, O) merged through shared memory at the end;
  *   - with more than one split each CTA writes its normalised partial O and
  *     LSE (fp32) to the context's workspace and fwd_decode_combine merges
- *     them, as fattn_merge does.
+ *     them with fattn_merge's arithmetic (common/lse_combine.cuh, form (a));
+ *     the warps' merge and the final normalisation are its form (b).
  * Keys past a sequence's length (seqused_k, or the block's tail) are masked
  * in S, and their V rows zeroed in shared memory before the PV product, so
  * whatever the cache holds there (NaN included) cannot reach O.
@@ -32,6 +33,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "../../common/lse_combine.cuh"
 #include "../../common/ptx.cuh"
 
 struct DecParams {
@@ -379,32 +381,28 @@ __device__ __forceinline__ void dec_epilogue(const DecParams &p, uint8_t *sm, fl
         const int mt = row / 16, rw = row % 16;
         float mm = -INFINITY;
 #pragma unroll
-        for (int x = 0; x < C::WN; ++x) mm = fmaxf(mm, ml[((mt * C::WN + x) * 16 + rw) * 2]);
+        for (int x = 0; x < C::WN; ++x) mm = lse_running_max(mm, ml[((mt * C::WN + x) * 16 + rw) * 2]);
         float L = 0.f;
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
         for (int x = 0; x < C::WN; ++x) {
             const int w = mt * C::WN + x;
             const float mx = ml[(w * 16 + rw) * 2];
-            const float wgt = mx == -INFINITY ? 0.f : exp2f((mx - mm) * sl2);
-            L += wgt * ml[(w * 16 + rw) * 2 + 1];
+            const float wgt = lse_rescale(mx, mm, sl2);
+            L = lse_accumulate(L, wgt, ml[(w * 16 + rw) * 2 + 1]);
             const float4 v = *(const float4 *)(scr + (w * 16 + rw) * D + 4 * c4);
-            acc.x += wgt * v.x, acc.y += wgt * v.y, acc.z += wgt * v.z, acc.w += wgt * v.w;
+            acc.x = lse_accumulate(acc.x, wgt, v.x), acc.y = lse_accumulate(acc.y, wgt, v.y);
+            acc.z = lse_accumulate(acc.z, wgt, v.z), acc.w = lse_accumulate(acc.w, wgt, v.w);
         }
         /* L == 0: the row saw no key (O 0, LSE -inf); NaN propagates */
-        float inv = L == 0.f ? 0.f : 1.f / L;
-        float lse = L == 0.f ? -INFINITY : mm * p.softmax_scale + logf(L);
+        float inv, lse;
+        lse_finish(L, mm, p.softmax_scale, inv, lse);
         if constexpr (C::LOCAL) {
             /* one split: the sink joins the sum here (FwdEpilogue's
              * finish_row_sink); several: in the combine */
             if (p.sink && p.splits == 1) {
-                const float sink = __ldg(p.sink + hk * p.group + (row - (row / p.group) * p.group));
-                inv = 0.f, lse = sink;
-                if (L != 0.f) {
-                    const float m = mm * p.softmax_scale, mx = sink > m ? sink : m;
-                    const float keep = __expf(m - mx), sum = L * keep + __expf(sink - mx);
-                    inv = keep / sum, lse = mx + __logf(sum);
-                }
+                lse_finish_sink(L, mm, p.softmax_scale, p.sink + hk * p.group + (row - (row / p.group) * p.group), inv,
+                                lse);
             }
         }
         acc.x *= inv, acc.y *= inv, acc.z *= inv, acc.w *= inv;
@@ -622,63 +620,115 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_CTAS)
     dec_epilogue<C>(p, sm, ml, oacc, mrow, lrow, warp, g, t, split, hk, b);
 }
 
-/* splits > 1: one warp per row merges the splits' partials (the
- * log-sum-exp merge of fattn_merge), in split order, in fp32 */
+/* splits > 1: one warp per row merges the splits' partials with
+ * fattn_merge's arithmetic (common/lse_combine.cuh, form (a)): lane k reads
+ * the LSE of splits k, k + 32, ... for the max and computes their weights
+ * (in double, one exp a split), the weights go round by shuffles, and each
+ * lane sums its D / 32 columns over the splits in split order by f32 fma,
+ * DEC_COMBINE_U splits' loads in flight.  A split that saw no key of the
+ * row (LSE -inf) is not read.  LOCAL: the sink is one more part, with O = 0. */
+#define DEC_COMBINE_U 4
+
+/* columns lane * PER .. + PER - 1 of a partial (16-byte loads where PER allows) */
+template <int PER>
+__device__ __forceinline__ void dec_combine_load(float (&x)[PER], const float *src) {
+    if constexpr (PER % 4 == 0) {
+#pragma unroll
+        for (int j = 0; j < PER; j += 4) {
+            const float4 v = *(const float4 *)(src + j);
+            x[j] = v.x, x[j + 1] = v.y, x[j + 2] = v.z, x[j + 3] = v.w;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < PER; j += 2) {
+            const float2 v = *(const float2 *)(src + j);
+            x[j] = v.x, x[j + 1] = v.y;
+        }
+    }
+}
+
 template <int D, bool BF16, bool LOCAL = false>
 __global__ void __launch_bounds__(128) fwd_decode_combine(const __grid_constant__ DecParams p) {
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    constexpr unsigned FULL = 0xffffffffu;
+    constexpr int PER = D / 32, U = DEC_COMBINE_U;
     const int gw = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
     const int nrow = p.batch * p.heads_kv * p.rows;
-    if (gw >= nrow) return;
+    if (gw >= nrow) return; /* the whole warp: gw is the warp's */
     const int row = gw % p.rows, bh = gw / p.rows, hk = bh % p.heads_kv, b = bh / p.heads_kv;
+    const int sq = row / p.group, h = hk * p.group + (row - sq * p.group);
     const int64_t sstride = (int64_t)p.batch * p.heads_kv * p.rows;
-    float mm = -INFINITY;
-    bool nan = false;
-    for (int i = 0; i < p.splits; ++i) {
-        const float l = p.ws_lse[i * sstride + gw];
-        nan = nan || l != l;
-        mm = fmaxf(mm, l);
+    const int n = p.splits;
+    const float *lse_at = p.ws_lse + gw; /* split i: lse_at[i * sstride] */
+
+    /* the max over the live splits (and the sink) */
+    float m = -INFINITY;
+    int any = 0;
+    for (int i = lane; i < n; i += 32) {
+        const float l = lse_at[i * sstride];
+        if (lse_part_live(l)) any = 1, m = lse_running_max(m, l);
     }
-    constexpr int PER = D / 32;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        m = lse_running_max(m, __shfl_xor_sync(FULL, m, off));
+        any |= __shfl_xor_sync(FULL, any, off);
+    }
+    float sink = -INFINITY; /* not live: no sink */
+    if constexpr (LOCAL) {
+        if (p.sink) {
+            sink = __ldg(p.sink + h);
+            if (lse_part_live(sink)) any = 1, m = lse_running_max(m, sink);
+        }
+    }
+    const double M = (double)m;
+
     float acc[PER];
 #pragma unroll
     for (int j = 0; j < PER; ++j) acc[j] = 0.f;
-    float L = 0.f;
-    if (mm != -INFINITY && !nan) {
-        for (int i = 0; i < p.splits; ++i) {
-            const float l = p.ws_lse[i * sstride + gw];
-            if (l == -INFINITY) continue; /* a split that saw no key of this row: its O is not read */
-            const float w = __expf(l - mm);
-            L += w;
-            const float *src = p.ws_o + (i * sstride + gw) * D + lane * PER;
+    double lsum = 0.0;
+    for (int t0 = 0; t0 < n; t0 += 32) {
+        /* lane k: the weight of split t0 + k */
+        const int i = t0 + lane;
+        float w = 0.f;
+        int live = 0;
+        if (i < n) {
+            const float l = lse_at[i * sstride];
+            if (lse_part_live(l)) {
+                live = 1;
+                const double wd = lse_part_weight(l, M);
+                w = (float)wd;
+                lsum += wd;
+            }
+        }
+        const uint32_t lm = __ballot_sync(FULL, live);
+        const int cnt = min(32, n - t0);
+        for (int j0 = 0; j0 < cnt; j0 += U) {
+            float wj[U], x[U][PER];
+            bool go[U];
 #pragma unroll
-            for (int j = 0; j < PER; j += 2) {
-                const float2 v = *(const float2 *)(src + j);
-                acc[j] += w * v.x;
-                acc[j + 1] += w * v.y;
+            for (int u = 0; u < U; ++u) {
+                wj[u] = __shfl_sync(FULL, w, (j0 + u) & 31);
+                go[u] = j0 + u < cnt && ((lm >> (j0 + u)) & 1u);
+#pragma unroll
+                for (int j = 0; j < PER; ++j) x[u][j] = 0.f;
+                if (go[u]) dec_combine_load<PER>(x[u], p.ws_o + ((t0 + j0 + u) * sstride + gw) * D + lane * PER);
             }
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+                if (go[u])
+#pragma unroll
+                    for (int j = 0; j < PER; ++j) acc[j] = lse_accumulate(acc[j], wj[u], x[u][j]);
         }
     }
-    float inv = nan ? NAN : L == 0.f ? 0.f : 1.f / L;
-    float lse = nan ? NAN : L == 0.f ? -INFINITY : mm + logf(L);
-    const int sq = row / p.group, h = hk * p.group + (row - sq * p.group);
-    if constexpr (LOCAL) {
-        /* the sink, once: with M = max(mm, sink) the partials' weights are
-         * exp(l_i - M) = w_i exp(mm - M), the sink's exp(sink - M); no key
-         * (L 0): O 0, LSE = sink; a NaN partial or sink: NaN */
-        if (p.sink && !nan) {
-            const float sink = __ldg(p.sink + h);
-            inv = 0.f, lse = sink;
-            if (L != 0.f) {
-                const float mx = sink > mm ? sink : mm;
-                const float keep = __expf(mm - mx), sum = L * keep + __expf(sink - mx);
-                inv = keep / sum, lse = mx + logf(sum);
-            }
-        }
-    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) lsum += __shfl_xor_sync(FULL, lsum, off);
+    if (lse_part_live(sink)) lsum += lse_part_weight(sink, M); /* LOCAL: the sink's weight, O = 0 */
+    const float inv = lse_out_scale(any, lsum), lse = lse_out_lse(any, M, lsum);
     uint16_t *o = (uint16_t *)p.o + b * p.o_sb + (int64_t)sq * p.o_ss + (int64_t)h * p.o_sh + lane * PER;
 #pragma unroll
-    for (int j = 0; j < PER; j += 2)
-        ((uint32_t *)o)[j / 2] = BF16 ? pack_bf16x2(acc[j] * inv, acc[j + 1] * inv) : pack_f16x2(acc[j] * inv, acc[j + 1] * inv);
+    for (int j = 0; j < PER; j += 2) {
+        const float lo = lse_out(any, acc[j], inv), hi = lse_out(any, acc[j + 1], inv);
+        ((uint32_t *)o)[j / 2] = BF16 ? pack_bf16x2(lo, hi) : pack_f16x2(lo, hi);
+    }
     if (lane == 0 && p.lse) p.lse[((int64_t)b * p.heads_q + h) * p.seqlen_q + sq] = lse;
 }

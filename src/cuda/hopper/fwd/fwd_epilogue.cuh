@@ -6,8 +6,10 @@
  *     next first QK^T, so the next tile's first loads go first);
  *   the empty tile (no key in sight): O = 0, LSE = -inf;
  *   SPLIT: a piece's partial (O, max, sum) to the workspace, and the merge of
- *     a tile's pieces by the warp that finishes last (v30, v36). */
+ *     a tile's pieces by the warp that finishes last (v30, v36).
+ * The merge and the finalize are common/lse_combine.cuh's form (b). */
 #pragma once
+#include "../../common/lse_combine.cuh"
 #include "../../common/ptx.cuh"
 #include "fwd_softmax.cuh"
 
@@ -115,13 +117,11 @@ struct FwdEpilogue {
         const float l = fwd_quad_sum(rsum[r]);
         /* l == 0: the row sees no key (LSE -inf, O 0); a NaN l (NaN or Inf in
          * its inputs) gives NaN for both, as the CPU engine does */
-        const bool seen = l != 0.f;
-        const float inv = seen ? (C::FP8 ? osc : 1.f) / l : 0.f;
+        const float inv = C::FP8 ? lse_finish_scale(l, osc) : lse_finish_scale(l);
         const int row = erow + r0 + 8 * r;
         if (p.lse && q4 == 0 && row_in(row))
-            p.lse[lse_index(eb, eh, row)] =
-                seen ? (C::FP8 ? (rmax[r] - 8.f) * 0.6931471805599453f : rmax[r] * p.softmax_scale) + logf(l)
-                     : -INFINITY;
+            p.lse[lse_index(eb, eh, row)] = C::FP8 ? lse_finish_lse(l, rmax[r] - 8.f, 0.6931471805599453f)
+                                                   : lse_finish_lse(l, rmax[r], p.softmax_scale);
         return inv;
     }
     /* LOCAL with a learnable sink (fattn_fwd_args; the CPU engine's
@@ -131,16 +131,8 @@ struct FwdEpilogue {
     __device__ __forceinline__ float finish_row_sink(int r, const float (&rmax)[2], const float (&rsum)[2], int eb,
                                                      int eh, int erow) const {
         const float l = fwd_quad_sum(rsum[r]);
-        const float sink = __ldg(loc->sink + eh);
-        float inv = 0.f, lse = sink;
-        if (l != 0.f) {
-            const float m = rmax[r] * p.softmax_scale;
-            const float mx = sink > m ? sink : m;
-            const float keep = __expf(m - mx);
-            const float sum = l * keep + __expf(sink - mx);
-            inv = keep / sum;
-            lse = mx + __logf(sum);
-        }
+        float inv, lse;
+        lse_finish_sink(l, rmax[r], p.softmax_scale, loc->sink + eh, inv, lse);
         const int row = erow + r0 + 8 * r;
         if (p.lse && q4 == 0 && row_in(row)) p.lse[lse_index(eb, eh, row)] = lse;
         return inv;
@@ -257,19 +249,19 @@ struct FwdEpilogue {
                 float fa[2], fb[2];
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
-                    const float mn = fmaxf(mm[r], mx[r]);
-                    fa[r] = mm[r] == -INFINITY ? 0.f : exp2f((mm[r] - mn) * c2);
-                    fb[r] = mx[r] == -INFINITY ? 0.f : exp2f((mx[r] - mn) * c2);
-                    l[r] = l[r] * fa[r] + lx[r] * fb[r];
+                    const float mn = lse_running_max(mm[r], mx[r]);
+                    fa[r] = lse_rescale(mm[r], mn, c2);
+                    fb[r] = lse_rescale(mx[r], mn, c2);
+                    l[r] = lse_rescale_add(l[r], fa[r], lx[r], fb[r]);
                     mm[r] = mn;
                 }
 #pragma unroll
                 for (int c = 0; c < C::DV / 8; ++c) {
                     const float4 v = __ldcg(src + c * 128);
-                    o[4 * c + 0] = o[4 * c + 0] * fa[0] + v.x * fb[0];
-                    o[4 * c + 1] = o[4 * c + 1] * fa[0] + v.y * fb[0];
-                    o[4 * c + 2] = o[4 * c + 2] * fa[1] + v.z * fb[1];
-                    o[4 * c + 3] = o[4 * c + 3] * fa[1] + v.w * fb[1];
+                    o[4 * c + 0] = lse_rescale_add(o[4 * c + 0], fa[0], v.x, fb[0]);
+                    o[4 * c + 1] = lse_rescale_add(o[4 * c + 1], fa[0], v.y, fb[0]);
+                    o[4 * c + 2] = lse_rescale_add(o[4 * c + 2], fa[1], v.z, fb[1]);
+                    o[4 * c + 3] = lse_rescale_add(o[4 * c + 3], fa[1], v.w, fb[1]);
                 }
             }
             /* store() sums its row sums over the quad */
