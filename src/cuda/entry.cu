@@ -518,7 +518,10 @@ extern "C" fattn_status fattn_cuda_fwd(fattn_ctx *ctx, const fattn_fwd_args *a) 
     } ints[] = {{a->seqused_k, "seqused_k"},
                 {a->block_table, "block_table"},
                 {a->p.cu_seqlens_q, "cu_seqlens_q"},
-                {a->p.cu_seqlens_k, "cu_seqlens_k"}};
+                {a->p.cu_seqlens_k, "cu_seqlens_k"},
+                {a->seqused_q, "seqused_q"},
+                {a->cache_batch_idx, "cache_batch_idx"},
+                {a->cache_leftpad, "cache_leftpad"}};
     for (const auto &x : ints) {
         if (!x.ptr) continue;
         if ((s = cuda_check_device_ptr(ctx, x.ptr, x.name)) != FATTN_OK) return s;
