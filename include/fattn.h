@@ -718,8 +718,10 @@ typedef struct fattn_fwd_args {
      *   [0, cache_batch), 0 <= cache_leftpad[b] <= end_b, and the table
      *   entries of the pages read inside [0, num_pages).
      * CUDA (Hopper forward, 16-bit): seqused_q with cu_seqlens_q (the
-     *   variable-length kernels); cache_batch_idx and cache_leftpad with
-     *   cu_seqlens_q alone on a dense cache (no block_table); the CUDA
+     *   variable-length kernels); cache_batch_idx with cu_seqlens_q alone
+     *   on a dense cache; cache_leftpad with cu_seqlens_q alone, on a dense
+     *   cache or a block table (whose pages are then gathered with
+     *   cp.async whatever their size, as small pages are); the CUDA
      *   backward (both engines) takes seqused_q with cu_seqlens_q and
      *   cu_seqlens_k (fattn_bwd_args).  Elsewhere, and in the portable
      *   engine's forward, they are UNSUPPORTED (the CPU engine serves them

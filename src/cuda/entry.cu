@@ -150,8 +150,9 @@ static const char *engine_words(const fattn_ctx *ctx, char *buf, size_t n) {
 
 /* FlashAttention-3's serving arguments of 0.4 (fattn.h, fattn_fwd_args):
  * the CPU engine serves them all; the Hopper forward's varlen kernels
- * (kv_cache_ok) serve seqused_q with cu_seqlens_q, and cache_batch_idx and
- * cache_leftpad with cu_seqlens_q alone on a dense cache (FwdVarlen); the
+ * (kv_cache_ok) serve seqused_q with cu_seqlens_q, cache_batch_idx with
+ * cu_seqlens_q alone on a dense cache, and cache_leftpad with cu_seqlens_q
+ * alone, dense or paged (paged: the gather, fwd_gather.cuh) (FwdVarlen); the
  * rest is refused by name rather than ignored.  (The backward's seqused_q
  * and seqused_k: bwd_check_seqused.) */
 static fattn_status check_serving_fields(fattn_ctx *ctx, const fattn_problem *p, const int32_t *seqused_q,
@@ -165,7 +166,7 @@ static fattn_status check_serving_fields(fattn_ctx *ctx, const fattn_problem *p,
     } fields[] = {{seqused_q, kv_cache_ok && p->cu_seqlens_q, "seqused_q", "with cu_seqlens_q"},
                   {cache_batch_idx, kv_cache && !block_table, "cache_batch_idx",
                    "with cu_seqlens_q alone on a dense cache"},
-                  {cache_leftpad, kv_cache && !block_table, "cache_leftpad", "with cu_seqlens_q alone on a dense cache"}};
+                  {cache_leftpad, kv_cache, "cache_leftpad", "with cu_seqlens_q alone"}};
     char who[48];
     for (int i = 0; i < COUNT(fields); ++i)
         if (fields[i].set && !fields[i].served)

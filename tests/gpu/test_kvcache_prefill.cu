@@ -177,11 +177,14 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const kcase &c) {
  * computes its first qused[b] queries; the rest of o and lse keep their
  * poison), cache_batch_idx (sequence b reads entry idx[b] of a cache of
  * cache_batch entries) and cache_leftpad (its keys are rows pad[b] ..
- * used[b] - 1), against the oracle on exactly those queries and keys. */
+ * used[b] - 1), against the oracle on exactly those queries and keys.
+ * page > 0 (no idx): the same cache as pages of a shuffled pool, the left
+ * pad counted through the block table (the gather path). */
 struct scase {
     std::vector<int> lq, used, qused, idx, pad; /* qused, idx, pad empty: off */
     int capacity, cache_batch, hq, hkv, d, causal;
     fattn_dtype dt;
+    int page = 0;
 };
 
 static void run_serving_case(fattn_ctx *ctx, tu_rng *rng, const scase &c) {
@@ -213,9 +216,31 @@ static void run_serving_case(fattn_ctx *ctx, tu_rng *rng, const scase &c) {
     CK(cudaMalloc(&dused, B * 4));
     tu_to_dtype(q.data(), nq, c.dt, h16.data());
     CK(cudaMemcpy(dq, h16.data(), nq * 2, cudaMemcpyHostToDevice));
-    tu_to_dtype(kc.data(), nc, c.dt, h16.data());
+    /* paged: entry b's rows j * page .. as pool page table[b][j], pages shuffled */
+    const int npp = c.page ? CAP / c.page : 0;
+    std::vector<int32_t> table((size_t)CB * npp);
+    std::vector<double> kpool, vpool;
+    int32_t *dtable = NULL;
+    if (c.page) {
+        TU_CHECK(c.idx.empty() && CAP % c.page == 0, "serving case: pages need no idx and whole pages");
+        std::vector<int32_t> perm((size_t)CB * npp);
+        for (size_t i = 0; i < perm.size(); ++i) perm[i] = (int32_t)i;
+        for (size_t i = perm.size() - 1; i > 0; --i) std::swap(perm[i], perm[(size_t)(tu_rng_uniform(rng) * (i + 1)) % (i + 1)]);
+        kpool.assign(nc, 0.0), vpool.assign(nc, 0.0);
+        for (int b = 0; b < CB; ++b)
+            for (int j = 0; j < npp; ++j) {
+                const int32_t pg = perm[(size_t)b * npp + j];
+                table[(size_t)b * npp + j] = pg;
+                const size_t src = ((size_t)b * CAP + (size_t)j * c.page) * row, dst = (size_t)pg * c.page * row;
+                std::copy(kc.begin() + src, kc.begin() + src + c.page * row, kpool.begin() + dst);
+                std::copy(vc.begin() + src, vc.begin() + src + c.page * row, vpool.begin() + dst);
+            }
+        CK(cudaMalloc(&dtable, table.size() * 4));
+        CK(cudaMemcpy(dtable, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+    }
+    tu_to_dtype((c.page ? kpool : kc).data(), nc, c.dt, h16.data());
     CK(cudaMemcpy(dk, h16.data(), nc * 2, cudaMemcpyHostToDevice));
-    tu_to_dtype(vc.data(), nc, c.dt, h16.data());
+    tu_to_dtype((c.page ? vpool : vc).data(), nc, c.dt, h16.data());
     CK(cudaMemcpy(dv, h16.data(), nc * 2, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dcq, cq.data(), (B + 1) * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dused, c.used.data(), B * 4, cudaMemcpyHostToDevice));
@@ -238,10 +263,14 @@ static void run_serving_case(fattn_ctx *ctx, tu_rng *rng, const scase &c) {
     a.lse = dlse;
     a.seqused_k = dused, a.seqused_q = dqused, a.cache_batch_idx = didx, a.cache_leftpad = dpad;
     if (didx) a.cache_batch = CB;
+    if (c.page) { /* a pool of pages: batch = page (fattn.h) */
+        a.block_table = dtable, a.page_size = c.page, a.num_pages = CB * npp, a.max_pages_per_seq = npp;
+        a.k.stride_batch = a.v.stride_batch = (int64_t)c.page * row;
+    }
     char what[240];
-    snprintf(what, sizeof what, "%s kv-cache serving b%d (q %d tokens) cap %d, entries %d h%d/%d d%d%s%s%s%s",
+    snprintf(what, sizeof what, "%s kv-cache serving b%d (q %d tokens) cap %d, entries %d h%d/%d d%d%s%s%s%s%s",
              fattn_dtype_name(c.dt), B, TQ, CAP, CB, HQ, HK, D, c.causal ? " causal" : "", dqused ? " seqused_q" : "",
-             didx ? " cache_batch_idx" : "", dpad ? " cache_leftpad" : "");
+             didx ? " cache_batch_idx" : "", dpad ? " cache_leftpad" : "", c.page ? " paged" : "");
     const fattn_status st = fattn_fwd(ctx, &a);
     TU_CHECK(st == FATTN_OK, "%s: %s: %s", what, fattn_status_string(st), fattn_last_error(ctx));
     const cudaError_t e = cudaDeviceSynchronize();
@@ -289,6 +318,7 @@ static void run_serving_case(fattn_ctx *ctx, tu_rng *rng, const scase &c) {
     if (dqused) cudaFree(dqused);
     if (didx) cudaFree(didx);
     if (dpad) cudaFree(dpad);
+    if (dtable) cudaFree(dtable);
 }
 
 int main(void) {
@@ -368,7 +398,11 @@ int main(void) {
         s2.idx = {5, 0, 5, 2}, s2.cache_batch = 6;     /* repeated entries, others unused */
         s3.pad = {3, 5, 0, 16};                        /* sequence 1: all its keys padded */
         s4.qused = {9, 0, 33, 1}, s4.idx = {1, 3, 2, 0}, s4.cache_batch = 4, s4.pad = {29, 0, 100, 2};
-        for (const scase *sc : {&s1, &s2, &s3, &s4}) run_serving_case(ctx, &rng, *sc);
+        /* the left pad through a block table: pages of 16 (TMA could take them, the pad
+         * sends them to the gather) and of 4, with seqused_q */
+        scase s5 = s3, s6 = s3;
+        s5.page = 16, s6.page = 4, s6.qused = {9, 0, 17, 1}, s6.pad = {29, 0, 100, 2};
+        for (const scase *sc : {&s1, &s2, &s3, &s4, &s5, &s6}) run_serving_case(ctx, &rng, *sc);
     }
     fattn_ctx_free(ctx);
     return tu_finish("gpu kv-cache prefill");

@@ -222,7 +222,9 @@ struct FwdProducer {
                 ring_wait_empty<C>(&sm.empty_k[s], ph ^ 1);
                 FWD_TRACE(21);
                 if constexpr (C::KVCACHE) {
-                    if (gathers()) post_job(s, b, hk, n * C::BN, seq.len_k); /* K and V: the gather warps */
+                    /* K and V: the gather warps, keys counted from the cache row's start
+                     * (seq.k0: the left pad) */
+                    if (gathers()) post_job(s, b, hk, seq.k0 + n * C::BN, seq.k0 + seq.len_k);
                     else load_k(s, n, hk, b, seq.k0);
                 } else {
                     load_k(s, n, hk, b, seq.k0);

@@ -322,8 +322,9 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, const
         if (C::KVCACHE) {
             rk = a->block_table ? a->page_size : pr->seqlen_k;
             bk = a->block_table ? a->num_pages : a->cache_batch_idx && a->cache_batch ? a->cache_batch : pr->batch;
-            /* pages: boxes that start on a swizzle atom, or 0: gathered, no key maps */
-            if (a->block_table) kv_box = fattn_page_box(C::BN, a->page_size);
+            /* pages: boxes that start on a swizzle atom, or 0: gathered, no key
+             * maps (a left pad shifts a sequence's keys off the page starts) */
+            if (a->block_table) kv_box = a->cache_leftpad ? 0 : fattn_page_box(C::BN, a->page_size);
         }
         vl_box = kv_box;
         if ((s = cuda_make_tensor_map(ctx, &tq, &a->q, C::D, rq, pr->heads_q, C::VARLEN ? 1 : pr->batch, 64, "q")) !=
