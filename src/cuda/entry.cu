@@ -182,6 +182,38 @@ static fattn_status check_serving_fields(fattn_ctx *ctx, const fattn_problem *p,
     return FATTN_OK;
 }
 
+/* The portable engine's shape limits, forward or backward: head_dim ==
+ * head_dim_v among the engine's head dims, its smallest ring in this GPU's
+ * shared memory, grids of at most 65535 batch entries and heads. */
+static fattn_status portable_shape_check(fattn_ctx *ctx, const fattn_problem *p, bool bwd) {
+    const int sm = ((const fattn_cuda_state *)ctx->cuda)->sm;
+    const char *eng = bwd ? "the portable CUDA engine's backward" : "the portable CUDA engine";
+    char list[64];
+    if (p->head_dim != p->head_dim_v)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED, "head_dim %d != head_dim_v %d is not supported by %s (sm_%d)",
+                          p->head_dim, p->head_dim_v, eng, sm);
+    const int *dims = bwd ? bwd_portable_head_dims : fwd_portable_head_dims;
+    const int ndims = bwd ? COUNT(bwd_portable_head_dims) : COUNT(fwd_portable_head_dims);
+    bool ok = false;
+    for (int i = 0; i < ndims; ++i) ok = ok || p->head_dim == dims[i];
+    if (!ok)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED, "head_dim %d is not supported by %s (sm_%d); supported: %s",
+                          p->head_dim, eng, sm, list_ints(list, sizeof list, dims, ndims));
+    const int optin = ((const fattn_cuda_state *)ctx->cuda)->smem_optin;
+    const int need = bwd ? bwd_portable_smem_need(p->head_dim, optin) : fwd_portable_smem_need(p->head_dim, optin);
+    if (need)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                          "head_dim %d: the %s of the portable CUDA engine (sm_%d) needs %d bytes of shared memory "
+                          "per block; this GPU allows %d%s",
+                          p->head_dim, bwd ? "backward" : "forward", sm, need, optin,
+                          bwd ? " (its forward runs; the CPU engine serves the backward)" : "");
+    /* grids (query tiles or key blocks, heads, batch) */
+    if (p->batch > 65535 || p->heads_q > 65535)
+        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED, "batch %d, heads_q %d: %s takes at most 65535 of each",
+                          p->batch, p->heads_q, bwd ? "the portable CUDA backward" : "the portable CUDA engine");
+    return FATTN_OK;
+}
+
 /* The portable engine (portable/fwd_portable.cuh) on this context's GPU:
  * 16-bit inputs, head_dim == head_dim_v of fwd_portable_head_dims (64, 128,
  * 192, 256), causal,
@@ -190,7 +222,6 @@ static fattn_status check_serving_fields(fattn_ctx *ctx, const fattn_problem *p,
 static fattn_status portable_fwd_check(fattn_ctx *ctx, const fattn_fwd_args *a) {
     const fattn_problem *p = &a->p;
     const int sm = ((const fattn_cuda_state *)ctx->cuda)->sm;
-    char list[64];
     if (a->q.dtype != FATTN_DTYPE_BF16 && a->q.dtype != FATTN_DTYPE_F16)
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                           "q.dtype %s is not supported by the portable CUDA engine (sm_%d)%s; supported: bf16, f16",
@@ -204,28 +235,7 @@ static fattn_status portable_fwd_check(fattn_ctx *ctx, const fattn_fwd_args *a) 
     if (a->block_table)
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                           "block_table: the portable CUDA engine (sm_%d) has no paged KV cache yet", sm);
-    if (p->head_dim != p->head_dim_v)
-        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                          "head_dim %d != head_dim_v %d is not supported by the portable CUDA engine (sm_%d)",
-                          p->head_dim, p->head_dim_v, sm);
-    bool ok = false;
-    for (int i = 0; i < COUNT(fwd_portable_head_dims); ++i) ok = ok || p->head_dim == fwd_portable_head_dims[i];
-    if (!ok)
-        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                          "head_dim %d is not supported by the portable CUDA engine (sm_%d); supported: %s",
-                          p->head_dim, sm, list_ints(list, sizeof list, fwd_portable_head_dims, COUNT(fwd_portable_head_dims)));
-    const int optin = ((const fattn_cuda_state *)ctx->cuda)->smem_optin;
-    const int need = fwd_portable_smem_need(p->head_dim, optin);
-    if (need)
-        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                          "head_dim %d: the forward of the portable CUDA engine (sm_%d) needs %d bytes of shared memory "
-                          "per block; this GPU allows %d",
-                          p->head_dim, sm, need, optin);
-    if (p->batch > 65535 || p->heads_q > 65535)
-        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                          "batch %d, heads_q %d: the portable CUDA engine takes at most 65535 of each", p->batch,
-                          p->heads_q);
-    return FATTN_OK;
+    return portable_shape_check(ctx, p, false);
 }
 
 extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_args *a) {
@@ -357,7 +367,6 @@ static const int bwd_head_dims[] = {64, 96, 128, 192, 256};
 static fattn_status portable_bwd_check(fattn_ctx *ctx, const fattn_bwd_args *a) {
     const fattn_problem *p = &a->p;
     const int sm = ((const fattn_cuda_state *)ctx->cuda)->sm;
-    char list[64];
     if (a->q.dtype != FATTN_DTYPE_BF16 && a->q.dtype != FATTN_DTYPE_F16)
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                           "q.dtype %s is not supported by the portable CUDA engine's backward (sm_%d); supported: "
@@ -370,29 +379,8 @@ static fattn_status portable_bwd_check(fattn_ctx *ctx, const fattn_bwd_args *a) 
                           "%s: the portable CUDA engine (sm_%d) has no backward variants (window, softcap, dsink) "
                           "yet; the Hopper engine and the CPU engine serve them",
                           p->window ? "window" : p->softcap != 0.0f ? "softcap" : "dsink", sm);
-    if (p->head_dim != p->head_dim_v)
-        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                          "head_dim %d != head_dim_v %d is not supported by the portable CUDA engine's backward (sm_%d)",
-                          p->head_dim, p->head_dim_v, sm);
-    bool ok = false;
-    for (int i = 0; i < COUNT(bwd_portable_head_dims); ++i) ok = ok || p->head_dim == bwd_portable_head_dims[i];
-    if (!ok)
-        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                          "head_dim %d is not supported by the portable CUDA engine's backward (sm_%d); supported: %s",
-                          p->head_dim, sm,
-                          list_ints(list, sizeof list, bwd_portable_head_dims, COUNT(bwd_portable_head_dims)));
-    const int optin = ((const fattn_cuda_state *)ctx->cuda)->smem_optin;
-    const int need = bwd_portable_smem_need(p->head_dim, optin);
-    if (need)
-        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                          "head_dim %d: the backward of the portable CUDA engine (sm_%d) needs %d bytes of shared memory "
-                          "per block; this GPU allows %d (its forward runs; the CPU engine serves the backward)",
-                          p->head_dim, sm, need, optin);
-    /* grids (key blocks, heads_kv, batch) and, varlen, (query blocks, heads_q, batch) */
-    if (p->batch > 65535 || p->heads_q > 65535)
-        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                          "batch %d, heads_q %d: the portable CUDA backward takes at most 65535 of each", p->batch,
-                          p->heads_q);
+    fattn_status sc = portable_shape_check(ctx, p, true);
+    if (sc != FATTN_OK) return sc;
     /* the workspace's 64-row blocks are counted in an int */
     if ((p->cu_seqlens_q || p->cu_seqlens_k) && (int64_t)p->heads_q * ((p->total_q + 64LL * p->batch) / 64 + 1) > INT32_MAX)
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
