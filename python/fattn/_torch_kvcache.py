@@ -299,6 +299,17 @@ def _check_kv8(q, k_cache, v_cache, k_scale, v_scale):
     return True
 
 
+def _batch_idx_rows(cache_batch_idx, page_table, b, device):
+    """(cache_batch_idx, page_table) for the kernels: the index as int32 [b] on device; with a page table
+    it picks each sequence's row of the table (FA3's meaning), and is then not passed on (None)."""
+    if cache_batch_idx is None:
+        return None, page_table
+    cache_batch_idx = _int32_on(cache_batch_idx, "cache_batch_idx", device, (b,))
+    if page_table is None:
+        return cache_batch_idx, None
+    return None, page_table[cache_batch_idx.long()].contiguous()
+
+
 def _cache_index(page_table, cache_seqlens, b, device):
     """page_table [b, max_pages] and cache_seqlens ([b] tensor or an int) of b sequences as contiguous int32
     tensors on device (None stays None); TypeError / ValueError naming the argument otherwise."""
@@ -360,14 +371,10 @@ def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale,
         raise ValueError("fattn: q must be 4-D [batch, seqlen, heads, head_dim], got shape %s" % (tuple(q.shape),))
     sink = _sink_tensor(learnable_sink, q)
     b = q.shape[0]
-    if cache_batch_idx is not None:
-        cache_batch_idx = _int32_on(cache_batch_idx, "cache_batch_idx", q.device, (b,))
-        if page_table is not None:  # FA3: the index picks each sequence's row of the page table
-            page_table = page_table[cache_batch_idx.long()].contiguous()
-            cache_batch_idx = None
-        elif k_scale is not None:
-            raise NotImplementedError("fattn.flash_attn_with_kvcache: cache_batch_idx on a contiguous FP8 KV cache "
-                                      "is not supported by fattn")
+    cache_batch_idx, page_table = _batch_idx_rows(cache_batch_idx, page_table, b, q.device)
+    if cache_batch_idx is not None and k_scale is not None:
+        raise NotImplementedError("fattn.flash_attn_with_kvcache: cache_batch_idx on a contiguous FP8 KV cache "
+                                  "is not supported by fattn")
     page_table, cache_seqlens = _cache_index(page_table, cache_seqlens, b, q.device)
     if k is not None and cache_seqlens is None:
         raise ValueError("fattn: k and v (rows to append) need cache_seqlens (where each sequence's rows go), as "
@@ -428,11 +435,7 @@ def _kvcache_varlen(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softma
         raise ValueError("fattn: cu_seqlens_q needs max_seqlen_q, an int >= every sequence's query count (the "
                          "lengths are not read on the host), got %r" % (max_seqlen_q,))
     sink = _sink_tensor(learnable_sink, q)
-    if cache_batch_idx is not None:
-        cache_batch_idx = _int32_on(cache_batch_idx, "cache_batch_idx", q.device, (b,))
-        if page_table is not None:  # FA3: the index picks each sequence's row of the page table
-            page_table = page_table[cache_batch_idx.long()].contiguous()
-            cache_batch_idx = None
+    cache_batch_idx, page_table = _batch_idx_rows(cache_batch_idx, page_table, b, q.device)
     if cache_leftpad is not None:
         cache_leftpad = _int32_on(cache_leftpad, "cache_leftpad", q.device, (b,))
     page_table, cache_seqlens = _cache_index(page_table, cache_seqlens, b, q.device)
