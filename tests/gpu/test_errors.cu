@@ -131,6 +131,8 @@ int main(void) {
     expect(ctx, &a, FATTN_ERROR_INVALID_ARGUMENT, "cu_seqlens_q", "varlen with host cu_seqlens on a CUDA context");
     a = good; a.p.cu_seqlens_q = a.p.cu_seqlens_k = cu; a.p.total_q = a.p.total_k = S; a.seqused_q = host_cu;
     expect(ctx, &a, FATTN_ERROR_INVALID_ARGUMENT, "seqused_q", "varlen with a host seqused_q on a CUDA context");
+    a = good; a.p.cu_seqlens_q = cu; a.p.total_q = S; a.cache_leftpad = host_cu;
+    expect(ctx, &a, FATTN_ERROR_INVALID_ARGUMENT, "cache_leftpad", "a host cache_leftpad on a CUDA context");
     a = good; a.p.cu_seqlens_q = a.p.cu_seqlens_k = cu; a.p.total_q = a.p.total_k = S;
     a.p.batch = 100000; a.p.seqlen_q = 1 << 24;
     expect(ctx, &a, FATTN_ERROR_UNSUPPORTED, "2^31 - 1 tiles", "varlen tiles past int32 (batch x longest x heads)");
