@@ -550,14 +550,21 @@ typedef struct fattn_problem {
  * unspecified values).
  * Engines: CPU: every shape, variant and serving field of fattn_fwd, any
  *   seqlen_q (the prefill of a cache is one call), f32 arithmetic on the
- *   dequantised rows, as for every dtype.  CUDA (Hopper): the decoding
- *   kernel's shapes only: fixed-length batches, q f16 | bf16, seqlen_q <=
- *   16 and seqlen_q * heads_q / heads_kv <= 64 (16 at head_dim 256),
- *   head_dim == head_dim_v in {64, 128, 256}, contiguous or paged (page_size
- *   a power of two >= 8), seqused_k, causal and the variants as for 16-bit
- *   caches; k and v 16-byte aligned with strides multiples of 16 bytes
- *   (TMA).  Other shapes, and the portable engine, are UNSUPPORTED until
- *   the paged prefill kernel exists (the CPU engine serves them).  The
+ *   dequantised rows, as for every dtype.  CUDA (Hopper), q f16 | bf16,
+ *   head_dim == head_dim_v in {64, 128, 256}, k and v 16-byte aligned with
+ *   strides multiples of 16 bytes, causal, seqused_k and the variants as
+ *   for 16-bit caches:
+ *   - fixed-length batches: the decoding kernel's shapes, seqlen_q <= 16
+ *     and seqlen_q * heads_q / heads_kv <= 64 (16 at head_dim 256),
+ *     contiguous or paged (page_size a power of two >= 8);
+ *   - variable-length queries on the cache (cu_seqlens_q alone): any
+ *     query counts, contiguous or paged with any page_size, and
+ *     cache_batch_idx, cache_leftpad and seqused_q as for 16-bit caches.
+ *     These kernels stage each key block in q's type: a row's codes times
+ *     its scale, the f32 product rounded once to q's type (f16 q: values
+ *     past 65504 become Inf), then the 16-bit kernels' arithmetic.
+ *   Other shapes, cu_seqlens_k, and the portable engine are UNSUPPORTED
+ *   (the CPU engine serves them).  In the decoding kernel the
  *   codes are converted exactly to q's 16-bit type; K's scale multiplies
  *   the f32 scores, V's multiplies P before P is rounded to q's type for
  *   the PV product (the FP8 forward's v scale placement), so the result

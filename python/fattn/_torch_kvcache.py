@@ -91,7 +91,7 @@ def _kvcache_impl(q, k_cache, v_cache, k, v, cache_seqlens, page_table, causal, 
             # more query rows, or pages, than the CUDA decoding kernel takes (it wants page sizes 2^k >= 8):
             # the same call as varlen queries on the cache (cu_seqlens_q alone: the varlen kernels' KV-cache
             # instances, any page size), whose LSE is [hq, b * sq]
-            if not (q.is_cuda and scales is None and q.is_contiguous() and out.is_contiguous() and dims.sq > 0):
+            if not (q.is_cuda and q.is_contiguous() and out.is_contiguous() and dims.sq > 0):
                 raise
             lse_v = torch.empty((dims.hq, dims.b * dims.sq), dtype=torch.float32, device=q.device)
             cu_q = torch.arange(0, (dims.b + 1) * dims.sq, dims.sq, dtype=torch.int32, device=q.device)
@@ -225,12 +225,13 @@ def fwd_kvcache_varlen(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
                        causal: bool, softmax_scale: float, window_left: int = -1, window_right: int = -1,
                        softcap: float = 0.0, learnable_sink: Optional[torch.Tensor] = None,
                        cache_batch_idx: Optional[torch.Tensor] = None,
-                       cache_leftpad: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                       cache_leftpad: Optional[torch.Tensor] = None, k_scale: Optional[torch.Tensor] = None,
+                       v_scale: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Varlen queries on a KV cache (chunked prefill; fattn_fwd with cu_seqlens_q alone): q [total_q, hq,
     d] packed by cu_seqlens_q (int32 [b + 1]), sequence b attending its first cache_seqlens[b] keys of the
     cache (None: all), causal bottom-right aligned on them.  cache_batch_idx and cache_leftpad (int32 [b]) as
-    fwd_kvcache's.  (out [total_q, hq, dv], lse [hq, total_q] float32, the sink included).  No append (the
-    caller's kv_append_rows comes first), no autograd."""
+    fwd_kvcache's; k_scale, v_scale: an FP8 cache's (_check_kv8).  (out [total_q, hq, dv], lse [hq, total_q]
+    float32, the sink included).  No append (the caller's kv_append_rows comes first), no autograd."""
     b, total_q = cu_seqlens_q.shape[0] - 1, q.shape[0]
     kv = _core.check_kvcache_shapes((b, max_seqlen_q) + tuple(q.shape[1:]), k_cache.shape, v_cache.shape, None,
                                     None, None if page_table is None else page_table.shape,
@@ -244,10 +245,12 @@ def fwd_kvcache_varlen(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     q, qd = _readable(q.unsqueeze(0), "q")
     kcd, vcd = _cache_desc(k_cache, "k_cache"), _cache_desc(v_cache, "v_cache")
     od = _core.describe(out.unsqueeze(0), "out")
+    scales = None if k_scale is None else (k_scale.data_ptr(), _kv8_scale_block(k_scale, k_cache),
+                                           v_scale.data_ptr(), _kv8_scale_block(v_scale, v_cache))
     a = _core.fwd_kvcache_struct(kv, qd, kcd, vcd, od, lse.data_ptr(), causal, softmax_scale,
                                  cache_seqlens.data_ptr() if cache_seqlens is not None else None,
                                  page_table.data_ptr() if page_table is not None else None,
-                                 _variants(window_left, window_right, softcap, sink), None,
+                                 _variants(window_left, window_right, softcap, sink), scales,
                                  cache_batch_idx.data_ptr() if cache_batch_idx is not None else None,
                                  k_cache.shape[0],
                                  cache_leftpad.data_ptr() if cache_leftpad is not None else None)
@@ -366,7 +369,7 @@ def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale,
     if cu_seqlens_q is not None:
         return _kvcache_varlen(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale, causal,
                                window_size, softcap, learnable_sink, k_scale, cu_seqlens_q, max_seqlen_q,
-                               cache_batch_idx, cache_leftpad, cu_seqlens_k_new)
+                               cache_batch_idx, cache_leftpad, cu_seqlens_k_new, v_scale)
     if q.dim() != 4:
         raise ValueError("fattn: q must be 4-D [batch, seqlen, heads, head_dim], got shape %s" % (tuple(q.shape),))
     sink = _sink_tensor(learnable_sink, q)
@@ -418,12 +421,9 @@ def _check_packed_new(k, v, cu_seqlens_k_new, b, dims, device):
 
 def _kvcache_varlen(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale, causal, window_size, softcap,
                     learnable_sink, k_scale, cu_seqlens_q, max_seqlen_q, cache_batch_idx=None, cache_leftpad=None,
-                    cu_seqlens_k_new=None):
+                    cu_seqlens_k_new=None, v_scale=None):
     """kvcache with cu_seqlens_q: varlen queries on the cache (fwd_kvcache_varlen), after the append of k, v
     ([b, s_new, hkv, d], or packed with cu_seqlens_k_new) by indexing (kv_append_rows)."""
-    if k_scale is not None:
-        raise NotImplementedError("fattn.flash_attn_with_kvcache: cu_seqlens_q on an FP8 KV cache is not supported "
-                                  "by fattn yet (its kernels serve the decoding shapes only)")
     if q.dim() != 3:
         raise ValueError("fattn: with cu_seqlens_q, q must be packed [total_q, heads, head_dim], got shape %s"
                          % (tuple(q.shape),))
@@ -459,4 +459,5 @@ def _kvcache_varlen(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softma
                                                        cache_batch_idx, cu_k_new)
     wl, wr = window_size if window_size is not None else (-1, -1)
     return fwd_kvcache_varlen(q, k_cache, v_cache, cu, cache_seqlens, page_table, int(max_seqlen_q), bool(causal),
-                              scale, int(wl), int(wr), float(softcap), sink, cache_batch_idx, cache_leftpad)
+                              scale, int(wl), int(wr), float(softcap), sink, cache_batch_idx, cache_leftpad,
+                              k_scale, v_scale)

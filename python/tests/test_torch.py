@@ -2137,7 +2137,7 @@ class KvCache8Cuda(unittest.TestCase):
     """The FP8 cache on CUDA tensors (the decoding kernel's KV8 instances and the CUDA fattn_kv_append): bf16
     and f16 q, head dim 128, GQA 8/2; the output within 2e-2 of the float64 reference over the dequantised
     cache; the caches and scales after an append bit for bit those of the same call on CPU copies (one
-    quantiser); shapes past the decoding kernel refused (no paged prefill yet)."""
+    quantiser); longer queries on the paged prefill's KV8 instances."""
 
     def test_matches_reference_and_cpu(self):
         for paged in (False, True):
@@ -2151,15 +2151,30 @@ class KvCache8Cuda(unittest.TestCase):
                             self.assertTrue(torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
                                                         b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b))
 
-    def test_prefill_refused(self):
-        kc, vc, table = kv_setup(True, cap=64, d=128, device="cuda")
-        kc8, ks = kv8_quantise(kc, True)
+    def test_prefill(self):
+        """32 query rows (past the decoding kernel): the paged prefill's KV8 instances, through the same
+        call (fixed-length queries become a varlen batch on the cache), and cu_seqlens_q directly."""
+        g = KvCache8("run_case")
+        for paged in (False, True):
+            for per_token in (False, True):
+                for causal, dtype in ((True, torch.bfloat16), (False, torch.float16)):
+                    g.run_case(paged, per_token, True, 32, causal, dtype, device="cuda", d=128)
+        for d in (64, 256):
+            g.run_case(True, True, False, 20, True, torch.bfloat16, device="cuda", d=d)
+        kc, vc, table = kv_setup(True, cap=64, d=128, page=4, device="cuda", seed=5)
+        kc8, ks = kv8_quantise(kc, False)
         vc8, vs = kv8_quantise(vc, True)
-        q = torch.randn(3, 32, 8, 128, device="cuda", dtype=torch.bfloat16)
-        with self.assertRaisesRegex(fattn.FattnUnsupportedError, "paged prefill"):
-            fattn.flash_attn_with_kvcache(q, kc8, vc8, cache_seqlens=torch.full((3,), 40, dtype=torch.int32,
-                                                                                device="cuda"),
-                                          page_table=table, k_scale=ks, v_scale=vs)
+        lens = torch.tensor([30, 64, 9], dtype=torch.int32)
+        cu = torch.tensor([0, 5, 45, 54], dtype=torch.int32)
+        q = torch.randn(54, 8, 128, device="cuda", dtype=torch.bfloat16)
+        o = fattn.flash_attn_with_kvcache(q, kc8, vc8, cache_seqlens=lens.cuda(), page_table=table, causal=True,
+                                          cu_seqlens_q=cu.cuda(), max_seqlen_q=40, k_scale=ks, v_scale=vs)
+        kvals, vvals = kv8_values(kc8.cpu(), ks.cpu()), kv8_values(vc8.cpu(), vs.cpu())
+        for bi in range(3):
+            a, e = int(cu[bi]), int(cu[bi + 1])
+            want, _, _, _ = kvcache_reference(q[a:e].cpu().double()[None], kvals, vvals, None, None,
+                                              lens[bi:bi + 1], table[bi:bi + 1].cpu(), True)
+            self.assertLess(rel(o[a:e].cpu()[None], want), 2e-2, "varlen sequence %d" % bi)
 
 
 class Varlen(unittest.TestCase):

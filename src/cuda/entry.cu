@@ -106,10 +106,11 @@ static fattn_status check_fwd_variants(fattn_ctx *ctx, const fattn_fwd_args *a) 
 }
 
 /* An FP8 KV cache (fattn.h 0.5): e4m3 k and v with f16 / bf16 q, served by
- * the decoding kernel's KV8 instances (fwd_decode_kv8.cu) only: the shapes
- * that need the paged prefill kernel, which does not exist yet, are refused
- * here by name (the CPU engine serves them).  Any scale_block: the kernel
- * looks each key's scale up. */
+ * the decoding kernel's KV8 instances (fwd_decode_kv8.cu) on fixed-length
+ * batches of its shapes, and by the KV-cache varlen kernels' KV8 instances
+ * (fwd_sm90_kvcache_kv8.cu: varlen queries, cu_seqlens_q alone, any query
+ * count) at head dims 64, 128 and 256.  Any scale_block: the kernels look
+ * each key's scale up. */
 static fattn_status check_fwd_kv8(fattn_ctx *ctx, const fattn_fwd_args *a) {
     const fattn_problem *p = &a->p;
     if (a->q.dtype != FATTN_DTYPE_BF16 && a->q.dtype != FATTN_DTYPE_F16)
@@ -117,17 +118,25 @@ static fattn_status check_fwd_kv8(fattn_ctx *ctx, const fattn_fwd_args *a) {
                           "an FP8 KV cache with q.dtype %s is not supported by the CUDA engine: q bf16 or f16 (the "
                           "CPU engine also takes f32)",
                           fattn_dtype_name(a->q.dtype));
-    if (p->cu_seqlens_q || p->cu_seqlens_k)
+    if (p->cu_seqlens_k)
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                          "an FP8 KV cache (e4m3 k and v) with cu_seqlens is not supported by the CUDA engine: its "
-                          "decoding kernel takes fixed-length batches, and the paged prefill kernel that would take "
-                          "variable-length queries does not exist yet (the CPU engine serves them)");
+                          "an FP8 KV cache (e4m3 k and v) with cu_seqlens_k (packed keys) is not supported by the "
+                          "CUDA engine: a cache is read by batch entry or page (cu_seqlens_q alone; the CPU engine "
+                          "serves packed keys)");
+    if (p->cu_seqlens_q) {
+        if (p->head_dim != p->head_dim_v || (p->head_dim != 64 && p->head_dim != 128 && p->head_dim != 256))
+            return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                              "an FP8 KV cache with cu_seqlens_q at head_dim %d (head_dim_v %d): the CUDA engine's "
+                              "prefill kernels take head_dim == head_dim_v in {64, 128, 256}",
+                              p->head_dim, p->head_dim_v);
+        return FATTN_OK;
+    }
     if (!fwd_decode_eligible(a))
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                          "an FP8 KV cache (e4m3 k and v) is served on the CUDA engine by the decoding kernel only: "
-                          "seqlen_q <= %d and seqlen_q * heads_q / heads_kv <= %d at head_dim %d (here %d and %d); the "
-                          "paged prefill kernel that would serve longer queries does not exist yet (the CPU engine "
-                          "serves any seqlen_q)",
+                          "an FP8 KV cache (e4m3 k and v) on a fixed-length batch is served on the CUDA engine by the "
+                          "decoding kernel: seqlen_q <= %d and seqlen_q * heads_q / heads_kv <= %d at head_dim %d "
+                          "(here %d and %d); longer queries go as a variable-length batch (cu_seqlens_q on the "
+                          "cache, as flash_attn_with_kvcache sends them)",
                           FWD_DECODE_MAX_SEQLEN_Q, fwd_decode_max_rows_of(a), p->head_dim, p->seqlen_q,
                           p->seqlen_q * (p->heads_q / p->heads_kv));
     return FATTN_OK;

@@ -20,6 +20,9 @@
  * poisoned with NaN bytes; tolerances: gpu_check_fwd (gpu_testutil.h), the
  * dense forward's.  Also FlashAttention-3's seqused_q, cache_batch_idx and
  * cache_leftpad on a dense cache (rows past seqused_q keep their poison).
+ * An FP8 cache (e4m3 k and v beside 16-bit q, fattn.h): scales per (page or
+ * sequence, kv head) and per (token, kv head), amax / 448; the oracle sees
+ * what the kernel stages, code x scale rounded to q's dtype (fattn.h).
  * Exit 77 without a Hopper GPU (FATTN_REQUIRE_GPU=1: a failure);
  * FATTN_TEST_SMALL=1: the small cases only (compute-sanitizer). */
 #include <cuda_runtime.h>
@@ -44,7 +47,56 @@ struct kcase {
     int window = 0, wl = 0, wr = 0;
     float softcap = 0.f;
     int wild_pages = 0; /* table entries past the used keys outside the pool */
+    int kv8 = 0;        /* an FP8 cache: 1 scales per page (dense: sequence) and kv head, 2 per token */
 };
+
+/* KV8: the stored cache x (entries of `rows` rows [rows, hk, d]) as e4m3
+ * codes with float32 scales amax / 448 (floored at FLT_MIN) per (entry, kv
+ * head) or per (entry, kv head, row): fattn_tensor's layout; x becomes what
+ * the kernel stages, f32(code) x scale rounded to f32, then to dt */
+struct kv8_store {
+    std::vector<uint8_t> codes;
+    std::vector<float> scales;
+    int scale_block;
+};
+static kv8_store kv8_quantise(std::vector<double> &x, int entries, int rows, int hk, int d, int per_token,
+                              fattn_dtype dt) {
+    kv8_store st;
+    const int nb = per_token ? rows : 1;
+    st.scale_block = per_token ? 1 : rows;
+    st.codes.resize(x.size());
+    st.scales.assign((size_t)entries * hk * nb, 0.f);
+    for (int e = 0; e < entries; ++e)
+        for (int h = 0; h < hk; ++h)
+            for (int b = 0; b < nb; ++b) {
+                const int r0 = per_token ? b : 0, r1 = per_token ? b + 1 : rows;
+                double amax = 0;
+                for (int r = r0; r < r1; ++r)
+                    for (int i = 0; i < d; ++i) amax = std::max(amax, fabs(x[(((size_t)e * rows + r) * hk + h) * d + i]));
+                const float sc = std::max((float)(amax / 448.0), 1.17549435e-38f);
+                st.scales[((size_t)e * hk + h) * nb + b] = sc;
+                for (int r = r0; r < r1; ++r)
+                    for (int i = 0; i < d; ++i) {
+                        const size_t at = (((size_t)e * rows + r) * hk + h) * d + i;
+                        const uint8_t code = fattn_f32_to_e4m3((float)x[at] / sc);
+                        st.codes[at] = code;
+                        x[at] = (double)(fattn_e4m3_to_f32(code) * sc);
+                    }
+            }
+    tu_round_to(x.data(), x.size(), dt);
+    return st;
+}
+/* KV8: a tensor's codes and scales on the device (freed by kv8_free) */
+static void kv8_upload(const kv8_store &st, fattn_tensor *t) {
+    void *dc;
+    float *ds;
+    CK(cudaMalloc(&dc, st.codes.size()));
+    CK(cudaMalloc(&ds, st.scales.size() * 4));
+    CK(cudaMemcpy(dc, st.codes.data(), st.codes.size(), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(ds, st.scales.data(), st.scales.size() * 4, cudaMemcpyHostToDevice));
+    t->data = dc, t->dtype = FATTN_DTYPE_E4M3, t->scale = ds, t->scale_block = st.scale_block;
+}
+static void kv8_free(fattn_tensor *t) { cudaFree(t->data), cudaFree(t->scale); }
 
 static void run_case(fattn_ctx *ctx, tu_rng *rng, const kcase &c) {
     const int B = (int)c.lq.size(), HQ = c.hq, HK = c.hkv, D = c.d, CAP = c.capacity;
@@ -98,6 +150,19 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const kcase &c) {
                 std::copy(vl.begin() + at, vl.begin() + at + row, vc.begin() + at);
             }
     }
+    kv8_store k8, v8;
+    if (c.kv8) { /* the stored cache becomes e4m3; the oracle's keys what the kernel stages */
+        const int entries = c.page ? num_pages : B, rows = c.page ? c.page : CAP;
+        k8 = kv8_quantise(kc, entries, rows, HK, D, c.kv8 == 2, c.dt);
+        v8 = kv8_quantise(vc, entries, rows, HK, D, c.kv8 == 2, c.dt);
+        for (int b = 0; b < B; ++b)
+            for (int j = 0; j < c.used[b]; ++j) {
+                const size_t at = ((size_t)b * CAP + j) * row;
+                const size_t src = c.page ? ((size_t)table[(size_t)b * max_pages + j / c.page] * c.page + j % c.page) * row : at;
+                std::copy(kc.begin() + src, kc.begin() + src + row, kl.begin() + at);
+                std::copy(vc.begin() + src, vc.begin() + src + row, vl.begin() + at);
+            }
+    }
     std::vector<uint16_t> h16(std::max(nq, kc.size()));
     void *dq, *dk, *dv, *dout;
     float *dlse;
@@ -140,10 +205,17 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const kcase &c) {
         a.k.stride_batch = a.v.stride_batch = (int64_t)CAP * row;
     }
     a.k.stride_seq = a.v.stride_seq = (int64_t)row, a.k.stride_head = a.v.stride_head = D;
+    if (c.kv8) {
+        const fattn_tensor k16 = a.k, v16 = a.v;
+        kv8_upload(k8, &a.k), kv8_upload(v8, &a.v);
+        a.k.stride_batch = k16.stride_batch, a.k.stride_seq = k16.stride_seq, a.k.stride_head = k16.stride_head;
+        a.v.stride_batch = v16.stride_batch, a.v.stride_seq = v16.stride_seq, a.v.stride_head = v16.stride_head;
+    }
     char what[240];
-    snprintf(what, sizeof what, "%s kv-cache prefill b%d (q %d tokens, max %d; cap %d, %s %d) h%d/%d d%d%s%s%s",
+    snprintf(what, sizeof what, "%s kv-cache prefill b%d (q %d tokens, max %d; cap %d, %s %d) h%d/%d d%d%s%s%s%s",
              fattn_dtype_name(c.dt), B, TQ, maxq, CAP, c.page ? "page" : "dense", c.page, HQ, HK, D,
-             c.causal ? " causal" : "", c.window ? " window" : "", c.wild_pages ? " wild pages" : "");
+             c.causal ? " causal" : "", c.window ? " window" : "", c.wild_pages ? " wild pages" : "",
+             c.kv8 == 1 ? " e4m3 cache (scale per page)" : c.kv8 == 2 ? " e4m3 cache (scale per token)" : "");
     const fattn_status st = fattn_fwd(ctx, &a);
     TU_CHECK(st == FATTN_OK, "%s: %s: %s", what, fattn_status_string(st), fattn_last_error(ctx));
     const cudaError_t e = cudaDeviceSynchronize();
@@ -169,6 +241,7 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const kcase &c) {
     oracle_fwd(&op, q.data(), kp.data(), vp.data(), ref.data(), ref_lse.data());
     gpu_check_fwd(what, c.dt, got.data(), ref.data(), nq, D, glse.data(), ref_lse.data(), nlse,
                   c.softcap > 0 ? c.softcap * ldexp(1.0, -11) : 0.0);
+    if (c.kv8) kv8_free(&a.k), kv8_free(&a.v);
     cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dout), cudaFree(dlse), cudaFree(dcq), cudaFree(dused);
     if (dtable) cudaFree(dtable);
 }
@@ -185,6 +258,7 @@ struct scase {
     int capacity, cache_batch, hq, hkv, d, causal;
     fattn_dtype dt;
     int page = 0;
+    int kv8 = 0; /* as kcase's */
 };
 
 static void run_serving_case(fattn_ctx *ctx, tu_rng *rng, const scase &c) {
@@ -238,6 +312,21 @@ static void run_serving_case(fattn_ctx *ctx, tu_rng *rng, const scase &c) {
         CK(cudaMalloc(&dtable, table.size() * 4));
         CK(cudaMemcpy(dtable, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
     }
+    kv8_store k8, v8;
+    if (c.kv8) { /* the stored cache becomes e4m3; the oracle's keys what the kernel stages */
+        std::vector<double> &ks = c.page ? kpool : kc, &vs = c.page ? vpool : vc;
+        const int entries = c.page ? CB * npp : CB, rows = c.page ? c.page : CAP;
+        k8 = kv8_quantise(ks, entries, rows, HK, D, c.kv8 == 2, c.dt);
+        v8 = kv8_quantise(vs, entries, rows, HK, D, c.kv8 == 2, c.dt);
+        if (c.page)
+            for (int b = 0; b < CB; ++b)
+                for (int j = 0; j < npp; ++j) {
+                    const size_t dst = ((size_t)b * CAP + (size_t)j * c.page) * row;
+                    const size_t src = (size_t)table[(size_t)b * npp + j] * c.page * row;
+                    std::copy(kpool.begin() + src, kpool.begin() + src + c.page * row, kc.begin() + dst);
+                    std::copy(vpool.begin() + src, vpool.begin() + src + c.page * row, vc.begin() + dst);
+                }
+    }
     tu_to_dtype((c.page ? kpool : kc).data(), nc, c.dt, h16.data());
     CK(cudaMemcpy(dk, h16.data(), nc * 2, cudaMemcpyHostToDevice));
     tu_to_dtype((c.page ? vpool : vc).data(), nc, c.dt, h16.data());
@@ -267,10 +356,17 @@ static void run_serving_case(fattn_ctx *ctx, tu_rng *rng, const scase &c) {
         a.block_table = dtable, a.page_size = c.page, a.num_pages = CB * npp, a.max_pages_per_seq = npp;
         a.k.stride_batch = a.v.stride_batch = (int64_t)c.page * row;
     }
+    if (c.kv8) {
+        const fattn_tensor k16 = a.k, v16 = a.v;
+        kv8_upload(k8, &a.k), kv8_upload(v8, &a.v);
+        a.k.stride_batch = k16.stride_batch, a.k.stride_seq = k16.stride_seq, a.k.stride_head = k16.stride_head;
+        a.v.stride_batch = v16.stride_batch, a.v.stride_seq = v16.stride_seq, a.v.stride_head = v16.stride_head;
+    }
     char what[240];
-    snprintf(what, sizeof what, "%s kv-cache serving b%d (q %d tokens) cap %d, entries %d h%d/%d d%d%s%s%s%s%s",
+    snprintf(what, sizeof what, "%s kv-cache serving b%d (q %d tokens) cap %d, entries %d h%d/%d d%d%s%s%s%s%s%s",
              fattn_dtype_name(c.dt), B, TQ, CAP, CB, HQ, HK, D, c.causal ? " causal" : "", dqused ? " seqused_q" : "",
-             didx ? " cache_batch_idx" : "", dpad ? " cache_leftpad" : "", c.page ? " paged" : "");
+             didx ? " cache_batch_idx" : "", dpad ? " cache_leftpad" : "", c.page ? " paged" : "",
+             c.kv8 ? " e4m3 cache" : "");
     const fattn_status st = fattn_fwd(ctx, &a);
     TU_CHECK(st == FATTN_OK, "%s: %s: %s", what, fattn_status_string(st), fattn_last_error(ctx));
     const cudaError_t e = cudaDeviceSynchronize();
@@ -315,6 +411,7 @@ static void run_serving_case(fattn_ctx *ctx, tu_rng *rng, const scase &c) {
     oracle_fwd(&op, q2.data(), k2.data(), v2.data(), ref.data(), ref_lse.data());
     gpu_check_fwd(what, c.dt, got.data(), ref.data(), got.size(), D, glse2.data(), ref_lse.data(), glse2.size());
     cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dout), cudaFree(dlse), cudaFree(dcq), cudaFree(dused);
+    if (c.kv8) kv8_free(&a.k), kv8_free(&a.v);
     if (dqused) cudaFree(dqused);
     if (didx) cudaFree(didx);
     if (dpad) cudaFree(dpad);
@@ -371,7 +468,31 @@ int main(void) {
         c.hq = 2, c.hkv = 2, c.d = 64, c.causal = 1, c.dt = BF;
         cases.push_back(c);
     }
+    /* an FP8 cache: every head dim, dense and paged (the gather takes every
+     * page size), scales per page and per token, both masks, GQA, bf16 and
+     * f16, and the variants (LOCAL) */
+    for (int d : {64, 128, 256})
+        for (int page : {0, 16, 1, 5})
+            for (int kv8 : {1, 2}) {
+                kcase c;
+                c.lq = {1, 17, 0, 40}, c.used = {30, 17, 5, 200}, c.capacity = 256, c.page = page;
+                c.hq = 8, c.hkv = 2, c.d = d, c.causal = (page + kv8) % 2, c.dt = page == 1 ? F16 : BF;
+                c.kv8 = kv8;
+                cases.push_back(c);
+            }
+    {
+        kcase c;
+        c.lq = {33, 100}, c.used = {150, 100}, c.capacity = 160, c.page = 16, c.kv8 = 2;
+        c.hq = 8, c.hkv = 2, c.d = 128, c.causal = 1, c.dt = BF, c.window = 1, c.wl = 40, c.wr = 0, c.softcap = 20.f;
+        cases.push_back(c);
+    }
     if (!small) {
+        for (int page : {0, 64}) { /* a long chunk at an offset, FP8 */
+            kcase c;
+            c.lq = {600, 1, 333, 97}, c.used = {2000, 1500, 333, 4097}, c.capacity = 4224;
+            c.page = page, c.hq = 8, c.hkv = 2, c.d = 128, c.causal = 1, c.dt = BF, c.kv8 = page ? 2 : 1;
+            cases.push_back(c);
+        }
         /* a chunk of a long prompt after its earlier chunks, and short ones beside it (the single-threaded
          * oracle's cost keeps these to one mask per head dim and page size: ~3e9 score entries in all) */
         for (int d : {64, 128, 256})
@@ -402,7 +523,10 @@ int main(void) {
          * sends them to the gather) and of 4, with seqused_q */
         scase s5 = s3, s6 = s3;
         s5.page = 16, s6.page = 4, s6.qused = {9, 0, 17, 1}, s6.pad = {29, 0, 100, 2};
-        for (const scase *sc : {&s1, &s2, &s3, &s4, &s5, &s6}) run_serving_case(ctx, &rng, *sc);
+        /* on an FP8 cache: all three on a dense one, the left pad on pages */
+        scase s7 = s4, s8 = s6;
+        s7.kv8 = 1 + causal, s8.kv8 = 2 - causal;
+        for (const scase *sc : {&s1, &s2, &s3, &s4, &s5, &s6, &s7, &s8}) run_serving_case(ctx, &rng, *sc);
     }
     fattn_ctx_free(ctx);
     return tu_finish("gpu kv-cache prefill");

@@ -276,6 +276,39 @@ __device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
+/* Two e4m3 codes (lo in the low byte) to f16x2, lo in the low half: exact
+ * (every e4m3 value is an f16) */
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
+    uint32_t h;
+    asm("{\n .reg .b16 c;\n cvt.u16.u32 c, %1;\n cvt.rn.f16x2.e4m3x2 %0, c;\n}" : "=r"(h) : "r"(two));
+    return h;
+}
+__device__ __forceinline__ float2 f16x2_to_f32x2(uint32_t h) {
+    float2 f;
+    asm("{\n .reg .f16 l, u;\n mov.b32 {l, u}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, u;\n}"
+        : "=f"(f.x), "=f"(f.y)
+        : "r"(h));
+    return f;
+}
+/* An FP8 cache's 8 codes (one 16-byte chunk of a 16-bit row) times their
+ * scale, rounded once to bf16 or f16 (the paged prefill's gather) */
+template <bool BF16>
+__device__ __forceinline__ uint4 kv8_dequant8(uint2 w, float scale) {
+    const uint32_t c[4] = {w.x & 0xFFFFu, w.x >> 16, w.y & 0xFFFFu, w.y >> 16};
+    uint32_t r[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 f = f16x2_to_f32x2(e4m3x2_to_f16x2(c[i]));
+        r[i] = BF16 ? pack_bf16x2(f.x * scale, f.y * scale) : pack_f16x2(f.x * scale, f.y * scale);
+    }
+    return make_uint4(r[0], r[1], r[2], r[3]);
+}
+/* 16 bytes at a 16-byte aligned shared address */
+__device__ __forceinline__ void st_shared_v4(uint32_t addr, uint4 v) {
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+
 /* Four floats to four e4m3 codes (saturating, round to nearest even), a0 in
  * the lowest byte: cvt.rn.satfinite.e4m3x2 puts its first source in the
  * upper byte, so each pair goes in high-first. */

@@ -252,14 +252,10 @@ __device__ __forceinline__ void dec_produce8(const DecParams &p, const CUtensorM
  * the low half; exact (every e4m3 value is an f16 and a bf16) */
 template <bool BF16>
 __device__ __forceinline__ uint32_t dec_e4m3x2(uint32_t two) {
-    uint32_t h;
-    asm("{\n .reg .b16 c;\n cvt.u16.u32 c, %1;\n cvt.rn.f16x2.e4m3x2 %0, c;\n}" : "=r"(h) : "r"(two));
+    const uint32_t h = e4m3x2_to_f16x2(two);
     if constexpr (BF16) {
-        float lo, hi;
-        asm("{\n .reg .f16 l, u;\n mov.b32 {l, u}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, u;\n}"
-            : "=f"(lo), "=f"(hi)
-            : "r"(h));
-        return pack_bf16x2(lo, hi);
+        const float2 f = f16x2_to_f32x2(h);
+        return pack_bf16x2(f.x, f.y);
     }
     return h;
 }

@@ -75,6 +75,45 @@ struct FwdGather {
         }
     }
 
+    /* KV8 (an FP8 cache, fattn.h): the same layout, each 16-byte chunk from
+     * 8 e4m3 codes (8 bytes at byte column 8 g) times the row's scale, in the
+     * kernel's 16-bit type, by plain loads and st.shared (the stage's full
+     * barrier then takes a plain arrival).  The row's scale: entry e (a page,
+     * or the dense cache's batch entry) and row r in it, at sc[e s_entry +
+     * kv head s_head + (nb == 1 ? 0 : r / sblock)].  A dense cache (no
+     * block table): entry cache_batch_idx[b] or b, row = key. */
+    template <int SL>
+    __device__ __forceinline__ void gather8(uint8_t *dst, const uint8_t *pool, int64_t s_page, int64_t s_row,
+                                            int64_t s_head, const float *sc, const FwdKv8Scale &sl, int4 job) const {
+        constexpr int CH = SL * 8, RP = FWD_GATHER_THREADS / CH;
+        static_assert(FWD_GATHER_THREADS % CH == 0, "a pass covers whole rows");
+        const int g = t % CH, ch = g & 7;
+        const uint32_t base = smem_u32(dst) + (g >> 3) * C::BN * 128;
+        const uint8_t *col = pool + job.y * s_head + g * 8;
+        const float *sch = sc + (int64_t)job.y * sl.s_head;
+        const int *table = vl.block_table ? vl.block_table + job.x * vl.max_pages : nullptr;
+        const int dense_entry = vl.cache_batch_idx ? __ldg(vl.cache_batch_idx + job.x) : job.x;
+#pragma unroll 4
+        for (int r = t / CH; r < C::BN; r += RP) {
+            const int key = job.z + r;
+            uint2 w = make_uint2(0, 0);
+            float scale = 0.f;
+            if (key < job.w) {
+                int entry = dense_entry, row = key;
+                if (table) {
+                    const int j = fattn_page_div(key, vl.page_mul, vl.page_shr);
+                    entry = __ldg(table + j);
+                    row = key - j * vl.page_size;
+                }
+                if ((unsigned)entry < (unsigned)pg.num_pages) { /* else zeros, as TMA's bounds */
+                    w = __ldg((const uint2 *)(col + entry * s_page + row * s_row));
+                    scale = __ldg(sch + entry * sl.s_entry + (sl.nb == 1 ? 0 : row / sl.sblock));
+                }
+            }
+            st_shared_v4(base + r * 128 + ((ch ^ (r & 7)) << 4), kv8_dequant8<C::BF16>(w, scale));
+        }
+    }
+
     __device__ __forceinline__ void run() const {
         for (int it = 0;; ++it) {
             const int s = ring_stage(it, C::STAGES);
@@ -83,13 +122,23 @@ struct FwdGather {
             const int4 job = ld_shared_s32x4(sm.job_slot + 4 * s);
             if (job.x < 0) break;
             fence_async_shared();
-            gather<C::SLABS, C::D>(sm.k_stage(s), pg.k, pg.k_page, pg.k_row, pg.k_head, job);
-            cp_async_mbar_arrive_noinc(&sm.full_k[s]);
+            if constexpr (C::KV8) {
+                gather8<C::SLABS>(sm.k_stage(s), pg.k, pg.k_page, pg.k_row, pg.k_head, pg.k_scale, pg.ks, job);
+                mbar_arrive(&sm.full_k[s]);
+            } else {
+                gather<C::SLABS, C::D>(sm.k_stage(s), pg.k, pg.k_page, pg.k_row, pg.k_head, job);
+                cp_async_mbar_arrive_noinc(&sm.full_k[s]);
+            }
             mbar_wait<true>(&sm.empty_v[s], ph ^ 1);
             fence_async_shared();
-            gather<C::V_SLABS, C::DV>(sm.v_stage(s), pg.v, pg.v_page, pg.v_row, pg.v_head, job);
-            cp_async_mbar_arrive_noinc(&sm.full_v[s]);
+            if constexpr (C::KV8) {
+                gather8<C::V_SLABS>(sm.v_stage(s), pg.v, pg.v_page, pg.v_row, pg.v_head, pg.v_scale, pg.vs, job);
+                mbar_arrive(&sm.full_v[s]);
+            } else {
+                gather<C::V_SLABS, C::DV>(sm.v_stage(s), pg.v, pg.v_page, pg.v_row, pg.v_head, job);
+                cp_async_mbar_arrive_noinc(&sm.full_v[s]);
+            }
         }
-        cp_async_wait_all();
+        if constexpr (!C::KV8) cp_async_wait_all();
     }
 };

@@ -87,11 +87,22 @@ struct FwdVarlen {
  * and the page); 0: the producer warpgroup's warps 1-3 gather its rows with
  * cp.async (fwd_gather.cuh) from the pools k and v, [num_pages, page_size,
  * heads_kv, d] with these byte strides.  A dense cache: kv_box BN. */
+/* KV8 (an FP8 cache): where a tensor's row scale is, fattn_tensor's layout
+ * [entries, heads_kv, nb]: entry e, kv head h, row r at e s_entry + h s_head
+ * + r / sblock (nb 1: + 0, no division) */
+struct FwdKv8Scale {
+    int64_t s_entry;
+    int s_head, nb, sblock;
+};
 struct FwdPaged {
     const uint8_t *k, *v;
     int64_t k_page, k_row, k_head; /* bytes */
     int64_t v_page, v_row, v_head;
-    int num_pages, kv_box;
+    int num_pages, kv_box; /* KV8 on a dense cache: num_pages = its batch entries */
+    /* KV8 instances only (after the fields every KV-cache kernel reads):
+     * the e4m3 pools' float32 scales, gathered with the codes (fwd_gather.cuh) */
+    const float *k_scale, *v_scale;
+    FwdKv8Scale ks, vs;
 };
 /* LOCAL (the variants, issue 37): the parameter after FwdParams of those
  * instances only.  Query i sees key j iff i + off - left <= j <= i + off +

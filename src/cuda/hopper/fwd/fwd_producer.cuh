@@ -145,7 +145,7 @@ struct FwdProducer {
      * warps load the stages (fwd_gather.cuh).  Its uses sit under `if
      * constexpr (C::KVCACHE)`: even folded to false, a plain `if` renumbered
      * the other kernels' PTX registers, and ptxas allocated them otherwise */
-    __device__ __forceinline__ bool gathers() const { return pg->kv_box == 0; }
+    __device__ __forceinline__ bool gathers() const { return C::KV8 || pg->kv_box == 0; }
     /* ... and this thread posts them each block (after empty_k[s]): its
      * sequence, kv head, first key and used keys; b < 0: the end */
     __device__ __forceinline__ void post_job(int s, int b, int hk, int k0, int len) const {

@@ -85,6 +85,8 @@ inline bool fwd_decode_softcap_ok(const fattn_fwd_args *a) {
  * dims 96, 192 and 192/128 in files of their own (fwd_sm90_varlen_hdim*.cu). */
 fattn_status fwd_sm90_varlen(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v);
 fattn_status fwd_sm90_varlen_hdim96(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v);
+/* varlen queries on an FP8 KV cache (fwd_sm90_kvcache_kv8.cu): head dims 64, 128, 256 */
+fattn_status fwd_sm90_kvcache_kv8(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v);
 fattn_status fwd_sm90_varlen_hdim192(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v);
 fattn_status fwd_sm90_varlen_hdim192_128(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v);
 fattn_status fwd_decode_launch(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v);

@@ -188,16 +188,28 @@ inline FwdVarlen fwd_varlen_of(const fattn_fwd_args *a) {
 /* FwdPaged of a KV-cache call: the TMA box rows of the key maps (a dense
  * cache: BN), or 0 and the pools' addresses and byte strides for the
  * gather (fwd_gather.cuh) */
-inline FwdPaged fwd_paged_of(const fattn_fwd_args *a, int kv_box) {
+inline FwdPaged fwd_paged_of(const fattn_fwd_args *a, int kv_box, bool kv8, int64_t entries) {
     FwdPaged pg;
     memset(&pg, 0, sizeof pg);
     pg.kv_box = kv_box;
-    pg.num_pages = a->num_pages;
+    pg.num_pages = a->block_table ? a->num_pages : (int)entries;
     if (kv_box == 0) {
-        const int64_t es = 2; /* 16-bit: entry.cu */
+        const int64_t es = kv8 ? 1 : 2; /* e4m3 or 16-bit: entry.cu */
         pg.k = (const uint8_t *)a->k.data, pg.v = (const uint8_t *)a->v.data;
         pg.k_page = a->k.stride_batch * es, pg.k_row = a->k.stride_seq * es, pg.k_head = a->k.stride_head * es;
         pg.v_page = a->v.stride_batch * es, pg.v_row = a->v.stride_seq * es, pg.v_head = a->v.stride_head * es;
+    }
+    if (kv8) { /* fattn_tensor's scale layout over entries of page_size (or seqlen_k) rows */
+        const int rows = a->block_table ? a->page_size : a->p.seqlen_k;
+        auto scale_of = [&](const fattn_tensor &t, FwdKv8Scale &sl) {
+            sl.sblock = t.scale_block;
+            sl.nb = (int)(((int64_t)rows + t.scale_block - 1) / t.scale_block);
+            sl.s_head = sl.nb;
+            sl.s_entry = (int64_t)a->p.heads_kv * sl.nb;
+        };
+        pg.k_scale = a->k.scale, pg.v_scale = a->v.scale;
+        scale_of(a->k, pg.ks);
+        scale_of(a->v, pg.vs);
     }
     return pg;
 }
@@ -275,6 +287,7 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, const
 
     CUtensorMap tq, tk, tv;
     int vl_box = C::BN;
+    int64_t vl_entries = 0; /* KV8: the dense cache's batch entries */
     FwdFp8 f8;
     memset(&f8, 0, sizeof f8);
     if constexpr (C::FP8) {
@@ -325,7 +338,9 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, const
             /* pages: boxes that start on a swizzle atom, or 0: gathered, no key
              * maps (a left pad shifts a sequence's keys off the page starts) */
             if (a->block_table) kv_box = a->cache_leftpad ? 0 : fattn_page_box(C::BN, a->page_size);
+            if (C::KV8) kv_box = 0; /* dequantised by the gather, dense caches too */
         }
+        vl_entries = bk;
         vl_box = kv_box;
         if ((s = cuda_make_tensor_map(ctx, &tq, &a->q, C::D, rq, pr->heads_q, C::VARLEN ? 1 : pr->batch, 64, "q")) !=
             FATTN_OK)
@@ -343,7 +358,7 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, const
     if (C::KVCACHE != (C::VARLEN && !pr->cu_seqlens_k))
         return fattn_fail(ctx, FATTN_ERROR_INTERNAL, "varlen forward: a KV-cache instance for packed keys or back");
     const FwdVarlen vl = fwd_varlen_of(a);
-    const FwdPaged pg = fwd_paged_of(a, vl_box);
+    const FwdPaged pg = fwd_paged_of(a, vl_box, C::KV8, vl_entries);
     /* OTMA: O through TMA stores where TMA can address it (o_wide: base and
      * strides 16-byte multiples; strides below 2^40 bytes), else the
      * kernel's register stores (the map is then never read) */

@@ -49,6 +49,9 @@ struct FwdOpts {
      * (FwdVarlen); instances of their own, so the producer's page walk
      * costs the packed-keys instances no registers */
     bool kvcache = false;
+    /* with kvcache: an FP8 cache (e4m3 k and v, 16-bit q), every key block
+     * gathered and dequantised into the 16-bit stages (fwd_gather.cuh) */
+    bool kv8 = false;
 };
 
 /* the same options without the key split (the instance that runs when the
@@ -125,6 +128,7 @@ struct FwdCfg {
     static constexpr int OFF_VRAW = OFF_V + STAGES * V_BYTES;
     static constexpr int OFF_BAR = OFF_VRAW + STAGES * VRAW_BYTES;
     static constexpr bool KVCACHE = O.varlen && O.kvcache;
+    static constexpr bool KV8 = KVCACHE && O.kv8;
     /* KVCACHE: a job barrier per stage for the gather (fwd_gather.cuh) */
     static constexpr int NUM_BARS = (FP8 ? 6 : 4) * STAGES + 2 * NC * QBUF + (KVCACHE ? STAGES : 0);
     static constexpr int OFF_SLOT = OFF_BAR + NUM_BARS * 8; /* tile index per consumer warpgroup and Q buffer */
@@ -183,4 +187,5 @@ struct FwdCfg {
      * own lookup */
     static_assert(!VARLEN || (!SPLIT && !OTMA && !SITOUT && !QEARLY && !SKIPDIAG && CLUSTER == 1 && !FP8),
                   "VARLEN: the techniques it has");
+    static_assert(!O.kv8 || (KVCACHE && D == DV && D % 64 == 0), "KV8: a KV-cache instance of head dim 64, 128 or 256");
 };

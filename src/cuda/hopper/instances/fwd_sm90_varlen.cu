@@ -5,6 +5,7 @@
 
 fattn_status fwd_sm90_varlen(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v) {
     if (a->p.seqlen_q == 0) return FATTN_OK; /* no sequence has a query: no tile, nothing to write */
+    if (fwd_kv8(a)) return fwd_sm90_kvcache_kv8(ctx, a, v);
     switch (a->p.head_dim) {
     case 96: return fwd_sm90_varlen_hdim96(ctx, a, v);
     case 192:
