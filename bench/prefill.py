@@ -10,6 +10,8 @@ step alone is timed, not the append.  Rows (bf16, GQA 32/8, head dim 128 by defa
 --chunk tokens (2048) at offset --offset (30720) of each of --batch sequences, with the cache
   - contiguous (fattn: flash_attn_with_kvcache, routed to the KV-cache varlen kernels),
   - paged, --pages sizes (16,64) with the pages in a shuffled order,
+  - an FP8 cache (e4m3, per-token scales) on the first page size's pages: the paged prefill's KV8
+    instances, its rate against the bf16 pages' and its max |diff| (quantisation included),
   - FA3 (the fa3-fwd wheel) on the contiguous shape: its flash_attn_with_kvcache where the wheel
     has it, else flash_attn_func on the same q and the cache's first offset + chunk keys (the
     same arithmetic: causal is bottom-right aligned in both),
@@ -59,6 +61,15 @@ def paged(cache, page, b, gen):
     pool = torch.empty(b * npp, page, h, d, device=cache.device, dtype=cache.dtype)
     pool[perm.long().to(cache.device)] = pad.view(b * npp, page, h, d)
     return pool, perm.view(b, npp).to(cache.device)
+
+
+def quantise_e4m3(pool):
+    """A page pool [n, page, h, d] as e4m3 codes with float32 scales [n, h, page], amax / 448 per token
+    and kv head (fattn.flash_attn_with_kvcache's per-token layout)."""
+    x = pool.float()
+    sc = (x.abs().amax(dim=3) / 448.0).clamp_min(2.0 ** -126)  # [n, page, h]
+    codes = (x / sc[..., None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+    return codes, sc.permute(0, 2, 1).contiguous()
 
 
 def visible_pairs(chunk, offset):
@@ -114,6 +125,13 @@ def main():
         keep += [kp, vp, table]
         calls.append(("fattn paged %d" % page, (lambda kp, vp, table: lambda: fattn.flash_attn_with_kvcache(
             q, kp, vp, cache_seqlens=seqlens, page_table=table, causal=True))(kp, vp, table)))
+        if page == int(a.pages.split(",")[0]):  # an FP8 cache (e4m3, per-token scales) on the same pages
+            (kp8, ks), (vp8, vs) = quantise_e4m3(kp), quantise_e4m3(vp)
+            keep += [kp8, ks, vp8, vs]
+            calls.append(("fattn fp8 paged %d" % page,
+                          (lambda kp8, vp8, ks, vs, table: lambda: fattn.flash_attn_with_kvcache(
+                              q, kp8, vp8, cache_seqlens=seqlens, page_table=table, causal=True, k_scale=ks,
+                              v_scale=vs))(kp8, vp8, ks, vs, table)))
     calls.append(("fattn no cache", lambda: fattn.flash_attn_func(q, k, v, causal=True)))
     if fa3_kv is not None:
         calls.append(("fa3", lambda: fa3_kv(q, k, v, cache_seqlens=seqlens, causal=True)))
@@ -146,10 +164,16 @@ def main():
             if name.startswith("fattn paged"):
                 same = bool(torch.equal(outs[name], ref))
                 failed |= not same
-        print("  %-16s %9.4f ms  %6.1f TFLOPs/s%s%s" % (
+        print("  %-18s %9.4f ms  %6.1f TFLOPs/s%s%s" % (
             name, ms, fl / ms / 1e9, "" if diff is None else "  max|O - fattn's| %.2e" % diff,
             "" if same is None else ("  bits = contiguous" if same else "  bits DIFFER from contiguous")))
         row["backends"][name] = {"ms": ms, "tflops": fl / ms / 1e9, "max_diff": diff, "same_bits": same}
+    for name in best:
+        if name.startswith("fattn fp8 paged"):
+            bf = name.replace("fp8 ", "")
+            if bf in best:
+                print("  %s / %s: %.3f (the FP8 cache's rate against the bf16 cache's)" % (name, bf,
+                                                                                          best[bf] / best[name]))
     if "fattn" in best:
         for name in best:
             if name.startswith("fattn paged"):
