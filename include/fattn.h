@@ -514,10 +514,8 @@ typedef struct fattn_problem {
  *          {64, 128, 256}, and for f16/bf16 also in {96, 192} or head_dim
  *          192 with head_dim_v 128 (DeepSeek MLA prefill): fixed-length
  *          and variable-length, causal, GQA, window, softcap and
- *          learnable_sink; e4m3 inputs and seqused_k / block_table on
- *          fixed-length batches (the decoding kernel) at head dims 96 and
- *          192 are UNSUPPORTED (variable-length batches take seqused_k);
- *          data pointers 16-byte aligned, strides multiples of
+ *          learnable_sink; e4m3 inputs at head dims 96 and 192 are
+ *          UNSUPPORTED; data pointers 16-byte aligned, strides multiples of
  *          16 bytes.  Variable-length batches (cu_seqlens, with total_q and
  *          total_k): f16/bf16 only (e4m3 UNSUPPORTED), seqused_k allowed
  *          (below), batch x ceil(seqlen_q / 64) x heads_q < 2^31.
@@ -556,15 +554,16 @@ typedef struct fattn_problem {
  *   for 16-bit caches:
  *   - fixed-length batches: the decoding kernel's shapes, seqlen_q <= 16
  *     and seqlen_q * heads_q / heads_kv <= 64 (16 at head_dim 256),
- *     contiguous or paged (page_size a power of two >= 8);
+ *     contiguous or paged (page_size a power of two >= 8); other
+ *     fixed-length calls as variable-length queries (seqused_k, below);
  *   - variable-length queries on the cache (cu_seqlens_q alone): any
  *     query counts, contiguous or paged with any page_size, and
  *     cache_batch_idx, cache_leftpad and seqused_q as for 16-bit caches.
  *     These kernels stage each key block in q's type: a row's codes times
  *     its scale, the f32 product rounded once to q's type (f16 q: values
  *     past 65504 become Inf), then the 16-bit kernels' arithmetic.
- *   Other shapes, cu_seqlens_k, and the portable engine are UNSUPPORTED
- *   (the CPU engine serves them).  In the decoding kernel the
+ *   cu_seqlens_k, other head dims, and the portable engine are
+ *   UNSUPPORTED (the CPU engine serves them).  In the decoding kernel the
  *   codes are converted exactly to q's 16-bit type; K's scale multiplies
  *   the f32 scores, V's multiplies P before P is rounded to q's type for
  *   the PV product (the FP8 forward's v scale placement), so the result
@@ -637,14 +636,18 @@ typedef struct fattn_fwd_args {
      *   checks them on the host (INVALID_ARGUMENT); the CUDA engine does not
      *   read the table on the host, and such a page reads as zeros there
      *   (TMA bounds), never out of bounds.
-     * CUDA: on fixed-length batches, seqused_k and block_table are served
-     *   by the decoding kernel only: 16-bit inputs (or 16-bit q with an FP8
- *   KV cache), seqlen_q <= 16 and
-     *   seqlen_q * heads_q / heads_kv <= 64 (32 at head_dim 256), which is
-     *   also what every such call runs on without them; page_size a power
-     *   of two >= 8 (8 .. 256 tested).  Others: UNSUPPORTED (give the
-     *   queries as a variable-length batch, cu_seqlens_q alone, for any
-     *   count and any page_size).  With cu_seqlens, seqused_k and
+     * CUDA: on fixed-length batches, seqused_k and block_table (and an FP8
+     *   KV cache) are served by the decoding kernel where it takes the
+     *   call: 16-bit q, head_dim == head_dim_v in {64, 128, 256},
+     *   seqlen_q <= 16 and seqlen_q * heads_q / heads_kv <= 64 (32 at
+     *   head_dim 256, 16 with an FP8 cache), page_size a power of two >= 8
+     *   (8 .. 256 tested).  Every other such call runs as the same queries
+     *   given as a variable-length batch (cu_seqlens_q alone, below: any
+     *   count, any page_size, head dims 96 and 192 too), which needs q and
+     *   o packed along the batch (stride_batch = seqlen_q x stride_seq,
+     *   else UNSUPPORTED) and uses the context's workspace (during a CUDA
+     *   graph capture it must have been grown by the same call before:
+     *   else UNSUPPORTED).  With cu_seqlens, seqused_k and
      *   (cu_seqlens_q alone) block_table are served by the variable-length
      *   kernels (forward and, with cu_seqlens_k, fattn_bwd; 16-bit k and
      *   v; any page_size >= 1: pages whose rows the kernel's

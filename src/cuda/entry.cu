@@ -108,9 +108,9 @@ static fattn_status check_fwd_variants(fattn_ctx *ctx, const fattn_fwd_args *a) 
 /* An FP8 KV cache (fattn.h 0.5): e4m3 k and v with f16 / bf16 q, served by
  * the decoding kernel's KV8 instances (fwd_decode_kv8.cu) on fixed-length
  * batches of its shapes, and by the KV-cache varlen kernels' KV8 instances
- * (fwd_sm90_kvcache_kv8.cu: varlen queries, cu_seqlens_q alone, any query
- * count) at head dims 64, 128 and 256.  Any scale_block: the kernels look
- * each key's scale up. */
+ * (fwd_sm90_kvcache_kv8.cu) on varlen queries (cu_seqlens_q alone) and on
+ * the other fixed-length calls (fwd_kvcache_fixed.cu), at head dims 64, 128
+ * and 256.  Any scale_block: the kernels look each key's scale up. */
 static fattn_status check_fwd_kv8(fattn_ctx *ctx, const fattn_fwd_args *a) {
     const fattn_problem *p = &a->p;
     if (a->q.dtype != FATTN_DTYPE_BF16 && a->q.dtype != FATTN_DTYPE_F16)
@@ -123,22 +123,11 @@ static fattn_status check_fwd_kv8(fattn_ctx *ctx, const fattn_fwd_args *a) {
                           "an FP8 KV cache (e4m3 k and v) with cu_seqlens_k (packed keys) is not supported by the "
                           "CUDA engine: a cache is read by batch entry or page (cu_seqlens_q alone; the CPU engine "
                           "serves packed keys)");
-    if (p->cu_seqlens_q) {
-        if (p->head_dim != p->head_dim_v || (p->head_dim != 64 && p->head_dim != 128 && p->head_dim != 256))
-            return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                              "an FP8 KV cache with cu_seqlens_q at head_dim %d (head_dim_v %d): the CUDA engine's "
-                              "prefill kernels take head_dim == head_dim_v in {64, 128, 256}",
-                              p->head_dim, p->head_dim_v);
-        return FATTN_OK;
-    }
-    if (!fwd_decode_eligible(a))
+    if (p->head_dim != p->head_dim_v || (p->head_dim != 64 && p->head_dim != 128 && p->head_dim != 256))
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                          "an FP8 KV cache (e4m3 k and v) on a fixed-length batch is served on the CUDA engine by the "
-                          "decoding kernel: seqlen_q <= %d and seqlen_q * heads_q / heads_kv <= %d at head_dim %d "
-                          "(here %d and %d); longer queries go as a variable-length batch (cu_seqlens_q on the "
-                          "cache, as flash_attn_with_kvcache sends them)",
-                          FWD_DECODE_MAX_SEQLEN_Q, fwd_decode_max_rows_of(a), p->head_dim, p->seqlen_q,
-                          p->seqlen_q * (p->heads_q / p->heads_kv));
+                          "an FP8 KV cache at head_dim %d (head_dim_v %d): the CUDA engine's kernels take head_dim == "
+                          "head_dim_v in {64, 128, 256} (the CPU engine serves every head dim)",
+                          p->head_dim, p->head_dim_v);
     return FATTN_OK;
 }
 
@@ -322,44 +311,33 @@ extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_arg
                           "ceil(seqlen_q / 64) x heads_q exceeds 2^31 - 1 tiles for the CUDA engine",
                           p->batch, p->seqlen_q, p->heads_q);
     /* (api.c refuses block_table with cu_seqlens_k on every engine) */
-    const bool varlen = p->cu_seqlens_q || p->cu_seqlens_k;
     /* varlen queries on a paged cache: any page_size.  The varlen kernels
      * load a key block in TMA boxes of gcd(its rows, page_size) rows when
      * that is a multiple of 8 (a box must start on a 128-byte swizzle
      * atom), else their producer warpgroup gathers the rows with cp.async
      * (page_div.h, fwd_gather.cuh) */
-    /* fixed-length seqused_k, paged K/V and FP8 caches: the decoding
-     * kernel only (fwd_decode.cu); varlen seqused_k: the varlen kernels */
-    if (!varlen && (a->seqused_k || a->block_table || fwd_kv8(a))) {
-        if (!fp8_dim) /* head dims 96, 192: no decoding kernel instance yet */
+    /* fixed-length seqused_k, paged K/V and FP8 caches: the decoding kernel
+     * where it takes the call (fwd_fixed_kv_decodes), else the KV-cache
+     * varlen kernels on the queries as a varlen batch of equal lengths
+     * (fwd_kvcache_fixed.cu), which needs q and o packed along the batch */
+    if (fwd_fixed_kv(a) && !fwd_fixed_kv_decodes(a)) {
+        const fattn_tensor *t[2] = {&a->q, &a->o};
+        for (int i = 0; i < 2; ++i)
+            if (p->batch > 1 && t[i]->stride_batch != (int64_t)p->seqlen_q * t[i]->stride_seq)
+                return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
+                                  "%s on a fixed-length batch past the CUDA decoding kernel's shapes (seqlen_q %d, "
+                                  "%d rows a kv head%s) runs as variable-length queries on the cache, which needs %s "
+                                  "packed along the batch (stride_batch %lld = seqlen_q x stride_seq %lld); or pass "
+                                  "cu_seqlens_q yourself",
+                                  a->block_table ? "block_table" : a->seqused_k ? "seqused_k" : "an FP8 KV cache",
+                                  p->seqlen_q, p->seqlen_q * (p->heads_q / p->heads_kv),
+                                  a->block_table ? ", or a page_size other than 2^k >= 8" : "", i ? "o" : "q",
+                                  (long long)t[i]->stride_batch, (long long)t[i]->stride_seq);
+        if ((int64_t)p->batch * p->seqlen_q > INT32_MAX || (int64_t)p->batch * ((p->seqlen_q + 63) / 64) * p->heads_q > INT32_MAX)
             return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                              "%s at head_dim %d (head_dim_v %d): the CUDA decoding kernel, the only one that reads "
-                              "it on fixed-length batches, serves head_dim == head_dim_v in %s (variable-length "
-                              "batches take seqused_k and block_table at every head dim)",
-                              a->block_table ? "block_table" : a->seqused_k ? "seqused_k" : "an FP8 KV cache",
-                              p->head_dim, p->head_dim_v,
-                              list_ints(list, sizeof list, fwd_fp8_head_dims, COUNT(fwd_fp8_head_dims)));
-        if (!fwd_decode_eligible(a))
-            return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                              "seqused_k and block_table need the CUDA decoding kernel: 16-bit inputs, seqlen_q <= %d "
-                              "and seqlen_q * heads_q / heads_kv <= %d (here %d and %d)",
-                              FWD_DECODE_MAX_SEQLEN_Q, fwd_decode_max_rows(p->head_dim), p->seqlen_q,
-                              p->seqlen_q * (p->heads_q / p->heads_kv));
-        if (!fwd_decode_softcap_ok(a))
-            return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                              "softcap with seqused_k, block_table or an FP8 KV cache at head_dim 256 and %d rows (seqlen_q x "
-                              "heads_q / heads_kv): the CUDA decoding kernel takes softcap at head dim 256 for up "
-                              "to 16 rows",
-                              p->seqlen_q * (p->heads_q / p->heads_kv));
-        /* the decoding kernel loads a block in TMA boxes of min(64, page_size)
-         * rows at shifts: a power of two, >= 8 so that a box starts on a
-         * 128-byte swizzle atom (8 rows) */
-        if (a->block_table && (a->page_size < 8 || (a->page_size & (a->page_size - 1))))
-            return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                              "page_size %d on a fixed-length batch is not supported by the CUDA engine: its decoding "
-                              "kernel takes a power of two >= 8; give the queries as a variable-length batch "
-                              "(cu_seqlens_q alone, total_q = batch x seqlen_q), which takes any page_size",
-                              a->page_size);
+                              "a fixed-length KV-cache call of batch %d x seqlen_q %d x %d heads exceeds 2^31 - 1 "
+                              "rows or tiles for the CUDA engine's KV-cache kernels",
+                              p->batch, p->seqlen_q, p->heads_q);
     }
     return FATTN_OK;
 }

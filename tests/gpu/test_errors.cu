@@ -107,8 +107,9 @@ int main(void) {
 
     a = good; a.p.head_dim = 80;
     expect(ctx, &a, FATTN_ERROR_UNSUPPORTED, "head_dim 80", "head dim 80");
-    a = good; a.p.head_dim = 192; a.p.head_dim_v = 128; a.seqused_k = (const int32_t *)dq;
-    expect(ctx, &a, FATTN_ERROR_UNSUPPORTED, "decoding kernel", "seqused_k at head dim 192/128 (fixed-length)");
+    a = good; a.p.batch = 2; a.p.head_dim = 192; a.p.head_dim_v = 128; a.seqused_k = (const int32_t *)dq;
+    a.o.stride_seq = 2 * a.p.heads_q * 128, a.o.stride_head = 128, a.o.stride_batch = a.p.seqlen_q * a.o.stride_seq + 8;
+    expect(ctx, &a, FATTN_ERROR_UNSUPPORTED, "packed along the batch", "fixed-length seqused_k with o not packed");
     a = good; a.p.head_dim_v = 64;
     expect(ctx, &a, FATTN_ERROR_UNSUPPORTED, "head_dim_v", "head_dim != head_dim_v");
     a = good; a.q.data = dq + 2; a.k.data = dk; /* 2-byte offset: bf16-aligned, not 16-byte */

@@ -20,6 +20,8 @@
  * poisoned with NaN bytes; tolerances: gpu_check_fwd (gpu_testutil.h), the
  * dense forward's.  Also FlashAttention-3's seqused_q, cache_batch_idx and
  * cache_leftpad on a dense cache (rows past seqused_q keep their poison).
+ * Fixed-length calls (no cu_seqlens_q) that the decoding kernel does not
+ * take run the same kernels (fwd_kvcache_fixed.cu): their LSE layout too.
  * An FP8 cache (e4m3 k and v beside 16-bit q, fattn.h): scales per (page or
  * sequence, kv head) and per (token, kv head), amax / 448; the oracle sees
  * what the kernel stages, code x scale rounded to q's dtype (fattn.h).
@@ -48,6 +50,7 @@ struct kcase {
     float softcap = 0.f;
     int wild_pages = 0; /* table entries past the used keys outside the pool */
     int kv8 = 0;        /* an FP8 cache: 1 scales per page (dense: sequence) and kv head, 2 per token */
+    int fixed = 0;      /* a fixed-length call (every lq equal, no cu_seqlens_q; LSE [batch, heads, seqlen_q]) */
 };
 
 /* KV8: the stored cache x (entries of `rows` rows [rows, hk, d]) as e4m3
@@ -190,8 +193,8 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const kcase &c) {
     CK(cudaMemset(dlse, 0xFF, nlse * 4));
     fattn_fwd_args a;
     memset(&a, 0, sizeof a);
-    a.p = tu_problem(B, maxq, CAP, HQ, HK, D, 0, c.causal, dcq, NULL);
-    a.p.total_q = TQ;
+    a.p = tu_problem(B, maxq, CAP, HQ, HK, D, 0, c.causal, c.fixed ? NULL : dcq, NULL);
+    if (!c.fixed) a.p.total_q = TQ;
     a.p.window = c.window, a.p.window_left = c.wl, a.p.window_right = c.wr, a.p.softcap = c.softcap;
     a.q = fattn_tensor_bshd(dq, c.dt), a.k = fattn_tensor_bshd(dk, c.dt), a.v = fattn_tensor_bshd(dv, c.dt);
     a.o = fattn_tensor_bshd(dout, c.dt);
@@ -212,8 +215,9 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const kcase &c) {
         a.v.stride_batch = v16.stride_batch, a.v.stride_seq = v16.stride_seq, a.v.stride_head = v16.stride_head;
     }
     char what[240];
-    snprintf(what, sizeof what, "%s kv-cache prefill b%d (q %d tokens, max %d; cap %d, %s %d) h%d/%d d%d%s%s%s%s",
-             fattn_dtype_name(c.dt), B, TQ, maxq, CAP, c.page ? "page" : "dense", c.page, HQ, HK, D,
+    snprintf(what, sizeof what, "%s kv-cache prefill%s b%d (q %d tokens, max %d; cap %d, %s %d) h%d/%d d%d%s%s%s%s",
+             fattn_dtype_name(c.dt), c.fixed ? " (fixed-length)" : "", B, TQ, maxq, CAP, c.page ? "page" : "dense",
+             c.page, HQ, HK, D,
              c.causal ? " causal" : "", c.window ? " window" : "", c.wild_pages ? " wild pages" : "",
              c.kv8 == 1 ? " e4m3 cache (scale per page)" : c.kv8 == 2 ? " e4m3 cache (scale per token)" : "");
     const fattn_status st = fattn_fwd(ctx, &a);
@@ -226,6 +230,12 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const kcase &c) {
     tu_from_dtype(h16.data(), nq, c.dt, got.data());
     std::vector<float> glse(nlse);
     CK(cudaMemcpy(glse.data(), dlse, nlse * 4, cudaMemcpyDeviceToHost));
+    if (c.fixed) { /* [B, HQ, sq] to the oracle's [HQ, TQ] */
+        const std::vector<float> f = glse;
+        for (int b = 0; b < B; ++b)
+            for (int h = 0; h < HQ; ++h)
+                for (int i = 0; i < maxq; ++i) glse[(size_t)h * TQ + b * maxq + i] = f[((size_t)b * HQ + h) * maxq + i];
+    }
     /* the oracle: each sequence's used keys, packed */
     std::vector<double> kp, vp;
     for (int b = 0; b < B; ++b) {
@@ -484,6 +494,19 @@ int main(void) {
         kcase c;
         c.lq = {33, 100}, c.used = {150, 100}, c.capacity = 160, c.page = 16, c.kv8 = 2;
         c.hq = 8, c.hkv = 2, c.d = 128, c.causal = 1, c.dt = BF, c.window = 1, c.wl = 40, c.wr = 0, c.softcap = 20.f;
+        cases.push_back(c);
+    }
+    /* fixed-length calls the decoding kernel does not take: more rows, a
+     * page size not 2^k >= 8, batch 1 (the LSE in place), an FP8 cache */
+    const struct {
+        int b, sq, page, kv8, d, causal;
+    } fx[] = {{3, 40, 16, 0, 128, 1}, {2, 3, 5, 0, 64, 0}, {1, 70, 0, 0, 256, 1}, {3, 20, 0, 2, 128, 1},
+              {2, 33, 4, 1, 64, 0}, {2, 24, 0, 0, 96, 1}};
+    for (const auto &f : fx) {
+        kcase c;
+        c.lq.assign(f.b, f.sq), c.used.assign(f.b, 0), c.capacity = 320, c.page = f.page, c.fixed = 1;
+        for (int b = 0; b < f.b; ++b) c.used[b] = f.sq + 37 * b + (b == 2 ? 200 : 0);
+        c.hq = 8, c.hkv = 2, c.d = f.d, c.causal = f.causal, c.dt = f.page == 5 ? F16 : BF, c.kv8 = f.kv8;
         cases.push_back(c);
     }
     if (!small) {

@@ -92,6 +92,11 @@ fattn_status fwd_sm90_launch(fattn_ctx *ctx, const fattn_fwd_args *a, const cuda
         cuda_device_leave(prev);
         return s;
     }
+    if (fwd_fixed_kv(a) && !fwd_fixed_kv_decodes(a)) {
+        s = fwd_kvcache_fixed(ctx, a, v);
+        cuda_device_leave(prev);
+        return s;
+    }
     /* the variants too (its LOCAL instances), but softcap where it has none */
     if (fwd_decode_eligible(a) && fwd_decode_softcap_ok(a)) {
         s = fwd_kv8(a) ? fwd_decode_kv8_launch(ctx, a, v) : fwd_decode_launch(ctx, a, v);

@@ -81,6 +81,19 @@ bool fwd_decode_eligible(const fattn_fwd_args *a);
 inline bool fwd_decode_softcap_ok(const fattn_fwd_args *a) {
     return a->p.softcap == 0.f || a->p.head_dim != 256 || a->p.heads_q / a->p.heads_kv * a->p.seqlen_q <= 16;
 }
+/* A fixed-length call with a KV cache's fields (block_table, seqused_k, an
+ * FP8 cache) ... */
+inline bool fwd_fixed_kv(const fattn_fwd_args *a) {
+    return !a->p.cu_seqlens_q && !a->p.cu_seqlens_k && (a->seqused_k || a->block_table || fwd_kv8(a));
+}
+/* ... which the decoding kernel takes (its shapes, softcap, pages of 2^k >= 8
+ * rows: TMA boxes at shifts); the others run as a varlen batch of equal
+ * query counts on the KV-cache kernels (fwd_kvcache_fixed.cu) */
+inline bool fwd_fixed_kv_decodes(const fattn_fwd_args *a) {
+    return fwd_decode_eligible(a) && fwd_decode_softcap_ok(a) &&
+           (!a->block_table || (a->page_size >= 8 && (a->page_size & (a->page_size - 1)) == 0));
+}
+fattn_status fwd_kvcache_fixed(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v);
 /* Variable-length batches (cu_seqlens; fwd_sm90_varlen.cu): 16-bit; head
  * dims 96, 192 and 192/128 in files of their own (fwd_sm90_varlen_hdim*.cu). */
 fattn_status fwd_sm90_varlen(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v);
