@@ -622,8 +622,8 @@ static void test_cuda_varlen_unread(void) {
 
 /* Head dims 96 and 192 (issue 37): the CUDA engine's 16-bit forward and
  * backward serve them; what it has no kernel for is refused by name before
- * anything is read (e4m3, the decoding kernel's seqused_k on fixed-length
- * batches, head_dim_v other than 128 at 192), on the fake context above. */
+ * anything is read (e4m3, seqused_k on a fixed-length batch whose q is not
+ * packed, head_dim_v other than 128 at 192), on the fake context above. */
 static void test_cuda_head_dims(void) {
 #ifdef FATTN_WITH_CUDA
     static fattn_ctx fake;
@@ -636,10 +636,13 @@ static void test_cuda_head_dims(void) {
               a_.o.dtype = FATTN_DTYPE_BF16, a_.q.scale = a_.k.scale = a_.v.scale = scale,
               a_.q.scale_block = a_.k.scale_block = a_.v.scale_block = 128),
              UNS, "head_dim 96 with e4m3");
+    /* a fixed-length cache call past the decoding kernel runs as varlen
+     * queries, which needs q packed along the batch */
     FWD_FAIL(&fake,
-             (a_.p.head_dim = 192, a_.p.head_dim_v = 128, a_.seqused_k = bad,
-              a_.q.dtype = a_.k.dtype = a_.v.dtype = a_.o.dtype = FATTN_DTYPE_BF16),
-             UNS, "seqused_k at head_dim 192");
+             (a_.p.batch = 2, a_.p.head_dim = 192, a_.p.head_dim_v = 128, a_.seqused_k = bad,
+              a_.q.dtype = a_.k.dtype = a_.v.dtype = a_.o.dtype = FATTN_DTYPE_BF16, a_.q.stride_head = 192,
+              a_.q.stride_seq = 192 * HQ, a_.q.stride_batch = 192 * HQ * (S + 1)),
+             UNS, "packed along the batch");
     FWD_FAIL(&fake,
              (a_.p.head_dim = 192, a_.p.head_dim_v = 96,
               a_.q.dtype = a_.k.dtype = a_.v.dtype = a_.o.dtype = FATTN_DTYPE_BF16),
