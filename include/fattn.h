@@ -727,16 +727,16 @@ typedef struct fattn_fwd_args {
      *   seqused_q[b] >= 0, seqused_k[b] >= 0, cache_batch_idx[b] in
      *   [0, cache_batch), 0 <= cache_leftpad[b] <= end_b, and the table
      *   entries of the pages read inside [0, num_pages).
-     * CUDA (Hopper forward, 16-bit): seqused_q with cu_seqlens_q (the
-     *   variable-length kernels); cache_batch_idx with cu_seqlens_q alone
-     *   on a dense cache; cache_leftpad with cu_seqlens_q alone, on a dense
-     *   cache or a block table (whose pages are then gathered with
-     *   cp.async whatever their size, as small pages are); the CUDA
-     *   backward (both engines) takes seqused_q with cu_seqlens_q and
-     *   cu_seqlens_k (fattn_bwd_args).  Elsewhere, and in the portable
-     *   engine's forward, they are UNSUPPORTED (the CPU engine serves them
-     *   everywhere; give decoding calls as cu_seqlens_q alone to use them
-     *   on CUDA).  The CUDA engine
+     * CUDA (Hopper forward, 16-bit and FP8 caches): seqused_q with
+     *   cu_seqlens_q (the variable-length kernels); cache_batch_idx on a
+     *   dense cache and cache_leftpad on a dense cache or a block table
+     *   (whose pages are then gathered whatever their size, as small pages
+     *   are), with cu_seqlens_q alone or on a fixed-length batch (run as
+     *   varlen queries on the cache, seqused_k above; not the decoding
+     *   kernel); the CUDA backward (both engines) takes seqused_q with
+     *   cu_seqlens_q and cu_seqlens_k (fattn_bwd_args).  Elsewhere, and in
+     *   the portable engine's forward, they are UNSUPPORTED (the CPU engine
+     *   serves them everywhere).  The CUDA engine
      *   does not check the entries: it clamps seqused_q[b] and
      *   cache_leftpad[b] into range (a negative one is 0), and takes
      *   cache_batch_idx[b] outside [0, cache_batch) as a batch entry of

@@ -84,22 +84,9 @@ def _kvcache_impl(q, k_cache, v_cache, k, v, cache_seqlens, page_table, causal, 
                                      cache_batch_idx.data_ptr() if cache_batch_idx is not None else None,
                                      k_cache.shape[0],
                                      cache_leftpad.data_ptr() if cache_leftpad is not None else None)
-        try:
-            with ctx.option_set(_core.OPTION_DISABLE_SPLIT, int(bool(disable_split))):
-                ctx.fwd_raw(a)
-        except _core.FattnUnsupportedError:
-            # more query rows, or pages, than the CUDA decoding kernel takes (it wants page sizes 2^k >= 8):
-            # the same call as varlen queries on the cache (cu_seqlens_q alone: the varlen kernels' KV-cache
-            # instances, any page size), whose LSE is [hq, b * sq]
-            if not (q.is_cuda and q.is_contiguous() and out.is_contiguous() and dims.sq > 0):
-                raise
-            lse_v = torch.empty((dims.hq, dims.b * dims.sq), dtype=torch.float32, device=q.device)
-            cu_q = torch.arange(0, (dims.b + 1) * dims.sq, dims.sq, dtype=torch.int32, device=q.device)
-            a.p.cu_seqlens_q = cu_q.data_ptr()
-            a.p.total_q = dims.b * dims.sq
-            a.lse = lse_v.data_ptr()
+        # more rows or pages than the decoding kernel takes: fattn_fwd runs them as varlen queries on the cache
+        with ctx.option_set(_core.OPTION_DISABLE_SPLIT, int(bool(disable_split))):
             ctx.fwd_raw(a)
-            lse.copy_(lse_v.view(dims.hq, dims.b, dims.sq).permute(1, 0, 2))
     return out, lse
 
 

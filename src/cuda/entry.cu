@@ -156,15 +156,17 @@ static const char *engine_words(const fattn_ctx *ctx, char *buf, size_t n) {
 static fattn_status check_serving_fields(fattn_ctx *ctx, const fattn_problem *p, const int32_t *seqused_q,
                                          const int32_t *cache_batch_idx, const int32_t *cache_leftpad,
                                          const int32_t *block_table, bool kv_cache_ok, const char *call) {
-    const bool kv_cache = kv_cache_ok && p->cu_seqlens_q && !p->cu_seqlens_k;
+    /* keys in a cache: cu_seqlens_q alone, or a fixed-length batch (which
+     * runs as varlen queries on the cache: fwd_kvcache_fixed.cu) */
+    const bool kv_cache = kv_cache_ok && !p->cu_seqlens_k;
     const struct {
         const void *set;
         bool served;
         const char *name, *needs;
     } fields[] = {{seqused_q, kv_cache_ok && p->cu_seqlens_q, "seqused_q", "with cu_seqlens_q"},
                   {cache_batch_idx, kv_cache && !block_table, "cache_batch_idx",
-                   "with cu_seqlens_q alone on a dense cache"},
-                  {cache_leftpad, kv_cache, "cache_leftpad", "with cu_seqlens_q alone"}};
+                   "on a dense cache without cu_seqlens_k"},
+                  {cache_leftpad, kv_cache, "cache_leftpad", "without cu_seqlens_k"}};
     char who[48];
     for (int i = 0; i < COUNT(fields); ++i)
         if (fields[i].set && !fields[i].served)

@@ -82,15 +82,17 @@ inline bool fwd_decode_softcap_ok(const fattn_fwd_args *a) {
     return a->p.softcap == 0.f || a->p.head_dim != 256 || a->p.heads_q / a->p.heads_kv * a->p.seqlen_q <= 16;
 }
 /* A fixed-length call with a KV cache's fields (block_table, seqused_k, an
- * FP8 cache) ... */
+ * FP8 cache, cache_batch_idx, cache_leftpad) ... */
 inline bool fwd_fixed_kv(const fattn_fwd_args *a) {
-    return !a->p.cu_seqlens_q && !a->p.cu_seqlens_k && (a->seqused_k || a->block_table || fwd_kv8(a));
+    return !a->p.cu_seqlens_q && !a->p.cu_seqlens_k &&
+           (a->seqused_k || a->block_table || fwd_kv8(a) || a->cache_batch_idx || a->cache_leftpad);
 }
 /* ... which the decoding kernel takes (its shapes, softcap, pages of 2^k >= 8
- * rows: TMA boxes at shifts); the others run as a varlen batch of equal
- * query counts on the KV-cache kernels (fwd_kvcache_fixed.cu) */
+ * rows: TMA boxes at shifts; no batch index or left pad); the others run as
+ * a varlen batch of equal query counts on the KV-cache kernels
+ * (fwd_kvcache_fixed.cu) */
 inline bool fwd_fixed_kv_decodes(const fattn_fwd_args *a) {
-    return fwd_decode_eligible(a) && fwd_decode_softcap_ok(a) &&
+    return fwd_decode_eligible(a) && fwd_decode_softcap_ok(a) && !a->cache_batch_idx && !a->cache_leftpad &&
            (!a->block_table || (a->page_size >= 8 && (a->page_size & (a->page_size - 1)) == 0));
 }
 fattn_status fwd_kvcache_fixed(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v);
