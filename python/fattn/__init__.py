@@ -202,20 +202,21 @@ def _fa_common_args(fn, no, causal, descales, descale_note, window_size, attenti
                     splits_note, sm_margin):
     """The FlashAttention-3 arguments flash_attn_func, flash_attn_varlen_func and
     flash_attn_with_kvcache share: refused through no() where fattn cannot give their
-    effect; returns (causal, window_size for fattn or None, softcap)."""
+    effect; returns (causal, window_size for fattn or None, softcap, attention_chunk)."""
     if any(x is not None for x in descales):
         no("q_descale/k_descale/v_descale" + descale_note)
     ws = _fa_window(fn, window_size)
     if ws is not None and ws[0] < 0 and ws[1] == 0:
         causal, ws = True, None  # FlashAttention's causal mask is the window (-inf, 0], bottom-right aligned
-    if attention_chunk:
-        no("attention_chunk=%r" % (attention_chunk,))
+    chunk = 0 if attention_chunk is None else attention_chunk
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
+        raise ValueError("%s: attention_chunk must be an int >= 0 (0: off), got %r" % (fn, attention_chunk))
     # num_splits, as pack_gqa, only steers FA3's schedule (the same values up to rounding): a hint
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0):
         raise ValueError("%s: num_splits must be an int >= 0, got %r" % (fn, num_splits))
     if sm_margin:
         no("sm_margin=%r" % (sm_margin,))
-    return causal, ws, 0.0 if softcap is None else softcap
+    return causal, ws, 0.0 if softcap is None else softcap, chunk
 
 
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None,
@@ -226,7 +227,9 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     `from fattn import flash_attn_func` switches an FA3 caller.  Tensors are
     [b, s, h, d] torch tensors.  Arguments whose effect fattn cannot give raise
     NotImplementedError, never ignored: qv, q/k/v_descale without
-    float8_e4m3fn inputs, attention_chunk != 0, sm_margin != 0.
+    float8_e4m3fn inputs, sm_margin != 0.  attention_chunk (FA3's chunked
+    attention, within causal and the window): the same call on a finer
+    varlen batch (_chunk.py), forward and backward.
     float8_e4m3fn q, k, v take FA3's q/k/v_descale (float32 [b, hkv], None = 1) and
     return bf16, forward only, as FA3's FP8 kernel.  window_size
     (FA3's: (-1, -1) none, a negative side unbounded, (-1, 0) causal; FA4's
@@ -240,10 +243,10 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     if qv is not None:
         no("qv")
     e4m3 = _is_torch(q) and str(q.dtype) == "torch.float8_e4m3fn"
-    causal, ws, softcap = _fa_common_args("fattn.flash_attn_func", no, causal,
-                                          () if e4m3 else (q_descale, k_descale, v_descale),
-                                          " (they go with float8_e4m3fn q, k, v)", window_size,
-                                          attention_chunk, softcap, num_splits, "", sm_margin)
+    causal, ws, softcap, chunk = _fa_common_args("fattn.flash_attn_func", no, causal,
+                                                 () if e4m3 else (q_descale, k_descale, v_descale),
+                                                 " (they go with float8_e4m3fn q, k, v)", window_size,
+                                                 attention_chunk, softcap, num_splits, "", sm_margin)
     if not _is_torch(q):
         raise TypeError("fattn.flash_attn_func takes torch tensors, got a %s (fattn.attention also takes "
                         "NumPy arrays)" % type(q).__name__)
@@ -253,7 +256,22 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
             no("softcap with float8_e4m3fn inputs")
         if learnable_sink is not None:
             no("learnable_sink with float8_e4m3fn inputs")
+        if chunk:
+            no("attention_chunk with float8_e4m3fn inputs")
         o_lse = t.attention_e4m3(q, k, v, causal, softmax_scale, q_descale, k_descale, v_descale, ws)
+        return o_lse if return_attn_probs else o_lse[0]
+    if chunk:  # as a varlen batch of equal lengths, split by chunk (_chunk.py)
+        import torch
+        from . import _chunk
+        if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+            raise ValueError("fattn.flash_attn_func: q, k, v must be 4-D [batch, seqlen, heads, head_dim]")
+        b, sq, sk = q.shape[0], q.shape[1], k.shape[1]
+        ar = lambda n: torch.arange(0, (b + 1) * n, n, dtype=torch.int32, device=q.device)  # noqa: E731
+        cu_q, cu_k, _, _, mk = _chunk.varlen_split(ar(sq), ar(sk), None, None, sk, chunk)
+        o, lse = t.varlen(q.reshape(b * sq, *q.shape[2:]), k.reshape(b * sk, *k.shape[2:]),
+                          v.reshape(b * sk, *v.shape[2:]), cu_q, cu_k, None, sq, mk, softmax_scale, causal,
+                          deterministic, ws, softcap, learnable_sink, None)
+        o_lse = (o.view(b, sq, *o.shape[1:]), lse.view(lse.shape[0], b, sq).permute(1, 0, 2))
         return o_lse if return_attn_probs else o_lse[0]
     o_lse = t.attention(q, k, v, causal, softmax_scale, None, True, None, None, deterministic=deterministic,
                         window_size=ws, softcap=softcap, learnable_sink=learnable_sink)
@@ -296,18 +314,25 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     lse past them are left unwritten (FA3's: nothing is promised there) and
     their q rows get a zero gradient.  Arguments whose effect fattn cannot give
     raise NotImplementedError, never ignored: qv, q/k/v_descale,
-    attention_chunk != 0, sm_margin != 0.  num_splits and pack_gqa are
+    sm_margin != 0 (attention_chunk: flash_attn_func's).  num_splits and pack_gqa are
     scheduling hints: fattn schedules itself.  Shapes that do not fit,
     cu_seqlens of another dtype, layout, length or device raise ValueError
     (TypeError for a non-tensor)."""
     no = _refuser("fattn.flash_attn_varlen_func")
     if qv is not None:
         no("qv")
-    causal, ws, softcap = _fa_common_args("fattn.flash_attn_varlen_func", no, causal,
-                                          (q_descale, k_descale, v_descale), " (fp8 inputs)", window_size,
-                                          attention_chunk, softcap, num_splits, "", sm_margin)
+    causal, ws, softcap, chunk = _fa_common_args("fattn.flash_attn_varlen_func", no, causal,
+                                                 (q_descale, k_descale, v_descale), " (fp8 inputs)", window_size,
+                                                 attention_chunk, softcap, num_splits, "", sm_margin)
     if not _is_torch(q):
         raise TypeError("fattn.flash_attn_varlen_func takes torch tensors, got a %s" % type(q).__name__)
+    if chunk:  # the same call on a finer varlen batch (_chunk.py)
+        from . import _chunk
+        for name, x in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+            if not _is_torch(x) or x.dim() != 1 or x.shape[0] < 1:
+                raise ValueError("fattn.flash_attn_varlen_func: %s must be an int32 tensor [batch + 1]" % name)
+        cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_k = _chunk.varlen_split(
+            cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_k, chunk)
     o_lse = _torch_module().varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                                    softmax_scale, causal, deterministic, ws, softcap, learnable_sink, seqused_q)
     return o_lse if return_attn_probs else o_lse[0]
@@ -339,7 +364,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
 
     Arguments fattn cannot serve raise NotImplementedError, never ignored:
     qv, rotary_cos/rotary_sin, float8_e4m3fn q (FA3's FP8 call),
-    q/k/v_descale, attention_chunk != 0, scheduler_metadata, sm_margin != 0,
+    q/k/v_descale, scheduler_metadata, sm_margin != 0,
     and appending k, v [b, s_new, ...] of head_dim_v != head_dim to a cache
     without cu_seqlens.  rotary_seqlens and rotary_interleaved are ignored
     without rotary_cos, as FA3 ignores them.  cu_seqlens_q (int32 [b + 1])
@@ -399,13 +424,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
         no("float8_e4m3fn q (FA3's FP8 decoding: e4m3 q, k, v and caches with q/k/v_descale; fattn's FP8 KV "
            "cache takes float16/bfloat16/float32 q with k_scale, v_scale, and the CUDA decoding and varlen kernels "
            "have no e4m3-q instance on a cache)")
-    causal, ws, softcap = _fa_common_args("fattn.flash_attn_with_kvcache", no, causal,
-                                          (q_descale, k_descale, v_descale), " (fp8 inputs)", window_size,
-                                          attention_chunk, softcap, num_splits, "; 0 or 1 = none are served",
-                                          sm_margin)
+    causal, ws, softcap, chunk = _fa_common_args("fattn.flash_attn_with_kvcache", no, causal,
+                                                 (q_descale, k_descale, v_descale), " (fp8 inputs)", window_size,
+                                                 attention_chunk, softcap, num_splits, "; 0 or 1 = none are served",
+                                                 sm_margin)
     if not _is_torch(q):
         raise TypeError("fattn.flash_attn_with_kvcache takes torch tensors, got a %s" % type(q).__name__)
     out, lse = _torch_module().kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale, causal,
                                        num_splits == 1, ws, softcap, learnable_sink, k_scale, v_scale, cu_seqlens_q,
-                                       max_seqlen_q, cache_batch_idx, cache_leftpad, cu_seqlens_k_new)
+                                       max_seqlen_q, cache_batch_idx, cache_leftpad, cu_seqlens_k_new, chunk)
     return (out, lse) if return_softmax_lse else out

@@ -7,7 +7,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import _core
+from . import _chunk, _core
 from ._torch import (_DTYPES, _NS, _check_inputs, _context, _int32_on, _new_outputs, _on_current_stream, _op_sink,
                      _readable, _sink_tensor, _variants)
 
@@ -324,12 +324,13 @@ def _cache_index(page_table, cache_seqlens, b, device):
 
 def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale, causal, disable_split,
             window_size=None, softcap=0.0, learnable_sink=None, k_scale=None, v_scale=None, cu_seqlens_q=None,
-            max_seqlen_q=None, cache_batch_idx=None, cache_leftpad=None, cu_seqlens_k_new=None):
+            max_seqlen_q=None, cache_batch_idx=None, cache_leftpad=None, cu_seqlens_k_new=None, chunk=0):
     """fattn.flash_attn_with_kvcache once its FA3 arguments are checked: (out, lse);
     window_size None or (left, right), softcap, learnable_sink: fattn.attention's;
     k_scale, v_scale: an FP8 KV cache's scales (_check_kv8); cu_seqlens_q with
     max_seqlen_q: q packed [total_q, hq, d], out [total_q, hq, dv], lse [hq,
-    total_q]; cu_seqlens_k_new: k, v packed [total_new, hkv, d (dv)]."""
+    total_q]; cu_seqlens_k_new: k, v packed [total_new, hkv, d (dv)]; chunk: FA3's attention_chunk
+    (_chunk.py: the call as varlen queries on the cache, split by chunk)."""
     if _check_kv8(q, k_cache, v_cache, k_scale, v_scale):
         _check_inputs(q, q, q)
     else:
@@ -353,10 +354,23 @@ def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale,
                                   "cu_seqlens_k_new on an FP8 KV cache are not supported by fattn (fattn_kv_append, "
                                   "which quantises the rows, takes [batch, seqlen_new] rows only): append with "
                                   "fattn's kv_append first, then attend")
+    if chunk and k is not None and k_scale is not None:
+        raise NotImplementedError("fattn.flash_attn_with_kvcache: attention_chunk with k, v to append to an FP8 "
+                                  "KV cache is not supported by fattn (the chunked call appends by indexing, which "
+                                  "cannot quantise): append with fattn's kv_append first, then attend")
     if cu_seqlens_q is not None:
         return _kvcache_varlen(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale, causal,
                                window_size, softcap, learnable_sink, k_scale, cu_seqlens_q, max_seqlen_q,
-                               cache_batch_idx, cache_leftpad, cu_seqlens_k_new, v_scale)
+                               cache_batch_idx, cache_leftpad, cu_seqlens_k_new, v_scale, chunk)
+    if chunk:  # fixed-length queries as a varlen batch of equal lengths, split by chunk (_chunk.py)
+        if q.dim() != 4:
+            raise ValueError("fattn: q must be 4-D [batch, seqlen, heads, head_dim], got shape %s" % (tuple(q.shape),))
+        b, sq = q.shape[:2]
+        cu = torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32, device=q.device)
+        out, lse = _kvcache_varlen(q.reshape(b * sq, *q.shape[2:]), k_cache, v_cache, k, v, cache_seqlens,
+                                   page_table, softmax_scale, causal, window_size, softcap, learnable_sink, k_scale,
+                                   cu, sq, cache_batch_idx, cache_leftpad, cu_seqlens_k_new, v_scale, chunk)
+        return out.view(b, sq, *out.shape[1:]), lse.view(lse.shape[0], b, sq).permute(1, 0, 2)
     if q.dim() != 4:
         raise ValueError("fattn: q must be 4-D [batch, seqlen, heads, head_dim], got shape %s" % (tuple(q.shape),))
     sink = _sink_tensor(learnable_sink, q)
@@ -408,7 +422,7 @@ def _check_packed_new(k, v, cu_seqlens_k_new, b, dims, device):
 
 def _kvcache_varlen(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softmax_scale, causal, window_size, softcap,
                     learnable_sink, k_scale, cu_seqlens_q, max_seqlen_q, cache_batch_idx=None, cache_leftpad=None,
-                    cu_seqlens_k_new=None, v_scale=None):
+                    cu_seqlens_k_new=None, v_scale=None, chunk=0):
     """kvcache with cu_seqlens_q: varlen queries on the cache (fwd_kvcache_varlen), after the append of k, v
     ([b, s_new, hkv, d], or packed with cu_seqlens_k_new) by indexing (kv_append_rows)."""
     if q.dim() != 3:
@@ -445,6 +459,20 @@ def _kvcache_varlen(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softma
         cache_seqlens = cache_seqlens + kv_append_rows(k_cache, v_cache, k, v, cache_seqlens, page_table,
                                                        cache_batch_idx, cu_k_new)
     wl, wr = window_size if window_size is not None else (-1, -1)
+    if chunk:  # each sequence as its chunks' sub-sequences on the same cache row (_chunk.py)
+        cap = k_cache.shape[1] * (1 if page_table is None else page_table.shape[1])
+        lens = cache_seqlens if cache_seqlens is not None else torch.full((b,), cap, dtype=torch.int32,
+                                                                        device=q.device)
+        lens = torch.minimum(lens.long(), torch.full_like(lens.long(), cap))
+        if cache_leftpad is not None:
+            lens = lens - torch.minimum(cache_leftpad.long().clamp_min(0), lens)
+        cu, cache_seqlens, cache_leftpad, n = _chunk.cache_split(cu, lens, cache_leftpad, chunk, cap)
+        if page_table is not None:
+            page_table = page_table.repeat_interleave(n, 0)
+        else:
+            rows = cache_batch_idx if cache_batch_idx is not None else torch.arange(b, dtype=torch.int32,
+                                                                                    device=q.device)
+            cache_batch_idx = rows.repeat_interleave(n)
     return fwd_kvcache_varlen(q, k_cache, v_cache, cu, cache_seqlens, page_table, int(max_seqlen_q), bool(causal),
                               scale, int(wl), int(wr), float(softcap), sink, cache_batch_idx, cache_leftpad,
                               k_scale, v_scale)
