@@ -2099,7 +2099,10 @@ class KvCache8(unittest.TestCase):
         self.assertLess(rel(o, want_o), tol, msg)
         fin = torch.isfinite(want_lse)
         self.assertTrue(torch.equal(torch.isfinite(lse), fin), msg)
-        torch.testing.assert_close(lse[fin].double(), want_lse[fin].double(), rtol=1e-3, atol=1e-3)
+        # the CUDA prefill kernels stage code x scale rounded to q's dtype (fattn.h): bf16's 2^-9 on each K
+        # value moves a score of size ~3 by up to ~6e-3 (measured 2.6e-3 on the LSE, 2 rows of 768)
+        lse_tol = 1e-2 if device != "cpu" and dtype == torch.bfloat16 and sq > 16 else 1e-3
+        torch.testing.assert_close(lse[fin].double(), want_lse[fin].double(), rtol=1e-3, atol=lse_tol, msg=msg)
         return kcd, vcd, ksd, vsd, o
 
     def test_matches_reference(self):

@@ -320,7 +320,9 @@ static void check_refused(fattn_ctx *ctx) {
     CK(cudaMemset(used, 0, 4));
     CK(cudaMemset(scale, 0, 64 * 4));
     std::vector<uint16_t> h(n);
-    for (int which = 0; which < 3; ++which) {
+    /* (softcap with seqused_k at d256 past 16 rows, refused until the fixed-length
+     * cache calls ran as varlen queries, is served since: test_kvcache_prefill) */
+    for (int which = 0; which < 2; ++which) {
         fattn_fwd_args a;
         memset(&a, 0, sizeof a);
         a.p = tu_problem(1, S, S, 2, 2, 64, 0, 0, NULL, NULL);

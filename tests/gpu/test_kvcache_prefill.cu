@@ -365,6 +365,7 @@ static void run_serving_case(fattn_ctx *ctx, tu_rng *rng, const scase &c) {
     if (c.page) { /* a pool of pages: batch = page (fattn.h) */
         a.block_table = dtable, a.page_size = c.page, a.num_pages = CB * npp, a.max_pages_per_seq = npp;
         a.k.stride_batch = a.v.stride_batch = (int64_t)c.page * row;
+        a.k.stride_seq = a.v.stride_seq = (int64_t)row, a.k.stride_head = a.v.stride_head = D;
     }
     if (c.kv8) {
         const fattn_tensor k16 = a.k, v16 = a.v;
