@@ -2215,8 +2215,10 @@ class AttentionChunk(unittest.TestCase):
     v within 1e-4 relative; chunks smaller than, equal to and larger than the sequences, causal, a window,
     more queries than keys and the reverse, GQA."""
 
-    CASES = [dict(sq=37, sk=45, chunk=8, causal=True, window=None), dict(sq=45, sk=37, chunk=5, causal=True, window=None),
-             dict(sq=20, sk=50, chunk=64, causal=True, window=None), dict(sq=33, sk=33, chunk=1, causal=True, window=None),
+    CASES = [dict(sq=37, sk=45, chunk=8, causal=True, window=None),
+             dict(sq=45, sk=37, chunk=5, causal=True, window=None),
+             dict(sq=20, sk=50, chunk=64, causal=True, window=None),
+             dict(sq=33, sk=33, chunk=1, causal=True, window=None),
              dict(sq=30, sk=61, chunk=16, causal=False, window=(7, 3)), dict(sq=50, sk=20, chunk=7, causal=False,
                                                                           window=(-1, 4))]
 
