@@ -80,6 +80,14 @@ fattn_status cuda_decode_workspace_done(fattn_ctx *ctx);
 /* Hopper 16-bit backward (hopper/instances/bwd_sm90.cu). */
 fattn_status bwd_sm90_launch(fattn_ctx *ctx, const fattn_bwd_args *a);
 
+/* After a <<<>>> launch: its error (or one left before it) as the context's
+ * "<what> launch: <CUDA's message>" (FATTN_ERROR_CUDA), else FATTN_OK. */
+inline fattn_status cuda_launch_error(fattn_ctx *ctx, const char *what) {
+    const cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) return FATTN_OK;
+    return fattn_fail(ctx, FATTN_ERROR_CUDA, "%s launch: %s", what, cudaGetErrorString(e));
+}
+
 /* Make `device` the current device; *prev receives the device to give back to
  * cuda_device_leave (-1 when nothing was switched, also on failure). */
 cudaError_t cuda_device_enter(int device, int *prev);

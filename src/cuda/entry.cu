@@ -306,8 +306,8 @@ extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_arg
                           "variable-length batches (cu_seqlens_q/k) with e4m3 inputs are not supported by the CUDA engine");
     /* the varlen kernels count tiles over the padded batch x seqlen_q (the
      * max) x heads_q in an int; 64 rows per tile bounds every instance's */
-    if ((p->cu_seqlens_q || p->cu_seqlens_k) &&
-        (int64_t)p->batch * ((p->seqlen_q + 63) / 64) * p->heads_q > INT32_MAX)
+    const int64_t tiles = (int64_t)p->batch * ((p->seqlen_q + 63) / 64) * p->heads_q;
+    if ((p->cu_seqlens_q || p->cu_seqlens_k) && tiles > INT32_MAX)
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                           "variable-length batch of %d sequences, the longest %d queries, %d heads: batch x "
                           "ceil(seqlen_q / 64) x heads_q exceeds 2^31 - 1 tiles for the CUDA engine",
@@ -335,7 +335,7 @@ extern "C" fattn_status fattn_cuda_fwd_check(fattn_ctx *ctx, const fattn_fwd_arg
                                   p->seqlen_q, p->seqlen_q * (p->heads_q / p->heads_kv),
                                   a->block_table ? ", or a page_size other than 2^k >= 8" : "", i ? "o" : "q",
                                   (long long)t[i]->stride_batch, (long long)t[i]->stride_seq);
-        if ((int64_t)p->batch * p->seqlen_q > INT32_MAX || (int64_t)p->batch * ((p->seqlen_q + 63) / 64) * p->heads_q > INT32_MAX)
+        if ((int64_t)p->batch * p->seqlen_q > INT32_MAX || tiles > INT32_MAX)
             return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                               "a fixed-length KV-cache call of batch %d x seqlen_q %d x %d heads exceeds 2^31 - 1 "
                               "rows or tiles for the CUDA engine's KV-cache kernels",

@@ -28,12 +28,6 @@ int bwd_portable_smem_need(int head_dim, int optin) {
     }
 }
 
-static fattn_status pbwd_launch_error(fattn_ctx *ctx, const char *what) {
-    const cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess) return FATTN_OK;
-    return fattn_fail(ctx, FATTN_ERROR_CUDA, "portable backward %s launch: %s", what, cudaGetErrorString(e));
-}
-
 static fattn_status pbwd_main(fattn_ctx *ctx, const PortableBwdParams &p, bool bf16, int d, dim3 grid) {
     switch (d) {
     case 64: return bwd_portable_hdim64(ctx, p, bf16, grid);
@@ -112,7 +106,7 @@ static fattn_status pbwd_run(fattn_ctx *ctx, const fattn_bwd_args *a) {
             (const uint16_t *)a->dout.data, a->dout.stride_batch, a->dout.stride_seq, a->dout.stride_head, a->lse,
             (float *)p.lse2, (float *)p.dsum, pr->heads_q, pr->seqlen_q, p.m_blocks * BM, D, (int64_t)rows);
     }
-    if ((s = pbwd_launch_error(ctx, "preprocess")) != FATTN_OK) return s;
+    if ((s = cuda_launch_error(ctx, "portable backward preprocess")) != FATTN_OK) return s;
 
     /* one CTA per (key block, kv head, batch entry); key block n before n + 1
      * in the launch order, which the deterministic turns rely on */
@@ -131,7 +125,7 @@ static fattn_status pbwd_run(fattn_ctx *ctx, const fattn_bwd_args *a) {
             p.dq_acc, (uint16_t *)a->dq.data, a->dq.stride_batch, a->dq.stride_seq, a->dq.stride_head, pr->heads_q,
             pr->seqlen_q, D, D, D, pr->softmax_scale, pairs);
     }
-    if ((s = pbwd_launch_error(ctx, "postprocess")) != FATTN_OK) return s;
+    if ((s = cuda_launch_error(ctx, "portable backward postprocess")) != FATTN_OK) return s;
     return cuda_bwd_workspace_done(ctx);
 }
 

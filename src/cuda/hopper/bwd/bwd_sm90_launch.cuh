@@ -12,12 +12,6 @@
 #include "bwd_prepost.cuh"
 #include "bwd_sm90.cuh"
 
-static inline fattn_status bwd_launch_error(fattn_ctx *ctx, const char *what) {
-    const cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess) return FATTN_OK;
-    return fattn_fail(ctx, FATTN_ERROR_CUDA, "backward %s launch: %s", what, cudaGetErrorString(e));
-}
-
 /* One backward through kernel instance C (a BwdCfg): the library's entry
  * (bwd_sm90.cu) with the shipped instances, bench/bwd_variants.cu with others. */
 template <class C>
@@ -114,12 +108,12 @@ fattn_status bwd_sm90_run(fattn_ctx *ctx, const fattn_bwd_args *a) {
             (const uint16_t *)a->dout.data, a->dout.stride_batch, a->dout.stride_seq, a->dout.stride_head, a->lse,
             (float *)p.lse2, (float *)p.dsum, pr->heads_q, pr->seqlen_q, p.sq_pad, HDV, (int64_t)rows);
     }
-    if ((s = bwd_launch_error(ctx, "preprocess")) != FATTN_OK) return s;
+    if ((s = cuda_launch_error(ctx, "backward preprocess")) != FATTN_OK) return s;
     if (a->dsink) {
         bwd_dsink_kernel<C::VARLEN><<<(unsigned)pr->heads_q, 256, 0, stream>>>(
             p.lse2, p.dsum, a->learnable_sink, a->dsink, pr->batch, pr->heads_q, pr->seqlen_q, p.sq_pad, p.cu_q,
             p.total_q, p.rb_total, p.seqused_q);
-        if ((s = bwd_launch_error(ctx, "d(sink)")) != FATTN_OK) return s;
+        if ((s = cuda_launch_error(ctx, "backward d(sink)")) != FATTN_OK) return s;
     }
 
     const void *kern = (const void *)bwd_sm90_kernel<C>;
@@ -142,7 +136,7 @@ fattn_status bwd_sm90_run(fattn_ctx *ctx, const fattn_bwd_args *a) {
             p.dq_acc, (uint16_t *)a->dq.data, a->dq.stride_batch, a->dq.stride_seq, a->dq.stride_head, pr->heads_q,
             pr->seqlen_q, C::DQ_N, HD, D, pr->softmax_scale, pairs);
     }
-    if ((s = bwd_launch_error(ctx, "postprocess")) != FATTN_OK) return s;
+    if ((s = cuda_launch_error(ctx, "backward postprocess")) != FATTN_OK) return s;
     return cuda_bwd_workspace_done(ctx);
 }
 

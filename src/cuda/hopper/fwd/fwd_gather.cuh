@@ -114,6 +114,25 @@ struct FwdGather {
         }
     }
 
+    /* K (V false) or V of the job into stage s, then the stage's full
+     * barrier: cp.async's arrival when its copies land, KV8's plain one */
+    template <bool V>
+    __device__ __forceinline__ void fill(int s, int4 job) const {
+        constexpr int SL = V ? C::V_SLABS : C::SLABS, COLS = V ? C::DV : C::D;
+        uint8_t *dst = V ? sm.v_stage(s) : sm.k_stage(s);
+        uint64_t *full = V ? &sm.full_v[s] : &sm.full_k[s];
+        const uint8_t *pool = V ? pg.v : pg.k;
+        const int64_t s_page = V ? pg.v_page : pg.k_page, s_row = V ? pg.v_row : pg.k_row;
+        const int64_t s_head = V ? pg.v_head : pg.k_head;
+        if constexpr (C::KV8) {
+            gather8<SL>(dst, pool, s_page, s_row, s_head, V ? pg.v_scale : pg.k_scale, V ? pg.vs : pg.ks, job);
+            mbar_arrive(full);
+        } else {
+            gather<SL, COLS>(dst, pool, s_page, s_row, s_head, job);
+            cp_async_mbar_arrive_noinc(full);
+        }
+    }
+
     __device__ __forceinline__ void run() const {
         for (int it = 0;; ++it) {
             const int s = ring_stage(it, C::STAGES);
@@ -122,22 +141,10 @@ struct FwdGather {
             const int4 job = ld_shared_s32x4(sm.job_slot + 4 * s);
             if (job.x < 0) break;
             fence_async_shared();
-            if constexpr (C::KV8) {
-                gather8<C::SLABS>(sm.k_stage(s), pg.k, pg.k_page, pg.k_row, pg.k_head, pg.k_scale, pg.ks, job);
-                mbar_arrive(&sm.full_k[s]);
-            } else {
-                gather<C::SLABS, C::D>(sm.k_stage(s), pg.k, pg.k_page, pg.k_row, pg.k_head, job);
-                cp_async_mbar_arrive_noinc(&sm.full_k[s]);
-            }
+            fill<false>(s, job);
             mbar_wait<true>(&sm.empty_v[s], ph ^ 1);
             fence_async_shared();
-            if constexpr (C::KV8) {
-                gather8<C::V_SLABS>(sm.v_stage(s), pg.v, pg.v_page, pg.v_row, pg.v_head, pg.v_scale, pg.vs, job);
-                mbar_arrive(&sm.full_v[s]);
-            } else {
-                gather<C::V_SLABS, C::DV>(sm.v_stage(s), pg.v, pg.v_page, pg.v_row, pg.v_head, job);
-                cp_async_mbar_arrive_noinc(&sm.full_v[s]);
-            }
+            fill<true>(s, job);
         }
         if constexpr (!C::KV8) cp_async_wait_all();
     }

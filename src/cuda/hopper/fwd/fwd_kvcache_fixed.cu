@@ -28,11 +28,6 @@ __global__ void fixed_lse_kernel(float *lse, const float *packed, int batch, int
     }
 }
 
-static fattn_status launched(fattn_ctx *ctx, const char *what) {
-    const cudaError_t e = cudaGetLastError();
-    return e == cudaSuccess ? FATTN_OK : fattn_fail(ctx, FATTN_ERROR_CUDA, "%s launch: %s", what, cudaGetErrorString(e));
-}
-
 fattn_status fwd_kvcache_fixed(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v) {
     const fattn_problem *p = &a->p;
     const int64_t total = (int64_t)p->batch * p->seqlen_q;
@@ -51,7 +46,7 @@ fattn_status fwd_kvcache_fixed(fattn_ctx *ctx, const fattn_fwd_args *a, const fw
     cudaStream_t st = (cudaStream_t)ctx->stream;
     int32_t *cu = (int32_t *)ws;
     fixed_cu_seqlens_kernel<<<(p->batch + 256) / 256, 256, 0, st>>>(cu, p->batch, p->seqlen_q);
-    if ((s = launched(ctx, "fattn_fwd (fixed-length on a KV cache): cu_seqlens_q")) != FATTN_OK) return s;
+    if ((s = cuda_launch_error(ctx, "fattn_fwd (fixed-length on a KV cache): cu_seqlens_q")) != FATTN_OK) return s;
     fattn_fwd_args b = *a;
     b.p.cu_seqlens_q = cu;
     b.p.total_q = (int)total;
@@ -61,7 +56,7 @@ fattn_status fwd_kvcache_fixed(fattn_ctx *ctx, const fattn_fwd_args *a, const fw
         const int64_t n = total * p->heads_q;
         const int blocks = (int)std::min<int64_t>((n + 255) / 256, 4096);
         fixed_lse_kernel<<<blocks, 256, 0, st>>>(a->lse, b.lse, p->batch, p->heads_q, p->seqlen_q);
-        if ((s = launched(ctx, "fattn_fwd (fixed-length on a KV cache): lse")) != FATTN_OK) return s;
+        if ((s = cuda_launch_error(ctx, "fattn_fwd (fixed-length on a KV cache): lse")) != FATTN_OK) return s;
     }
     return cuda_decode_workspace_done(ctx);
 }

@@ -192,7 +192,7 @@ inline FwdPaged fwd_paged_of(const fattn_fwd_args *a, int kv_box, bool kv8, int6
     FwdPaged pg;
     memset(&pg, 0, sizeof pg);
     pg.kv_box = kv_box;
-    pg.num_pages = a->block_table ? a->num_pages : (int)entries;
+    pg.num_pages = (int)entries; /* the pool's pages, or the dense cache's batch entries */
     if (kv_box == 0) {
         const int64_t es = kv8 ? 1 : 2; /* e4m3 or 16-bit: entry.cu */
         pg.k = (const uint8_t *)a->k.data, pg.v = (const uint8_t *)a->v.data;
@@ -287,7 +287,7 @@ fattn_status fwd_sm90_launch_inst(fattn_ctx *ctx, const fattn_fwd_args *a, const
 
     CUtensorMap tq, tk, tv;
     int vl_box = C::BN;
-    int64_t vl_entries = 0; /* KV8: the dense cache's batch entries */
+    int64_t vl_entries = 0; /* KVCACHE: the cache's pages or batch entries (FwdPaged.num_pages) */
     FwdFp8 f8;
     memset(&f8, 0, sizeof f8);
     if constexpr (C::FP8) {
