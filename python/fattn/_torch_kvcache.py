@@ -461,9 +461,8 @@ def _kvcache_varlen(q, k_cache, v_cache, k, v, cache_seqlens, page_table, softma
     wl, wr = window_size if window_size is not None else (-1, -1)
     if chunk:  # each sequence as its chunks' sub-sequences on the same cache row (_chunk.py)
         cap = k_cache.shape[1] * (1 if page_table is None else page_table.shape[1])
-        lens = cache_seqlens if cache_seqlens is not None else torch.full((b,), cap, dtype=torch.int32,
-                                                                        device=q.device)
-        lens = torch.minimum(lens.long(), torch.full_like(lens.long(), cap))
+        lens = (cache_seqlens.long().clamp_max(cap) if cache_seqlens is not None
+                else torch.full((b,), cap, dtype=torch.long, device=q.device))
         if cache_leftpad is not None:
             lens = lens - torch.minimum(cache_leftpad.long().clamp_min(0), lens)
         cu, cache_seqlens, cache_leftpad, n = _chunk.cache_split(cu, lens, cache_leftpad, chunk, cap)

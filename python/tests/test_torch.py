@@ -29,10 +29,12 @@ HOPPER = _SM80 and torch.cuda.get_device_capability() == (9, 0) and _ENGINE_ENV 
 PORTABLE = _SM80 and not HOPPER and _ENGINE_ENV != "hopper"
 
 
-def reference(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, sink=None, return_lse=False):
+def reference(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, sink=None, return_lse=False, chunk=0):
     """Softmax attention in the inputs' dtype, FlashAttention's bottom-right causal mask
     and window (rows that see no key give 0), softcap and FA4's sinks (fattn.h: one more
-    softmax column per query head, no value row; lse includes it); differentiable."""
+    softmax column per query head, no value row; lse includes it), FA3's attention_chunk
+    (its construct_chunk_mask: query i at p = i + sk - sq sees keys c0 <= j < c0 + chunk,
+    c0 = p - p mod chunk, floor); differentiable."""
     b, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
@@ -50,6 +52,9 @@ def reference(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, s
         hide |= j > i + sk - sq + window[1]
     if window[0] >= 0:
         hide |= j < i + sk - sq - window[0]
+    if chunk:
+        c0 = i + sk - sq - torch.remainder(i + sk - sq, chunk)
+        hide |= (j < c0) | (j >= c0 + chunk)
     s = s.masked_fill(hide, float("-inf"))
     if sink is not None:
         s = torch.cat([s, sink.to(s.dtype).view(1, hq, 1, 1).expand(b, hq, sq, 1)], -1)
@@ -2183,29 +2188,9 @@ class KvCache8Cuda(unittest.TestCase):
 
 
 def chunk_reference(q, k, v, causal, window, chunk):
-    """(out, lse) in float64 of FlashAttention-3's attention_chunk (its construct_chunk_mask): query i at
-    p = i + sk - sq sees keys c0 <= j < c0 + chunk, c0 = p - p mod chunk (floor), within causal and the
-    window (left, right; -1 unbounded).  Differentiable; rows that see no key give 0 and lse -inf."""
-    q, k, v = q.double(), k.double(), v.double()
-    b, sq, hq, d = q.shape
-    sk, g = k.shape[1], hq // k.shape[2]
-    k, v = k.repeat_interleave(g, 2), v.repeat_interleave(g, 2)
-    s = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d)
-    p = torch.arange(sq)[:, None] + sk - sq
-    j = torch.arange(sk)[None]
-    c0 = p - torch.remainder(p, chunk)
-    mask = (j < c0) | (j >= c0 + chunk)
-    if causal:
-        mask |= j > p
-    if window is not None:
-        if window[0] >= 0:
-            mask |= j < p - window[0]
-        if window[1] >= 0:
-            mask |= j > p + window[1]
-    s = s.masked_fill(mask, float("-inf"))
-    lse = torch.logsumexp(s, -1)
-    w = torch.exp(s - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))[..., None])
-    return torch.einsum("bhqk,bkhd->bqhd", w, v), lse
+    """reference's (out, lse) in float64 with FA3's attention_chunk; window None: none."""
+    return reference(q.double(), k.double(), v.double(), causal, window=window or (-1, -1), return_lse=True,
+                     chunk=chunk)
 
 
 class AttentionChunk(unittest.TestCase):

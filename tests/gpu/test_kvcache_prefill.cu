@@ -89,7 +89,8 @@ static kv8_store kv8_quantise(std::vector<double> &x, int entries, int rows, int
     tu_round_to(x.data(), x.size(), dt);
     return st;
 }
-/* KV8: a tensor's codes and scales on the device (freed by kv8_free) */
+/* KV8: a tensor's codes and scales on the device in place of its data (its
+ * strides, in elements, stay); freed by kv8_free */
 static void kv8_upload(const kv8_store &st, fattn_tensor *t) {
     void *dc;
     float *ds;
@@ -208,12 +209,7 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const kcase &c) {
         a.k.stride_batch = a.v.stride_batch = (int64_t)CAP * row;
     }
     a.k.stride_seq = a.v.stride_seq = (int64_t)row, a.k.stride_head = a.v.stride_head = D;
-    if (c.kv8) {
-        const fattn_tensor k16 = a.k, v16 = a.v;
-        kv8_upload(k8, &a.k), kv8_upload(v8, &a.v);
-        a.k.stride_batch = k16.stride_batch, a.k.stride_seq = k16.stride_seq, a.k.stride_head = k16.stride_head;
-        a.v.stride_batch = v16.stride_batch, a.v.stride_seq = v16.stride_seq, a.v.stride_head = v16.stride_head;
-    }
+    if (c.kv8) kv8_upload(k8, &a.k), kv8_upload(v8, &a.v); /* codes and scales; the strides stay (elements) */
     char what[240];
     snprintf(what, sizeof what, "%s kv-cache prefill%s b%d (q %d tokens, max %d; cap %d, %s %d) h%d/%d d%d%s%s%s%s",
              fattn_dtype_name(c.dt), c.fixed ? " (fixed-length)" : "", B, TQ, maxq, CAP, c.page ? "page" : "dense",
@@ -367,12 +363,7 @@ static void run_serving_case(fattn_ctx *ctx, tu_rng *rng, const scase &c) {
         a.k.stride_batch = a.v.stride_batch = (int64_t)c.page * row;
         a.k.stride_seq = a.v.stride_seq = (int64_t)row, a.k.stride_head = a.v.stride_head = D;
     }
-    if (c.kv8) {
-        const fattn_tensor k16 = a.k, v16 = a.v;
-        kv8_upload(k8, &a.k), kv8_upload(v8, &a.v);
-        a.k.stride_batch = k16.stride_batch, a.k.stride_seq = k16.stride_seq, a.k.stride_head = k16.stride_head;
-        a.v.stride_batch = v16.stride_batch, a.v.stride_seq = v16.stride_seq, a.v.stride_head = v16.stride_head;
-    }
+    if (c.kv8) kv8_upload(k8, &a.k), kv8_upload(v8, &a.v); /* codes and scales; the strides stay (elements) */
     char what[240];
     snprintf(what, sizeof what, "%s kv-cache serving b%d (q %d tokens) cap %d, entries %d h%d/%d d%d%s%s%s%s%s%s",
              fattn_dtype_name(c.dt), B, TQ, CAP, CB, HQ, HK, D, c.causal ? " causal" : "", dqused ? " seqused_q" : "",
