@@ -564,13 +564,15 @@ typedef struct fattn_problem {
  *     past 65504 become Inf), then the 16-bit kernels' arithmetic.
  *   cu_seqlens_k, other head dims, and the portable engine are
  *   UNSUPPORTED (the CPU engine serves them).  In the decoding kernel the
- *   codes are converted exactly to q's 16-bit type; K's scale multiplies
- *   the f32 scores, V's multiplies P before P is rounded to q's type for
- *   the PV product (the FP8 forward's v scale placement), so the result
- *   is a 16-bit kernel's over the dequantised cache: with f16 q a v scale
- *   above 65504 (a block amax above ~2.9e7) overflows P to Inf, and a
- *   product of P and a v scale below 2^-126 flushes to zero (the kernels'
- *   f32 arithmetic flushes subnormals).
+ *   codes are converted exactly to f16 and the products run in f16 with
+ *   f32 sums whatever q's 16-bit type: a bf16 q row enters as f16 times a
+ *   power of two that puts its largest |q| in [2^14, 2^15) (exact but for
+ *   elements over 2^28 below it); K's scale multiplies the f32 scores; V's
+ *   multiplies P before P is rounded to f16 for the PV product (the FP8
+ *   forward's v scale placement), as its ratio to the largest v scale a
+ *   warp has met so far (O carries that factor back), so P stays in
+ *   [0, 1] whatever the scales' size; a product below 2^-126 flushes to
+ *   zero (the kernels' f32 arithmetic flushes subnormals).
  * NaN and Inf in the inputs reach O and LSE as in torch's SDPA, through
  * the keys a row sees and nothing else:
  *   - a NaN in q makes its row's O and LSE NaN; a NaN (or a +inf score) in

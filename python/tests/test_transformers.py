@@ -39,34 +39,34 @@ def gpt2():
                       eos_token_id=2, pad_token_id=0)
 
 
-# Variant models: 2 layers, GQA 4/2, head dim 16, a sliding window of 8 keys on 40-token inputs, and a
+# Variant models: 2 layers, GQA 4/2, head dim 16 (64 on the GPU), a sliding window of 8 keys on 40-token inputs, and a
 # larger initializer_range than the default 0.02 so that the scores are large enough (|s| up to ~10)
 # for the softcap and the window to change the logits (checked: test_variants_matter).
-def mistral():
+def mistral(head_dim=16):
     from transformers import MistralConfig
     return MistralConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim, sliding_window=8,
                          max_position_embeddings=256, initializer_range=0.2, pad_token_id=0, bos_token_id=1,
                          eos_token_id=2)
 
 
-def gemma2():
+def gemma2(head_dim=16):
     from transformers import Gemma2Config
     # layer 0 sliding, layer 1 global (Gemma 2's alternation); softcap 5 on scores of |s| ~ 10
     return Gemma2Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8,
-                        query_pre_attn_scalar=16, attn_logit_softcapping=5.0, final_logit_softcapping=30.0,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim, sliding_window=8,
+                        query_pre_attn_scalar=head_dim, attn_logit_softcapping=5.0, final_logit_softcapping=30.0,
                         max_position_embeddings=256, initializer_range=0.2, pad_token_id=0, bos_token_id=1,
                         eos_token_id=2)
 
 
-def gpt_oss():
+def gpt_oss(head_dim=16):
     from transformers import GptOssConfig
     # layer 0 sliding, layer 1 full; sinks drawn N(0, 1) in variant_model (the init leaves them near 0); every
     # token to both experts: a top-k choice that bf16 rounding flips moves a logit by ~1-2 (measured with 2 of
     # 4 experts), far above the attention's bf16 noise this compares
     return GptOssConfig(vocab_size=128, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim, num_local_experts=2,
                         num_experts_per_tok=2, sliding_window=8, layer_types=["sliding_attention", "full_attention"],
                         max_position_embeddings=131072, initializer_range=0.2, pad_token_id=0, bos_token_id=1,
                         eos_token_id=2)
@@ -329,7 +329,8 @@ class VariantsCuda(unittest.TestCase):
 
     def model(self, make, impl, dtype):
         torch.manual_seed(0)
-        m = AutoModelForCausalLM.from_config(make(), attn_implementation=impl, dtype=dtype).cuda()
+        # head dim 64: the Hopper kernels' smallest (the CPU classes' 16 is refused there)
+        m = AutoModelForCausalLM.from_config(make(head_dim=64), attn_implementation=impl, dtype=dtype).cuda()
         with torch.no_grad():
             for n, p in m.named_parameters():
                 if n.endswith(".sinks"):  # as Transformers.variant_model

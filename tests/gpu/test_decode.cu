@@ -27,8 +27,9 @@
  * page or sequence, blocks of 8, K and V apart), NaN codes and NaN scales
  * where no sequence looks, and the oracle on the dequantised values
  * (code x scale, exact in double), so gpu_check_fwd's 16-bit tolerances
- * hold: the kernel's own rounding is the 16-bit path's (codes exact in
- * 16 bits, K's scale on the f32 scores, V's on P before its rounding).
+ * hold: the kernel's own rounding is at most the 16-bit path's (codes
+ * exact in f16, K's scale on the f32 scores, V's on P before its rounding
+ * to f16).
  * FATTN_TEST_SMALL=1: the small cases only (compute-sanitizer). */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -56,7 +57,10 @@ struct dcase {
     double sink_base;
     /* an FP8 KV cache (fattn.h 0.5): 0 none; the scale_block of K and V:
      * 1 per token, 2 per page (contiguous: per sequence), 3 K per token and
-     * V per page, 4 blocks of 8 rows */
+     * V per page, 4 blocks of 8 rows; 5 and 6 per token with magnitudes
+     * (bf16 only: O reaches 2^40): q times 2^17 (softmax_scale times
+     * 2^-17; past f16's range), and V's 64-key blocks times 1, 2^40, 2^-40
+     * in turn (5) or all times 2^-60 (6), scales from 2^-68 to 2^32 */
     int kv8;
 };
 
@@ -66,6 +70,7 @@ static int kv8_block(int mode, int i, int unit) {
     case 1: return 1;
     case 2: return unit;
     case 3: return i == 0 ? 1 : unit;
+    case 5: case 6: return 1;
     default: return 8;
     }
 }
@@ -129,6 +134,14 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const dcase &c) {
     tu_fill_normal(rng, q.data(), nq);
     tu_fill_normal(rng, k.data(), nkv);
     tu_fill_normal(rng, v.data(), nkv);
+    const bool mags = c.kv8 >= 5; /* kv8_block's modes 5 and 6: powers of two, exact */
+    if (mags) {
+        for (double &x : q) x = ldexp(x, 17);
+        for (size_t i = 0; i < nkv; ++i) {
+            const int j = (int)(i / ((size_t)HK * D) % (size_t)SK);
+            v[i] = ldexp(v[i], c.kv8 == 6 ? -60 : (j / 64) % 3 == 1 ? 40 : (j / 64) % 3 == 2 ? -40 : 0);
+        }
+    }
     tu_round_to(q.data(), nq, c.dt);
     tu_round_to(k.data(), nkv, c.dt);
     tu_round_to(v.data(), nkv, c.dt);
@@ -220,6 +233,7 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const dcase &c) {
     a.seqused_k = dused;
     a.p.window = c.window, a.p.window_left = c.wl, a.p.window_right = c.wr;
     a.p.softcap = (float)c.softcap;
+    if (mags) a.p.softmax_scale = (float)ldexp(1.0 / sqrt((double)D), -17);
     a.learnable_sink = dsink;
     if (c.page) {
         a.block_table = dtable;
@@ -284,6 +298,7 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const dcase &c) {
         op.head_dim = D, op.head_dim_v = D, op.causal = c.causal;
         op.window = c.window, op.window_left = c.wl, op.window_right = c.wr;
         op.softcap = c.softcap;
+        op.scale = a.p.softmax_scale;
         op.sink = c.has_sink ? sinkd.data() : NULL;
         std::vector<double> kb(k.begin() + (size_t)b * SK * row, k.begin() + ((size_t)b * SK + used[b]) * row);
         std::vector<double> vb(v.begin() + (size_t)b * SK * row, v.begin() + ((size_t)b * SK + used[b]) * row);
@@ -404,6 +419,10 @@ int main(void) {
         {1, 16, 5, 4, 4, 64, 1, BF, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},        /* rows that see no key */
         {3, 1, 1000, 32, 8, 128, 0, BF, 16, 1, 0, 1, 200, 0, 0, 1, -30, 1}, /* paged, window, sink */
         {3, 4, 300, 8, 2, 64, 1, F16, 0, 1, 0, 1, 37, 5, 2, 0, 0, 2},       /* causal + window, softcap */
+        {3, 1, 1000, 32, 8, 128, 0, BF, 16, 1, 0, 0, 0, 0, 0, 0, 0, 5},     /* magnitudes: V 1, 2^40, 2^-40 */
+        {1, 1, 20000, 32, 8, 128, 0, BF, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5},     /* the same over split keys */
+        {2, 4, 777, 8, 2, 64, 1, BF, 0, 0, 0, 0, 0, 0, 0, 0, 0, 6},         /* V all 2^-60 */
+        {2, 1, 3000, 8, 8, 256, 0, BF, 256, 1, 0, 0, 0, 0, 0, 0, 0, 5},
     };
     const int small = getenv("FATTN_TEST_SMALL") != NULL; /* sanitizer runs: small shapes only */
     for (const auto &c : cases)

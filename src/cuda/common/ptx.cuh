@@ -283,6 +283,12 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
     asm("{\n .reg .b16 c;\n cvt.u16.u32 c, %1;\n cvt.rn.f16x2.e4m3x2 %0, c;\n}" : "=r"(h) : "r"(two));
     return h;
 }
+/* Four e4m3 codes to two f16x2: bytes 0, 1 to lo, bytes 2, 3 to hi (exact) */
+__device__ __forceinline__ void e4m3x4_to_f16x2x2(uint32_t four, uint32_t &lo, uint32_t &hi) {
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}"
+        : "=r"(lo), "=r"(hi)
+        : "r"(four));
+}
 __device__ __forceinline__ float2 f16x2_to_f32x2(uint32_t h) {
     float2 f;
     asm("{\n .reg .f16 l, u;\n mov.b32 {l, u}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, u;\n}"
@@ -348,6 +354,17 @@ __device__ __forceinline__ void st_shared_f32x4(void *p, float4 v) {
 __device__ __forceinline__ float2 ld_shared_f32x2(const void *p) {
     float2 v;
     asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(smem_u32(p)));
+    return v;
+}
+/* 16 and 8 bytes at a shared address (as ld_shared_f32x2: volatile, no clobber) */
+__device__ __forceinline__ uint4 ld_shared_b32x4(uint32_t addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+    return v;
+}
+__device__ __forceinline__ uint2 ld_shared_b32x2(uint32_t addr) {
+    uint2 v;
+    asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
     return v;
 }
 __device__ __forceinline__ float4 ld_shared_f32x4(const void *p) {

@@ -23,18 +23,19 @@
  * its rows can see), softcap before the mask, and the learnable sink in the
  * final normalisation (one split) or in the combine (several).
  * KV8 (an FP8 KV cache, fattn.h 0.5; instances of their own, in
- * fwd_decode_kv8.cu): the stages hold e4m3 codes (TMA, unswizzled) and each
+ * fwd_decode_kv8.cu): the stages hold e4m3 codes (TMA, swizzled) and each
  * key's K and V scales (the producer warp's lanes fetch them); the
- * consumers convert a stage into the 16-bit tiles the 16-bit path reads
- * (exact), release it, and run the same loop with K's scale multiplied into
- * S and V's into P before P is rounded, as the FP8 forward places its v
- * scale. */
+ * consumers read the codes into f16 MMA fragments in registers
+ * (fwd_decode_kv8.cuh) and run the same loop, with K's scale multiplied
+ * into S and V's into P before P is rounded, as the FP8 forward places its
+ * v scale. */
 #pragma once
 #include <math.h>
 #include <stdint.h>
 
 #include "../../common/lse_combine.cuh"
 #include "../../common/ptx.cuh"
+#include "fwd_decode_kv8.cuh"
 
 struct DecParams {
     const void *q;
@@ -73,17 +74,14 @@ struct DecCfg {
     static constexpr int NT = KW / 8;  /* S n-tiles per warp */
     static constexpr int SLABS = D / 64;
     static constexpr int TILE_BYTES = BN * D * 2; /* K or V block: SLABS slabs of BN rows x 128 bytes */
-    /* KV8: a stage is e4m3 K and V blocks (BN rows of D bytes) and their
-     * scales (BN of K's, BN of V's); the 16-bit tiles the consumers convert
-     * them into sit at 0, the ring after them */
+    /* KV8: a stage is e4m3 K and V blocks (BN rows of D bytes, Dec8's
+     * slabs) and their scales (BN of K's, BN of V's) */
     static constexpr int TILE8 = BN * D, SCALES = 2 * BN * 4;
-    static constexpr int OFF_RING = KV8 ? 2 * TILE_BYTES : 0;
-    /* D <= 128: two CTAs per SM (96 KB each; KV8 ~100 KB); d256: one, 3 x 64 KB (KV8 4 x 32 KB) */
-    static constexpr int STAGES = KV8 ? (D == 64 ? 8 : 4) : D == 256 ? 3 : D == 128 ? 3 : 6;
-    static constexpr int STAGE_BYTES = KV8 ? 2 * TILE8 : 2 * TILE_BYTES;
-    static constexpr int OFF_SC = OFF_RING + STAGES * STAGE_BYTES; /* KV8: each stage's scales */
-    static constexpr int OFF_SC16 = OFF_SC + (KV8 ? STAGES * SCALES : 0); /* KV8: the converted block's */
-    static constexpr int OFF_BAR = OFF_SC16 + (KV8 ? SCALES : 0);
+    /* D <= 128: two CTAs per SM (96 KB of ring each); d256: one, 3 x 64 KB (KV8 6 x 32 KB) */
+    static constexpr int STAGES = KV8 ? (D == 64 ? 12 : 6) : D == 256 ? 3 : D == 128 ? 3 : 6;
+    static constexpr int STAGE_BYTES = KV8 ? 2 * TILE8 : 2 * TILE_BYTES, V_OFF = KV8 ? TILE8 : TILE_BYTES;
+    static constexpr int OFF_SC = STAGES * STAGE_BYTES; /* KV8: each stage's scales */
+    static constexpr int OFF_BAR = OFF_SC + (KV8 ? STAGES * SCALES : 0);
     static constexpr int OFF_ML = OFF_BAR + 2 * STAGES * 8;    /* per warp: max, sum of its 16 rows */
     static constexpr int SMEM_BYTES = OFF_ML + 4 * 16 * 2 * 4 + 1024; /* + alignment slack */
     static constexpr int THREADS = 160; /* warps 0-3 consumers, warp 4 the producer */
@@ -92,7 +90,7 @@ struct DecCfg {
      * 168 registers and spilled a loop invariant); 0 = no bound, the 16-bit
      * instances' code */
     static constexpr int MIN_CTAS = KV8 ? 1 : 0;
-    static_assert(4 * 16 * D * 4 <= 2 * TILE_BYTES, "the merge's O scratch fits in stage 0");
+    static_assert(4 * 16 * D * 4 <= STAGES * STAGE_BYTES, "the merge's O scratch fits in the ring");
 };
 
 /* keys sequence b attends to */
@@ -176,25 +174,30 @@ __device__ __forceinline__ void dec_produce(const DecParams &p, const CUtensorMa
     }
 }
 
-/* KV8: the e4m3 K and V codes of key block n, BN rows of D bytes each
- * (unswizzled: the consumers read them row by row), contiguous or page by
- * page as dec_load_block */
+/* KV8: the e4m3 K and V codes of key block n, BN rows of D bytes each in
+ * slabs of Dec8::RW (swizzled, dec_sw8), contiguous or page by page as
+ * dec_load_block */
 template <class C>
 __device__ __forceinline__ void dec_load_block8(const DecParams &p, const CUtensorMap *tm_k, const CUtensorMap *tm_v,
                                                 uint8_t *kst, uint8_t *vst, uint64_t *bar, int n, int hk, int b,
                                                 int len) {
+    using E = Dec8<C>;
     if constexpr (C::PAGED) {
         const int pb = p.page_size < C::BN ? p.page_size : C::BN;
         for (int k0 = 0; k0 < C::BN; k0 += pb) {
             int pg, row;
             dec_page_row(p, n * C::BN + k0, len, b, pg, row);
-            tma_load_4d(kst + k0 * C::D, tm_k, 0, row, hk, pg, bar);
-            tma_load_4d(vst + k0 * C::D, tm_v, 0, row, hk, pg, bar);
+            for (int c = 0; c < E::SL; ++c) {
+                tma_load_4d(kst + c * C::BN * E::RW + k0 * E::RW, tm_k, c * E::RW, row, hk, pg, bar);
+                tma_load_4d(vst + c * C::BN * E::RW + k0 * E::RW, tm_v, c * E::RW, row, hk, pg, bar);
+            }
         }
     } else {
         (void)len;
-        tma_load_4d(kst, tm_k, 0, n * C::BN, hk, b, bar);
-        tma_load_4d(vst, tm_v, 0, n * C::BN, hk, b, bar);
+        for (int c = 0; c < E::SL; ++c) {
+            tma_load_4d(kst + c * C::BN * E::RW, tm_k, c * E::RW, n * C::BN, hk, b, bar);
+            tma_load_4d(vst + c * C::BN * E::RW, tm_v, c * E::RW, n * C::BN, hk, b, bar);
+        }
     }
 }
 
@@ -236,7 +239,7 @@ __device__ __forceinline__ void dec_produce8(const DecParams &p, const CUtensorM
         dec_key_scales<C>(p, n * BN + lane, hk, b, len, ks0, vs0);
         dec_key_scales<C>(p, n * BN + lane + 32, hk, b, len, ks1, vs1);
         if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
-        uint8_t *kst = sm + C::OFF_RING + s * C::STAGE_BYTES;
+        uint8_t *kst = sm + s * C::STAGE_BYTES;
         if (lane == 0) {
             mbar_expect_tx_arrive(&full[s], 2 * C::TILE8);
             dec_load_block8<C>(p, tm_k, tm_v, kst, kst + C::TILE8, &full[s], n, hk, b, len);
@@ -248,57 +251,17 @@ __device__ __forceinline__ void dec_produce8(const DecParams &p, const CUtensorM
     }
 }
 
-/* KV8: two e4m3 codes (lo in the low byte) to two of q's 16-bit type, lo in
- * the low half; exact (every e4m3 value is an f16 and a bf16) */
-template <bool BF16>
-__device__ __forceinline__ uint32_t dec_e4m3x2(uint32_t two) {
-    const uint32_t h = e4m3x2_to_f16x2(two);
-    if constexpr (BF16) {
-        const float2 f = f16x2_to_f32x2(h);
-        return pack_bf16x2(f.x, f.y);
-    }
-    return h;
-}
-
-/* KV8: 8 codes to 8 16-bit values (one 16-byte chunk of a 16-bit row) */
-template <bool BF16>
-__device__ __forceinline__ uint4 dec_e4m3x8(const uint2 &w) {
-    return make_uint4(dec_e4m3x2<BF16>(w.x & 0xFFFFu), dec_e4m3x2<BF16>(w.x >> 16), dec_e4m3x2<BF16>(w.y & 0xFFFFu),
-                      dec_e4m3x2<BF16>(w.y >> 16));
-}
-
-/* KV8: stage s's codes of key block n into the 16-bit K and V tiles at sm
- * (dec_sw's layout, what the 16-bit path loads), V rows past the sequence
- * as zeros (0 x whatever the cache holds there = 0 in P V), and the stage's
- * scales copied beside them; the 128 consumer threads share the work, 8
- * codes (one 16-byte chunk of 16-bit values) at a time, which keeps the
- * registers it needs beside O and Q's fragments few (d256, 32 rows: 255) */
-template <class C>
-__device__ __forceinline__ void dec_convert(uint8_t *sm, int s, int n, int len) {
-    constexpr int D = C::D, BN = C::BN, CH = D / 8; /* 8-byte chunks of codes a row */
-    const uint8_t *k8 = sm + C::OFF_RING + s * C::STAGE_BYTES, *v8 = k8 + C::TILE8;
-    uint8_t *k16 = sm, *v16 = sm + C::TILE_BYTES;
-    const int tid = threadIdx.x;
-    ((float *)(sm + C::OFF_SC16))[tid] = ((const float *)(sm + C::OFF_SC + s * C::SCALES))[tid];
-#pragma unroll 2
-    for (int x = tid; x < BN * CH; x += 128) {
-        const int key = x / CH, c = x % CH;
-        *(uint4 *)(k16 + dec_sw<BN>(key, c * 8)) = dec_e4m3x8<C::BF16>(*(const uint2 *)(k8 + key * D + c * 8));
-        uint2 w = *(const uint2 *)(v8 + key * D + c * 8);
-        if (n * BN + key >= len) w = make_uint2(0, 0);
-        *(uint4 *)(v16 + dec_sw<BN>(key, c * 8)) = dec_e4m3x8<C::BF16>(w);
-    }
-}
-
 /* KV8: S's (or P's) columns times the scale of their keys (ksc: the block's
- * BN scales in shared memory) */
+ * BN scales in shared memory) times f, and its rows' by r (q's power of two) */
 template <class C>
-__device__ __forceinline__ void dec_scale_cols(float (&sacc)[C::NT][4], const float *ksc, int kw0, int t) {
+__device__ __forceinline__ void dec_scale_cols(float (&sacc)[C::NT][4], const float *ksc, int kw0, int t, float f,
+                                               const float (&r)[2]) {
 #pragma unroll
     for (int i = 0; i < C::NT; ++i) {
-        const float2 sc = *(const float2 *)(ksc + kw0 + i * 8 + 2 * t);
-        sacc[i][0] *= sc.x, sacc[i][1] *= sc.y;
-        sacc[i][2] *= sc.x, sacc[i][3] *= sc.y;
+        float2 sc = ld_shared_f32x2(ksc + kw0 + i * 8 + 2 * t);
+        sc.x *= f, sc.y *= f;
+        sacc[i][0] *= sc.x * r[0], sacc[i][1] *= sc.y * r[0];
+        sacc[i][2] *= sc.x * r[1], sacc[i][3] *= sc.y * r[1];
     }
 }
 
@@ -367,8 +330,15 @@ __device__ __forceinline__ void dec_epilogue(const DecParams &p, uint8_t *sm, fl
 #pragma unroll
     for (int i = 0; i < D / 8; ++i)
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-            *(float2 *)(scr + (warp * 16 + g + 8 * h) * D + i * 8 + 2 * t) = make_float2(oacc[i][2 * h], oacc[i][2 * h + 1]);
+        for (int h = 0; h < 2; ++h) {
+            float *at = scr + (warp * 16 + g + 8 * h) * D;
+            if constexpr (C::KV8) { /* O's columns as dec_pv8 permuted them */
+                at[dec_vcol8<C>(i, 2 * t)] = oacc[i][2 * h];
+                at[dec_vcol8<C>(i, 2 * t + 1)] = oacc[i][2 * h + 1];
+            } else {
+                *(float2 *)(at + i * 8 + 2 * t) = make_float2(oacc[i][2 * h], oacc[i][2 * h + 1]);
+            }
+        }
     named_bar_sync(1, 128);
     const int tid = threadIdx.x;
     for (int idx = tid; idx < C::WM * 16 * (D / 4); idx += 128) {
@@ -477,10 +447,14 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_CTAS)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const uint16_t *qr = qrow[e & 1];
-                const int col = kk * 16 + 2 * t + 8 * (e >> 1);
+                /* KV8: the k dimension permuted as K's codes are read */
+                const int col = C::KV8 ? dec_kcol8<C>(kk, t) + 2 * (e >> 1) : kk * 16 + 2 * t + 8 * (e >> 1);
                 qf[kk][e] = qr ? *(const uint32_t *)(qr + col) : 0u;
             }
     }
+    float qrinv[2] = {1.f, 1.f}; /* KV8: S's rows times q's power of two back */
+    if constexpr (C::KV8 && C::BF16) dec_q8_to_f16<C>(qf, qrinv);
+    float vU = FLT_MIN, vru = 1.f / FLT_MIN; /* KV8: the warp's V unit (dec_vunit) */
     float oacc[D / 8][4];
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.f;
@@ -505,22 +479,16 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_CTAS)
     for (int n = n_lo, it = 0; n < n_hi; ++n, ++it) {
         const int s = it % STAGES;
         mbar_wait(&full[s], (it / STAGES) & 1);
-        uint8_t *kst = sm + s * 2 * C::TILE_BYTES, *vst = kst + C::TILE_BYTES;
-        if constexpr (C::KV8) {
-            /* the 16-bit tiles: free once every warp is past the previous
-             * block, converted, then the stage goes back to the producer */
-            if (it > 0) named_bar_sync(2, 128);
-            dec_convert<C>(sm, s, n, len);
-            named_bar_sync(2, 128);
-            if (lane == 0) mbar_arrive(&empty[s]);
-            kst = sm, vst = sm + C::TILE_BYTES;
-        }
+        uint8_t *kst = sm + s * C::STAGE_BYTES, *vst = kst + C::V_OFF;
         const uint32_t kbase = smem_u32(kst), vbase = smem_u32(vst);
         /* S = Q K^T for this warp's KW keys */
         float sacc[C::NT][4];
 #pragma unroll
         for (int i = 0; i < C::NT; ++i) sacc[i][0] = sacc[i][1] = sacc[i][2] = sacc[i][3] = 0.f;
         const int j8 = lane / 8, rr = lane % 8;
+        const float *scales = (const float *)(sm + C::OFF_SC + s * C::SCALES); /* KV8: K's, then V's */
+        if constexpr (C::KV8) dec_s8<C>(sacc, qf, kbase, kw0, g, t);
+        else
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
 #pragma unroll
@@ -532,8 +500,8 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_CTAS)
                 mma_m16n8k16<C::BF16>(sacc[2 * np], qf[kk], bk[0], bk[1]);
                 mma_m16n8k16<C::BF16>(sacc[2 * np + 1], qf[kk], bk[2], bk[3]);
             }
-        /* KV8: K's scales, per key, on S */
-        if constexpr (C::KV8) dec_scale_cols<C>(sacc, (const float *)(sm + C::OFF_SC16), kw0, t);
+        /* KV8: K's scales, per key, on S (and q's power of two) */
+        if constexpr (C::KV8) dec_scale_cols<C>(sacc, scales, kw0, t, 1.f, qrinv);
         /* LOCAL: softcap (a uniform branch), before the mask */
         if constexpr (C::SOFTCAP) dec_softcap<C>(p, sacc);
         /* mask the keys past the sequence or the causal bound (LOCAL: the
@@ -560,6 +528,9 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_CTAS)
                     if (key > qlast[e >> 1]) sacc[i][e] = -INFINITY;
                 }
         }
+        /* KV8: O's rescale by a grown V unit, with the softmax's */
+        float vfac = 1.f;
+        if constexpr (C::KV8) vfac = dec_vunit<C>(scales + BN, kw0, t, vU, vru);
         /* online softmax, rows r_lo (e 0, 1) and r_lo + 8 (e 2, 3) */
         float alpha[2];
 #pragma unroll
@@ -581,6 +552,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_CTAS)
                 sum += sacc[i][2 * h] + sacc[i][2 * h + 1];
             }
             lrow[h] = lrow[h] * alpha[h] + sum;
+            if constexpr (C::KV8) alpha[h] *= vfac;
         }
 #pragma unroll
         for (int i = 0; i < D / 8; ++i) {
@@ -592,7 +564,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_CTAS)
         /* V rows past the sequence: zeros, so that 0 x (whatever is there) = 0;
          * the warps of the first row block cover every key once, and all four
          * meet before reading (tail is the same for the whole CTA) */
-        if (!C::KV8 && tail) { /* KV8: zeroed by dec_convert */
+        if (!C::KV8 && tail) { /* KV8: zeroed in registers by dec_pv8 */
             if (wm == 0 && key0 + C::KW > len)
                 for (int x = lane; x < C::KW * C::SLABS * 8; x += 32) {
                     const int row = kw0 + x / (C::SLABS * 8), c = x % (C::SLABS * 8);
@@ -601,17 +573,23 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_CTAS)
                 }
             named_bar_sync(2, 128);
         }
-        /* KV8: V's scales, per key, on P (l has the unscaled P) */
-        if constexpr (C::KV8) dec_scale_cols<C>(sacc, (const float *)(sm + C::OFF_SC16) + BN, kw0, t);
-        /* O += P V, P's fragments straight from S's accumulators */
-        dec_pv<C>(oacc, sacc, vbase, kw0, j8, rr);
-        if constexpr (!C::KV8) {
+        /* O += P V, P's fragments straight from S's accumulators (KV8: V's
+         * scales over the V unit on P; l has the unscaled P) */
+        if constexpr (C::KV8) {
+            const float one[2] = {1.f, 1.f};
+            dec_scale_cols<C>(sacc, scales + BN, kw0, t, vru, one);
+            dec_pv8<C>(oacc, sacc, vbase, kw0, g, t, n * BN, len, tail);
+        } else {
+            dec_pv<C>(oacc, sacc, vbase, kw0, j8, rr);
             /* the zeroing above was a generic-proxy write the next TMA load overwrites */
             if (tail) fence_async_shared();
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&empty[s]);
         }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[s]);
     }
+    if constexpr (C::KV8) /* O in the V unit's multiples */
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) oacc[i][0] *= vU, oacc[i][1] *= vU, oacc[i][2] *= vU, oacc[i][3] *= vU;
 
     dec_epilogue<C>(p, sm, ml, oacc, mrow, lrow, warp, g, t, split, hk, b);
 }

@@ -37,8 +37,9 @@ static fattn_status decode_smem_attr(fattn_ctx *ctx) {
     return hopper_smem_attr<C>(ctx, (const void *)fwd_decode_kernel<C>, C::SMEM_BYTES, "");
 }
 
-/* KV8: the e4m3 caches' tensor maps (bytes, BN or page_size rows of D,
- * unswizzled: dec_convert reads them row by row) and their scales.  Scale
+/* KV8: the e4m3 caches' tensor maps (bytes, BN or page_size rows of
+ * Dec8::RW, TMA's 128-byte swizzle or 64-byte for 64-byte rows: dec_sw8)
+ * and their scales.  Scale
  * blocks count rows of a page (paged) or of a sequence (contiguous). */
 template <class C>
 static fattn_status decode_kv8_setup(fattn_ctx *ctx, const fattn_fwd_args *a, DecParams *p, CUtensorMap *tk,
@@ -54,11 +55,13 @@ static fattn_status decode_kv8_setup(fattn_ctx *ctx, const fattn_fwd_args *a, De
         box = a->page_size < C::BN ? a->page_size : C::BN;
     }
     fattn_status s;
-    if ((s = cuda_tensor_map_4d(ctx, tk, &a->k, FATTN_DTYPE_E4M3, C::D, rows, pr->heads_kv, entries, C::D, box,
-                                CU_TENSOR_MAP_SWIZZLE_NONE, "k")) != FATTN_OK)
+    constexpr int RW = Dec8<C>::RW;
+    const CUtensorMapSwizzle sw = RW == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+    if ((s = cuda_tensor_map_4d(ctx, tk, &a->k, FATTN_DTYPE_E4M3, C::D, rows, pr->heads_kv, entries, RW, box, sw, "k")) !=
+        FATTN_OK)
         return s;
-    if ((s = cuda_tensor_map_4d(ctx, tv, &a->v, FATTN_DTYPE_E4M3, C::D, rows, pr->heads_kv, entries, C::D, box,
-                                CU_TENSOR_MAP_SWIZZLE_NONE, "v")) != FATTN_OK)
+    if ((s = cuda_tensor_map_4d(ctx, tv, &a->v, FATTN_DTYPE_E4M3, C::D, rows, pr->heads_kv, entries, RW, box, sw, "v")) !=
+        FATTN_OK)
         return s;
     p->k_scale = a->k.scale, p->v_scale = a->v.scale;
     p->k_sb = a->k.scale_block, p->v_sb = a->v.scale_block;

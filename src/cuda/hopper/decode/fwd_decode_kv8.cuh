@@ -1,0 +1,179 @@
+/* fwd_decode_kv8.cuh - the decoding kernel's FP8-cache parts (DecCfg::KV8):
+ * the consumers read the stage's e4m3 codes straight into mma.sync's B
+ * fragments and convert them in registers (cvt.rn.f16x2.e4m3x2, exact), so
+ * no 16-bit copy of the block, no CTA barrier and no ldmatrix.
+ *   - the MMAs are f16 whatever q's type: every e4m3 value is an f16; a bf16
+ *     q row enters as f16 times a power of two that puts its largest |q| in
+ *     [2^14, 2^15) (exact but for elements 2^28 below it), undone on S;
+ *   - K: the k dimension (the head dim) is permuted the same way for Q and
+ *     K, so that a lane's B fragments for all k-steps of a key are W
+ *     contiguous bytes of each slab (dec_kcol8), one or two 16-byte loads;
+ *   - V: the n dimension (O's columns) is permuted, so that a lane's B
+ *     fragments of one k-step are 16 (d64: 8) contiguous bytes of each of
+ *     its four key rows, paired by byte permutes (dec_vcol8 undoes it on O);
+ *   - the stages are TMA-swizzled (128-byte; 64-byte at d64), which makes
+ *     both patterns free of bank conflicts (d64's V: two-way);
+ *   - V's scales go on P before it is rounded to f16 as vs / U, U the
+ *     warp's running largest V scale (O carries the factor U, folded into
+ *     the softmax's rescale when it grows and multiplied back at the end),
+ *     so P stays in [0, 1] whatever the scales' magnitude. */
+#pragma once
+#include <float.h>
+
+/* bytes of a slab row (one TMA box row), its lanes' share, and the V
+ * fragment's bytes a row a lane */
+template <class C>
+struct Dec8 {
+    static constexpr int RW = C::D < 128 ? C::D : 128, SL = C::D / RW, W = RW / 4, WV = RW / 8;
+};
+
+/* byte offset of byte x of row `row` in an e4m3 tile of BN rows (slabs of
+ * RW bytes, TMA's 128-byte swizzle, or 64-byte for 64-byte rows) */
+template <class C>
+__device__ __forceinline__ uint32_t dec_sw8(int row, int x) {
+    constexpr int RW = Dec8<C>::RW;
+    const int s = x / RW, xb = x % RW, sw = RW == 128 ? (row & 7) : ((row >> 1) & 3);
+    return (uint32_t)(s * C::BN * RW + row * RW + ((((xb >> 4) ^ sw) << 4) | (xb & 15)));
+}
+
+/* the head-dim column of k-step kk's first element for lane t (Q's a0 and
+ * K's b0; +2 for a2 and b1): slab s, the lane's W bytes, 4 a k-step */
+template <class C>
+__device__ __forceinline__ int dec_kcol8(int kk, int t) {
+    constexpr int KS = Dec8<C>::W / 4; /* k-steps a slab */
+    return (kk / KS) * Dec8<C>::RW + Dec8<C>::W * t + 4 * (kk % KS);
+}
+
+/* O's column of accumulator tile dt, column n (0..7) of it */
+template <class C>
+__device__ __forceinline__ int dec_vcol8(int dt, int n) {
+    constexpr int WV = Dec8<C>::WV;
+    return (dt / WV) * Dec8<C>::RW + WV * n + dt % WV;
+}
+
+/* bf16 q: the fragments to f16 times 2^(14 - e) per row, e the exponent of
+ * the row's largest |q| (the quad of lanes t holds the whole row); rinv
+ * gets 2^(e - 14) (1 for a row of zeros or no finite maximum) */
+template <class C>
+__device__ __forceinline__ void dec_q8_to_f16(uint32_t (&qf)[C::D / 16][4], float (&rinv)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float m = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < C::D / 16; ++kk)
+#pragma unroll
+            for (int e = h; e < 4; e += 2)
+                m = fmaxf(m, fmaxf(fabsf(__uint_as_float(qf[kk][e] << 16)), fabsf(__uint_as_float(qf[kk][e] & 0xFFFF0000u))));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        float up = 1.f;
+        rinv[h] = 1.f;
+        if (m > 0.f && m <= FLT_MAX) {
+            const int ex = max((int)((__float_as_uint(m) >> 23) & 0xFF) - 127, -112);
+            up = __uint_as_float((uint32_t)(127 + 14 - ex) << 23);
+            rinv[h] = __uint_as_float((uint32_t)(127 - 14 + ex) << 23);
+        }
+#pragma unroll
+        for (int kk = 0; kk < C::D / 16; ++kk)
+#pragma unroll
+            for (int e = h; e < 4; e += 2)
+                qf[kk][e] = pack_f16x2(__uint_as_float(qf[kk][e] << 16) * up, __uint_as_float(qf[kk][e] & 0xFFFF0000u) * up);
+    }
+}
+
+/* S = Q K^T for this warp's KW keys of the e4m3 K tile at shared address kst: each n-tile's
+ * key row, its W bytes a slab as 16-byte loads, two cvts a word (b0, b1) */
+template <class C>
+__device__ __forceinline__ void dec_s8(float (&sacc)[C::NT][4], const uint32_t (&qf)[C::D / 16][4], uint32_t kst,
+                                       int kw0, int g, int t) {
+    using E = Dec8<C>;
+#pragma unroll
+    for (int i = 0; i < C::NT; ++i) {
+        const int row = kw0 + i * 8 + g;
+#pragma unroll
+        for (int s = 0; s < E::SL; ++s) {
+            uint32_t w[E::W / 4];
+#pragma unroll
+            for (int c = 0; c < E::W / 16; ++c) {
+                const uint4 v = ld_shared_b32x4(kst + dec_sw8<C>(row, s * E::RW + E::W * t + 16 * c));
+                w[4 * c] = v.x, w[4 * c + 1] = v.y, w[4 * c + 2] = v.z, w[4 * c + 3] = v.w;
+            }
+#pragma unroll
+            for (int j = 0; j < E::W / 4; ++j) {
+                uint32_t b0, b1;
+                e4m3x4_to_f16x2x2(w[j], b0, b1);
+                mma_m16n8k16<false>(sacc[i], qf[s * (E::W / 4) + j], b0, b1);
+            }
+        }
+    }
+}
+
+/* The warp's V unit: U grows to the largest V scale of the block's keys the
+ * warp reads (vsc: the block's BN V scales); returns the factor O is
+ * rescaled by (exactly 1 while U stands) and sets ru = 1 / U */
+template <class C>
+__device__ __forceinline__ float dec_vunit(const float *vsc, int kw0, int t, float &U, float &ru) {
+    float m = 0.f;
+#pragma unroll
+    for (int i = 0; i < C::NT; ++i) {
+        const float2 sc = ld_shared_f32x2(vsc + kw0 + i * 8 + 2 * t);
+        m = fmaxf(m, fmaxf(sc.x, sc.y));
+    }
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    float fac = 1.f;
+    if (m > U) fac = U / m, U = m, ru = 1.f / m;
+    return fac;
+}
+
+/* O += P V for this warp's KW keys of the e4m3 V tile at shared address vst: a k-step's
+ * four key rows (2t, 2t + 1, 2t + 8, 2t + 9), WV bytes a slab each (rows
+ * past the sequence as zeros: 0 x whatever the cache holds there), byte
+ * pairs of rows (2t, 2t + 1) and (2t + 8, 2t + 9) permuted into b0 and b1;
+ * key0: the block's first key */
+template <class C>
+__device__ __forceinline__ void dec_pv8(float (&oacc)[C::D / 8][4], const float (&sacc)[C::NT][4], uint32_t vst,
+                                        int kw0, int g, int t, int key0, int len, bool tail) {
+    using E = Dec8<C>;
+    constexpr int NW = E::WV / 4; /* words a row a slab */
+#pragma unroll
+    for (int ks = 0; ks < C::KW / 16; ++ks) {
+        uint32_t pa[4];
+        pa[0] = pack_f16x2(sacc[2 * ks][0], sacc[2 * ks][1]);
+        pa[1] = pack_f16x2(sacc[2 * ks][2], sacc[2 * ks][3]);
+        pa[2] = pack_f16x2(sacc[2 * ks + 1][0], sacc[2 * ks + 1][1]);
+        pa[3] = pack_f16x2(sacc[2 * ks + 1][2], sacc[2 * ks + 1][3]);
+#pragma unroll
+        for (int s = 0; s < E::SL; ++s) {
+            uint32_t w[4][NW];
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int row = kw0 + ks * 16 + 2 * t + (r & 1) + 8 * (r >> 1);
+                const uint32_t at = vst + dec_sw8<C>(row, s * E::RW + E::WV * g);
+                if constexpr (NW == 4) {
+                    const uint4 v = ld_shared_b32x4(at);
+                    w[r][0] = v.x, w[r][1] = v.y, w[r][2] = v.z, w[r][3] = v.w;
+                } else {
+                    const uint2 v = ld_shared_b32x2(at);
+                    w[r][0] = v.x, w[r][1] = v.y;
+                }
+                if (tail && key0 + row >= len)
+#pragma unroll
+                    for (int m = 0; m < NW; ++m) w[r][m] = 0u;
+            }
+#pragma unroll
+            for (int m = 0; m < NW; ++m)
+#pragma unroll
+                for (int c2 = 0; c2 < 2; ++c2) {
+                    /* bytes 2 c2, 2 c2 + 1 of rows (0, 1) and (2, 3), interleaved */
+                    const uint32_t sel = c2 ? 0x7362u : 0x5140u;
+                    uint32_t lo0, hi0, lo1, hi1;
+                    e4m3x4_to_f16x2x2(__byte_perm(w[0][m], w[1][m], sel), lo0, hi0);
+                    e4m3x4_to_f16x2x2(__byte_perm(w[2][m], w[3][m], sel), lo1, hi1);
+                    const int dt = s * E::WV + 4 * m + 2 * c2;
+                    mma_m16n8k16<false>(oacc[dt], pa, lo0, lo1);
+                    mma_m16n8k16<false>(oacc[dt + 1], pa, hi0, hi1);
+                }
+        }
+    }
+}
