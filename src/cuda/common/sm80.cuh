@@ -18,6 +18,11 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void *src, bool 
     const int n = valid ? 16 : 0;
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
 }
+/* 4 bytes, the same way (valid false: 4 zero bytes) */
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void *src, bool valid) {
+    const int n = valid ? 4 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 /* Wait until at most N of this thread's committed groups are pending. */
 template <int N> __device__ __forceinline__ void cp_async_wait() {

@@ -35,7 +35,6 @@
 
 #include "../../common/lse_combine.cuh"
 #include "../../common/ptx.cuh"
-#include "fwd_decode_kv8.cuh"
 
 struct DecParams {
     const void *q;
@@ -65,7 +64,11 @@ struct DecParams {
 
 template <int D_, int WM_, bool BF16_, bool PAGED_, bool LOCAL_ = false, bool KV8_ = false>
 struct DecCfg {
-    static constexpr int D = D_, WM = WM_, WN = 4 / WM_, BN = 64;
+    /* BN: KV8 with 16 rows at d <= 128 takes 128-key blocks, 32 keys a warp:
+     * twice the independent MMAs a warp has in flight per block, over the
+     * same shuffles and waits (d3/d4: the FP8 loop's latency, 2 warps a
+     * scheduler, set its pace) */
+    static constexpr int D = D_, WM = WM_, WN = 4 / WM_, BN = KV8_ && WM_ == 1 && D_ <= 128 ? 128 : 64;
     static constexpr bool BF16 = BF16_, PAGED = PAGED_, LOCAL = LOCAL_, KV8 = KV8_;
     /* LOCAL's softcap: not at d256 with 32 rows, where its tanh spilled 92
      * bytes at 255 registers (fwd_decode_softcap_ok keeps such calls off) */
@@ -78,7 +81,7 @@ struct DecCfg {
      * slabs) and their scales (BN of K's, BN of V's) */
     static constexpr int TILE8 = BN * D, SCALES = 2 * BN * 4;
     /* D <= 128: two CTAs per SM (96 KB of ring each); d256: one, 3 x 64 KB (KV8 6 x 32 KB) */
-    static constexpr int STAGES = KV8 ? (D == 64 ? 12 : 6) : D == 256 ? 3 : D == 128 ? 3 : 6;
+    static constexpr int STAGES = KV8 ? (D == 256 ? 196608 : 98304) / (2 * BN * D) : D == 256 ? 3 : D == 128 ? 3 : 6;
     static constexpr int STAGE_BYTES = KV8 ? 2 * TILE8 : 2 * TILE_BYTES, V_OFF = KV8 ? TILE8 : TILE_BYTES;
     static constexpr int OFF_SC = STAGES * STAGE_BYTES; /* KV8: each stage's scales */
     static constexpr int OFF_BAR = OFF_SC + (KV8 ? STAGES * SCALES : 0);
@@ -174,82 +177,7 @@ __device__ __forceinline__ void dec_produce(const DecParams &p, const CUtensorMa
     }
 }
 
-/* KV8: the e4m3 K and V codes of key block n, BN rows of D bytes each in
- * slabs of Dec8::RW (swizzled, dec_sw8), contiguous or page by page as
- * dec_load_block */
-template <class C>
-__device__ __forceinline__ void dec_load_block8(const DecParams &p, const CUtensorMap *tm_k, const CUtensorMap *tm_v,
-                                                uint8_t *kst, uint8_t *vst, uint64_t *bar, int n, int hk, int b,
-                                                int len) {
-    using E = Dec8<C>;
-    if constexpr (C::PAGED) {
-        const int pb = p.page_size < C::BN ? p.page_size : C::BN;
-        for (int k0 = 0; k0 < C::BN; k0 += pb) {
-            int pg, row;
-            dec_page_row(p, n * C::BN + k0, len, b, pg, row);
-            for (int c = 0; c < E::SL; ++c) {
-                tma_load_4d(kst + c * C::BN * E::RW + k0 * E::RW, tm_k, c * E::RW, row, hk, pg, bar);
-                tma_load_4d(vst + c * C::BN * E::RW + k0 * E::RW, tm_v, c * E::RW, row, hk, pg, bar);
-            }
-        }
-    } else {
-        (void)len;
-        for (int c = 0; c < E::SL; ++c) {
-            tma_load_4d(kst + c * C::BN * E::RW, tm_k, c * E::RW, n * C::BN, hk, b, bar);
-            tma_load_4d(vst + c * C::BN * E::RW, tm_v, c * E::RW, n * C::BN, hk, b, bar);
-        }
-    }
-}
-
-/* KV8: the K and V scales of key `key` of sequence b (0 past its keys, or
- * for a table entry outside the pool, whose codes TMA reads as zeros) */
-template <class C>
-__device__ __forceinline__ void dec_key_scales(const DecParams &p, int key, int hk, int b, int len, float &ks,
-                                               float &vs) {
-    ks = vs = 0.f;
-    if (key >= len) return;
-    int e = b, row = key;
-    if constexpr (C::PAGED) {
-        e = __ldg(p.block_table + (int64_t)b * p.max_pages + (key >> p.page_shift));
-        row = key & (p.page_size - 1);
-        if (e < 0 || e >= p.num_pages) return;
-    }
-    const int64_t eh = (int64_t)e * p.heads_kv + hk;
-    ks = __ldg(p.k_scale + eh * p.k_nblocks + row / p.k_sb);
-    vs = __ldg(p.v_scale + eh * p.v_nblocks + row / p.v_sb);
-}
-
-/* KV8: the whole producer warp.  Lane 0 issues each block's TMA loads (one
- * arrival with the bytes); every lane stores the scales of keys lane and
- * lane + 32 into the stage, loaded before the wait for the stage so that
- * their latency hides under it, and arrives (full's count: 1 + 32). */
-template <class C>
-__device__ __forceinline__ void dec_produce8(const DecParams &p, const CUtensorMap *tm_k, const CUtensorMap *tm_v,
-                                            uint8_t *sm, uint64_t *full, uint64_t *empty, int n_lo, int n_hi, int hk,
-                                            int b, int len, int lane) {
-    constexpr int STAGES = C::STAGES, BN = C::BN;
-    static_assert(BN == 64, "two keys a lane");
-    if (lane == 0) {
-        tma_prefetch_desc(tm_k);
-        tma_prefetch_desc(tm_v);
-    }
-    for (int n = n_lo, it = 0; n < n_hi; ++n, ++it) {
-        const int s = it % STAGES;
-        float ks0, vs0, ks1, vs1;
-        dec_key_scales<C>(p, n * BN + lane, hk, b, len, ks0, vs0);
-        dec_key_scales<C>(p, n * BN + lane + 32, hk, b, len, ks1, vs1);
-        if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
-        uint8_t *kst = sm + s * C::STAGE_BYTES;
-        if (lane == 0) {
-            mbar_expect_tx_arrive(&full[s], 2 * C::TILE8);
-            dec_load_block8<C>(p, tm_k, tm_v, kst, kst + C::TILE8, &full[s], n, hk, b, len);
-        }
-        float *sc = (float *)(sm + C::OFF_SC + s * C::SCALES);
-        sc[lane] = ks0, sc[lane + 32] = ks1;
-        sc[BN + lane] = vs0, sc[BN + lane + 32] = vs1;
-        mbar_arrive(&full[s]);
-    }
-}
+#include "fwd_decode_kv8.cuh"
 
 /* KV8: S's (or P's) columns times the scale of their keys (ksc: the block's
  * BN scales in shared memory) times f, and its rows' by r (q's power of two) */
@@ -402,7 +330,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_CTAS)
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(&full[s], C::KV8 ? 33 : 1); /* KV8: the TMA arrival and the 32 lanes' scales */
-            mbar_init(&empty[s], 4);
+            mbar_init(&empty[s], C::KV8 ? 128 : 4); /* KV8: every consumer thread */
         }
     }
     __syncthreads();
@@ -554,13 +482,15 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_CTAS)
             lrow[h] = lrow[h] * alpha[h] + sum;
             if constexpr (C::KV8) alpha[h] *= vfac;
         }
+        /* KV8: not when every row's factor is 1 (most blocks once the maxima settle) */
+        if (!C::KV8 || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f))
 #pragma unroll
-        for (int i = 0; i < D / 8; ++i) {
-            oacc[i][0] *= alpha[0];
-            oacc[i][1] *= alpha[0];
-            oacc[i][2] *= alpha[1];
-            oacc[i][3] *= alpha[1];
-        }
+            for (int i = 0; i < D / 8; ++i) {
+                oacc[i][0] *= alpha[0];
+                oacc[i][1] *= alpha[0];
+                oacc[i][2] *= alpha[1];
+                oacc[i][3] *= alpha[1];
+            }
         /* V rows past the sequence: zeros, so that 0 x (whatever is there) = 0;
          * the warps of the first row block cover every key once, and all four
          * meet before reading (tail is the same for the whole CTA) */
@@ -584,8 +514,10 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_CTAS)
             /* the zeroing above was a generic-proxy write the next TMA load overwrites */
             if (tail) fence_async_shared();
         }
+        /* KV8: each thread releases its own reads (the scales' next
+         * writers are the producer lanes' cp.async, which racecheck tracks) */
         __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[s]);
+        if (C::KV8 || lane == 0) mbar_arrive(&empty[s]);
     }
     if constexpr (C::KV8) /* O in the V unit's multiples */
 #pragma unroll

@@ -27,6 +27,79 @@ struct Dec8 {
     static constexpr int RW = C::D < 128 ? C::D : 128, SL = C::D / RW, W = RW / 4, WV = RW / 8;
 };
 
+/* KV8: the whole producer warp, one key block a stage:
+ *   - lane 0 issues the block's TMA loads of K and V codes (slabs of
+ *     Dec8::RW bytes, swizzled; page by page when pages are shorter than a
+ *     block) and one arrival with their bytes;
+ *   - every lane copies the K and V scales of keys lane, lane + 32, ... into
+ *     the stage by cp.async (zeros past the keys or for a table entry
+ *     outside the pool, whose codes TMA reads as zeros) and arrives when
+ *     they land (full's count: 1 + 32);
+ *   - paged: lane l holds the table entry of page pbase + l, 32 pages read
+ *     at once and shuffled to the keys, so no global load stands between
+ *     the producer and its next TMA (d3 measured the FP8 call bound by
+ *     the per-block table and scale loads of the lanes).
+ * A page past the keys used reads page num_pages, outside the pool: zeros. */
+template <class C>
+__device__ __forceinline__ void dec_produce8(const DecParams &p, const CUtensorMap *tm_k, const CUtensorMap *tm_v,
+                                            uint8_t *sm, uint64_t *full, uint64_t *empty, int n_lo, int n_hi, int hk,
+                                            int b, int len, int lane) {
+    constexpr int STAGES = C::STAGES, BN = C::BN, RW = Dec8<C>::RW, SL = Dec8<C>::SL;
+    constexpr unsigned FULL = 0xffffffffu;
+    static_assert(BN % 32 == 0, "whole keys a lane");
+    if (lane == 0) {
+        tma_prefetch_desc(tm_k);
+        tma_prefetch_desc(tm_v);
+    }
+    int pbase = -64, ent = 0;
+    for (int n = n_lo, it = 0; n < n_hi; ++n, ++it) {
+        const int s = it % STAGES;
+        if constexpr (C::PAGED) {
+            const int first = (n * BN) >> p.page_shift, last = (n * BN + BN - 1) >> p.page_shift;
+            if (first < pbase || last >= pbase + 32) { /* uniform */
+                pbase = first;
+                const int pi = pbase + lane;
+                ent = pi < p.max_pages && ((int64_t)pi << p.page_shift) < len
+                          ? __ldg(p.block_table + (int64_t)b * p.max_pages + pi)
+                          : p.num_pages;
+            }
+        }
+        if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
+        uint8_t *kst = sm + s * C::STAGE_BYTES, *vst = kst + C::TILE8;
+        if (lane == 0) mbar_expect_tx_arrive(&full[s], 2 * C::TILE8);
+        const int pb = C::PAGED && p.page_size < BN ? p.page_size : BN;
+        for (int k0 = 0; k0 < BN; k0 += pb) {
+            int e = b, row = n * BN + k0;
+            if constexpr (C::PAGED) {
+                e = __shfl_sync(FULL, ent, ((n * BN + k0) >> p.page_shift) - pbase);
+                row &= p.page_size - 1;
+            }
+            if (lane == 0)
+                for (int c = 0; c < SL; ++c) {
+                    tma_load_4d(kst + c * BN * RW + k0 * RW, tm_k, c * RW, row, hk, e, &full[s]);
+                    tma_load_4d(vst + c * BN * RW + k0 * RW, tm_v, c * RW, row, hk, e, &full[s]);
+                }
+        }
+        const uint32_t sc = smem_u32(sm + C::OFF_SC + s * C::SCALES);
+#pragma unroll
+        for (int h = 0; h < BN / 32; ++h) {
+            const int key = n * BN + lane + 32 * h;
+            int e = b, row = key;
+            if constexpr (C::PAGED) {
+                e = __shfl_sync(FULL, ent, (key >> p.page_shift) - pbase);
+                row = key & (p.page_size - 1);
+            }
+            const bool ok = key < len && (!C::PAGED || (e >= 0 && e < p.num_pages));
+            const int64_t eh = (int64_t)(ok ? e : 0) * p.heads_kv + hk;
+            if (!ok) row = 0; /* a valid address, nothing read */
+            cp_async_4(sc + 4 * (lane + 32 * h), p.k_scale + eh * p.k_nblocks + row / p.k_sb, ok);
+            cp_async_4(sc + 4 * (BN + lane + 32 * h), p.v_scale + eh * p.v_nblocks + row / p.v_sb, ok);
+        }
+        cp_async_mbar_arrive_noinc(&full[s]);
+    }
+}
+
+
 /* byte offset of byte x of row `row` in an e4m3 tile of BN rows (slabs of
  * RW bytes, TMA's 128-byte swizzle, or 64-byte for 64-byte rows) */
 template <class C>
