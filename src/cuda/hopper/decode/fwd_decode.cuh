@@ -179,20 +179,6 @@ __device__ __forceinline__ void dec_produce(const DecParams &p, const CUtensorMa
 
 #include "fwd_decode_kv8.cuh"
 
-/* KV8: S's (or P's) columns times the scale of their keys (ksc: the block's
- * BN scales in shared memory) times f, and its rows' by r (q's power of two) */
-template <class C>
-__device__ __forceinline__ void dec_scale_cols(float (&sacc)[C::NT][4], const float *ksc, int kw0, int t, float f,
-                                               const float (&r)[2]) {
-#pragma unroll
-    for (int i = 0; i < C::NT; ++i) {
-        float2 sc = ld_shared_f32x2(ksc + kw0 + i * 8 + 2 * t);
-        sc.x *= f, sc.y *= f;
-        sacc[i][0] *= sc.x * r[0], sacc[i][1] *= sc.y * r[0];
-        sacc[i][2] *= sc.x * r[1], sacc[i][3] *= sc.y * r[1];
-    }
-}
-
 /* LOCAL: x -> cap_a tanh(cap_b x) on S, when the call asks for it (p.cap_b != 0) */
 template <class C>
 __device__ __forceinline__ void dec_softcap(const DecParams &p, float (&sacc)[C::NT][4]) {
@@ -432,9 +418,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_CTAS)
         if constexpr (C::KV8) dec_scale_cols<C>(sacc, scales, kw0, t, 1.f, qrinv);
         /* LOCAL: softcap (a uniform branch), before the mask */
         if constexpr (C::SOFTCAP) dec_softcap<C>(p, sacc);
-        /* mask the keys past the sequence or the causal bound (LOCAL: the
-         * window's edges, for the block's first query's last key and the
-         * last query's first) */
+        /* mask keys past the sequence or the causal bound (LOCAL: the window's edges) */
         const int key0 = n * BN + kw0;
         const bool tail = (n + 1) * BN > len;
         if constexpr (C::LOCAL) {
@@ -491,9 +475,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_CTAS)
                 oacc[i][2] *= alpha[1];
                 oacc[i][3] *= alpha[1];
             }
-        /* V rows past the sequence: zeros, so that 0 x (whatever is there) = 0;
-         * the warps of the first row block cover every key once, and all four
-         * meet before reading (tail is the same for the whole CTA) */
+        /* V rows past the sequence: zeros (0 x anything = 0; first row block's warps, then all meet) */
         if (!C::KV8 && tail) { /* KV8: zeroed in registers by dec_pv8 */
             if (wm == 0 && key0 + C::KW > len)
                 for (int x = lane; x < C::KW * C::SLABS * 8; x += 32) {
@@ -503,25 +485,19 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_CTAS)
                 }
             named_bar_sync(2, 128);
         }
-        /* O += P V, P's fragments straight from S's accumulators (KV8: V's
-         * scales over the V unit on P; l has the unscaled P) */
+        /* O += P V, P's fragments straight from S's accumulators */
         if constexpr (C::KV8) {
-            const float one[2] = {1.f, 1.f};
-            dec_scale_cols<C>(sacc, scales + BN, kw0, t, vru, one);
-            dec_pv8<C>(oacc, sacc, vbase, kw0, g, t, n * BN, len, tail);
+            dec_pv8<C>(oacc, sacc, scales + BN, vru, vbase, kw0, g, t, n * BN, len, tail);
         } else {
             dec_pv<C>(oacc, sacc, vbase, kw0, j8, rr);
             /* the zeroing above was a generic-proxy write the next TMA load overwrites */
             if (tail) fence_async_shared();
         }
-        /* KV8: each thread releases its own reads (the scales' next
-         * writers are the producer lanes' cp.async, which racecheck tracks) */
+        /* KV8: each thread releases its own reads (racecheck tracks the scales' cp.async) */
         __syncwarp();
         if (C::KV8 || lane == 0) mbar_arrive(&empty[s]);
     }
-    if constexpr (C::KV8) /* O in the V unit's multiples */
-#pragma unroll
-        for (int i = 0; i < D / 8; ++i) oacc[i][0] *= vU, oacc[i][1] *= vU, oacc[i][2] *= vU, oacc[i][3] *= vU;
+    if constexpr (C::KV8) dec_vunit_out<C>(oacc, vU);
 
     dec_epilogue<C>(p, sm, ml, oacc, mrow, lrow, warp, g, t, split, hk, b);
 }

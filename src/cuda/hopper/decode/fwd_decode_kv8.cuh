@@ -199,15 +199,39 @@ __device__ __forceinline__ float dec_vunit(const float *vsc, int kw0, int t, flo
     return fac;
 }
 
-/* O += P V for this warp's KW keys of the e4m3 V tile at shared address vst: a k-step's
+/* KV8: S's (or P's) columns times the scale of their keys (ksc: the block's
+ * BN scales in shared memory) times f, and its rows' by r (q's power of two) */
+template <class C>
+__device__ __forceinline__ void dec_scale_cols(float (&sacc)[C::NT][4], const float *ksc, int kw0, int t, float f,
+                                               const float (&r)[2]) {
+#pragma unroll
+    for (int i = 0; i < C::NT; ++i) {
+        float2 sc = ld_shared_f32x2(ksc + kw0 + i * 8 + 2 * t);
+        sc.x *= f, sc.y *= f;
+        sacc[i][0] *= sc.x * r[0], sacc[i][1] *= sc.y * r[0];
+        sacc[i][2] *= sc.x * r[1], sacc[i][3] *= sc.y * r[1];
+    }
+}
+
+/* O in the V unit's multiples, after the last block (dec_vunit) */
+template <class C>
+__device__ __forceinline__ void dec_vunit_out(float (&oacc)[C::D / 8][4], float U) {
+#pragma unroll
+    for (int i = 0; i < C::D / 8; ++i) oacc[i][0] *= U, oacc[i][1] *= U, oacc[i][2] *= U, oacc[i][3] *= U;
+}
+
+/* O += P V for this warp's KW keys of the e4m3 V tile at shared address vst (P
+ * first times V's scales vsc over the V unit, ru = 1 / U): a k-step's
  * four key rows (2t, 2t + 1, 2t + 8, 2t + 9), WV bytes a slab each (rows
  * past the sequence as zeros: 0 x whatever the cache holds there), byte
  * pairs of rows (2t, 2t + 1) and (2t + 8, 2t + 9) permuted into b0 and b1;
  * key0: the block's first key */
 template <class C>
-__device__ __forceinline__ void dec_pv8(float (&oacc)[C::D / 8][4], const float (&sacc)[C::NT][4], uint32_t vst,
-                                        int kw0, int g, int t, int key0, int len, bool tail) {
+__device__ __forceinline__ void dec_pv8(float (&oacc)[C::D / 8][4], float (&sacc)[C::NT][4], const float *vsc, float ru,
+                                        uint32_t vst, int kw0, int g, int t, int key0, int len, bool tail) {
     using E = Dec8<C>;
+    const float one[2] = {1.f, 1.f};
+    dec_scale_cols<C>(sacc, vsc, kw0, t, ru, one); /* V's scales over the unit on P (l has the unscaled P) */
     constexpr int NW = E::WV / 4; /* words a row a slab */
 #pragma unroll
     for (int ks = 0; ks < C::KW / 16; ++ks) {
