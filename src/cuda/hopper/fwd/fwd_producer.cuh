@@ -120,11 +120,7 @@ struct FwdProducer {
     /* VARLEN on a KV cache: key block n of sequence b from batch entry b
      * (one box of BN rows), or from its pages, a box of kv_box rows at a
      * time, each from the page that holds it (a page number out of the
-     * pool reads as zeros: TMA bounds).  The block's page numbers come in
-     * once, for K (cp.async, all in flight together, into shared memory
-     * after the jobs), and V reuses them: with pages of 16 a dependent
-     * table load before each of the 2 x 8 boxes had set the producer's pace
-     * (perf-notes l5). */
+     * pool reads as zeros: TMA bounds) */
     __device__ __forceinline__ void load_kv_cache(uint8_t *dst, const CUtensorMap *map, int n, int hk, int b,
                                                   int lpad, uint64_t *bar) const {
         const int k0 = n * C::BN;
@@ -135,18 +131,10 @@ struct FwdProducer {
                 tma_load_4d(dst + c * C::BN * C::SW, map, c * C::SLAB_COLS, lpad + k0, hk, bb, bar);
             return;
         }
-        int *pages = sm.job_slot + 4 * C::STAGES;
-        if (map == &tm_k) { /* K comes first for each block (run) */
-            for (int r = 0, i = 0; r < C::BN; r += pg->kv_box, ++i) {
-                const int j = fattn_page_div(k0 + r, vl->page_mul, vl->page_shr);
-                cp_async_4(smem_u32(pages + i), vl->block_table + b * vl->max_pages + min(j, vl->max_pages - 1), true);
-            }
-            cp_async_wait_all();
-        }
-        for (int r = 0, i = 0; r < C::BN; r += pg->kv_box, ++i) {
+        for (int r = 0; r < C::BN; r += pg->kv_box) {
             const int key = k0 + r;
             const int j = fattn_page_div(key, vl->page_mul, vl->page_shr);
-            const int page = ld_shared_s32(pages + i);
+            const int page = __ldg(vl->block_table + b * vl->max_pages + min(j, vl->max_pages - 1));
             const int row = key - j * vl->page_size;
 #pragma unroll
             for (int c = 0; c < C::SLABS; ++c)

@@ -145,11 +145,9 @@ struct FwdCfg {
     /* VARLEN causal: the sequences' order, longest first (fwd_varlen_order):
      * keys and ranks of up to FWD_VARLEN_ORDER_MAX sequences */
     static constexpr int OFF_ORDER = END_SLOT, END_ORDER = END_SLOT + (O.varlen && O.causal ? 8 * FWD_VARLEN_ORDER_MAX : 0);
-    /* KVCACHE: the gather's job per stage (sequence, kv head, first key,
-     * keys used), then the page numbers of the block the producer loads by
-     * TMA (BN / 8 at most: boxes are multiples of 8 rows) */
+    /* KVCACHE: the gather's job per stage (sequence, kv head, first key, keys used) */
     static constexpr int OFF_JOB = (END_ORDER + 15) / 16 * 16;
-    static constexpr int END_JOB = KVCACHE ? OFF_JOB + 16 * STAGES + 4 * (BN / 8) : END_ORDER;
+    static constexpr int END_JOB = KVCACHE ? OFF_JOB + 16 * STAGES : END_ORDER;
     static constexpr int SMEM_BYTES = (OTMA ? OFF_OST + 4 * NC * OST_WARP_BYTES : END_JOB) + 1024; /* + alignment slack */
     static constexpr bool DYNAMIC = CAUSAL; /* causal tiles are grabbed from an atomic counter, longest first */
     static constexpr int CLUSTER = O.cluster;
