@@ -8,7 +8,10 @@
  * sequences and any maximum; k and v in one buffer, q, k and v slices of one
  * packed buffer; ignored fields holding garbage; fattn_fwd's seqused_k,
  * below, at and above each key count, fixed-length and varlen, its
- * cache_leftpad (0 .. the used end; the keys before it NaN), and paged
+ * cache_leftpad (0 .. the used end; the keys before it NaN), seqused_q
+ * (0 .. past the query count: the rows past it checked unwritten, causal
+ * aligned on it), cache_batch_idx on a dense fixed-length cache of 1 ..
+ * batch + 2 entries (repeats; the entries no sequence reads NaN), and paged
  * K/V: page pools of 1..64-row pages in any layout, tables with pages in
  * any order, shared between sequences, garbage in the entries no used key
  * reads, with GQA, causal, e4m3 pools; NaN in every key row no sequence
@@ -34,7 +37,8 @@
  * output laid over (or just next to) an input or another output, bad
  * quantisation granularity and block sizes (fattn_quantize and
  * fattn_fwd_fp8's options), rotation of a non-power-of-two head dim, a
- * negative seqused_k entry, seqused_k / block_table misaligned, the table
+ * negative seqused_k or seqused_q entry, a cache_batch_idx entry outside
+ * [0, cache_batch), seqused_k / block_table misaligned, the table
  * NULL with its sizes given or sizes given without it, page_size /
  * num_pages / max_pages_per_seq zero, negative or making a pool of >= 2^31
  * rows, seqlen_k > max_pages_per_seq * page_size, an e4m3 scale entry
@@ -138,7 +142,7 @@ static const char *const api_name[API_N] = {"fwd", "bwd", "quantize", "fwd_fp8",
  * o and lse); fattn_kv_append BK, BV (k_new, v_new), BDK, BDV (k_cache,
  * v_cache), BCSL (cache_seqlens) and BTABLE. */
 #define MERGE_DISTINCT 4 /* parts with storage of their own; more repeat them */
-enum { BQ, BK, BV, BO, BDOUT, BDQ, BDK, BDV, BLSE, BQS, BKS, BVS, BCUQ, BCUK, BSEQU, BTABLE, BCSL, BPAD,
+enum { BQ, BK, BV, BO, BDOUT, BDQ, BDK, BDV, BLSE, BQS, BKS, BVS, BCUQ, BCUK, BSEQU, BTABLE, BCSL, BPAD, BSQU, BCBI,
        BP0, BPL0 = BP0 + MERGE_DISTINCT, NBUF = BPL0 + MERGE_DISTINCT };
 
 typedef struct buf {
@@ -199,6 +203,7 @@ typedef enum mkind {
     M_KVA_PAGE,     /* a written page's entry out of range, page sizes <= 0 / given without a table, capacity <= 0 */
     M_KVA_HUGE,     /* a cache of >= 2^31 rows */
     M_VARIANT,      /* window / softcap / learnable_sink / dsink out of their rules */
+    M_SERV_RANGE,   /* a seqused_q entry < 0, or a cache_batch_idx entry outside [0, cache_batch) */
     M_N
 } mkind;
 static const char *const mkind_name[M_N] = {
@@ -207,7 +212,7 @@ static const char *const mkind_name[M_N] = {
     "null_ptr",   "misalign",   "e4m3_noscale", "e4m3_block", "cu_one_null", "cu_start", "cu_decrease",
     "cu_too_long", "quant_gran", "quant_block", "rotate", "sequ_neg", "serv_ptr", "page_field",
     "page_huge", "page_short", "page_entry", "page_varlen", "fp8_serving",
-    "merge_nparts", "kva_seqlens", "kva_twice", "kva_page", "kva_huge", "variant"};
+    "merge_nparts", "kva_seqlens", "kva_twice", "kva_page", "kva_huge", "variant", "serv_range"};
 
 #define ALLOW_INV (1u << FATTN_ERROR_INVALID_ARGUMENT)
 #define ALLOW_UNSUP (1u << FATTN_ERROR_UNSUPPORTED)
@@ -234,6 +239,10 @@ typedef struct fcase {
     int has_pad;           /* cache_leftpad given (fattn_fwd only) */
     int32_t pad[MAX_BATCH]; /* its entries: sequence b's keys start at row pad[b] */
     int used[MAX_BATCH]; /* keys sequence b attends to: min(seqused_k[b], its key count) - pad[b] */
+    int has_squ;           /* seqused_q given (fattn_fwd only) */
+    int32_t squ[MAX_BATCH];
+    int has_cbi, cbatch;   /* cache_batch_idx given (fixed-length, dense K/V), cache_batch */
+    int32_t cbi[MAX_BATCH];
     int32_t table[MAX_BATCH * MAX_PAGES];
     /* fattn_merge: batch, sq (seqlen), hq (heads), d (head_dim), dto (o) */
     int nparts, nd;              /* parts passed, parts with storage of their own (part i is i % nd) */
@@ -480,6 +489,12 @@ static int draw_huge_stride(fcase *c, buf *x) {
 /* Drawing a case                                                           */
 /* ------------------------------------------------------------------------ */
 
+/* Query rows sequence b computes: its count, or fewer with seqused_q */
+static int qlen_of(const fcase *c, int b) {
+    const int lq = c->varlen ? c->lens_q[b] : c->sq;
+    return c->api == API_FWD && c->has_squ && c->squ[b] < lq ? c->squ[b] : lq;
+}
+
 static int attention(const fcase *c) { return c->api == API_FWD || c->api == API_BWD || c->api == API_FP8; }
 
 /* Whether fault k can be applied to the case as drawn so far. */
@@ -499,6 +514,7 @@ static int applicable(const fcase *c, mkind k) {
     case M_QUANT_BLOCK: return c->api == API_QUANT || c->api == API_FP8;
     case M_ROTATE: return (c->api == API_QUANT || c->api == API_FP8) && !is_pow2(c->d);
     case M_SEQU_NEG: return c->api == API_FWD && c->has_sequ;
+    case M_SERV_RANGE: return c->api == API_FWD && (c->has_squ || c->has_cbi);
     case M_SERV_PTR: return c->api == API_FWD && (c->has_sequ || c->paged);
     case M_PAGE_FIELD: return c->api == API_FWD;
     case M_PAGE_HUGE:
@@ -541,6 +557,21 @@ static void draw_serving(fcase *c) {
         c->pad[b] = !c->has_pad ? 0 : chance(c, 0.2) ? c->used[b] : (int32_t)rnd(c, (uint32_t)c->used[b] + 1);
         c->used[b] -= c->pad[b];
     }
+    /* seqused_q: any count, the rows past it not written; cache_batch_idx:
+     * a dense fixed-length cache of cache_batch entries, any (repeated) ones */
+    c->has_squ = chance(c, 0.25);
+    for (int b = 0; b < c->batch && c->has_squ; b++) {
+        const int lq = c->varlen ? c->lens_q[b] : c->sq;
+        switch (rnd(c, 5)) {
+        case 0: c->squ[b] = 0; break;
+        case 1: case 2: c->squ[b] = (int32_t)rnd(c, (uint32_t)lq + 1); break;
+        case 3: c->squ[b] = lq + (int32_t)rnd(c, 3); break;
+        default: c->squ[b] = INT32_MAX; break;
+        }
+    }
+    c->has_cbi = !c->varlen && !c->paged && !c->qkv_packed && chance(c, 0.25);
+    c->cbatch = c->has_cbi ? 1 + (int)rnd(c, (uint32_t)c->batch + 2) : 0;
+    for (int b = 0; b < c->batch && c->has_cbi; b++) c->cbi[b] = (int32_t)rnd(c, (uint32_t)c->cbatch);
     if (c->paged) {
         static const int ps_values[] = {1, 2, 3, 4, 5, 8, 16, 64};
         c->ps = ps_values[rnd(c, 8)];
@@ -570,6 +601,16 @@ static void say_serving(fcase *c) {
     if (c->has_pad) {
         say(c, " cache_leftpad[");
         for (int b = 0; b < c->batch; b++) say(c, "%s%d", b ? "," : "", (int)c->pad[b]);
+        say(c, "]");
+    }
+    if (c->has_squ) {
+        say(c, " seqused_q[");
+        for (int b = 0; b < c->batch; b++) say(c, "%s%d", b ? "," : "", (int)c->squ[b]);
+        say(c, "]");
+    }
+    if (c->has_cbi) {
+        say(c, " cache_batch %d cache_batch_idx[", c->cbatch);
+        for (int b = 0; b < c->batch; b++) say(c, "%s%d", b ? "," : "", (int)c->cbi[b]);
         say(c, "]");
     }
     if (c->paged) {
@@ -821,7 +862,7 @@ static void make_bufs(fcase *c) {
     }
     const int64_t nb = c->varlen ? 1 : c->batch;
     tensor_buf(&c->b[BQ], "q", 0, c->dt, nb, c->tq, c->hq, c->d);
-    const int64_t kb = c->paged ? c->npages : nb, kt = c->paged ? c->ps : c->tk; /* page pools */
+    const int64_t kb = c->paged ? c->npages : c->has_cbi ? c->cbatch : nb, kt = c->paged ? c->ps : c->tk; /* page pools */
     tensor_buf(&c->b[BK], "k", 0, c->dt, kb, kt, c->hkv, c->d);
     tensor_buf(&c->b[BV], "v", 0, c->dt, kb, kt, c->hkv, c->dv);
     tensor_buf(&c->b[BO], "o", c->api != API_BWD, c->dto, nb, c->tq, c->hq, c->dv);
@@ -843,6 +884,8 @@ static void make_bufs(fcase *c) {
     }
     if (c->has_sequ) array_buf(&c->b[BSEQU], "seqused_k", 0, 4, c->batch);
     if (c->has_pad) array_buf(&c->b[BPAD], "cache_leftpad", 0, 4, c->batch);
+    if (c->has_squ) array_buf(&c->b[BSQU], "seqused_q", 0, 4, c->batch);
+    if (c->has_cbi) array_buf(&c->b[BCBI], "cache_batch_idx", 0, 4, c->batch);
     if (c->paged) array_buf(&c->b[BTABLE], "block_table", 0, 4, (int64_t)c->batch * c->mpps);
     /* always there: a fixed-length call may be given one of them (M_CU_ONE_NULL) */
     array_buf(&c->b[BCUQ], "cu_seqlens_q", 0, 4, c->batch + 1);
@@ -1046,7 +1089,7 @@ static void key_row(const fcase *c, int bb, int j, int64_t *b, int64_t *s) {
     j += c->pad[bb];
     if (c->paged) *b = c->table[bb * c->mpps + j / c->ps], *s = j % c->ps;
     else if (c->varlen) *b = 0, *s = c->cuk[bb] + j;
-    else *b = bb, *s = j;
+    else *b = c->has_cbi ? c->cbi[bb] : bb, *s = j;
 }
 
 /* NaN (0xFF in every dtype) in the rows of k and v that no sequence uses:
@@ -1142,8 +1185,9 @@ static void fill(fcase *c) {
         } else if (i >= BPL0 && i < BPL0 + MERGE_DISTINCT) {
             for (int64_t k = 0; k < x->count; k++)
                 put_f32(c, x, k, c->lse_inf && chance(c, 0.3) ? -INFINITY : (float)(3.0 * tu_rng_normal(&c->rng)));
-        } else if (i == BSEQU || i == BTABLE || i == BCSL || i == BPAD) {
-            memcpy(c->arena + x->off, i == BSEQU ? c->sequ : i == BCSL ? c->cs : i == BPAD ? c->pad : c->table,
+        } else if (i == BSEQU || i == BTABLE || i == BCSL || i == BPAD || i == BSQU || i == BCBI) {
+            memcpy(c->arena + x->off,
+                   i == BSEQU ? c->sequ : i == BCSL ? c->cs : i == BPAD ? c->pad : i == BSQU ? c->squ : i == BCBI ? c->cbi : c->table,
                    (size_t)x->count * 4);
         } else if (i == BLSE) {
             for (int64_t k = 0; k < x->count; k++) put_f32(c, x, k, (float)(2.0 + tu_rng_normal(&c->rng)));
@@ -1152,7 +1196,7 @@ static void fill(fcase *c) {
                 put_f32(c, x, k, (float)(ldexp(1.0 + tu_rng_uniform(&c->rng), -2 - (int)rnd(c, 5))));
         }
     }
-    if (c->api == API_FWD && (c->has_sequ || c->paged) && chance(c, 0.3)) poison_unused_keys(c);
+    if (c->api == API_FWD && (c->has_sequ || c->paged || c->has_cbi) && chance(c, 0.3)) poison_unused_keys(c);
     if (c->api == API_MERGE && c->lse_inf) poison_unread_parts(c);
     if (c->api == API_MERGE && chance(c, 0.08) && c->nd <= MERGE_DISTINCT) {
         /* NaN propagates as torch's would (fattn_merge): a NaN or +inf
@@ -1408,6 +1452,9 @@ static void build_args(fcase *c) {
     if (e4m3) PASS(BQS), PASS(BKS), PASS(BVS);
     if (c->api == API_FWD && c->has_sequ) a->seqused_k = (const int32_t *)ptr(c, BSEQU), PASS(BSEQU);
     if (c->api == API_FWD && c->has_pad) a->cache_leftpad = (const int32_t *)ptr(c, BPAD), PASS(BPAD);
+    if (c->api == API_FWD && c->has_squ) a->seqused_q = (const int32_t *)ptr(c, BSQU), PASS(BSQU);
+    if (c->api == API_FWD && c->has_cbi)
+        a->cache_batch_idx = (const int32_t *)ptr(c, BCBI), a->cache_batch = c->cbatch, PASS(BCBI);
     if (c->paged) pass_pages(c, &a->block_table, &a->page_size, &a->num_pages, &a->max_pages_per_seq);
 #undef PASS
 }
@@ -1883,6 +1930,21 @@ static unsigned mutate(fcase *c, mkind k) {
         say(c, " seqused_k[%d] %d", b, (int)x);
         return ALLOW_INV;
     }
+    case M_SERV_RANGE: {
+        const int b = (int)rnd(c, (uint32_t)c->batch);
+        if (c->has_squ && (!c->has_cbi || chance(c, 0.5))) {
+            static const int32_t v[] = {-1, -7, INT32_MIN};
+            const int32_t x = v[rnd(c, 3)];
+            memcpy((uint8_t *)ptr(c, BSQU) + 4 * b, &x, 4);
+            say(c, " seqused_q[%d] %d", b, (int)x);
+        } else {
+            const int32_t v[] = {-1, c->cbatch, c->cbatch + 5, INT32_MIN, INT32_MAX};
+            const int32_t x = v[rnd(c, 5)];
+            memcpy((uint8_t *)ptr(c, BCBI) + 4 * b, &x, 4);
+            say(c, " cache_batch_idx[%d] %d (cache_batch %d)", b, (int)x, c->cbatch);
+        }
+        return ALLOW_INV;
+    }
     case M_SERV_PTR: {
         fattn_fwd_args *a = &c->fa;
         size_t by = 1 + rnd(c, 3);
@@ -2234,6 +2296,23 @@ static void mark_outputs(const fcase *c, uint8_t *mask) {
         }
         return;
     }
+    if (c->api == API_FWD && c->has_squ) { /* only the rows seqused_q computes, o and lse */
+        const buf *o = &c->b[BO];
+        int64_t st[3];
+        strides_of(o, st);
+        for (int b = 0; b < c->batch; b++)
+            for (int r = 0; r < qlen_of(c, b); r++) {
+                const int64_t ob = c->varlen ? 0 : b, os = c->varlen ? c->cuq[b] + r : r;
+                for (int64_t h = 0; h < o->n[2]; h++) {
+                    memset(mask + elem_off(o, st, ob, os, h, 0), 1, (size_t)o->n[3] * o->es);
+                    if (c->want_lse && c->b[BLSE].passed) {
+                        const int64_t li = c->varlen ? h * c->tq + os : ((int64_t)b * c->hq + h) * c->tq + r;
+                        memset(mask + c->b[BLSE].off + 4 * (size_t)li, 1, 4);
+                    }
+                }
+            }
+        return;
+    }
     for (int i = 0; i < NBUF; i++) {
         const buf *x = &c->b[i];
         if (!x->passed || !x->output) continue;
@@ -2303,7 +2382,7 @@ static int key_visible(const fcase *c, int i, int j, int lq, int lk) {
 
 /* Row r (packed index in varlen mode) of batch entry b: does it see a key? */
 static int sees_key(const fcase *c, int b, int r) {
-    const int lq = c->varlen ? c->lens_q[b] : c->sq;
+    const int lq = qlen_of(c, b);
     const int lk = c->api == API_FWD ? c->used[b] : c->varlen ? c->lens_k[b] : c->sk; /* causal: the used count */
     for (int j = 0; j < lk; j++)
         if (key_visible(c, r, j, lq, lk)) return 1;
@@ -2333,7 +2412,7 @@ static void check_fwd_values(fcase *c) {
     const double bound = 1.25 * vmax + 1e-6; /* O is a convex combination of V's rows (FP8: rounded) */
     int bad = 0;
     for (int b = 0; b < c->batch && bad < 3; b++) {
-        const int lq = c->varlen ? c->lens_q[b] : c->sq;
+        const int lq = qlen_of(c, b); /* seqused_q: the rows past it are checked unwritten (mark_outputs) */
         for (int r = 0; r < lq && bad < 3; r++) {
             const int64_t ob = c->varlen ? 0 : b, os = c->varlen ? c->cuq[b] + r : r;
             const int sees = sees_key(c, b, r);
@@ -2396,7 +2475,7 @@ static void check_fwd_reference_with(fcase *c, double (*val)(const fcase *, int,
     double sc[64], acc[64];
     int bad = 0;
     for (int b = 0; b < c->batch && bad < 3; b++) {
-        const int lq = c->varlen ? c->lens_q[b] : c->sq, u = c->used[b];
+        const int lq = qlen_of(c, b), u = c->used[b];
         for (int i = 0; i < lq && bad < 3; i++) {
             const int64_t qb = c->varlen ? 0 : b, qs = c->varlen ? c->cuq[b] + i : i;
             for (int h = 0; h < c->hq && bad < 3; h++) {
