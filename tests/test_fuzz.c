@@ -489,6 +489,12 @@ static int draw_huge_stride(fcase *c, buf *x) {
 /* Drawing a case                                                           */
 /* ------------------------------------------------------------------------ */
 
+/* lse's entry of query row r of sequence b, head h: [batch, heads_q,
+ * seqlen_q], varlen [heads_q, total_q] */
+static int64_t lse_index(const fcase *c, int b, int64_t h, int r) {
+    return c->varlen ? h * c->tq + c->cuq[b] + r : ((int64_t)b * c->hq + h) * c->tq + r;
+}
+
 /* Query rows sequence b computes: its count, or fewer with seqused_q */
 static int qlen_of(const fcase *c, int b) {
     const int lq = c->varlen ? c->lens_q[b] : c->sq;
@@ -1168,6 +1174,20 @@ static void poison_unread_parts(fcase *c) {
     free(keep);
 }
 
+/* The drawn int32 array behind buffer id (seqused_k, block_table,
+ * cache_seqlens, cache_leftpad, seqused_q, cache_batch_idx), or NULL */
+static const int32_t *host_array(const fcase *c, int id) {
+    switch (id) {
+    case BSEQU: return c->sequ;
+    case BTABLE: return c->table;
+    case BCSL: return c->cs;
+    case BPAD: return c->pad;
+    case BSQU: return c->squ;
+    case BCBI: return c->cbi;
+    default: return NULL;
+    }
+}
+
 static void fill(fcase *c) {
     memset(c->arena, 0xFF, c->arena_bytes);
     for (int i = 0; i < NBUF; i++) {
@@ -1185,10 +1205,8 @@ static void fill(fcase *c) {
         } else if (i >= BPL0 && i < BPL0 + MERGE_DISTINCT) {
             for (int64_t k = 0; k < x->count; k++)
                 put_f32(c, x, k, c->lse_inf && chance(c, 0.3) ? -INFINITY : (float)(3.0 * tu_rng_normal(&c->rng)));
-        } else if (i == BSEQU || i == BTABLE || i == BCSL || i == BPAD || i == BSQU || i == BCBI) {
-            memcpy(c->arena + x->off,
-                   i == BSEQU ? c->sequ : i == BCSL ? c->cs : i == BPAD ? c->pad : i == BSQU ? c->squ : i == BCBI ? c->cbi : c->table,
-                   (size_t)x->count * 4);
+        } else if (host_array(c, i)) {
+            memcpy(c->arena + x->off, host_array(c, i), (size_t)x->count * 4);
         } else if (i == BLSE) {
             for (int64_t k = 0; k < x->count; k++) put_f32(c, x, k, (float)(2.0 + tu_rng_normal(&c->rng)));
         } else { /* e4m3 scales */
@@ -2306,8 +2324,7 @@ static void mark_outputs(const fcase *c, uint8_t *mask) {
                 for (int64_t h = 0; h < o->n[2]; h++) {
                     memset(mask + elem_off(o, st, ob, os, h, 0), 1, (size_t)o->n[3] * o->es);
                     if (c->want_lse && c->b[BLSE].passed) {
-                        const int64_t li = c->varlen ? h * c->tq + os : ((int64_t)b * c->hq + h) * c->tq + r;
-                        memset(mask + c->b[BLSE].off + 4 * (size_t)li, 1, 4);
+                        memset(mask + c->b[BLSE].off + 4 * (size_t)lse_index(c, b, h, r), 1, 4);
                     }
                 }
             }
@@ -2428,7 +2445,7 @@ static void check_fwd_values(fcase *c) {
                 }
                 if (c->want_lse) {
                     float l;
-                    const int64_t li = c->varlen ? h * c->tq + os : ((int64_t)b * c->hq + h) * c->tq + r;
+                    const int64_t li = lse_index(c, b, h, r);
                     memcpy(&l, c->arena + lse->off + 4 * (size_t)li, 4);
                     /* a row that sees no key: -inf, or the sink's logit */
                     const float none = c->has_sink ? c->sink[h] : -INFINITY;
@@ -2524,7 +2541,7 @@ static void check_fwd_reference_with(fcase *c, double (*val)(const fcase *, int,
                 }
                 if (c->want_lse) {
                     float l;
-                    const int64_t li = c->varlen ? h * c->tq + qs : ((int64_t)b * c->hq + h) * c->tq + i;
+                    const int64_t li = lse_index(c, b, h, i);
                     memcpy(&l, c->arena + c->b[BLSE].off + 4 * (size_t)li, 4);
                     const double ref = m + log(sum);
                     if (!(fabs(l - ref) <= 1e-4 * (1 + fabs(ref)))) {
@@ -2845,7 +2862,7 @@ static void check_bwd_reference(fcase *c) {
             const int hk = h / group;
             for (int i = 0; i < lq; i++) {
                 float l;
-                const int64_t li = c->varlen ? h * c->tq + q0 + i : ((int64_t)b * c->hq + h) * c->tq + i;
+                const int64_t li = lse_index(c, b, h, i);
                 memcpy(&l, c->arena + c->b[BLSE].off + 4 * (size_t)li, 4);
                 if (l == -INFINITY) continue;
                 const int64_t qr = (qb * q->n[1] + q0 + i) * c->hq + h; /* row of q, o, dout, dq */
