@@ -1,10 +1,13 @@
 /* fwd_portable.cuh - the portable 16-bit forward (issue 41): FlashAttention-2's
  * design on what every NVIDIA GPU from sm_80 on has (mma.sync m16n8k16,
  * cp.async, ldmatrix).  One CTA per (query tile, head, batch entry); each warp
- * owns 16 query rows, so the softmax's row statistics live in one quad of
- * lanes and no warp waits for another between the two products.
+ * owns MT x 16 query rows, so the softmax's row statistics live in one quad
+ * of lanes and no warp waits for another between the two products; with MT
+ * 2 (FA2's 32 rows a warp at d64 / d128) each K and V fragment a warp loads
+ * by ldmatrix feeds two MMAs, which halves the shared-memory reads per FLOP
+ * (16 rows a warp read as much as the MMAs could use: perf-notes p4).
  *
- *   Q tile [BM = 16 NW][D] -> shared once; K, V blocks [BN][D] through an
+ *   Q tile [BM = 16 MT NW][D] -> shared once; K, V blocks [BN][D] through an
  *   NS-slot cp.async ring (block n + NS - 1 is in flight while block n is
  *   used).  Per key block: S = Q K^T (ldmatrix of Q and K, fp32 accumulators),
  *   scaled into log2 units, masked (sequence end, causal diagonal) on the
@@ -39,18 +42,19 @@ struct PortableFwdParams {
     int causal;
 };
 
-/* The tile shape of a head dim: rows per CTA (16 per warp), keys per block,
- * ring slots; NS is the larger of two instances, the launcher takes the
- * smaller where the device's shared memory per block is below the larger's
- * (sm_86/89: 99 KB). */
+/* The tile shape of a head dim: warps, 16-row tiles per warp (rows per CTA
+ * 16 MT NW), keys per block, ring slots; NS is the larger of two instances,
+ * the launcher takes the smaller where the device's shared memory per block
+ * is below the larger's (sm_86/89: 99 KB).  d192 and d256 keep 16 rows a
+ * warp: two tiles' O accumulators do not fit beside S (FA2's choice too). */
 template <int D> struct PortableCfg;
-template <> struct PortableCfg<64> { static constexpr int NW = 8, BN = 64, NS = 3, NS_SMALL = 2; };
-template <> struct PortableCfg<128> { static constexpr int NW = 8, BN = 64, NS = 3, NS_SMALL = 2; };
-template <> struct PortableCfg<192> { static constexpr int NW = 8, BN = 64, NS = 2, NS_SMALL = 1; };
-template <> struct PortableCfg<256> { static constexpr int NW = 4, BN = 64, NS = 2, NS_SMALL = 1; };
+template <> struct PortableCfg<64> { static constexpr int NW = 4, MT = 2, BN = 64, NS = 3, NS_SMALL = 2; };
+template <> struct PortableCfg<128> { static constexpr int NW = 4, MT = 2, BN = 32, NS = 3, NS_SMALL = 2; };
+template <> struct PortableCfg<192> { static constexpr int NW = 8, MT = 1, BN = 64, NS = 2, NS_SMALL = 1; };
+template <> struct PortableCfg<256> { static constexpr int NW = 4, MT = 1, BN = 64, NS = 2, NS_SMALL = 1; };
 
-template <int D, int NW, int BN, int NS> constexpr int portable_smem_bytes() {
-    return (16 * NW + 2 * NS * BN) * D * 2;
+template <int D, int NW, int BN, int NS, int MT = 1> constexpr int portable_smem_bytes() {
+    return (16 * MT * NW + 2 * NS * BN) * D * 2;
 }
 
 namespace portable {
@@ -111,10 +115,10 @@ __device__ __forceinline__ float quad_sum(float x) {
 
 } // namespace portable
 
-template <int D, int NW, int BN, int NS, bool BF16>
+template <int D, int NW, int BN, int NS, bool BF16, int MT = 1>
 __global__ void __launch_bounds__(NW * 32, 1) fwd_portable_kernel(const PortableFwdParams p) {
     using namespace portable;
-    constexpr int BM = 16 * NW, NT = NW * 32;
+    constexpr int BM = 16 * MT * NW, NT = NW * 32;
     constexpr int NT_S = BN / 8, NT_O = D / 8; /* 8-column accumulator tiles of S and O per warp */
     /* D a multiple of 64: the swizzle permutes chunks within each 128-byte group of a row */
     static_assert(D % 64 == 0 && BN % 16 == 0, "tile shape");
@@ -149,15 +153,20 @@ __global__ void __launch_bounds__(NW * 32, 1) fwd_portable_kernel(const Portable
         n_blocks = last_key < 0 ? 0 : min(n_blocks, last_key / BN + 1);
     }
 
-    float acc[NT_O][4];
+    float acc[MT][NT_O][4];
 #pragma unroll
-    for (int j = 0; j < NT_O; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
-    const int r_lo = m0 + warp * 16 + g; /* this thread's rows r_lo, r_lo + 8 (in the sequence) */
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int j = 0; j < NT_O; ++j) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.f;
+    float row_max[MT][2], row_sum[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) row_max[mt][0] = row_max[mt][1] = -INFINITY, row_sum[mt][0] = row_sum[mt][1] = 0.f;
+    /* this thread's rows of tile mt: r_lo + 16 mt and + 8 (in the sequence) */
+    const int r_lo = m0 + warp * 16 * MT + g;
     /* ldmatrix rows and swizzle constants of this lane (ldsm_addr): Q and V
      * take matrices (rows 0-7, 8-15) x (chunk 0, 1), K (chunk 0, 1) x (rows) */
     const uint32_t x7 = lane & 7, hi3 = (lane >> 3) & 1, hi4 = lane >> 4;
-    const uint32_t q_row = (warp * 16 + x7 + hi3 * 8) * D * 2, q_y = x7 ^ hi4;
+    const uint32_t q_row = (warp * 16 * MT + x7 + hi3 * 8) * D * 2, q_y = x7 ^ hi4; /* + 16 mt rows */
     const uint32_t k_row = (x7 + hi4 * 8) * D * 2, k_y = x7 ^ hi3;
     const uint32_t v_row = (x7 + hi3 * 8) * D * 2, v_y = x7 ^ hi4;
 
@@ -189,20 +198,26 @@ __global__ void __launch_bounds__(NW * 32, 1) fwd_portable_kernel(const Portable
         __syncthreads();
         const uint32_t kS = sK + (n % NS) * BN * D * 2, vS = sV + (n % NS) * BN * D * 2;
 
-        /* S = Q K^T for this warp's 16 rows */
-        float s[NT_S][4];
+        /* S = Q K^T for this warp's MT x 16 rows: each K fragment feeds MT tiles */
+        float s[MT][NT_S][4];
 #pragma unroll
-        for (int j = 0; j < NT_S; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int j = 0; j < NT_S; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-            uint32_t qa[4];
-            ldsm_x4(qa, ldsm_addr(sQ, q_row, kk, q_y));
+            uint32_t qa[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) ldsm_x4(qa[mt], ldsm_addr(sQ, q_row + mt * 16 * D * 2, kk, q_y));
 #pragma unroll
             for (int nn = 0; nn < BN / 16; ++nn) {
                 uint32_t kb[4];
                 ldsm_x4(kb, ldsm_addr(kS + nn * 16 * D * 2, k_row, kk, k_y));
-                mma_m16n8k16<BF16>(s[2 * nn], qa, kb[0], kb[1]);
-                mma_m16n8k16<BF16>(s[2 * nn + 1], qa, kb[2], kb[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma_m16n8k16<BF16>(s[mt][2 * nn], qa[mt], kb[0], kb[1]);
+                    mma_m16n8k16<BF16>(s[mt][2 * nn + 1], qa[mt], kb[2], kb[3]);
+                }
             }
         }
 
@@ -210,56 +225,66 @@ __global__ void __launch_bounds__(NW * 32, 1) fwd_portable_kernel(const Portable
         const int kbase = n * BN;
         const bool need_mask = kbase + BN > len_k || (p.causal && kbase + BN - 1 > m0 + off);
 #pragma unroll
-        for (int j = 0; j < NT_S; ++j)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[j][e] *= p.scale_log2;
-                if (need_mask) {
-                    const int key = kbase + 8 * j + 2 * t + (e & 1), row = r_lo + (e >> 1) * 8;
-                    if (key >= len_k || (p.causal && key > row + off)) s[j][e] = -INFINITY;
+            for (int j = 0; j < NT_S; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    s[mt][j][e] *= p.scale_log2;
+                    if (need_mask) {
+                        const int key = kbase + 8 * j + 2 * t + (e & 1), row = r_lo + 16 * mt + (e >> 1) * 8;
+                        if (key >= len_k || (p.causal && key > row + off)) s[mt][j][e] = -INFINITY;
+                    }
                 }
-            }
 
         /* running max; P = exp2(S - m); rescale O and l by exp2(m_old - m_new) */
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            float mx = row_max[r];
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int j = 0; j < NT_S; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
-            mx = quad_max(mx);
-            /* a row with every score so far -inf subtracts 0, not -inf (no inf - inf) */
-            const float m_use = mx == -INFINITY ? 0.f : mx;
-            const float alpha = exp2_approx(row_max[r] - m_use);
-            row_max[r] = mx;
-            float sum = 0.f;
+            for (int r = 0; r < 2; ++r) {
+                float mx = row_max[mt][r];
 #pragma unroll
-            for (int j = 0; j < NT_S; ++j) {
-                s[j][2 * r] = exp2_approx(s[j][2 * r] - m_use);
-                s[j][2 * r + 1] = exp2_approx(s[j][2 * r + 1] - m_use);
-                sum += s[j][2 * r] + s[j][2 * r + 1];
+                for (int j = 0; j < NT_S; ++j) mx = fmaxf(mx, fmaxf(s[mt][j][2 * r], s[mt][j][2 * r + 1]));
+                mx = quad_max(mx);
+                /* a row with every score so far -inf subtracts 0, not -inf (no inf - inf) */
+                const float m_use = mx == -INFINITY ? 0.f : mx;
+                const float alpha = exp2_approx(row_max[mt][r] - m_use);
+                row_max[mt][r] = mx;
+                float sum = 0.f;
+#pragma unroll
+                for (int j = 0; j < NT_S; ++j) {
+                    s[mt][j][2 * r] = exp2_approx(s[mt][j][2 * r] - m_use);
+                    s[mt][j][2 * r + 1] = exp2_approx(s[mt][j][2 * r + 1] - m_use);
+                    sum += s[mt][j][2 * r] + s[mt][j][2 * r + 1];
+                }
+                row_sum[mt][r] = row_sum[mt][r] * alpha + sum;
+#pragma unroll
+                for (int j = 0; j < NT_O; ++j) {
+                    acc[mt][j][2 * r] *= alpha;
+                    acc[mt][j][2 * r + 1] *= alpha;
+                }
             }
-            row_sum[r] = row_sum[r] * alpha + sum;
-#pragma unroll
-            for (int j = 0; j < NT_O; ++j) {
-                acc[j][2 * r] *= alpha;
-                acc[j][2 * r + 1] *= alpha;
-            }
-        }
 
         /* O += P V: P's accumulator tiles 2kk, 2kk + 1 are the A fragment of keys 16kk .. 16kk + 15 */
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
-            uint32_t pa[4];
-            pa[0] = pack2<BF16>(s[2 * kk][0], s[2 * kk][1]);
-            pa[1] = pack2<BF16>(s[2 * kk][2], s[2 * kk][3]);
-            pa[2] = pack2<BF16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pa[3] = pack2<BF16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            uint32_t pa[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                pa[mt][0] = pack2<BF16>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                pa[mt][1] = pack2<BF16>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                pa[mt][2] = pack2<BF16>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                pa[mt][3] = pack2<BF16>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+            }
 #pragma unroll
             for (int dn = 0; dn < D / 16; ++dn) {
                 uint32_t vb[4];
                 ldsm_x4_trans(vb, ldsm_addr(vS + kk * 16 * D * 2, v_row, dn, v_y));
-                mma_m16n8k16<BF16>(acc[2 * dn], pa, vb[0], vb[1]);
-                mma_m16n8k16<BF16>(acc[2 * dn + 1], pa, vb[2], vb[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma_m16n8k16<BF16>(acc[mt][2 * dn], pa[mt], vb[0], vb[1]);
+                    mma_m16n8k16<BF16>(acc[mt][2 * dn + 1], pa[mt], vb[2], vb[3]);
+                }
             }
         }
         __syncthreads(); /* every warp is done with this slot before it is refilled */
@@ -270,20 +295,21 @@ __global__ void __launch_bounds__(NW * 32, 1) fwd_portable_kernel(const Portable
      * every score -inf) gets O = 0 and LSE = -inf; NaN stays NaN */
     const int64_t bo = p.cu_q ? 0 : (int64_t)b;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const float l = quad_sum(row_sum[r]);
-        const int row = r_lo + 8 * r;
+    for (int mr = 0; mr < 2 * MT; ++mr) {
+        const int mt = mr / 2, r = mr % 2;
+        const float l = quad_sum(row_sum[mt][r]);
+        const int row = r_lo + 16 * mt + 8 * r;
         if (row >= len_q) continue;
         const bool empty = l == 0.f;
         const float inv = empty ? 0.f : 1.f / l;
         uint16_t *og = p.o + bo * p.o_sb + (int64_t)(q0 + row) * p.o_ss + (int64_t)h * p.o_sh;
 #pragma unroll
         for (int j = 0; j < NT_O; ++j) {
-            const uint32_t w = empty ? 0u : pack2<BF16>(acc[j][2 * r] * inv, acc[j][2 * r + 1] * inv);
+            const uint32_t w = empty ? 0u : pack2<BF16>(acc[mt][j][2 * r] * inv, acc[mt][j][2 * r + 1] * inv);
             *reinterpret_cast<uint32_t *>(og + 8 * j + 2 * t) = w;
         }
         if (p.lse && t == 0) {
-            const float lse = empty ? -INFINITY : (row_max[r] + __log2f(l)) * 0.69314718055994531f;
+            const float lse = empty ? -INFINITY : (row_max[mt][r] + __log2f(l)) * 0.69314718055994531f;
             const int64_t at = p.cu_q ? (int64_t)h * p.total_q + q0 + row
                                       : ((int64_t)b * p.heads_q + h) * p.seqlen_q + row;
             p.lse[at] = lse;
