@@ -25,3 +25,21 @@ __host__ __device__ __forceinline__ int bwd_dq_index(int row, int col, int width
     const int lane = 4 * (r % 8) + (c % 8) / 2, e = 2 * (r / 8) + c % 2;
     return (((part * 4 + wq) * (width / 8) + c / 8) * 32 + lane) * 4 + e;
 }
+
+/* The portable backward's order: bwd_dq_index's 128-float groups, element-
+ * major inside each (element e of the group's 32 lanes contiguous), so each
+ * of a warp's four fp32 atomic adds covers 128 contiguous bytes (4 sectors,
+ * not 16): the atomics' L2 work per element falls 4x. */
+__host__ __device__ __forceinline__ int bwd_dq_index_emaj(int row, int col, int width) {
+    const int i = bwd_dq_index(row, col, width);
+    return (i & ~127) | ((i & 3) << 5) | ((i >> 2) & 31);
+}
+
+/* elements (row, col), (row, col + 1) of a dQ tile, col even: adjacent in
+ * bwd_dq_index's order, 32 apart in the element-major one */
+template <bool EMAJ> __device__ __forceinline__ float2 bwd_dq_pair(const float *tile, int row, int col, int width) {
+    if (!EMAJ) return *(const float2 *)(tile + bwd_dq_index(row, col, width));
+    const int i = bwd_dq_index_emaj(row, col, width);
+    return make_float2(tile[i], tile[i + 32]);
+}
+

@@ -115,13 +115,13 @@ static fattn_status pbwd_run(fattn_ctx *ctx, const fattn_bwd_args *a) {
 
     if (varlen) {
         if (p.m_blocks > 0)
-            bwd_post_varlen_kernel<BF16><<<qgrid, 256, 0, stream>>>(p.dq_acc, (uint16_t *)a->dq.data,
+            bwd_post_varlen_kernel<BF16, true><<<qgrid, 256, 0, stream>>>(p.dq_acc, (uint16_t *)a->dq.data,
                                                                     a->dq.stride_seq, a->dq.stride_head, p.cu_q,
                                                                     p.seqused_q, p.total_q, pr->seqlen_q,
                                                                     p.rb_total, D, D, D, pr->softmax_scale);
     } else {
         const int64_t pairs = (int64_t)pr->batch * pr->heads_q * pr->seqlen_q * D / 2;
-        bwd_post_kernel<BF16><<<(unsigned)((pairs + 255) / 256), 256, 0, stream>>>(
+        bwd_post_kernel<BF16, true><<<(unsigned)((pairs + 255) / 256), 256, 0, stream>>>(
             p.dq_acc, (uint16_t *)a->dq.data, a->dq.stride_batch, a->dq.stride_seq, a->dq.stride_head, pr->heads_q,
             pr->seqlen_q, D, D, D, pr->softmax_scale, pairs);
     }

@@ -16,7 +16,7 @@
  *      group's sum, so dK and dV are written once, with no workspace).
  *   3. dQ += dS K: warp (16-query group, column half) in pieces of <= 64
  *      columns, added to the fp32 workspace tile with atomics in
- *      bwd_dq_index's order (each warp's 4 floats a lane, 512 contiguous
+ *      bwd_dq_index_emaj's order (each add of a warp 128 contiguous
  *      bytes); deterministic: the CTA first waits for its turn on the query
  *      tile's counter (key blocks in order 0, 1, ..., as the Hopper
  *      backward's bwd_dq_turn without SPT).
@@ -36,7 +36,7 @@ struct PortableBwdParams {
     uint16_t *dk, *dv;
     int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, do_sb, do_ss, do_sh; /* elements */
     int64_t dk_sb, dk_ss, dk_sh, dv_sb, dv_ss, dv_sh;
-    float *dq_acc;     /* fp32 64 x D tiles, bwd_dq_index's order (width D), zeroed */
+    float *dq_acc;     /* fp32 64 x D tiles, bwd_dq_index_emaj's order (width D), zeroed */
     const float *lse2; /* per 64-row block: LSE log2 e, +inf where the row saw no key or is padding */
     const float *dsum; /* the same rows: rowsum(dO O) */
     int *dq_sem;       /* deterministic: one counter per dQ tile, zeroed */
@@ -330,9 +330,9 @@ __global__ void __launch_bounds__(PBWD_NW * 32, PortableBwdCfg<D>::MINB) bwd_por
             }
 #pragma unroll
             for (int j = 0; j < PW / 8; ++j) {
-                float *at = dq_tile + ((mg * (D / 8) + (cg * CW + pc * PW) / 8 + j) * 32 + lane) * 4;
+                float *at = dq_tile + (mg * (D / 8) + (cg * CW + pc * PW) / 8 + j) * 128 + lane;
 #pragma unroll
-                for (int e = 0; e < 4; ++e) atomicAdd(at + e, dq[j][e]);
+                for (int e = 0; e < 4; ++e) atomicAdd(at + 32 * e, dq[j][e]);
             }
         }
         if (p.deterministic) __threadfence(); /* the adds land before the counter moves */

@@ -56,8 +56,9 @@ __global__ void __launch_bounds__(256) bwd_pre_kernel(const uint16_t *o, int64_t
 }
 
 /* dq = softmax_scale dq_acc (tiles of 64 x dt columns in bwd_dq_index's
- * order; dt the kernel's head dim, d <= dt the call's), two elements per thread. */
-template <bool BF16>
+ * order, EMAJ: bwd_dq_index_emaj's; dt the kernel's head dim, d <= dt the
+ * call's), two elements per thread. */
+template <bool BF16, bool EMAJ = false>
 __global__ void __launch_bounds__(256) bwd_post_kernel(const float *acc, uint16_t *dq, int64_t q_sb, int64_t q_ss,
                                                        int64_t q_sh, int heads, int seqlen_q, int width, int d, int dt,
                                                        float scale, int64_t pairs) {
@@ -70,7 +71,7 @@ __global__ void __launch_bounds__(256) bwd_post_kernel(const float *acc, uint16_
     const int64_t bh = row / seqlen_q;
     const int h = (int)(bh % heads), b = (int)(bh / heads);
     const float *tile = acc + (bh * ((seqlen_q + 63) / 64) + i / 64) * 64 * dt;
-    const float2 x = *(const float2 *)(tile + bwd_dq_index(i % 64, c, width)); /* c even: c, c + 1 adjacent */
+    const float2 x = bwd_dq_pair<EMAJ>(tile, i % 64, c, width);
     uint16_t *dst = dq + b * q_sb + i * q_ss + h * q_sh + c;
     bwd_store16x2<BF16>(dst, x.x * scale, x.y * scale);
 }
@@ -115,8 +116,8 @@ __global__ void __launch_bounds__(256) bwd_pre_varlen_kernel(const uint16_t *o, 
 /* VARLEN postprocess: block (m, h, b) writes dq = softmax_scale dq_acc for
  * the rows of query block m of sequence b that exist and are used (below
  * seqused_q[b] with used_q; the others are not written), tiles of 64 x dt
- * columns, d <= dt written. */
-template <bool BF16>
+ * columns (EMAJ as bwd_post_kernel's), d <= dt written. */
+template <bool BF16, bool EMAJ = false>
 __global__ void __launch_bounds__(256) bwd_post_varlen_kernel(const float *acc, uint16_t *dq, int64_t q_ss, int64_t q_sh,
                                                               const int *cu_q, const int *used_q, int total_q,
                                                               int max_q, int rb_total, int width, int d, int dt,
@@ -130,7 +131,7 @@ __global__ void __launch_bounds__(256) bwd_post_varlen_kernel(const float *acc, 
     const int rows = min(64, lq - m * 64);
     for (int t = threadIdx.x; t < rows * d / 2; t += blockDim.x) {
         const int r = 2 * t / d, c = 2 * t % d;
-        const float2 x = *(const float2 *)(tile + bwd_dq_index(r, c, width)); /* c even: c, c + 1 adjacent */
+        const float2 x = bwd_dq_pair<EMAJ>(tile, r, c, width);
         uint16_t *dst = dq + ((int64_t)q0 + m * 64 + r) * q_ss + h * q_sh + c;
         bwd_store16x2<BF16>(dst, x.x * scale, x.y * scale);
     }
