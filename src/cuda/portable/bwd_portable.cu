@@ -108,10 +108,11 @@ static fattn_status pbwd_run(fattn_ctx *ctx, const fattn_bwd_args *a) {
     }
     if ((s = cuda_launch_error(ctx, "portable backward preprocess")) != FATTN_OK) return s;
 
-    /* one CTA per (key block, kv head, batch entry); key block n before n + 1
-     * in the launch order, which the deterministic turns rely on */
-    const dim3 grid((unsigned)((pr->seqlen_k + PBWD_BN - 1) / PBWD_BN), (unsigned)pr->heads_kv, (unsigned)pr->batch);
-    if (grid.x > 0 && (s = pbwd_main(ctx, p, BF16, D, grid)) != FATTN_OK) return s;
+    /* one CTA per (key block, kv head, batch entry), grid.x the kernel's
+     * (bwd_portable_launch_one); key block n before n + 1 in the launch
+     * order, which the deterministic turns rely on */
+    const dim3 grid(0u, (unsigned)pr->heads_kv, (unsigned)pr->batch);
+    if (pr->seqlen_k > 0 && (s = pbwd_main(ctx, p, BF16, D, grid)) != FATTN_OK) return s;
 
     if (varlen) {
         if (p.m_blocks > 0)

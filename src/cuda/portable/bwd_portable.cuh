@@ -55,12 +55,14 @@ struct PortableBwdParams {
  * (portable_bwd_smem_bytes): d64 66,560; d128 115,712 (NS 2) or 82,432
  * (sm_86/89's 99 KB); d192 164,864 (A100's 163 KB); d256 214,016 (H100/H200)
  * or 147,968 (A100); d192 and d256 do not fit sm_86/89.  MINB: CTAs per SM
- * for the register bound (d128 at 2, 128 registers, spills). */
+ * for the register bound (d128 at 2, 128 registers, spills).  RP_NS: the
+ * ring of bwd_portable_rp_kernel (128 keys a CTA, bwd_portable_rp.cuh),
+ * taken where it fits (d128: 145 KB; not sm_86/89), 0: none. */
 template <int D> struct PortableBwdCfg;
-template <> struct PortableBwdCfg<64> { static constexpr int NS = 2, NS_SMALL = 2, MINB = 2; };
-template <> struct PortableBwdCfg<128> { static constexpr int NS = 2, NS_SMALL = 1, MINB = 1; };
-template <> struct PortableBwdCfg<192> { static constexpr int NS = 2, NS_SMALL = 0, MINB = 1; };
-template <> struct PortableBwdCfg<256> { static constexpr int NS = 2, NS_SMALL = 1, MINB = 1; };
+template <> struct PortableBwdCfg<64> { static constexpr int NS = 2, NS_SMALL = 2, MINB = 2, RP_NS = 2; };
+template <> struct PortableBwdCfg<128> { static constexpr int NS = 2, NS_SMALL = 1, MINB = 1, RP_NS = 2; };
+template <> struct PortableBwdCfg<192> { static constexpr int NS = 2, NS_SMALL = 0, MINB = 1, RP_NS = 0; };
+template <> struct PortableBwdCfg<256> { static constexpr int NS = 2, NS_SMALL = 1, MINB = 1, RP_NS = 0; };
 
 /* d256's dQ pieces: the width without spills beside its 128 dK, dV
  * accumulators, by ptxas (nvcc 13.0) per target */
@@ -140,6 +142,104 @@ __device__ __forceinline__ void pbwd_store(const PortableBwdParams &p, int b, in
     }
 }
 
+/* The rows a CTA of key block n0 .. n0 + bn - 1 works on: its sequence's
+ * (varlen: used) queries and keys, the workspace block of its first query
+ * (rb), the causal offset and the query blocks of BM rows that see a key of
+ * the block (m_first .. m_first + nm - 1; causal starts at the first key's
+ * diagonal). */
+struct PbwdRows {
+    int q0, len_q, k0, len_k, rb, off, m_first, nm;
+};
+
+template <int BM> __device__ __forceinline__ PbwdRows pbwd_rows(const PortableBwdParams &p, int b, int n0) {
+    PbwdRows w = {0, p.seqlen_q, 0, p.seqlen_k, 0, 0, 0, 0};
+    if (p.cu_q) {
+        varlen_rows(p.cu_q, b, p.total_q, p.seqlen_q, w.q0, w.len_q);
+        varlen_rows(p.cu_k, b, p.total_k, p.seqlen_k, w.k0, w.len_k);
+        varlen_used(p.seqused_q, b, w.len_q);
+        varlen_used(p.seqused_k, b, w.len_k);
+        w.rb = bwd_varlen_rb(w.q0, b);
+    }
+    w.off = w.len_k - w.len_q; /* bottom-right aligned: key j visible to row i iff j <= i + off */
+    const int m_end = (w.len_q + BM - 1) / BM;
+    if (p.causal) {
+        const int first_q = n0 - w.off;
+        w.m_first = first_q <= 0 ? 0 : min(first_q / BM, m_end);
+    }
+    w.nm = m_end - w.m_first;
+    return w;
+}
+
+/* the workspace tile (dQ, LSE2, D) of query block m of head h */
+__device__ __forceinline__ size_t pbwd_tile(const PortableBwdParams &p, const PbwdRows &w, int b, int h, int m) {
+    return p.cu_q ? (size_t)h * p.rb_total + w.rb + m : ((size_t)b * p.heads_q + h) * p.m_blocks + m;
+}
+
+/* Q, dO, LSE2 and D of iteration it (query head hk group + it / nm, query
+ * block m_first + it % nm) into one ring slot: tiles at sq, sdo, BM floats
+ * at slse, sdsum */
+template <int D, int BM, int NT>
+__device__ __forceinline__ void pbwd_load_qdo(const PortableBwdParams &p, const PbwdRows &w, int b, int hk, int it,
+                                              uint32_t sq, uint32_t sdo, uint32_t slse, uint32_t sdsum, int tid) {
+    using namespace portable;
+    const int h = hk * p.group + it / w.nm, m = w.m_first + it % w.nm, r0 = m * BM;
+    const int64_t bb = p.cu_q ? 0 : (int64_t)b;
+    const uint16_t *qs = p.q + bb * p.q_sb + (int64_t)(w.q0 + r0) * p.q_ss + (int64_t)h * p.q_sh;
+    const uint16_t *ds = p.dout + bb * p.do_sb + (int64_t)(w.q0 + r0) * p.do_ss + (int64_t)h * p.do_sh;
+    load_tile<D, BM, NT>(sq, qs, p.q_ss, w.len_q - r0, tid);
+    load_tile<D, BM, NT>(sdo, ds, p.do_ss, w.len_q - r0, tid);
+    const size_t tile = pbwd_tile(p, w, b, h, m);
+    if (tid < 2 * BM / 4) { /* 16 bytes a thread: LSE2 then D */
+        const int c = tid % (BM / 4);
+        const float *src = (tid < BM / 4 ? p.lse2 : p.dsum) + tile * BM + 4 * c;
+        cp_async_16((tid < BM / 4 ? slse : sdsum) + 16 * c, src, true);
+    }
+}
+
+/* K and V rows n0 .. n0 + BN - 1 of kv head hk into the tiles at sk, sv */
+template <int D, int BN, int NT>
+__device__ __forceinline__ void pbwd_load_kv(const PortableBwdParams &p, const PbwdRows &w, int b, int hk, int n0,
+                                             uint32_t sk, uint32_t sv, int tid) {
+    using namespace portable;
+    const int64_t bb = p.cu_q ? 0 : (int64_t)b;
+    const uint16_t *ks = p.k + bb * p.k_sb + (int64_t)(w.k0 + n0) * p.k_ss + (int64_t)hk * p.k_sh;
+    const uint16_t *vs = p.v + bb * p.v_sb + (int64_t)(w.k0 + n0) * p.v_ss + (int64_t)hk * p.v_sh;
+    load_tile<D, BN, NT>(sk, ks, p.k_ss, w.len_k - n0, tid);
+    load_tile<D, BN, NT>(sv, vs, p.v_ss, w.len_k - n0, tid);
+}
+
+/* dQ of a warp's 16 queries (16 mg ..) and PW columns from col0: added to the
+ * tile's fp32 workspace in bwd_dq_index_emaj's order, each add 32 lanes x 4
+ * contiguous bytes */
+template <int D, int PW>
+__device__ __forceinline__ void pbwd_add_dq(float *dq_tile, int mg, int col0, int lane, const float (&dq)[PW / 8][4]) {
+#pragma unroll
+    for (int j = 0; j < PW / 8; ++j) {
+        float *at = dq_tile + (mg * (D / 8) + col0 / 8 + j) * 128 + lane;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) atomicAdd(at + 32 * e, dq[j][e]);
+    }
+}
+
+/* P^T = exp2(S^T scale log2e - LSE2) and dS^T = P^T (dP^T - D) in place, for
+ * one m16n8 accumulator of keys key_lo, key_lo + 8 and queries row0, row0 + 1
+ * (l2, d2 theirs): a row with no key (LSE2 +inf) and padding get 0; keys
+ * past the sequence and past the diagonal are masked to -inf when need_mask */
+__device__ __forceinline__ void pbwd_softmax(float (&st)[4], float (&dpt)[4], float2 l2, float2 d2, bool need_mask,
+                                             int key_lo, int row0, int len_k, int causal, int off, float scale_log2) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        float s = st[e] * scale_log2;
+        if (need_mask) {
+            const int key = key_lo + 8 * (e >> 1), row = row0 + (e & 1);
+            if (key >= len_k || (causal && key > row + off)) s = -INFINITY;
+        }
+        const float pe = sm80::exp2_approx(s - ((e & 1) ? l2.y : l2.x));
+        st[e] = pe;
+        dpt[e] = pe * (dpt[e] - ((e & 1) ? d2.y : d2.x));
+    }
+}
+
 /* The main kernel (top of file).  The lane patterns of ldmatrix
  * (portable::ldsm_addr): PA gives the A fragment of a row-major tile (and,
  * .trans, the B fragment of a [k][n] tile), PB the B fragments of two 8-row
@@ -158,28 +258,10 @@ __global__ void __launch_bounds__(PBWD_NW * 32, PortableBwdCfg<D>::MINB) bwd_por
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
 
-    /* this sequence's rows (varlen: its used ones; the rows past them load
-     * as zeros, and their dq, dk, dv are not written) */
-    int q0 = 0, len_q = p.seqlen_q, k0 = 0, len_k = p.seqlen_k, rb = 0;
-    if (p.cu_q) {
-        varlen_rows(p.cu_q, b, p.total_q, p.seqlen_q, q0, len_q);
-        varlen_rows(p.cu_k, b, p.total_k, p.seqlen_k, k0, len_k);
-        varlen_used(p.seqused_q, b, len_q);
-        varlen_used(p.seqused_k, b, len_k);
-        rb = bwd_varlen_rb(q0, b);
-    }
     const int n0 = n_block * BN;
-    if (n0 >= len_k) return;
-    const int off = len_k - len_q; /* bottom-right aligned: key j visible to row i iff j <= i + off */
-    /* query blocks that see a key of this block: causal starts at the first key's diagonal */
-    const int m_end = (len_q + BM - 1) / BM;
-    int m_first = 0;
-    if (p.causal) {
-        const int first_q = n0 - off;
-        m_first = first_q <= 0 ? 0 : min(first_q / BM, m_end);
-    }
-    const int nm = m_end - m_first, T = nm * p.group; /* iterations: (query head, query block) */
-    const int64_t bb = p.cu_q ? 0 : (int64_t)b;
+    const PbwdRows w = pbwd_rows<BM>(p, b, n0);
+    if (n0 >= w.len_k) return;
+    const int len_k = w.len_k, off = w.len_k - w.len_q, nm = w.nm, T = nm * p.group;
 
     /* this lane's ldmatrix patterns PA, PB (above) */
     const uint32_t x7 = lane & 7, hi3 = (lane >> 3) & 1, hi4 = lane >> 4;
@@ -187,26 +269,13 @@ __global__ void __launch_bounds__(PBWD_NW * 32, PortableBwdCfg<D>::MINB) bwd_por
     const int kg = warp % WK, qg = warp / WK; /* phases 1, 2: qg is the query part, then the column part */
     const int mg = warp % WM, cg = warp / WM; /* phase 3 */
 
-    /* Q, dO, LSE2, D of iteration it into ring slot `slot` */
     auto load_qdo = [&](int it, int slot) {
-        const int h = hk * p.group + it / nm, m = m_first + it % nm, r0 = m * BM;
-        const uint16_t *qs = p.q + bb * p.q_sb + (int64_t)(q0 + r0) * p.q_ss + (int64_t)h * p.q_sh;
-        const uint16_t *ds = p.dout + bb * p.do_sb + (int64_t)(q0 + r0) * p.do_ss + (int64_t)h * p.do_sh;
-        load_tile<D, BM, NT>(s0 + O_Q + slot * QT_B, qs, p.q_ss, len_q - r0, tid);
-        load_tile<D, BM, NT>(s0 + O_DO + slot * QT_B, ds, p.do_ss, len_q - r0, tid);
-        const size_t tile = p.cu_q ? (size_t)h * p.rb_total + rb + m : ((size_t)b * p.heads_q + h) * p.m_blocks + m;
-        if (tid < 2 * BM / 4) { /* 16 bytes a thread: LSE2 then D */
-            const int c = tid % (BM / 4);
-            const float *src = (tid < BM / 4 ? p.lse2 : p.dsum) + tile * BM + 4 * c;
-            cp_async_16(s0 + (tid < BM / 4 ? O_LSE : O_DSUM) + slot * BM * 4 + 16 * c, src, true);
-        }
+        pbwd_load_qdo<D, BM, NT>(p, w, b, hk, it, s0 + O_Q + slot * QT_B, s0 + O_DO + slot * QT_B,
+                                 s0 + O_LSE + slot * BM * 4, s0 + O_DSUM + slot * BM * 4, tid);
     };
 
     if (T > 0) {
-        const uint16_t *ks = p.k + bb * p.k_sb + (int64_t)(k0 + n0) * p.k_ss + (int64_t)hk * p.k_sh;
-        const uint16_t *vs = p.v + bb * p.v_sb + (int64_t)(k0 + n0) * p.v_ss + (int64_t)hk * p.v_sh;
-        load_tile<D, BN, NT>(s0 + O_K, ks, p.k_ss, len_k - n0, tid);
-        load_tile<D, BN, NT>(s0 + O_V, vs, p.v_ss, len_k - n0, tid);
+        pbwd_load_kv<D, BN, NT>(p, w, b, hk, n0, s0 + O_K, s0 + O_V, tid);
 #pragma unroll
         for (int s = 0; s < NS - 1; ++s) {
             if (s < T) load_qdo(s, s);
@@ -229,7 +298,7 @@ __global__ void __launch_bounds__(PBWD_NW * 32, PortableBwdCfg<D>::MINB) bwd_por
         const uint32_t sQ = s0 + O_Q + slot * QT_B, sDO = s0 + O_DO + slot * QT_B;
         const float *lse2 = (const float *)(smem + O_LSE + slot * BM * 4);
         const float *dsum = (const float *)(smem + O_DSUM + slot * BM * 4);
-        const int h = hk * p.group + it / nm, m = m_first + it % nm;
+        const int h = hk * p.group + it / nm, m = w.m_first + it % nm;
 
         /* 1. S^T and dP^T for keys 16 kg .. + 15, queries QW qg .. + QW - 1,
          * in NQS parts of QS queries */
@@ -257,9 +326,7 @@ __global__ void __launch_bounds__(PBWD_NW * 32, PortableBwdCfg<D>::MINB) bwd_por
                     mma_m16n8k16<BF16>(dpt[2 * nn + 1], va, ob[2], ob[3]);
                 }
             }
-            /* P^T = exp2(S^T scale log2e - LSE2): a row with no key (LSE2
-             * +inf) and padding get 0; keys past the sequence and past the
-             * diagonal are masked to -inf on the blocks that have them */
+            /* P^T, dS^T (pbwd_softmax), masked on the blocks that need it */
             const int key_lo = n0 + kg * 16 + g;
             const bool need_mask = n0 + BN > len_k || (p.causal && n0 + BN - 1 > m * BM + off);
 #pragma unroll
@@ -267,17 +334,7 @@ __global__ void __launch_bounds__(PBWD_NW * 32, PortableBwdCfg<D>::MINB) bwd_por
                 const int qc = qw0 + 8 * j + 2 * t; /* this thread's query pair in the block */
                 const float2 l2 = *reinterpret_cast<const float2 *>(lse2 + qc);
                 const float2 d2 = *reinterpret_cast<const float2 *>(dsum + qc);
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    float s = st[j][e] * p.scale_log2;
-                    if (need_mask) {
-                        const int key = key_lo + 8 * (e >> 1), row = m * BM + qc + (e & 1);
-                        if (key >= len_k || (p.causal && key > row + off)) s = -INFINITY;
-                    }
-                    const float pe = exp2_approx(s - ((e & 1) ? l2.y : l2.x));
-                    st[j][e] = pe;
-                    dpt[j][e] = pe * (dpt[j][e] - ((e & 1) ? d2.y : d2.x));
-                }
+                pbwd_softmax(st[j], dpt[j], l2, d2, need_mask, key_lo, m * BM + qc, len_k, p.causal, off, p.scale_log2);
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
                     const uint32_t at = swz<BM>(kg * 16 + g + 8 * r, qc);
@@ -308,7 +365,7 @@ __global__ void __launch_bounds__(PBWD_NW * 32, PortableBwdCfg<D>::MINB) bwd_por
         }
 
         /* 3. dQ += dS K for queries 16 mg .. + 15, columns CW cg .. + CW - 1 */
-        const size_t tile = p.cu_q ? (size_t)h * p.rb_total + rb + m : ((size_t)b * p.heads_q + h) * p.m_blocks + m;
+        const size_t tile = pbwd_tile(p, w, b, h, m);
         if (p.deterministic) pbwd_wait_turn(p.dq_sem + tile, n_block);
         float *dq_tile = p.dq_acc + tile * (size_t)(BM * D);
 #pragma unroll
@@ -328,12 +385,7 @@ __global__ void __launch_bounds__(PBWD_NW * 32, PortableBwdCfg<D>::MINB) bwd_por
                     mma_m16n8k16<BF16>(dq[2 * dn + 1], da, kb[2], kb[3]);
                 }
             }
-#pragma unroll
-            for (int j = 0; j < PW / 8; ++j) {
-                float *at = dq_tile + (mg * (D / 8) + (cg * CW + pc * PW) / 8 + j) * 128 + lane;
-#pragma unroll
-                for (int e = 0; e < 4; ++e) atomicAdd(at + 32 * e, dq[j][e]);
-            }
+            pbwd_add_dq<D, PW>(dq_tile, mg, cg * CW + pc * PW, lane, dq);
         }
         if (p.deterministic) __threadfence(); /* the adds land before the counter moves */
         __syncthreads(); /* P^T, dS^T and this ring slot are free */

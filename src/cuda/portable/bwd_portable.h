@@ -20,8 +20,9 @@ extern const int bwd_portable_head_dims[4];
  * refuses such a call before the workspace and the preprocess. */
 int bwd_portable_smem_need(int head_dim, int optin);
 
-/* One head dim's main kernel (bf16 and f16, two ring depths each) on grid
- * (key blocks, heads_kv, batch). */
+/* One head dim's main kernel (bf16 and f16; d64 / d128: 128 or 64 keys a
+ * CTA, by shared memory; two ring depths each) on grid (key blocks, heads_kv,
+ * batch), the key blocks' count set by the kernel taken. */
 fattn_status bwd_portable_hdim64(fattn_ctx *ctx, const PortableBwdParams &p, bool bf16, dim3 grid);
 fattn_status bwd_portable_hdim128(fattn_ctx *ctx, const PortableBwdParams &p, bool bf16, dim3 grid);
 fattn_status bwd_portable_hdim192(fattn_ctx *ctx, const PortableBwdParams &p, bool bf16, dim3 grid);

@@ -1,0 +1,173 @@
+/* bwd_portable_rp.cuh - the portable backward at d64 / d128 in FlashAttention-2's
+ * shape: one CTA of 8 warps per 128 keys (twice bwd_portable_kernel's), so each
+ * Q / dO tile loaded and each dQ tile added serves twice the FLOPs, and P^T,
+ * dS^T stay in registers for dV, dK.  Warp w owns keys 16 w .. 16 w + 15 of
+ * the block through phases 1 and 2:
+ *
+ *   1. S^T = K Q^T, dP^T = V dO^T for its 16 keys x the 64 queries of the
+ *      iteration; P^T, dS^T by pbwd_softmax; dS^T to shared memory (phase 3
+ *      reads it by query).
+ *   2. dV += P^T dO, dK += dS^T Q: the fp32 accumulators of phase 1 are,
+ *      rounded to 16 bits, the A fragments of these products (the forward's
+ *      P reuse), so no barrier stands between the phases; dK, dV of all D
+ *      columns a warp, in fp32 registers for the whole CTA.
+ *   3. after one barrier: dQ += dS K, warp (16-query group, column half),
+ *      added by pbwd_add_dq.
+ *
+ * The loads, rows, softmax, stores and dQ adds are bwd_portable.cuh's. */
+#pragma once
+#include "bwd_portable.cuh"
+
+#define PBWD_RP_BN 128
+
+/* K, V; NS x (Q, dO); dS^T; NS x (LSE2, D) */
+template <int D, int NS> constexpr int portable_bwd_rp_smem_bytes() {
+    return 2 * PBWD_RP_BN * D * 2 + NS * 2 * PBWD_BM * D * 2 + PBWD_RP_BN * PBWD_BM * 2 + NS * 2 * PBWD_BM * 4;
+}
+
+template <int D, int NS> struct PbwdRpShape {
+    static constexpr int BM = PBWD_BM, BN = PBWD_RP_BN, NW = 8, NT = NW * 32;
+    static constexpr int NQ = BM / 8;  /* 8-query n tiles of S^T */
+    static constexpr int CW = D / 2;   /* dQ columns a warp (phase 3: 4 query groups x 2 halves) */
+    static constexpr uint32_t KV_B = BN * D * 2, QT_B = BM * D * 2;
+    static constexpr uint32_t O_K = 0, O_V = KV_B, O_Q = 2 * KV_B, O_DO = O_Q + NS * QT_B, O_DS = O_DO + NS * QT_B,
+                              O_LSE = O_DS + BN * BM * 2, O_DSUM = O_LSE + NS * BM * 4;
+    static_assert(BN == 16 * NW && (D == 64 || D == 128), "tile shape");
+};
+
+template <int D, int NS, bool BF16>
+__global__ void __launch_bounds__(256, 1) bwd_portable_rp_kernel(const PortableBwdParams p) {
+    using namespace portable;
+    using S = PbwdRpShape<D, NS>;
+    constexpr int BM = S::BM, BN = S::BN, NT = S::NT, NQ = S::NQ, CW = S::CW;
+    extern __shared__ __align__(128) uint8_t smem[];
+    const uint32_t s0 = smem_u32(smem);
+    constexpr uint32_t QT_B = S::QT_B, O_K = S::O_K, O_V = S::O_V, O_Q = S::O_Q, O_DO = S::O_DO, O_DS = S::O_DS,
+                       O_LSE = S::O_LSE, O_DSUM = S::O_DSUM;
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+    const int n0 = n_block * BN;
+    const PbwdRows w = pbwd_rows<BM>(p, b, n0);
+    if (n0 >= w.len_k) return;
+    const int len_k = w.len_k, off = w.len_k - w.len_q, nm = w.nm, T = nm * p.group;
+
+    /* ldmatrix lane patterns PA, PB (bwd_portable_kernel's) */
+    const uint32_t x7 = lane & 7, hi3 = (lane >> 3) & 1, hi4 = lane >> 4;
+    const uint32_t pa_r = x7 + hi3 * 8, pa_y = x7 ^ hi4, pb_r = x7 + hi4 * 8, pb_y = x7 ^ hi3;
+    const int mg = warp % 4, cg = warp / 4; /* phase 3 */
+
+    auto load_qdo = [&](int it, int slot) {
+        pbwd_load_qdo<D, BM, NT>(p, w, b, hk, it, s0 + O_Q + slot * QT_B, s0 + O_DO + slot * QT_B,
+                                 s0 + O_LSE + slot * BM * 4, s0 + O_DSUM + slot * BM * 4, tid);
+    };
+    if (T > 0) {
+        pbwd_load_kv<D, BN, NT>(p, w, b, hk, n0, s0 + O_K, s0 + O_V, tid);
+#pragma unroll
+        for (int s = 0; s < NS - 1; ++s) {
+            if (s < T) load_qdo(s, s);
+            cp_async_commit(); /* K and V ride with the first group */
+        }
+    }
+
+    float dv[D / 8][4], dk[D / 8][4];
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dv[j][e] = dk[j][e] = 0.f;
+
+    for (int it = 0; it < T; ++it) {
+        if (it + NS - 1 < T) load_qdo(it + NS - 1, (it + NS - 1) % NS);
+        cp_async_commit();
+        cp_async_wait<NS - 1>();
+        __syncthreads();
+        const int slot = it % NS;
+        const uint32_t sQ = s0 + O_Q + slot * QT_B, sDO = s0 + O_DO + slot * QT_B;
+        const float *lse2 = (const float *)(smem + O_LSE + slot * BM * 4);
+        const float *dsum = (const float *)(smem + O_DSUM + slot * BM * 4);
+        const int h = hk * p.group + it / nm, m = w.m_first + it % nm;
+
+        /* 1. S^T, dP^T: this warp's 16 keys x 64 queries */
+        float st[NQ][4], dpt[NQ][4];
+#pragma unroll
+        for (int j = 0; j < NQ; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) st[j][e] = dpt[j][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            uint32_t ka[4], va[4];
+            ldsm_x4(ka, ldsm_addr(s0 + O_K, (warp * 16 + pa_r) * D * 2, kk, pa_y));
+            ldsm_x4(va, ldsm_addr(s0 + O_V, (warp * 16 + pa_r) * D * 2, kk, pa_y));
+#pragma unroll
+            for (int nn = 0; nn < BM / 16; ++nn) {
+                uint32_t qb[4], ob[4];
+                ldsm_x4(qb, ldsm_addr(sQ, (nn * 16 + pb_r) * D * 2, kk, pb_y));
+                mma_m16n8k16<BF16>(st[2 * nn], ka, qb[0], qb[1]);
+                mma_m16n8k16<BF16>(st[2 * nn + 1], ka, qb[2], qb[3]);
+                ldsm_x4(ob, ldsm_addr(sDO, (nn * 16 + pb_r) * D * 2, kk, pb_y));
+                mma_m16n8k16<BF16>(dpt[2 * nn], va, ob[0], ob[1]);
+                mma_m16n8k16<BF16>(dpt[2 * nn + 1], va, ob[2], ob[3]);
+            }
+        }
+        /* P^T, dS^T as 16-bit A fragments of phase 2 (k = queries: n tile j
+         * is half j % 2 of k step j / 2); dS^T also to shared memory */
+        const int key_lo = n0 + warp * 16 + g;
+        const bool need_mask = n0 + BN > len_k || (p.causal && n0 + BN - 1 > m * BM + off);
+        uint32_t pf[BM / 16][4], sf[BM / 16][4];
+#pragma unroll
+        for (int j = 0; j < NQ; ++j) {
+            const int qc = 8 * j + 2 * t;
+            const float2 l2 = *reinterpret_cast<const float2 *>(lse2 + qc);
+            const float2 d2 = *reinterpret_cast<const float2 *>(dsum + qc);
+            pbwd_softmax(st[j], dpt[j], l2, d2, need_mask, key_lo, m * BM + qc, len_k, p.causal, off, p.scale_log2);
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                pf[j / 2][2 * (j % 2) + r] = pack2<BF16>(st[j][2 * r], st[j][2 * r + 1]);
+                sf[j / 2][2 * (j % 2) + r] = pack2<BF16>(dpt[j][2 * r], dpt[j][2 * r + 1]);
+                *reinterpret_cast<uint32_t *>(smem + O_DS + swz<BM>(warp * 16 + g + 8 * r, qc)) = sf[j / 2][2 * (j % 2) + r];
+            }
+        }
+
+        /* 2. dV += P^T dO, dK += dS^T Q: this warp's 16 keys x D columns */
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; ++kk) {
+#pragma unroll
+            for (int dn = 0; dn < D / 16; ++dn) {
+                uint32_t ob[4], qb[4];
+                ldsm_x4_trans(ob, ldsm_addr(sDO, (kk * 16 + pa_r) * D * 2, dn, pa_y));
+                mma_m16n8k16<BF16>(dv[2 * dn], pf[kk], ob[0], ob[1]);
+                mma_m16n8k16<BF16>(dv[2 * dn + 1], pf[kk], ob[2], ob[3]);
+                ldsm_x4_trans(qb, ldsm_addr(sQ, (kk * 16 + pa_r) * D * 2, dn, pa_y));
+                mma_m16n8k16<BF16>(dk[2 * dn], sf[kk], qb[0], qb[1]);
+                mma_m16n8k16<BF16>(dk[2 * dn + 1], sf[kk], qb[2], qb[3]);
+            }
+        }
+        __syncthreads(); /* dS^T complete */
+
+        /* 3. dQ += dS K: queries 16 mg .. + 15, columns CW cg .. + CW - 1 */
+        const size_t tile = pbwd_tile(p, w, b, h, m);
+        if (p.deterministic) pbwd_wait_turn(p.dq_sem + tile, n_block);
+        float dq[CW / 8][4];
+#pragma unroll
+        for (int j = 0; j < CW / 8; ++j) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            uint32_t da[4];
+            ldsm_x4_trans(da, ldsm_addr(s0 + O_DS, (kk * 16 + pb_r) * BM * 2, mg, pb_y));
+#pragma unroll
+            for (int dn = 0; dn < CW / 16; ++dn) {
+                uint32_t kb[4];
+                ldsm_x4_trans(kb, ldsm_addr(s0 + O_K, (kk * 16 + pa_r) * D * 2, cg * CW / 16 + dn, pa_y));
+                mma_m16n8k16<BF16>(dq[2 * dn], da, kb[0], kb[1]);
+                mma_m16n8k16<BF16>(dq[2 * dn + 1], da, kb[2], kb[3]);
+            }
+        }
+        pbwd_add_dq<D, CW>(p.dq_acc + tile * (size_t)(BM * D), mg, cg * CW, lane, dq);
+        if (p.deterministic) __threadfence(); /* the adds land before the counter moves */
+        __syncthreads(); /* dS^T and this ring slot are free */
+        if (p.deterministic && tid == 0) atomicAdd(p.dq_sem + tile, 1);
+    }
+    cp_async_wait<0>();
+
+    pbwd_store<D, BF16>(p, b, hk, n0, len_k, warp, 0, g, t, dv, dk);
+}
