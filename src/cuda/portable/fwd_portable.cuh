@@ -115,6 +115,38 @@ __device__ __forceinline__ float quad_sum(float x) {
 
 } // namespace portable
 
+/* The epilogue: O / l, LSE = (m + log2 l) ln 2 of the thread's rows r_lo +
+ * 16 mt (+ 8); a row with l = 0 (no key, or every score -inf) gets O = 0 and
+ * LSE = -inf; NaN stays NaN */
+template <int MT, int NT_O, bool BF16>
+__device__ __forceinline__ void fwd_portable_store(const PortableFwdParams &p, int b, int h, int q0, int len_q, int r_lo,
+                                                   int t, const float (&acc)[MT][NT_O][4], const float (&row_max)[MT][2],
+                                                   const float (&row_sum)[MT][2]) {
+    using namespace portable;
+    const int64_t bo = p.cu_q ? 0 : (int64_t)b;
+#pragma unroll
+    for (int mr = 0; mr < 2 * MT; ++mr) {
+        const int mt = mr / 2, r = mr % 2;
+        const float l = quad_sum(row_sum[mt][r]);
+        const int row = r_lo + 16 * mt + 8 * r;
+        if (row >= len_q) continue;
+        const bool empty = l == 0.f;
+        const float inv = empty ? 0.f : 1.f / l;
+        uint16_t *og = p.o + bo * p.o_sb + (int64_t)(q0 + row) * p.o_ss + (int64_t)h * p.o_sh;
+#pragma unroll
+        for (int j = 0; j < NT_O; ++j) {
+            const uint32_t w = empty ? 0u : pack2<BF16>(acc[mt][j][2 * r] * inv, acc[mt][j][2 * r + 1] * inv);
+            *reinterpret_cast<uint32_t *>(og + 8 * j + 2 * t) = w;
+        }
+        if (p.lse && t == 0) {
+            const float lse = empty ? -INFINITY : (row_max[mt][r] + __log2f(l)) * 0.69314718055994531f;
+            const int64_t at = p.cu_q ? (int64_t)h * p.total_q + q0 + row
+                                      : ((int64_t)b * p.heads_q + h) * p.seqlen_q + row;
+            p.lse[at] = lse;
+        }
+    }
+}
+
 template <int D, int NW, int BN, int NS, bool BF16, int MT = 1>
 __global__ void __launch_bounds__(NW * 32, 1) fwd_portable_kernel(const PortableFwdParams p) {
     using namespace portable;
@@ -291,28 +323,5 @@ __global__ void __launch_bounds__(NW * 32, 1) fwd_portable_kernel(const Portable
     }
     cp_async_wait<0>();
 
-    /* epilogue: O / l, LSE = (m + log2 l) ln 2; a row with l = 0 (no key, or
-     * every score -inf) gets O = 0 and LSE = -inf; NaN stays NaN */
-    const int64_t bo = p.cu_q ? 0 : (int64_t)b;
-#pragma unroll
-    for (int mr = 0; mr < 2 * MT; ++mr) {
-        const int mt = mr / 2, r = mr % 2;
-        const float l = quad_sum(row_sum[mt][r]);
-        const int row = r_lo + 16 * mt + 8 * r;
-        if (row >= len_q) continue;
-        const bool empty = l == 0.f;
-        const float inv = empty ? 0.f : 1.f / l;
-        uint16_t *og = p.o + bo * p.o_sb + (int64_t)(q0 + row) * p.o_ss + (int64_t)h * p.o_sh;
-#pragma unroll
-        for (int j = 0; j < NT_O; ++j) {
-            const uint32_t w = empty ? 0u : pack2<BF16>(acc[mt][j][2 * r] * inv, acc[mt][j][2 * r + 1] * inv);
-            *reinterpret_cast<uint32_t *>(og + 8 * j + 2 * t) = w;
-        }
-        if (p.lse && t == 0) {
-            const float lse = empty ? -INFINITY : (row_max[mt][r] + __log2f(l)) * 0.69314718055994531f;
-            const int64_t at = p.cu_q ? (int64_t)h * p.total_q + q0 + row
-                                      : ((int64_t)b * p.heads_q + h) * p.seqlen_q + row;
-            p.lse[at] = lse;
-        }
-    }
+    fwd_portable_store<MT, NT_O, BF16>(p, b, h, q0, len_q, r_lo, t, acc, row_max, row_sum);
 }
