@@ -25,6 +25,30 @@ typedef struct bcase {
 #define TOL_F16 2e-3
 #define TOL_BF16 1.6e-2
 
+/* fattn_fwd's arguments: O and LSE of q, k, v */
+static fattn_fwd_args fwd_args(fattn_problem p, const tu_tensor *q, const tu_tensor *k, const tu_tensor *v,
+                               const tu_tensor *o, float *lse) {
+    fattn_fwd_args fa;
+    memset(&fa, 0, sizeof fa);
+    fa.p = p;
+    fa.q = q->t, fa.k = k->t, fa.v = v->t, fa.o = o->t, fa.lse = lse;
+    return fa;
+}
+
+/* fattn_bwd's arguments (deterministic) for the same tensors, dO and the gradients */
+static fattn_bwd_args bwd_args(fattn_problem p, const tu_tensor *q, const tu_tensor *k, const tu_tensor *v,
+                               const tu_tensor *o, const tu_tensor *dO, const tu_tensor *dq, const tu_tensor *dk,
+                               const tu_tensor *dv, float *lse) {
+    fattn_bwd_args ba;
+    memset(&ba, 0, sizeof ba);
+    ba.p = p;
+    ba.q = q->t, ba.k = k->t, ba.v = v->t, ba.o = o->t, ba.dout = dO->t;
+    ba.dq = dq->t, ba.dk = dk->t, ba.dv = dv->t;
+    ba.lse = lse;
+    ba.deterministic = 1;
+    return ba;
+}
+
 static void run_case(fattn_ctx *ctx, tu_rng *rng, const bcase *c) {
     const int varlen = c->cuq != NULL;
     const int tb = varlen ? 1 : c->batch;
@@ -70,20 +94,10 @@ static void run_case(fattn_ctx *ctx, tu_rng *rng, const bcase *c) {
 
     const fattn_problem p = tu_problem(c->batch, sq, sk, c->hq, c->hkv, c->d, c->dv, c->causal, c->cuq, c->cuk);
     printf("%s\n", c->name);
-    fattn_fwd_args fa;
-    memset(&fa, 0, sizeof fa);
-    fa.p = p;
-    fa.q = q.t; fa.k = k.t; fa.v = v.t; fa.o = o.t;
-    fa.lse = lse;
+    const fattn_fwd_args fa = fwd_args(p, &q, &k, &v, &o, lse);
     fattn_status st = fattn_fwd(ctx, &fa);
     TU_CHECK(st == FATTN_OK, "fattn_fwd: %s (%s)", fattn_status_string(st), fattn_last_error(ctx));
-    fattn_bwd_args ba;
-    memset(&ba, 0, sizeof ba);
-    ba.p = p;
-    ba.q = q.t; ba.k = k.t; ba.v = v.t; ba.o = o.t; ba.dout = dO.t;
-    ba.dq = dq.t; ba.dk = dk.t; ba.dv = dvt.t;
-    ba.lse = lse;
-    ba.deterministic = 1;
+    const fattn_bwd_args ba = bwd_args(p, &q, &k, &v, &o, &dO, &dq, &dk, &dvt, lse);
     if (st == FATTN_OK) {
         st = fattn_bwd(ctx, &ba);
         TU_CHECK(st == FATTN_OK, "fattn_bwd: %s (%s)", fattn_status_string(st),
@@ -148,19 +162,9 @@ static void cancellation_case(fattn_ctx *ctx, tu_rng *rng, fattn_dtype dt, int s
     oracle_bwd(&op, hq, hk, hv, hd, ref[0], ref[1], NULL);
     float *lse = (float *)tu_malloc(sizeof(float) * (size_t)(h * sq));
     const fattn_problem p = tu_problem(1, sq, sk, h, h, d, 0, causal, NULL, NULL);
-    fattn_fwd_args fa;
-    memset(&fa, 0, sizeof fa);
-    fa.p = p;
-    fa.q = q.t; fa.k = k.t; fa.v = v.t; fa.o = o.t;
-    fa.lse = lse;
+    const fattn_fwd_args fa = fwd_args(p, &q, &k, &v, &o, lse);
     TU_EXPECT_OK(fattn_fwd(ctx, &fa));
-    fattn_bwd_args ba;
-    memset(&ba, 0, sizeof ba);
-    ba.p = p;
-    ba.q = q.t; ba.k = k.t; ba.v = v.t; ba.o = o.t; ba.dout = dO.t;
-    ba.dq = dq.t; ba.dk = dk.t; ba.dv = dvt.t;
-    ba.lse = lse;
-    ba.deterministic = 1;
+    const fattn_bwd_args ba = bwd_args(p, &q, &k, &v, &o, &dO, &dq, &dk, &dvt, lse);
     TU_EXPECT_OK(fattn_bwd(ctx, &ba));
     printf("%s cancellation: %s %dx%d, q, k x %.0f\n", fattn_dtype_name(dt),
            causal ? "causal" : "non-causal", sq, sk, qk_mul);
@@ -213,18 +217,14 @@ static void block_case(fattn_ctx *ctx, tu_rng *rng, fattn_dtype dt, int sq, int 
     tu_tensor_set(&dO, src + q.count + k.count + v.count, hd);
     oracle_problem op = {1, sq, sk, h, h, d, d, 0.0, 0, NULL, NULL};
     oracle_bwd(&op, hq, hk, hv, hd, ref[0], ref[1], ref[2]);
-    fattn_fwd_args fa;
-    memset(&fa, 0, sizeof fa);
-    fa.p = tu_problem(1, sq, sk, h, h, d, 0, 0, NULL, NULL);
-    fa.q = q.t, fa.k = k.t, fa.v = v.t, fa.o = o.t, fa.lse = lse;
+    const fattn_fwd_args fa = fwd_args(tu_problem(1, sq, sk, h, h, d, 0, 0, NULL, NULL), &q, &k, &v, &o, lse);
     TU_EXPECT_OK(fattn_fwd(ctx, &fa));
     const size_t es = fattn_dtype_size(dt), row = (size_t)h * d;
     for (int blk = 0; blk < 2; blk++) {
         const int k0 = blk ? s1 : 0, kn = blk ? sk - s1 : s1;
-        fattn_bwd_args ba;
-        memset(&ba, 0, sizeof ba);
-        ba.p = tu_problem(1, sq, kn, h, h, d, 0, 0, NULL, NULL);
-        ba.q = q.t, ba.o = o.t, ba.dout = dO.t, ba.lse = lse, ba.dq = blk ? dq2.t : dq.t;
+        fattn_bwd_args ba = bwd_args(tu_problem(1, sq, kn, h, h, d, 0, 0, NULL, NULL), &q, &k, &v, &o, &dO,
+                                     blk ? &dq2 : &dq, &dk, &dvt, lse);
+        ba.deterministic = 0;
         fattn_tensor *kv[4] = {&ba.k, &ba.v, &ba.dk, &ba.dv};
         const tu_tensor *src_t[4] = {&k, &v, &dk, &dvt};
         for (int t = 0; t < 4; t++) { /* rows k0 .. k0 + kn - 1 of the full tensors */
