@@ -20,4 +20,3 @@ template <bool EMAJ> __device__ __forceinline__ float2 bwd_dq_pair(const float *
     const int i = bwd_dq_index_emaj(row, col, width);
     return make_float2(tile[i], tile[i + 32]);
 }
-

@@ -261,7 +261,7 @@ __global__ void __launch_bounds__(PBWD_NW * 32, PortableBwdCfg<D>::MINB) bwd_por
     const int n0 = n_block * BN;
     const PbwdRows w = pbwd_rows<BM>(p, b, n0);
     if (n0 >= w.len_k) return;
-    const int len_k = w.len_k, off = w.len_k - w.len_q, nm = w.nm, T = nm * p.group;
+    const int len_k = w.len_k, off = w.off, nm = w.nm, T = nm * p.group;
 
     /* this lane's ldmatrix patterns PA, PB (above) */
     const uint32_t x7 = lane & 7, hi3 = (lane >> 3) & 1, hi4 = lane >> 4;

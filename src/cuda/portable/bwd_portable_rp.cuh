@@ -50,7 +50,7 @@ __global__ void __launch_bounds__(256, 1) bwd_portable_rp_kernel(const PortableB
     const int n0 = n_block * BN;
     const PbwdRows w = pbwd_rows<BM>(p, b, n0);
     if (n0 >= w.len_k) return;
-    const int len_k = w.len_k, off = w.len_k - w.len_q, nm = w.nm, T = nm * p.group;
+    const int len_k = w.len_k, off = w.off, nm = w.nm, T = nm * p.group;
 
     /* ldmatrix lane patterns PA, PB (bwd_portable_kernel's) */
     const uint32_t x7 = lane & 7, hi3 = (lane >> 3) & 1, hi4 = lane >> 4;
