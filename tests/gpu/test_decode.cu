@@ -423,6 +423,10 @@ int main(void) {
         {1, 1, 20000, 32, 8, 128, 0, BF, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5},     /* the same over split keys */
         {2, 4, 777, 8, 2, 64, 1, BF, 0, 0, 0, 0, 0, 0, 0, 0, 0, 6},         /* V all 2^-60 */
         {2, 1, 3000, 8, 8, 256, 0, BF, 256, 1, 0, 0, 0, 0, 0, 0, 0, 5},
+        /* <= 8 rows take the swapped tile (fwd_decode_t8.cuh): causal over several queries */
+        {2, 2, 500, 8, 2, 64, 1, BF, 0, 1, 0, 0, 0, 0, 0, 0, 0, 6},         /* 8 rows, seqused_k, V 2^-60 */
+        {2, 8, 300, 2, 2, 128, 1, F16, 16, 0, 0, 0, 0, 0, 0, 0, 0, 1},      /* group 1, 8 queries, pages of 16 */
+        {1, 2, 1500, 8, 2, 256, 1, BF, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4},       /* d256 */
     };
     const int small = getenv("FATTN_TEST_SMALL") != NULL; /* sanitizer runs: small shapes only */
     for (const auto &c : cases)

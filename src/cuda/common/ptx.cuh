@@ -356,6 +356,11 @@ __device__ __forceinline__ float2 ld_shared_f32x2(const void *p) {
     asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(smem_u32(p)));
     return v;
 }
+__device__ __forceinline__ float ld_shared_f32(const void *p) {
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(smem_u32(p)));
+    return v;
+}
 /* 16 and 8 bytes at a shared address (as ld_shared_f32x2: volatile, no clobber) */
 __device__ __forceinline__ uint4 ld_shared_b32x4(uint32_t addr) {
     uint4 v;

@@ -62,7 +62,7 @@ struct DecParams {
     int k_sb, v_sb, k_nblocks, v_nblocks;
 };
 
-template <int D_, int WM_, bool BF16_, bool PAGED_, bool LOCAL_ = false, bool KV8_ = false>
+template <int D_, int WM_, bool BF16_, bool PAGED_, bool LOCAL_ = false, bool KV8_ = false, bool T8_ = false>
 struct DecCfg {
     /* BN: KV8 with 16 rows at d <= 128 takes 128-key blocks, 32 keys a warp:
      * twice the independent MMAs a warp has in flight per block, over the
@@ -70,6 +70,9 @@ struct DecCfg {
      * scheduler, set its pace) */
     static constexpr int D = D_, WM = WM_, WN = 4 / WM_, BN = KV8_ && WM_ == 1 && D_ <= 128 ? 128 : 64;
     static constexpr bool BF16 = BF16_, PAGED = PAGED_, LOCAL = LOCAL_, KV8 = KV8_;
+    /* T8: KV8's swapped tile for <= 8 rows (fwd_decode_t8.cuh), not with the variants */
+    static constexpr bool T8 = T8_;
+    static_assert(!T8_ || (KV8_ && WM_ == 1 && !LOCAL_), "T8: the FP8 cache's 16-row instances without variants");
     /* LOCAL's softcap: not at d256 with 32 rows, where its tanh spilled 92
      * bytes at 255 registers (fwd_decode_softcap_ok keeps such calls off) */
     static constexpr bool SOFTCAP = LOCAL_ && !(D_ == 256 && WM_ == 2);
@@ -219,6 +222,10 @@ __device__ __forceinline__ void dec_pv(float (&oacc)[C::D / 8][4], const float (
     }
 }
 
+template <class C>
+__device__ __forceinline__ void dec_epilogue_merge(const DecParams &p, uint8_t *sm, const float *ml, int split, int hk,
+                                                   int b);
+
 /* The consumers' end: the WN warps of each row block merged through shared
  * memory (stage 0, free once every consumer is past its last block), then
  * each row's O and LSE written, normalised (LOCAL with one split: with the
@@ -229,7 +236,6 @@ __device__ __forceinline__ void dec_epilogue(const DecParams &p, uint8_t *sm, fl
                                              const float (&mrow)[2], const float (&lrow)[2], int warp, int g, int t,
                                              int split, int hk, int b) {
     constexpr int D = C::D;
-    const float sl2 = p.scale_log2;
     named_bar_sync(1, 128);
     float *scr = (float *)sm;
     for (int h = 0; h < 2; ++h) {
@@ -253,6 +259,17 @@ __device__ __forceinline__ void dec_epilogue(const DecParams &p, uint8_t *sm, fl
                 *(float2 *)(at + i * 8 + 2 * t) = make_float2(oacc[i][2 * h], oacc[i][2 * h + 1]);
             }
         }
+    dec_epilogue_merge<C>(p, sm, ml, split, hk, b);
+}
+
+/* The epilogue's second half, once every warp's (max, sum) are in ml and its
+ * O in the scratch (rows warp * 16 + r, D floats each, columns as stored) */
+template <class C>
+__device__ __forceinline__ void dec_epilogue_merge(const DecParams &p, uint8_t *sm, const float *ml, int split, int hk,
+                                                   int b) {
+    constexpr int D = C::D;
+    const float sl2 = p.scale_log2;
+    const float *scr = (const float *)sm;
     named_bar_sync(1, 128);
     const int tid = threadIdx.x;
     for (int idx = tid; idx < C::WM * 16 * (D / 4); idx += 128) {
@@ -302,6 +319,8 @@ __device__ __forceinline__ void dec_epilogue(const DecParams &p, uint8_t *sm, fl
     }
 }
 
+#include "fwd_decode_t8.cuh"
+
 template <class C>
 __global__ void __launch_bounds__(C::THREADS, C::MIN_CTAS)
     fwd_decode_kernel(const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
@@ -338,6 +357,10 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_CTAS)
     if (warp == 4) {
         if constexpr (C::KV8) dec_produce8<C>(p, &tm_k, &tm_v, sm, full, empty, n_lo, n_hi, hk, b, len, lane);
         else if (lane == 0) dec_produce<C>(p, &tm_k, &tm_v, sm, full, empty, n_lo, n_hi, hk, b, len);
+        return;
+    }
+    if constexpr (C::T8) {
+        dec_consume_t8<C>(p, sm, ml, full, empty, n_lo, n_hi, len, warp, lane, split, hk, b);
         return;
     }
 
