@@ -119,6 +119,21 @@ __device__ __forceinline__ void dec_window(const DecParams &p, int len, int &dl,
     hi = last < 0 ? 0 : min(last / C::BN + 1, (len + C::BN - 1) / C::BN);
 }
 
+/* the key blocks of split `split`: n_lo .. n_hi - 1 (LOCAL: of the window's
+ * blocks only, and the window's bounds dl, dr) */
+template <class C>
+__device__ __forceinline__ void dec_split_blocks(const DecParams &p, int len, int split, int &n_lo, int &n_hi, int &dl,
+                                                 int &dr) {
+    if constexpr (C::LOCAL) {
+        int wlo, whi;
+        dec_window<C>(p, len, dl, dr, wlo, whi);
+        n_lo = wlo + split * p.blocks_per_split, n_hi = min(n_lo + p.blocks_per_split, whi);
+    } else {
+        const int nb = (len + C::BN - 1) / C::BN;
+        n_lo = split * p.blocks_per_split, n_hi = min(n_lo + p.blocks_per_split, nb);
+    }
+}
+
 /* byte offset of (row, 16-byte chunk ch of the 64 columns of slab c) in a
  * TMA tile of R rows with the 128-byte swizzle */
 template <int R>
@@ -344,15 +359,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_CTAS)
     const int len = dec_len_k(p, b);
     int n_lo, n_hi;
     int wdl = 0, wdr = 0; /* LOCAL: the window (dec_window) */
-    if constexpr (C::LOCAL) {
-        /* the splits cover the window's blocks only */
-        int wlo, whi;
-        dec_window<C>(p, len, wdl, wdr, wlo, whi);
-        n_lo = wlo + split * p.blocks_per_split, n_hi = min(n_lo + p.blocks_per_split, whi);
-    } else {
-        const int nb = (len + BN - 1) / BN;
-        n_lo = split * p.blocks_per_split, n_hi = min(n_lo + p.blocks_per_split, nb);
-    }
+    dec_split_blocks<C>(p, len, split, n_lo, n_hi, wdl, wdr);
 
     if (warp == 4) {
         if constexpr (C::KV8) dec_produce8<C>(p, &tm_k, &tm_v, sm, full, empty, n_lo, n_hi, hk, b, len, lane);
