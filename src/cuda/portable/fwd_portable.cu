@@ -10,7 +10,7 @@ const int fwd_portable_head_dims[4] = {64, 128, 192, 256};
 /* the shallower ring's bytes when even they exceed optin (fwd_portable_run's rule) */
 template <int D> static int fwd_smem_need(int optin) {
     using C = PortableCfg<D>;
-    const int small = portable_smem_bytes<D, C::NW, C::BN, C::NS_SMALL, C::MT>();
+    constexpr int small = portable_fwd_smem_bytes<D, C::NW, C::NS_SMALL>();
     return small <= optin ? 0 : small;
 }
 

@@ -46,15 +46,21 @@ struct PortableFwdParams {
  * 16 MT NW), keys per block, ring slots; NS is the larger of two instances,
  * the launcher takes the smaller where the device's shared memory per block
  * is below the larger's (sm_86/89: 99 KB).  d192 and d256 keep 16 rows a
- * warp: two tiles' O accumulators do not fit beside S (FA2's choice too). */
+ * warp: two tiles' O accumulators do not fit beside S (FA2's choice too).
+ * NW_BIG (0: none): the wider CTA, with the NS ring, taken where it fits. */
 template <int D> struct PortableCfg;
-template <> struct PortableCfg<64> { static constexpr int NW = 4, MT = 2, BN = 64, NS = 3, NS_SMALL = 2; };
-template <> struct PortableCfg<128> { static constexpr int NW = 4, MT = 2, BN = 32, NS = 3, NS_SMALL = 2; };
-template <> struct PortableCfg<192> { static constexpr int NW = 8, MT = 1, BN = 64, NS = 2, NS_SMALL = 1; };
-template <> struct PortableCfg<256> { static constexpr int NW = 4, MT = 1, BN = 64, NS = 2, NS_SMALL = 1; };
+template <> struct PortableCfg<64> { static constexpr int NW = 4, MT = 2, BN = 64, NS = 3, NS_SMALL = 2, NW_BIG = 0; };
+template <> struct PortableCfg<128> { static constexpr int NW = 4, MT = 2, BN = 32, NS = 3, NS_SMALL = 2, NW_BIG = 0; };
+template <> struct PortableCfg<192> { static constexpr int NW = 8, MT = 1, BN = 64, NS = 2, NS_SMALL = 1, NW_BIG = 0; };
+/* d256 at 8 warps (FA2's 128-row CTA; 4 warps leave one per scheduler: p7) needs 192 KB: Hopper, not A100 */
+template <> struct PortableCfg<256> { static constexpr int NW = 4, MT = 1, BN = 64, NS = 2, NS_SMALL = 1, NW_BIG = 8; };
 
-template <int D, int NW, int BN, int NS, int MT = 1> constexpr int portable_smem_bytes() {
-    return (16 * MT * NW + 2 * NS * BN) * D * 2;
+/* Shared memory of head dim D's forward at NW warps and an NS-slot ring:
+ * the Q tile (16 MT NW rows) and NS K and V blocks, rows of D 16-bit
+ * elements.  The launcher's choice and entry.cu's refusal both use it. */
+template <int D, int NW, int NS> constexpr int portable_fwd_smem_bytes() {
+    using C = PortableCfg<D>;
+    return (16 * C::MT * NW + 2 * NS * C::BN) * D * 2;
 }
 
 namespace portable {

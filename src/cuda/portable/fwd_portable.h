@@ -19,8 +19,9 @@ extern const int fwd_portable_head_dims[4];
  * refuses such a call before any work. */
 int fwd_portable_smem_need(int head_dim, int optin);
 
-/* One head dim's instances (bf16 and f16, two ring depths each); 192 is the
- * portable engine's alone (the Hopper kernels have 64, 128, 256). */
+/* One head dim's instances (bf16 and f16, two ring depths each; d256 also 8
+ * warps where they fit); 192 is the portable engine's alone (the Hopper
+ * kernels have 64, 128, 256). */
 fattn_status fwd_portable_hdim64(fattn_ctx *ctx, const PortableFwdParams &p, bool bf16, int batch);
 fattn_status fwd_portable_hdim128(fattn_ctx *ctx, const PortableFwdParams &p, bool bf16, int batch);
 fattn_status fwd_portable_hdim192(fattn_ctx *ctx, const PortableFwdParams &p, bool bf16, int batch);

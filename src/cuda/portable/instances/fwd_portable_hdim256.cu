@@ -1,4 +1,5 @@
-/* The portable forward at head dim 256: bf16 and f16, two ring depths each
+/* The portable forward at head dim 256: bf16 and f16, 8 warps where 192 KB
+ * of shared memory fit, else 4 warps at two ring depths
  * (fwd_portable_launch.cuh).  One file per head dim so they compile in
  * parallel.  Built for sm_80 (SASS and PTX) and sm_90a: CMakeLists.txt. */
 #include "../fwd_portable_launch.cuh"
