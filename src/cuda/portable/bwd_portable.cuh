@@ -240,20 +240,121 @@ __device__ __forceinline__ void pbwd_softmax(float (&st)[4], float (&dpt)[4], fl
     }
 }
 
-/* The main kernel (top of file).  The lane patterns of ldmatrix
- * (portable::ldsm_addr): PA gives the A fragment of a row-major tile (and,
- * .trans, the B fragment of a [k][n] tile), PB the B fragments of two 8-row
- * n tiles (and, .trans, the A fragment of a [k][m] tile). */
+/* This lane's ldmatrix patterns (portable::ldsm_addr), row and swizzle:
+ * PA gives the A fragment of a row-major tile (and, .trans, the B fragment
+ * of a [k][n] tile), PB the B fragments of two 8-row n tiles (and, .trans,
+ * the A fragment of a [k][m] tile). */
+struct PbwdLanes {
+    uint32_t pa_r, pa_y, pb_r, pb_y;
+};
+
+__device__ __forceinline__ PbwdLanes pbwd_lanes(int lane) {
+    const uint32_t x7 = lane & 7, hi3 = (lane >> 3) & 1, hi4 = lane >> 4;
+    return {x7 + hi3 * 8, x7 ^ hi4, x7 + hi4 * 8, x7 ^ hi3};
+}
+
+/* An iteration's ring slot: Q and dO tiles (shared addresses), BM floats of
+ * LSE2 and D.  The query head and block stay out (PbwdRing::head, block):
+ * returned in here, they cost d128's 64-key kernel 193 -> 245 registers
+ * (nvcc 13.0, sm_80). */
+struct PbwdSlot {
+    uint32_t q, dout;
+    const float *lse2, *dsum;
+};
+
+/* The Q / dO ring of a kernel of shape S (NS slots at O_Q, O_DO, O_LSE,
+ * O_DSUM; K, V at O_K, O_V): T iterations (query heads of kv head hk x
+ * query blocks), iteration it + NS - 1 in flight while it is used. */
+template <int D, int NS, class S> struct PbwdRing {
+    const PortableBwdParams &p;
+    const PbwdRows &w;
+    uint8_t *smem;
+    uint32_t s0;
+    int b, hk, T, tid;
+
+    /* Q, dO, LSE2 and D of iteration it into ring slot `slot` */
+    __device__ __forceinline__ void load(int it, int slot) const {
+        pbwd_load_qdo<D, S::BM, S::NT>(p, w, b, hk, it, s0 + S::O_Q + slot * S::QT_B, s0 + S::O_DO + slot * S::QT_B,
+                                       s0 + S::O_LSE + slot * S::BM * 4, s0 + S::O_DSUM + slot * S::BM * 4, tid);
+    }
+
+    /* K and V of keys n0 .. n0 + BN - 1, then iterations 0 .. NS - 2, a
+     * commit group each */
+    __device__ __forceinline__ void prologue(int n0) const {
+        if (T > 0) {
+            pbwd_load_kv<D, S::BN, S::NT>(p, w, b, hk, n0, s0 + S::O_K, s0 + S::O_V, tid);
+#pragma unroll
+            for (int s = 0; s < NS - 1; ++s) {
+                if (s < T) load(s, s);
+                cp_async_commit(); /* K and V ride with the first group */
+            }
+        }
+    }
+
+    /* Issues iteration it + NS - 1 and waits for iteration it's slot, seen
+     * by every thread; a group is committed even past T, so that the wait
+     * for NS - 1 pending groups stays right */
+    __device__ __forceinline__ PbwdSlot next(int it) const {
+        if (it + NS - 1 < T) load(it + NS - 1, (it + NS - 1) % NS);
+        cp_async_commit();
+        cp_async_wait<NS - 1>();
+        __syncthreads();
+        const int slot = it % NS;
+        return {s0 + S::O_Q + slot * S::QT_B, s0 + S::O_DO + slot * S::QT_B,
+                (const float *)(smem + S::O_LSE + slot * S::BM * 4), (const float *)(smem + S::O_DSUM + slot * S::BM * 4)};
+    }
+
+    /* the query head and query block of iteration it (pbwd_load_qdo's) */
+    __device__ __forceinline__ int head(int it) const { return hk * p.group + it / w.nm; }
+    __device__ __forceinline__ int block(int it) const { return w.m_first + it % w.nm; }
+};
+
+/* Phase 3 of a kernel of shape S: dQ += dS K for queries 16 mg .. + 15,
+ * columns CW cg .. + CW - 1 in pieces of PW (dS^T at O_DS, by ldmatrix.trans
+ * the A fragment; K at O_K), added to the dQ tile of query head h, block m;
+ * deterministic: in key-block order (pbwd_wait_turn).  Ends at the barrier
+ * after which dS^T (and the 64-key kernel's P^T) and the ring slot are free. */
+template <int D, class S, bool BF16>
+__device__ __forceinline__ void pbwd_dq(const PortableBwdParams &p, const PbwdRows &w, int b, int h, int m, int n_block,
+                                        uint32_t s0, const PbwdLanes &l, int mg, int cg, int lane, int tid) {
+    using namespace portable;
+    constexpr int BM = S::BM, BN = S::BN, CW = S::CW, PW = S::PW;
+    const size_t tile = pbwd_tile(p, w, b, h, m);
+    if (p.deterministic) pbwd_wait_turn(p.dq_sem + tile, n_block);
+    float *dq_tile = p.dq_acc + tile * (size_t)(BM * D);
+#pragma unroll
+    for (int pc = 0; pc < CW / PW; ++pc) {
+        float dq[PW / 8][4];
+#pragma unroll
+        for (int j = 0; j < PW / 8; ++j) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            uint32_t da[4];
+            ldsm_x4_trans(da, ldsm_addr(s0 + S::O_DS, (kk * 16 + l.pb_r) * BM * 2, mg, l.pb_y));
+#pragma unroll
+            for (int dn = 0; dn < PW / 16; ++dn) {
+                uint32_t kb[4];
+                ldsm_x4_trans(kb, ldsm_addr(s0 + S::O_K, (kk * 16 + l.pa_r) * D * 2, (cg * CW + pc * PW) / 16 + dn, l.pa_y));
+                mma_m16n8k16<BF16>(dq[2 * dn], da, kb[0], kb[1]);
+                mma_m16n8k16<BF16>(dq[2 * dn + 1], da, kb[2], kb[3]);
+            }
+        }
+        pbwd_add_dq<D, PW>(dq_tile, mg, cg * CW + pc * PW, lane, dq);
+    }
+    if (p.deterministic) __threadfence(); /* the adds land before the counter moves */
+    __syncthreads();
+    if (p.deterministic && tid == 0) atomicAdd(p.dq_sem + tile, 1);
+}
+
+/* The main kernel (top of file); ldmatrix lane patterns PA, PB: PbwdLanes. */
 template <int D, int NS, bool BF16>
 __global__ void __launch_bounds__(PBWD_NW * 32, PortableBwdCfg<D>::MINB) bwd_portable_kernel(const PortableBwdParams p) {
     using namespace portable;
     using S = PbwdShape<D, NS>;
-    constexpr int BM = S::BM, BN = S::BN, NT = S::NT, WK = S::WK, QW = S::QW, DW = S::DW, WM = S::WM, CW = S::CW,
-                  PW = S::PW, NQS = S::NQS, QS = S::QS;
+    constexpr int BM = S::BM, BN = S::BN, WK = S::WK, QW = S::QW, DW = S::DW, NQS = S::NQS, QS = S::QS;
     extern __shared__ __align__(128) uint8_t smem[];
     const uint32_t s0 = smem_u32(smem);
-    constexpr uint32_t QT_B = S::QT_B, O_K = S::O_K, O_V = S::O_V, O_Q = S::O_Q, O_DO = S::O_DO, O_P = S::O_P,
-                       O_DS = S::O_DS, O_LSE = S::O_LSE, O_DSUM = S::O_DSUM;
+    constexpr uint32_t O_K = S::O_K, O_V = S::O_V, O_P = S::O_P, O_DS = S::O_DS;
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
@@ -261,27 +362,15 @@ __global__ void __launch_bounds__(PBWD_NW * 32, PortableBwdCfg<D>::MINB) bwd_por
     const int n0 = n_block * BN;
     const PbwdRows w = pbwd_rows<BM>(p, b, n0);
     if (n0 >= w.len_k) return;
-    const int len_k = w.len_k, off = w.off, nm = w.nm, T = nm * p.group;
+    const int len_k = w.len_k, off = w.off, T = w.nm * p.group;
 
-    /* this lane's ldmatrix patterns PA, PB (above) */
-    const uint32_t x7 = lane & 7, hi3 = (lane >> 3) & 1, hi4 = lane >> 4;
-    const uint32_t pa_r = x7 + hi3 * 8, pa_y = x7 ^ hi4, pb_r = x7 + hi4 * 8, pb_y = x7 ^ hi3;
+    const PbwdLanes lanes = pbwd_lanes(lane);
+    const auto [pa_r, pa_y, pb_r, pb_y] = lanes;
     const int kg = warp % WK, qg = warp / WK; /* phases 1, 2: qg is the query part, then the column part */
-    const int mg = warp % WM, cg = warp / WM; /* phase 3 */
+    const int mg = warp % S::WM, cg = warp / S::WM; /* phase 3 */
 
-    auto load_qdo = [&](int it, int slot) {
-        pbwd_load_qdo<D, BM, NT>(p, w, b, hk, it, s0 + O_Q + slot * QT_B, s0 + O_DO + slot * QT_B,
-                                 s0 + O_LSE + slot * BM * 4, s0 + O_DSUM + slot * BM * 4, tid);
-    };
-
-    if (T > 0) {
-        pbwd_load_kv<D, BN, NT>(p, w, b, hk, n0, s0 + O_K, s0 + O_V, tid);
-#pragma unroll
-        for (int s = 0; s < NS - 1; ++s) {
-            if (s < T) load_qdo(s, s);
-            cp_async_commit(); /* K and V ride with the first group */
-        }
-    }
+    const PbwdRing<D, NS, S> ring{p, w, smem, s0, b, hk, T, tid};
+    ring.prologue(n0);
 
     float dv[DW / 8][4], dk[DW / 8][4];
 #pragma unroll
@@ -290,15 +379,8 @@ __global__ void __launch_bounds__(PBWD_NW * 32, PortableBwdCfg<D>::MINB) bwd_por
         for (int e = 0; e < 4; ++e) dv[j][e] = dk[j][e] = 0.f;
 
     for (int it = 0; it < T; ++it) {
-        if (it + NS - 1 < T) load_qdo(it + NS - 1, (it + NS - 1) % NS);
-        cp_async_commit();
-        cp_async_wait<NS - 1>();
-        __syncthreads();
-        const int slot = it % NS;
-        const uint32_t sQ = s0 + O_Q + slot * QT_B, sDO = s0 + O_DO + slot * QT_B;
-        const float *lse2 = (const float *)(smem + O_LSE + slot * BM * 4);
-        const float *dsum = (const float *)(smem + O_DSUM + slot * BM * 4);
-        const int h = hk * p.group + it / nm, m = w.m_first + it % nm;
+        const auto [sQ, sDO, lse2, dsum] = ring.next(it);
+        const int h = ring.head(it), m = ring.block(it);
 
         /* 1. S^T and dP^T for keys 16 kg .. + 15, queries QW qg .. + QW - 1,
          * in NQS parts of QS queries */
@@ -365,31 +447,7 @@ __global__ void __launch_bounds__(PBWD_NW * 32, PortableBwdCfg<D>::MINB) bwd_por
         }
 
         /* 3. dQ += dS K for queries 16 mg .. + 15, columns CW cg .. + CW - 1 */
-        const size_t tile = pbwd_tile(p, w, b, h, m);
-        if (p.deterministic) pbwd_wait_turn(p.dq_sem + tile, n_block);
-        float *dq_tile = p.dq_acc + tile * (size_t)(BM * D);
-#pragma unroll
-        for (int pc = 0; pc < CW / PW; ++pc) {
-            float dq[PW / 8][4];
-#pragma unroll
-            for (int j = 0; j < PW / 8; ++j) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.f;
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk) {
-                uint32_t da[4];
-                ldsm_x4_trans(da, ldsm_addr(s0 + O_DS, (kk * 16 + pb_r) * BM * 2, mg, pb_y));
-#pragma unroll
-                for (int dn = 0; dn < PW / 16; ++dn) {
-                    uint32_t kb[4];
-                    ldsm_x4_trans(kb, ldsm_addr(s0 + O_K, (kk * 16 + pa_r) * D * 2, (cg * CW + pc * PW) / 16 + dn, pa_y));
-                    mma_m16n8k16<BF16>(dq[2 * dn], da, kb[0], kb[1]);
-                    mma_m16n8k16<BF16>(dq[2 * dn + 1], da, kb[2], kb[3]);
-                }
-            }
-            pbwd_add_dq<D, PW>(dq_tile, mg, cg * CW + pc * PW, lane, dq);
-        }
-        if (p.deterministic) __threadfence(); /* the adds land before the counter moves */
-        __syncthreads(); /* P^T, dS^T and this ring slot are free */
-        if (p.deterministic && tid == 0) atomicAdd(p.dq_sem + tile, 1);
+        pbwd_dq<D, S, BF16>(p, w, b, h, m, n_block, s0, lanes, mg, cg, lane, tid);
     }
     cp_async_wait<0>();
 

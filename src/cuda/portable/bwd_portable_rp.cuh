@@ -14,7 +14,7 @@
  *   3. after one barrier: dQ += dS K, warp (16-query group, column half),
  *      added by pbwd_add_dq.
  *
- * The loads, rows, softmax, stores and dQ adds are bwd_portable.cuh's. */
+ * The ring, rows, softmax, phase 3 (pbwd_dq) and stores are bwd_portable.cuh's. */
 #pragma once
 #include "bwd_portable.cuh"
 
@@ -29,6 +29,7 @@ template <int D, int NS> struct PbwdRpShape {
     static constexpr int BM = PBWD_BM, BN = PBWD_RP_BN, NW = 8, NT = NW * 32;
     static constexpr int NQ = BM / 8;  /* 8-query n tiles of S^T */
     static constexpr int CW = D / 2;   /* dQ columns a warp (phase 3: 4 query groups x 2 halves) */
+    static constexpr int PW = CW;      /* dQ in one piece: at most 32 accumulators */
     static constexpr uint32_t KV_B = BN * D * 2, QT_B = BM * D * 2;
     static constexpr uint32_t O_K = 0, O_V = KV_B, O_Q = 2 * KV_B, O_DO = O_Q + NS * QT_B, O_DS = O_DO + NS * QT_B,
                               O_LSE = O_DS + BN * BM * 2, O_DSUM = O_LSE + NS * BM * 4;
@@ -39,36 +40,24 @@ template <int D, int NS, bool BF16>
 __global__ void __launch_bounds__(256, 1) bwd_portable_rp_kernel(const PortableBwdParams p) {
     using namespace portable;
     using S = PbwdRpShape<D, NS>;
-    constexpr int BM = S::BM, BN = S::BN, NT = S::NT, NQ = S::NQ, CW = S::CW;
+    constexpr int BM = S::BM, BN = S::BN, NQ = S::NQ;
     extern __shared__ __align__(128) uint8_t smem[];
     const uint32_t s0 = smem_u32(smem);
-    constexpr uint32_t QT_B = S::QT_B, O_K = S::O_K, O_V = S::O_V, O_Q = S::O_Q, O_DO = S::O_DO, O_DS = S::O_DS,
-                       O_LSE = S::O_LSE, O_DSUM = S::O_DSUM;
+    constexpr uint32_t O_K = S::O_K, O_V = S::O_V, O_DS = S::O_DS;
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
     const int n0 = n_block * BN;
     const PbwdRows w = pbwd_rows<BM>(p, b, n0);
     if (n0 >= w.len_k) return;
-    const int len_k = w.len_k, off = w.off, nm = w.nm, T = nm * p.group;
+    const int len_k = w.len_k, off = w.off, T = w.nm * p.group;
 
-    /* ldmatrix lane patterns PA, PB (bwd_portable_kernel's) */
-    const uint32_t x7 = lane & 7, hi3 = (lane >> 3) & 1, hi4 = lane >> 4;
-    const uint32_t pa_r = x7 + hi3 * 8, pa_y = x7 ^ hi4, pb_r = x7 + hi4 * 8, pb_y = x7 ^ hi3;
+    const PbwdLanes lanes = pbwd_lanes(lane);
+    const auto [pa_r, pa_y, pb_r, pb_y] = lanes;
     const int mg = warp % 4, cg = warp / 4; /* phase 3 */
 
-    auto load_qdo = [&](int it, int slot) {
-        pbwd_load_qdo<D, BM, NT>(p, w, b, hk, it, s0 + O_Q + slot * QT_B, s0 + O_DO + slot * QT_B,
-                                 s0 + O_LSE + slot * BM * 4, s0 + O_DSUM + slot * BM * 4, tid);
-    };
-    if (T > 0) {
-        pbwd_load_kv<D, BN, NT>(p, w, b, hk, n0, s0 + O_K, s0 + O_V, tid);
-#pragma unroll
-        for (int s = 0; s < NS - 1; ++s) {
-            if (s < T) load_qdo(s, s);
-            cp_async_commit(); /* K and V ride with the first group */
-        }
-    }
+    const PbwdRing<D, NS, S> ring{p, w, smem, s0, b, hk, T, tid};
+    ring.prologue(n0);
 
     float dv[D / 8][4], dk[D / 8][4];
 #pragma unroll
@@ -77,15 +66,8 @@ __global__ void __launch_bounds__(256, 1) bwd_portable_rp_kernel(const PortableB
         for (int e = 0; e < 4; ++e) dv[j][e] = dk[j][e] = 0.f;
 
     for (int it = 0; it < T; ++it) {
-        if (it + NS - 1 < T) load_qdo(it + NS - 1, (it + NS - 1) % NS);
-        cp_async_commit();
-        cp_async_wait<NS - 1>();
-        __syncthreads();
-        const int slot = it % NS;
-        const uint32_t sQ = s0 + O_Q + slot * QT_B, sDO = s0 + O_DO + slot * QT_B;
-        const float *lse2 = (const float *)(smem + O_LSE + slot * BM * 4);
-        const float *dsum = (const float *)(smem + O_DSUM + slot * BM * 4);
-        const int h = hk * p.group + it / nm, m = w.m_first + it % nm;
+        const auto [sQ, sDO, lse2, dsum] = ring.next(it);
+        const int h = ring.head(it), m = ring.block(it);
 
         /* 1. S^T, dP^T: this warp's 16 keys x 64 queries */
         float st[NQ][4], dpt[NQ][4];
@@ -145,27 +127,7 @@ __global__ void __launch_bounds__(256, 1) bwd_portable_rp_kernel(const PortableB
         __syncthreads(); /* dS^T complete */
 
         /* 3. dQ += dS K: queries 16 mg .. + 15, columns CW cg .. + CW - 1 */
-        const size_t tile = pbwd_tile(p, w, b, h, m);
-        if (p.deterministic) pbwd_wait_turn(p.dq_sem + tile, n_block);
-        float dq[CW / 8][4];
-#pragma unroll
-        for (int j = 0; j < CW / 8; ++j) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-            uint32_t da[4];
-            ldsm_x4_trans(da, ldsm_addr(s0 + O_DS, (kk * 16 + pb_r) * BM * 2, mg, pb_y));
-#pragma unroll
-            for (int dn = 0; dn < CW / 16; ++dn) {
-                uint32_t kb[4];
-                ldsm_x4_trans(kb, ldsm_addr(s0 + O_K, (kk * 16 + pa_r) * D * 2, cg * CW / 16 + dn, pa_y));
-                mma_m16n8k16<BF16>(dq[2 * dn], da, kb[0], kb[1]);
-                mma_m16n8k16<BF16>(dq[2 * dn + 1], da, kb[2], kb[3]);
-            }
-        }
-        pbwd_add_dq<D, CW>(p.dq_acc + tile * (size_t)(BM * D), mg, cg * CW, lane, dq);
-        if (p.deterministic) __threadfence(); /* the adds land before the counter moves */
-        __syncthreads(); /* dS^T and this ring slot are free */
-        if (p.deterministic && tid == 0) atomicAdd(p.dq_sem + tile, 1);
+        pbwd_dq<D, S, BF16>(p, w, b, h, m, n_block, s0, lanes, mg, cg, lane, tid);
     }
     cp_async_wait<0>();
 
