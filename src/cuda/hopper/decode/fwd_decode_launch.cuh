@@ -152,7 +152,10 @@ static fattn_status decode_run(fattn_ctx *ctx, const fattn_fwd_args *a, const fw
     }
     const int slots = st->num_sms * per_sm;
     int bps = nblocks;
-    int splits = v.split ? decode_splits(pr->batch * pr->heads_kv, nblocks, slots, &bps) : 1;
+    /* KV8's 16-row tile unsplit: split, its O changed from call to call at 16
+     * rows x 20000 keys (run s30-4; unsplit bitwise stable; cause not found) */
+    const bool split_ok = v.split && (!C::KV8 || C::T8);
+    int splits = split_ok ? decode_splits(pr->batch * pr->heads_kv, nblocks, slots, &bps) : 1;
     void *ws = NULL;
     if (splits > 1) {
         const size_t bytes = (size_t)splits * pr->batch * pr->heads_kv * p.rows * (C::D + 1) * 4;
