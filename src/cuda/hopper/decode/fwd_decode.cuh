@@ -99,6 +99,17 @@ struct DecCfg {
     static_assert(4 * 16 * D * 4 <= STAGES * STAGE_BYTES, "the merge's O scratch fits in the ring");
 };
 
+/* A row's online-softmax step at a block whose max over the row's keys is
+ * bm: the running max m updated, O's factor alpha (0 while m was -inf), and
+ * the returned exponent offset mu (0 while the row has seen no key) */
+__device__ __forceinline__ float dec_softmax_max(float &m, float bm, float sl2, float &alpha) {
+    const float mn = fmaxf(m, bm);
+    const float mu = mn == -INFINITY ? 0.f : mn * sl2;
+    alpha = exp2f(m * sl2 - mu);
+    m = mn;
+    return mu;
+}
+
 /* keys sequence b attends to */
 __device__ __forceinline__ int dec_len_k(const DecParams &p, int b) {
     int len = p.seqlen_k;
@@ -482,10 +493,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_CTAS)
             for (int i = 0; i < C::NT; ++i) bm = fmaxf(bm, fmaxf(sacc[i][2 * h], sacc[i][2 * h + 1]));
             bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, 1));
             bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, 2));
-            const float mn = fmaxf(mrow[h], bm);
-            const float mu = mn == -INFINITY ? 0.f : mn * sl2;
-            alpha[h] = exp2f(mrow[h] * sl2 - mu); /* mrow -inf: 0 */
-            mrow[h] = mn;
+            const float mu = dec_softmax_max(mrow[h], bm, sl2, alpha[h]);
             float sum = 0.f;
 #pragma unroll
             for (int i = 0; i < C::NT; ++i) {

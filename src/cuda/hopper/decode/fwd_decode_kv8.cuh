@@ -220,12 +220,47 @@ __device__ __forceinline__ void dec_vunit_out(float (&oacc)[C::D / 8][4], float 
     for (int i = 0; i < C::D / 8; ++i) oacc[i][0] *= U, oacc[i][1] *= U, oacc[i][2] *= U, oacc[i][3] *= U;
 }
 
+/* The e4m3 V words a lane reads for one 16-key k-step of slab s: key rows
+ * kw0 + 16 ks + (2t, 2t + 1, 2t + 8, 2t + 9), WV bytes each from column
+ * WV g (rows past the sequence as zeros: 0 x whatever the cache holds
+ * there); key0: the block's first key */
+template <class C>
+__device__ __forceinline__ void dec_v8_words(uint32_t (&w)[4][Dec8<C>::WV / 4], uint32_t vst, int kw0, int ks, int s,
+                                             int g, int t, int key0, int len, bool tail) {
+    using E = Dec8<C>;
+    constexpr int NW = E::WV / 4;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        const int row = kw0 + ks * 16 + 2 * t + (r & 1) + 8 * (r >> 1);
+        const uint32_t at = vst + dec_sw8<C>(row, s * E::RW + E::WV * g);
+        if constexpr (NW == 4) {
+            const uint4 v = ld_shared_b32x4(at);
+            w[r][0] = v.x, w[r][1] = v.y, w[r][2] = v.z, w[r][3] = v.w;
+        } else {
+            const uint2 v = ld_shared_b32x2(at);
+            w[r][0] = v.x, w[r][1] = v.y;
+        }
+        if (tail && key0 + row >= len)
+#pragma unroll
+            for (int m = 0; m < NW; ++m) w[r][m] = 0u;
+    }
+}
+
+/* Word m's bytes 2 c2, 2 c2 + 1 of the rows (0, 1) and (2, 3), interleaved
+ * and converted: lo0 / hi0 the keys 2t, 2t + 1 of O's 8-column tiles dt and
+ * dt + 1 (dt = s WV + 4m + 2 c2, column g of each), lo1 / hi1 keys 2t + 8, 2t + 9 */
+template <int NW>
+__device__ __forceinline__ void dec_v8_pairs(const uint32_t (&w)[4][NW], int m, int c2, uint32_t &lo0, uint32_t &hi0,
+                                             uint32_t &lo1, uint32_t &hi1) {
+    const uint32_t sel = c2 ? 0x7362u : 0x5140u;
+    e4m3x4_to_f16x2x2(__byte_perm(w[0][m], w[1][m], sel), lo0, hi0);
+    e4m3x4_to_f16x2x2(__byte_perm(w[2][m], w[3][m], sel), lo1, hi1);
+}
+
 /* O += P V for this warp's KW keys of the e4m3 V tile at shared address vst (P
  * first times V's scales vsc over the V unit, ru = 1 / U): a k-step's
- * four key rows (2t, 2t + 1, 2t + 8, 2t + 9), WV bytes a slab each (rows
- * past the sequence as zeros: 0 x whatever the cache holds there), byte
- * pairs of rows (2t, 2t + 1) and (2t + 8, 2t + 9) permuted into b0 and b1;
- * key0: the block's first key */
+ * four key rows' words (dec_v8_words), byte pairs of rows (2t, 2t + 1) and
+ * (2t + 8, 2t + 9) permuted into b0 and b1 (dec_v8_pairs) */
 template <class C>
 __device__ __forceinline__ void dec_pv8(float (&oacc)[C::D / 8][4], float (&sacc)[C::NT][4], const float *vsc, float ru,
                                         uint32_t vst, int kw0, int g, int t, int key0, int len, bool tail) {
@@ -243,30 +278,13 @@ __device__ __forceinline__ void dec_pv8(float (&oacc)[C::D / 8][4], float (&sacc
 #pragma unroll
         for (int s = 0; s < E::SL; ++s) {
             uint32_t w[4][NW];
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                const int row = kw0 + ks * 16 + 2 * t + (r & 1) + 8 * (r >> 1);
-                const uint32_t at = vst + dec_sw8<C>(row, s * E::RW + E::WV * g);
-                if constexpr (NW == 4) {
-                    const uint4 v = ld_shared_b32x4(at);
-                    w[r][0] = v.x, w[r][1] = v.y, w[r][2] = v.z, w[r][3] = v.w;
-                } else {
-                    const uint2 v = ld_shared_b32x2(at);
-                    w[r][0] = v.x, w[r][1] = v.y;
-                }
-                if (tail && key0 + row >= len)
-#pragma unroll
-                    for (int m = 0; m < NW; ++m) w[r][m] = 0u;
-            }
+            dec_v8_words<C>(w, vst, kw0, ks, s, g, t, key0, len, tail);
 #pragma unroll
             for (int m = 0; m < NW; ++m)
 #pragma unroll
                 for (int c2 = 0; c2 < 2; ++c2) {
-                    /* bytes 2 c2, 2 c2 + 1 of rows (0, 1) and (2, 3), interleaved */
-                    const uint32_t sel = c2 ? 0x7362u : 0x5140u;
                     uint32_t lo0, hi0, lo1, hi1;
-                    e4m3x4_to_f16x2x2(__byte_perm(w[0][m], w[1][m], sel), lo0, hi0);
-                    e4m3x4_to_f16x2x2(__byte_perm(w[2][m], w[3][m], sel), lo1, hi1);
+                    dec_v8_pairs<NW>(w, m, c2, lo0, hi0, lo1, hi1);
                     const int dt = s * E::WV + 4 * m + 2 * c2;
                     mma_m16n8k16<false>(oacc[dt], pa, lo0, lo1);
                     mma_m16n8k16<false>(oacc[dt + 1], pa, hi0, hi1);

@@ -113,8 +113,8 @@ __device__ __forceinline__ void dec_scale_rows_t(float (&st)[C::KW / 16][4], con
 
 /* O^T += V^T P^T for this warp's KW keys of the e4m3 V tile at vst: P^T's
  * m-tile ks (S^T's accumulators, already times V's scales over the unit) to
- * B by movmatrix, then dec_pv8's reads of the key rows 2t, 2t + 1, 2t + 8,
- * 2t + 9 (zeros past the sequence) as A for O^T's m-tiles (dt, dt + 1) */
+ * B by movmatrix, then dec_pv8's words (dec_v8_words, dec_v8_pairs) as A for
+ * O^T's m-tiles (dt, dt + 1) */
 template <class C>
 __device__ __forceinline__ void dec_pv8t(float (&ot)[C::D / 16][4], const float (&st)[C::KW / 16][4], uint32_t vst,
                                          int kw0, int g, int t, int key0, int len, bool tail) {
@@ -127,31 +127,14 @@ __device__ __forceinline__ void dec_pv8t(float (&ot)[C::D / 16][4], const float 
 #pragma unroll
         for (int s = 0; s < E::SL; ++s) {
             uint32_t w[4][NW];
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                const int row = kw0 + ks * 16 + 2 * t + (r & 1) + 8 * (r >> 1);
-                const uint32_t at = vst + dec_sw8<C>(row, s * E::RW + E::WV * g);
-                if constexpr (NW == 4) {
-                    const uint4 v = ld_shared_b32x4(at);
-                    w[r][0] = v.x, w[r][1] = v.y, w[r][2] = v.z, w[r][3] = v.w;
-                } else {
-                    const uint2 v = ld_shared_b32x2(at);
-                    w[r][0] = v.x, w[r][1] = v.y;
-                }
-                if (tail && key0 + row >= len)
-#pragma unroll
-                    for (int m = 0; m < NW; ++m) w[r][m] = 0u;
-            }
+            dec_v8_words<C>(w, vst, kw0, ks, s, g, t, key0, len, tail);
 #pragma unroll
             for (int m = 0; m < NW; ++m)
 #pragma unroll
                 for (int c2 = 0; c2 < 2; ++c2) {
-                    const uint32_t sel = c2 ? 0x7362u : 0x5140u;
                     uint32_t a[4]; /* (dt col g, keys 2t), (dt + 1, 2t), (dt, 2t + 8), (dt + 1, 2t + 8) */
-                    e4m3x4_to_f16x2x2(__byte_perm(w[0][m], w[1][m], sel), a[0], a[1]);
-                    e4m3x4_to_f16x2x2(__byte_perm(w[2][m], w[3][m], sel), a[2], a[3]);
-                    const int dt = s * E::WV + 4 * m + 2 * c2;
-                    mma_m16n8k16<false>(ot[dt / 2], a, b0, b1);
+                    dec_v8_pairs<NW>(w, m, c2, a[0], a[1], a[2], a[3]);
+                    mma_m16n8k16<false>(ot[(s * E::WV + 4 * m + 2 * c2) / 2], a, b0, b1);
                 }
         }
     }
@@ -206,10 +189,7 @@ __device__ __forceinline__ void dec_consume_t8(const DecParams &p, uint8_t *sm, 
             for (int i = 0; i < MT; ++i) bm = fmaxf(bm, fmaxf(st[i][c], st[i][c + 2]));
 #pragma unroll
             for (int x = 4; x < 32; x <<= 1) bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, x));
-            const float mn = fmaxf(mrow[c], bm);
-            const float mu = mn == -INFINITY ? 0.f : mn * sl2;
-            alpha[c] = exp2f(mrow[c] * sl2 - mu); /* mrow -inf: 0 */
-            mrow[c] = mn;
+            const float mu = dec_softmax_max(mrow[c], bm, sl2, alpha[c]);
             float sum = 0.f;
 #pragma unroll
             for (int i = 0; i < MT; ++i) {
