@@ -62,7 +62,7 @@ struct DecParams {
     int k_sb, v_sb, k_nblocks, v_nblocks;
 };
 
-template <int D_, int WM_, bool BF16_, bool PAGED_, bool LOCAL_ = false, bool KV8_ = false, bool T8_ = false>
+template <int D_, int WM_, bool BF16_, bool PAGED_, bool LOCAL_ = false, bool KV8_ = false, int T8_ = 0>
 struct DecCfg {
     /* BN: KV8 with 16 rows at d <= 128 takes 128-key blocks, 32 keys a warp:
      * twice the independent MMAs a warp has in flight per block, over the
@@ -70,8 +70,9 @@ struct DecCfg {
      * scheduler, set its pace) */
     static constexpr int D = D_, WM = WM_, WN = 4 / WM_, BN = KV8_ && WM_ == 1 && D_ <= 128 ? 128 : 64;
     static constexpr bool BF16 = BF16_, PAGED = PAGED_, LOCAL = LOCAL_, KV8 = KV8_;
-    /* T8: KV8's swapped tile for <= 8 rows (fwd_decode_t8.cuh), not with the variants */
-    static constexpr bool T8 = T8_;
+    /* T8: KV8's swapped tile (fwd_decode_t8.cuh) for <= 8 NQ rows, not with the variants */
+    static constexpr bool T8 = T8_ > 0;
+    static constexpr int NQ = T8_ > 0 ? T8_ : 1;
     static_assert(!T8_ || (KV8_ && WM_ == 1 && !LOCAL_), "T8: the FP8 cache's 16-row instances without variants");
     /* LOCAL's softcap: not at d256 with 32 rows, where its tanh spilled 92
      * bytes at 255 registers (fwd_decode_softcap_ok keeps such calls off) */
