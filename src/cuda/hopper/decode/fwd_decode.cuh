@@ -28,7 +28,8 @@
  * consumers read the codes into f16 MMA fragments in registers
  * (fwd_decode_kv8.cuh) and run the same loop, with K's scale multiplied
  * into S and V's into P before P is rounded, as the FP8 forward places its
- * v scale. */
+ * v scale.  At most 8 rows without variants take the swapped tile
+ * (DecCfg::T8, fwd_decode_t8.cuh): keys as the MMAs' m16 side, rows as n8. */
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -70,7 +71,7 @@ struct DecCfg {
      * scheduler, set its pace) */
     static constexpr int D = D_, WM = WM_, WN = 4 / WM_, BN = KV8_ && WM_ == 1 && D_ <= 128 ? 128 : 64;
     static constexpr bool BF16 = BF16_, PAGED = PAGED_, LOCAL = LOCAL_, KV8 = KV8_;
-    /* T8: KV8's swapped tile (fwd_decode_t8.cuh) for <= 8 NQ rows, not with the variants */
+    /* T8: KV8's swapped tile (fwd_decode_t8.cuh) for <= 8 x NQ rows, not with the variants */
     static constexpr bool T8 = T8_ > 0;
     static constexpr int NQ = T8_ > 0 ? T8_ : 1;
     static_assert(!T8_ || (KV8_ && WM_ == 1 && !LOCAL_), "T8: the FP8 cache's 16-row instances without variants");
