@@ -439,6 +439,8 @@ int main(void) {
         {2, 2, 500, 8, 2, 64, 1, BF, 0, 1, 0, 0, 0, 0, 0, 0, 0, 6},         /* 8 rows, seqused_k, V 2^-60 */
         {2, 8, 300, 2, 2, 128, 1, F16, 16, 0, 0, 0, 0, 0, 0, 0, 0, 1},      /* group 1, 8 queries, pages of 16 */
         {1, 2, 1500, 8, 2, 256, 1, BF, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4},       /* d256 */
+        /* 16 rows over 20000 keys: where the split 16-row tile's O changed between calls (d9) */
+        {1, 1, 20000, 128, 8, 128, 0, F16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
     };
     const int small = getenv("FATTN_TEST_SMALL") != NULL; /* sanitizer runs: small shapes only */
     for (const auto &c : cases)
