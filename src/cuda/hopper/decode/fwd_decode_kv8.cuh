@@ -257,17 +257,38 @@ __device__ __forceinline__ void dec_v8_pairs(const uint32_t (&w)[4][NW], int m, 
     e4m3x4_to_f16x2x2(__byte_perm(w[2][m], w[3][m], sel), lo1, hi1);
 }
 
+/* One 16-key k-step ks of the warp's V: for each slab its words
+ * (dec_v8_words), then every O tile pair (dt, dt + 1) of it, dt = s WV + 4m +
+ * 2 c2, with its converted pairs: mma(dt, lo0, hi0, lo1, hi1) (dec_v8_pairs) */
+template <class C, class F>
+__device__ __forceinline__ void dec_v8_step(uint32_t vst, int kw0, int ks, int g, int t, int key0, int len, bool tail,
+                                            F &&mma) {
+    using E = Dec8<C>;
+    constexpr int NW = E::WV / 4; /* words a row a slab */
+#pragma unroll
+    for (int s = 0; s < E::SL; ++s) {
+        uint32_t w[4][NW];
+        dec_v8_words<C>(w, vst, kw0, ks, s, g, t, key0, len, tail);
+#pragma unroll
+        for (int m = 0; m < NW; ++m)
+#pragma unroll
+            for (int c2 = 0; c2 < 2; ++c2) {
+                uint32_t lo0, hi0, lo1, hi1;
+                dec_v8_pairs<NW>(w, m, c2, lo0, hi0, lo1, hi1);
+                mma(s * E::WV + 4 * m + 2 * c2, lo0, hi0, lo1, hi1);
+            }
+    }
+}
+
 /* O += P V for this warp's KW keys of the e4m3 V tile at shared address vst (P
  * first times V's scales vsc over the V unit, ru = 1 / U): a k-step's
- * four key rows' words (dec_v8_words), byte pairs of rows (2t, 2t + 1) and
- * (2t + 8, 2t + 9) permuted into b0 and b1 (dec_v8_pairs) */
+ * four key rows' words, byte pairs of rows (2t, 2t + 1) and
+ * (2t + 8, 2t + 9) permuted into b0 and b1 (dec_v8_step) */
 template <class C>
 __device__ __forceinline__ void dec_pv8(float (&oacc)[C::D / 8][4], float (&sacc)[C::NT][4], const float *vsc, float ru,
                                         uint32_t vst, int kw0, int g, int t, int key0, int len, bool tail) {
-    using E = Dec8<C>;
     const float one[2] = {1.f, 1.f};
     dec_scale_cols<C>(sacc, vsc, kw0, t, ru, one); /* V's scales over the unit on P (l has the unscaled P) */
-    constexpr int NW = E::WV / 4; /* words a row a slab */
 #pragma unroll
     for (int ks = 0; ks < C::KW / 16; ++ks) {
         uint32_t pa[4];
@@ -275,20 +296,10 @@ __device__ __forceinline__ void dec_pv8(float (&oacc)[C::D / 8][4], float (&sacc
         pa[1] = pack_f16x2(sacc[2 * ks][2], sacc[2 * ks][3]);
         pa[2] = pack_f16x2(sacc[2 * ks + 1][0], sacc[2 * ks + 1][1]);
         pa[3] = pack_f16x2(sacc[2 * ks + 1][2], sacc[2 * ks + 1][3]);
-#pragma unroll
-        for (int s = 0; s < E::SL; ++s) {
-            uint32_t w[4][NW];
-            dec_v8_words<C>(w, vst, kw0, ks, s, g, t, key0, len, tail);
-#pragma unroll
-            for (int m = 0; m < NW; ++m)
-#pragma unroll
-                for (int c2 = 0; c2 < 2; ++c2) {
-                    uint32_t lo0, hi0, lo1, hi1;
-                    dec_v8_pairs<NW>(w, m, c2, lo0, hi0, lo1, hi1);
-                    const int dt = s * E::WV + 4 * m + 2 * c2;
-                    mma_m16n8k16<false>(oacc[dt], pa, lo0, lo1);
-                    mma_m16n8k16<false>(oacc[dt + 1], pa, hi0, hi1);
-                }
-        }
+        dec_v8_step<C>(vst, kw0, ks, g, t, key0, len, tail,
+                       [&](int dt, uint32_t lo0, uint32_t hi0, uint32_t lo1, uint32_t hi1) {
+                           mma_m16n8k16<false>(oacc[dt], pa, lo0, lo1);
+                           mma_m16n8k16<false>(oacc[dt + 1], pa, hi0, hi1);
+                       });
     }
 }

@@ -125,13 +125,11 @@ __device__ __forceinline__ void dec_scale_rows_t(float (&st)[C::KW / 16][C::NQ][
 
 /* O^T += V^T P^T for this warp's KW keys of the e4m3 V tile at vst: P^T's
  * m-tile ks of each n-tile (S^T's accumulators, already times V's scales
- * over the unit) to B by movmatrix, then dec_pv8's words (dec_v8_words,
- * dec_v8_pairs) as A for O^T's m-tiles (dt, dt + 1), each A for every n-tile */
+ * over the unit) to B by movmatrix, then dec_pv8's words and pairs (dec_v8_step)
+ * as A for O^T's m-tiles (dt, dt + 1), each A for every n-tile */
 template <class C>
 __device__ __forceinline__ void dec_pv8t(float (&ot)[C::D / 16][C::NQ][4], const float (&st)[C::KW / 16][C::NQ][4],
                                          uint32_t vst, int kw0, int g, int t, int key0, int len, bool tail) {
-    using E = Dec8<C>;
-    constexpr int NW = E::WV / 4; /* words a row a slab */
 #pragma unroll
     for (int ks = 0; ks < C::KW / 16; ++ks) {
         uint32_t b0[C::NQ], b1[C::NQ];
@@ -140,21 +138,13 @@ __device__ __forceinline__ void dec_pv8t(float (&ot)[C::D / 16][C::NQ][4], const
             b0[j] = movmatrix_trans(pack_f16x2(st[ks][j][0], st[ks][j][1])); /* keys 2t, 2t + 1 of row 8j + g */
             b1[j] = movmatrix_trans(pack_f16x2(st[ks][j][2], st[ks][j][3])); /* keys 2t + 8, 2t + 9 */
         }
+        dec_v8_step<C>(vst, kw0, ks, g, t, key0, len, tail,
+                       [&](int dt, uint32_t lo0, uint32_t hi0, uint32_t lo1, uint32_t hi1) {
+                           /* (dt col g, keys 2t), (dt + 1, 2t), (dt, 2t + 8), (dt + 1, 2t + 8) */
+                           const uint32_t a[4] = {lo0, hi0, lo1, hi1};
 #pragma unroll
-        for (int s = 0; s < E::SL; ++s) {
-            uint32_t w[4][NW];
-            dec_v8_words<C>(w, vst, kw0, ks, s, g, t, key0, len, tail);
-#pragma unroll
-            for (int m = 0; m < NW; ++m)
-#pragma unroll
-                for (int c2 = 0; c2 < 2; ++c2) {
-                    uint32_t a[4]; /* (dt col g, keys 2t), (dt + 1, 2t), (dt, 2t + 8), (dt + 1, 2t + 8) */
-                    dec_v8_pairs<NW>(w, m, c2, a[0], a[1], a[2], a[3]);
-#pragma unroll
-                    for (int j = 0; j < C::NQ; ++j)
-                        mma_m16n8k16<false>(ot[(s * E::WV + 4 * m + 2 * c2) / 2][j], a, b0[j], b1[j]);
-                }
-        }
+                           for (int j = 0; j < C::NQ; ++j) mma_m16n8k16<false>(ot[dt / 2][j], a, b0[j], b1[j]);
+                       });
     }
 }
 
