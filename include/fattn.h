@@ -197,11 +197,12 @@ typedef struct fattn_ctx fattn_ctx;
  * (FP8, decoding, paged caches, the variants).  The portable engine
  * (FlashAttention-2's design, mma.sync) serves the 16-bit forward (head
  * dims 64, 128, 192, 256 with head_dim_v equal; causal, GQA, varlen,
- * seqused_k, LSE), the 16-bit backward (the same head dims; causal, GQA,
- * varlen with seqused_q / seqused_k, deterministic), fattn_merge and fattn_kv_append; every other
- * request (e4m3 inputs, fattn_fwd_fp8, fattn_quantize, an FP8 KV cache,
- * block_table, window, softcap, learnable_sink, other head dims, the
- * serving fields) returns UNSUPPORTED with a message naming "the portable
+ * seqused_k, LSE; window, softcap, learnable_sink), the 16-bit backward
+ * (the same head dims; causal, GQA, varlen with seqused_q / seqused_k,
+ * deterministic), fattn_merge and fattn_kv_append; every other request
+ * (e4m3 inputs, fattn_fwd_fp8, fattn_quantize, an FP8 KV cache,
+ * block_table, the backward's window, softcap and dsink, other head dims,
+ * the serving fields) returns UNSUPPORTED with a message naming "the portable
  * CUDA engine (sm_NN)", and writes nothing.  A call is never moved to
  * another engine: an AUTO context is a CUDA context once created (its
  * pointers are device pointers), so the caller decides (Python:
@@ -501,6 +502,9 @@ typedef struct fattn_problem {
  *          seqlen_q + seqlen_k < 2^30.  The softcap uses the GPU's
  *          approximate tanh (relative error <= 2^-11: a capped score within
  *          softcap x 2^-11 of the exact one, as in FlashAttention-3).
+ *          CUDA (portable engine): f16/bf16 take every variant (window,
+ *          softcap, learnable_sink), fixed-length and variable-length, with
+ *          the same semantics and limit (compiled, not yet run on a GPU).
  *          f16/bf16, and e4m3 with f16/bf16 output (q's scale
  *          blocks any size, k's 1 or a multiple of 128, v's a multiple of 128,
  *          or at head_dim 128 both multiples of 192 (then 192-key kernels

@@ -24,6 +24,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "../common/lse_combine.cuh"
 #include "../common/varlen.cuh"
 #include "mma_sm80.cuh"
 
@@ -38,8 +39,18 @@ struct PortableFwdParams {
     const int *cu_q, *cu_k; /* both or neither */
     int total_q, total_k;   /* varlen: the packed rows */
     const int *seqused_k;   /* NULL or int32[batch] */
-    float scale_log2;       /* softmax_scale x log2(e) */
+    float scale_log2;       /* softmax_scale x log2(e); softcap: cap x log2(e) */
     int causal;
+    /* The variants, read by fwd_portable_local_kernel only (appended, so the
+     * other fields keep their offsets): the window as hopper_window_of gives
+     * it (causal folded into win_right = 0, -1 unbounded), key j visible to
+     * row i iff i + off - win_left <= j <= i + off + win_right; softcap: the
+     * raw score x becomes tanh(cap_b x), cap_b = scale / cap, and scale_log2
+     * is cap log2(e) (the Hopper forward's folding, perf-notes f8), 0 off;
+     * sink: NULL or float[heads_q], natural-log units. */
+    int win_left, win_right;
+    float cap_b;
+    const float *sink;
 };
 
 /* The tile shape of a head dim: warps, 16-row tiles per warp (rows per CTA
@@ -123,8 +134,10 @@ __device__ __forceinline__ float quad_sum(float x) {
 
 /* The epilogue: O / l, LSE = (m + log2 l) ln 2 of the thread's rows r_lo +
  * 16 mt (+ 8); a row with l = 0 (no key, or every score -inf) gets O = 0 and
- * LSE = -inf; NaN stays NaN */
-template <int MT, int NT_O, bool BF16>
+ * LSE = -inf; NaN stays NaN.  LOCAL with a sink: lse_finish_sink (the
+ * Hopper epilogue's and the CPU engine's arithmetic: O = 0 and LSE = sink
+ * for a row with no key). */
+template <int MT, int NT_O, bool BF16, bool LOCAL = false>
 __device__ __forceinline__ void fwd_portable_store(const PortableFwdParams &p, int b, int h, int q0, int len_q, int r_lo,
                                                    int t, const float (&acc)[MT][NT_O][4], const float (&row_max)[MT][2],
                                                    const float (&row_sum)[MT][2]) {
@@ -137,7 +150,9 @@ __device__ __forceinline__ void fwd_portable_store(const PortableFwdParams &p, i
         const int row = r_lo + 16 * mt + 8 * r;
         if (row >= len_q) continue;
         const bool empty = l == 0.f;
-        const float inv = empty ? 0.f : 1.f / l;
+        float inv = empty ? 0.f : 1.f / l, lse_sink = 0.f;
+        const bool sunk = LOCAL && p.sink != nullptr;
+        if (sunk) lse_finish_sink(l, row_max[mt][r], 0.69314718055994531f, p.sink + h, inv, lse_sink);
         uint16_t *og = p.o + bo * p.o_sb + (int64_t)(q0 + row) * p.o_ss + (int64_t)h * p.o_sh;
 #pragma unroll
         for (int j = 0; j < NT_O; ++j) {
@@ -145,7 +160,9 @@ __device__ __forceinline__ void fwd_portable_store(const PortableFwdParams &p, i
             *reinterpret_cast<uint32_t *>(og + 8 * j + 2 * t) = w;
         }
         if (p.lse && t == 0) {
-            const float lse = empty ? -INFINITY : (row_max[mt][r] + __log2f(l)) * 0.69314718055994531f;
+            const float lse = sunk    ? lse_sink
+                              : empty ? -INFINITY
+                                      : (row_max[mt][r] + __log2f(l)) * 0.69314718055994531f;
             const int64_t at = p.cu_q ? (int64_t)h * p.total_q + q0 + row
                                       : ((int64_t)b * p.heads_q + h) * p.seqlen_q + row;
             p.lse[at] = lse;
@@ -153,8 +170,69 @@ __device__ __forceinline__ void fwd_portable_store(const PortableFwdParams &p, i
     }
 }
 
-template <int D, int NW, int BN, int NS, bool BF16, int MT = 1>
-__global__ void __launch_bounds__(NW * 32, 1) fwd_portable_kernel(const PortableFwdParams p) {
+/* LOCAL: the window of a tile as bounds on key - query, dl <= j - i <= dr
+ * (an unbounded side a bound every pair meets; entry.cu keeps seqlen_q +
+ * seqlen_k < 2^30, so no sum overflows), and the key blocks it visits: from
+ * the first row's first visible key to the last row's last one (the Hopper
+ * forward's fwd_window_diag and fwd_tile_blocks).  K, V, len_k and the
+ * bounds are then moved to the first visited block, so that the loop runs
+ * over blocks 0 .. n_blocks - 1 as without a window. */
+template <int BN>
+__device__ __forceinline__ void fwd_portable_window(const PortableFwdParams &p, int len_q, int m0, int row_last,
+                                                    int &len_k, int &n_blocks, int &dl, int &dr, const uint16_t *&kg,
+                                                    const uint16_t *&vg) {
+    const int off = len_k - len_q;
+    dl = p.win_left < 0 ? -len_q : off - p.win_left;
+    dr = p.win_right < 0 ? len_k : off + p.win_right;
+    const int first = m0 + dl, last = row_last + dr;
+    const int lo = first <= 0 ? 0 : first / BN;
+    const int hi = last < 0 ? 0 : min(last / BN + 1, (len_k + BN - 1) / BN);
+    n_blocks = hi > lo ? hi - lo : 0;
+    const int shift = lo * BN;
+    kg += (int64_t)shift * p.k_ss;
+    vg += (int64_t)shift * p.v_ss;
+    len_k -= shift, dl -= shift, dr -= shift;
+}
+
+/* LOCAL: the scores of the key block at kbase into log2 units, softcap
+ * first (a uniform branch: tanh.approx.f32, as the Hopper forward's
+ * fwd_softcap), masked to -inf past the sequence and outside the window
+ * (dl <= key - row <= dr) on the blocks that cross an edge for some row of
+ * this warp (rows w0 .. w0 + 16 MT - 1; the Hopper FwdMask::apply_window's
+ * test, per warp). */
+template <int MT, int NT_S>
+__device__ __forceinline__ void fwd_portable_local_scores(float (&s)[MT][NT_S][4], const PortableFwdParams &p,
+                                                          int kbase, int len_k, int r_lo, int t, int w0, int dl,
+                                                          int dr) {
+    using namespace portable;
+    if (p.cap_b != 0.f) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int j = 0; j < NT_S; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[mt][j][e] = tanh_approx(s[mt][j][e] * p.cap_b);
+    }
+    const bool need_mask =
+        kbase + 8 * NT_S > len_k || kbase + 8 * NT_S - 1 - w0 > dr || kbase - (w0 + 16 * MT - 1) < dl;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int j = 0; j < NT_S; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[mt][j][e] *= p.scale_log2;
+                if (need_mask) {
+                    const int key = kbase + 8 * j + 2 * t + (e & 1), row = r_lo + 16 * mt + (e >> 1) * 8;
+                    const int d = key - row;
+                    if (!(key < len_k && d >= dl && d <= dr)) s[mt][j][e] = -INFINITY;
+                }
+            }
+}
+
+/* One CTA's query tile: the kernels below (LOCAL: the variants). */
+template <int D, int NW, int BN, int NS, bool BF16, int MT, bool LOCAL>
+__device__ __forceinline__ void fwd_portable_tile(const PortableFwdParams &p) {
     using namespace portable;
     constexpr int BM = 16 * MT * NW, NT = NW * 32;
     constexpr int NT_S = BN / 8, NT_O = D / 8; /* 8-column accumulator tiles of S and O per warp */
@@ -190,6 +268,8 @@ __global__ void __launch_bounds__(NW * 32, 1) fwd_portable_kernel(const Portable
         const int last_key = row_last + off;
         n_blocks = last_key < 0 ? 0 : min(n_blocks, last_key / BN + 1);
     }
+    int dl = 0, dr = 0; /* LOCAL: the window, from the first visited block's first key */
+    if constexpr (LOCAL) fwd_portable_window<BN>(p, len_q, m0, row_last, len_k, n_blocks, dl, dr, kg, vg);
 
     float acc[MT][NT_O][4];
 #pragma unroll
@@ -259,21 +339,25 @@ __global__ void __launch_bounds__(NW * 32, 1) fwd_portable_kernel(const Portable
             }
         }
 
-        /* scale into log2 units; mask keys past the sequence and past the diagonal */
+        /* scale into log2 units; mask keys past the sequence and past the diagonal (LOCAL: the window) */
         const int kbase = n * BN;
-        const bool need_mask = kbase + BN > len_k || (p.causal && kbase + BN - 1 > m0 + off);
+        if constexpr (LOCAL) {
+            fwd_portable_local_scores<MT, NT_S>(s, p, kbase, len_k, r_lo, t, r_lo - g, dl, dr);
+        } else {
+            const bool need_mask = kbase + BN > len_k || (p.causal && kbase + BN - 1 > m0 + off);
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
+            for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int j = 0; j < NT_S; ++j)
+                for (int j = 0; j < NT_S; ++j)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    s[mt][j][e] *= p.scale_log2;
-                    if (need_mask) {
-                        const int key = kbase + 8 * j + 2 * t + (e & 1), row = r_lo + 16 * mt + (e >> 1) * 8;
-                        if (key >= len_k || (p.causal && key > row + off)) s[mt][j][e] = -INFINITY;
+                    for (int e = 0; e < 4; ++e) {
+                        s[mt][j][e] *= p.scale_log2;
+                        if (need_mask) {
+                            const int key = kbase + 8 * j + 2 * t + (e & 1), row = r_lo + 16 * mt + (e >> 1) * 8;
+                            if (key >= len_k || (p.causal && key > row + off)) s[mt][j][e] = -INFINITY;
+                        }
                     }
-                }
+        }
 
         /* running max; P = exp2(S - m); rescale O and l by exp2(m_old - m_new) */
 #pragma unroll
@@ -329,5 +413,18 @@ __global__ void __launch_bounds__(NW * 32, 1) fwd_portable_kernel(const Portable
     }
     cp_async_wait<0>();
 
-    fwd_portable_store<MT, NT_O, BF16>(p, b, h, q0, len_q, r_lo, t, acc, row_max, row_sum);
+    fwd_portable_store<MT, NT_O, BF16, LOCAL>(p, b, h, q0, len_q, r_lo, t, acc, row_max, row_sum);
+}
+
+template <int D, int NW, int BN, int NS, bool BF16, int MT = 1>
+__global__ void __launch_bounds__(NW * 32, 1) fwd_portable_kernel(const PortableFwdParams p) {
+    fwd_portable_tile<D, NW, BN, NS, BF16, MT, false>(p);
+}
+
+/* The variants (window, softcap, learnable sink): instances of their own
+ * (instances/fwd_portable_local_hdim*.cu), so that the kernels above keep
+ * their code. */
+template <int D, int NW, int BN, int NS, bool BF16, int MT = 1>
+__global__ void __launch_bounds__(NW * 32, 1) fwd_portable_local_kernel(const PortableFwdParams p) {
+    fwd_portable_tile<D, NW, BN, NS, BF16, MT, true>(p);
 }

@@ -8,7 +8,8 @@
 struct PortableFwdParams;
 
 /* api.c and entry.cu have checked the arguments (16-bit, head dims of
- * fwd_portable_head_dims, no block table, no variant). */
+ * fwd_portable_head_dims, no block table; the variants with seqlen_q +
+ * seqlen_k < 2^30). */
 fattn_status fwd_portable_launch(fattn_ctx *ctx, const fattn_fwd_args *a);
 
 /* The head dims the instances serve. */
@@ -26,3 +27,10 @@ fattn_status fwd_portable_hdim64(fattn_ctx *ctx, const PortableFwdParams &p, boo
 fattn_status fwd_portable_hdim128(fattn_ctx *ctx, const PortableFwdParams &p, bool bf16, int batch);
 fattn_status fwd_portable_hdim192(fattn_ctx *ctx, const PortableFwdParams &p, bool bf16, int batch);
 fattn_status fwd_portable_hdim256(fattn_ctx *ctx, const PortableFwdParams &p, bool bf16, int batch);
+
+/* The same with the variants (window, softcap, learnable sink):
+ * fwd_portable_local_kernel, instances of their own. */
+fattn_status fwd_portable_local_hdim64(fattn_ctx *ctx, const PortableFwdParams &p, bool bf16, int batch);
+fattn_status fwd_portable_local_hdim128(fattn_ctx *ctx, const PortableFwdParams &p, bool bf16, int batch);
+fattn_status fwd_portable_local_hdim192(fattn_ctx *ctx, const PortableFwdParams &p, bool bf16, int batch);
+fattn_status fwd_portable_local_hdim256(fattn_ctx *ctx, const PortableFwdParams &p, bool bf16, int batch);
