@@ -5,7 +5,7 @@
 #include "fwd_portable.cuh"
 #include "fwd_portable.h"
 
-const int fwd_portable_head_dims[4] = {64, 128, 192, 256};
+const int fwd_portable_head_dims[5] = {64, 96, 128, 192, 256};
 
 /* the shallower ring's bytes when even they exceed optin (fwd_portable_run's rule) */
 template <int D> static int fwd_smem_need(int optin) {
@@ -17,6 +17,7 @@ template <int D> static int fwd_smem_need(int optin) {
 int fwd_portable_smem_need(int head_dim, int optin) {
     switch (head_dim) {
     case 64: return fwd_smem_need<64>(optin);
+    case 96: return fwd_smem_need<96>(optin);
     case 128: return fwd_smem_need<128>(optin);
     case 192: return fwd_smem_need<192>(optin);
     default: return fwd_smem_need<256>(optin);
@@ -54,6 +55,7 @@ fattn_status fwd_portable_launch(fattn_ctx *ctx, const fattn_fwd_args *a) {
     if (s != FATTN_OK) return s;
     switch (pr->head_dim) {
     case 64: s = fwd_portable_hdim64(ctx, p, bf16, pr->batch); break;
+    case 96: s = fwd_portable_hdim96(ctx, p, bf16, pr->batch); break;
     case 128: s = fwd_portable_hdim128(ctx, p, bf16, pr->batch); break;
     case 192: s = fwd_portable_hdim192(ctx, p, bf16, pr->batch); break;
     default: s = fwd_portable_hdim256(ctx, p, bf16, pr->batch); break;
