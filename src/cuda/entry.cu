@@ -215,8 +215,8 @@ static fattn_status portable_shape_check(fattn_ctx *ctx, const fattn_problem *p,
 }
 
 /* The portable engine (portable/fwd_portable.cuh) on this context's GPU:
- * 16-bit inputs, head_dim == head_dim_v of fwd_portable_head_dims (64, 128,
- * 192, 256), causal, GQA, varlen and seqused_k, the variants (window,
+ * 16-bit inputs, head_dim == head_dim_v of fwd_portable_head_dims (64, 96,
+ * 128, 192, 256), causal, GQA, varlen and seqused_k, the variants (window,
  * softcap, learnable sink: its LOCAL instances, with check_fwd_variants'
  * int limit); no FP8 or paged KV.  Its grid is (query tiles, heads_q,
  * batch). */

@@ -7,7 +7,7 @@
 #include "fwd_portable.cuh"
 #include "fwd_portable.h"
 
-const int fwd_portable_head_dims[4] = {64, 128, 192, 256};
+const int fwd_portable_head_dims[5] = {64, 96, 128, 192, 256};
 
 /* the shallower ring's bytes when even they exceed optin (fwd_portable_run's rule) */
 template <int D> static int fwd_smem_need(int optin) {
@@ -19,6 +19,7 @@ template <int D> static int fwd_smem_need(int optin) {
 int fwd_portable_smem_need(int head_dim, int optin) {
     switch (head_dim) {
     case 64: return fwd_smem_need<64>(optin);
+    case 96: return fwd_smem_need<96>(optin);
     case 128: return fwd_smem_need<128>(optin);
     case 192: return fwd_smem_need<192>(optin);
     default: return fwd_smem_need<256>(optin);
@@ -30,6 +31,7 @@ using fwd_portable_fn = fattn_status (*)(fattn_ctx *, const PortableFwdParams &,
 static fwd_portable_fn fwd_portable_instance(int head_dim, bool local) {
     switch (head_dim) {
     case 64: return local ? fwd_portable_local_hdim64 : fwd_portable_hdim64;
+    case 96: return local ? fwd_portable_local_hdim96 : fwd_portable_hdim96;
     case 128: return local ? fwd_portable_local_hdim128 : fwd_portable_hdim128;
     case 192: return local ? fwd_portable_local_hdim192 : fwd_portable_hdim192;
     default: return local ? fwd_portable_local_hdim256 : fwd_portable_hdim256;

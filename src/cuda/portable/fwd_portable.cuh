@@ -61,6 +61,8 @@ struct PortableFwdParams {
  * NW_BIG (0: none): the wider CTA, with the NS ring, taken where it fits. */
 template <int D> struct PortableCfg;
 template <> struct PortableCfg<64> { static constexpr int NW = 4, MT = 2, BN = 64, NS = 3, NS_SMALL = 2, NW_BIG = 0; };
+/* d96: FA2's 128 rows; keys 32 a block, as d128 (64 spilled 64 bytes on sm_80); 60 / 48 KB */
+template <> struct PortableCfg<96> { static constexpr int NW = 4, MT = 2, BN = 32, NS = 3, NS_SMALL = 2, NW_BIG = 0; };
 template <> struct PortableCfg<128> { static constexpr int NW = 4, MT = 2, BN = 32, NS = 3, NS_SMALL = 2, NW_BIG = 0; };
 template <> struct PortableCfg<192> { static constexpr int NW = 8, MT = 1, BN = 64, NS = 2, NS_SMALL = 1, NW_BIG = 0; };
 /* d256 at 8 warps (FA2's 128-row CTA; 4 warps leave one per scheduler: p7) needs 192 KB: Hopper, not A100 */
@@ -79,9 +81,19 @@ namespace portable {
 using namespace sm80;
 
 /* Byte offset of element (r, c) in a swizzled [rows][D] tile; c a multiple of 8
- * or any column inside the chunk. */
+ * or any column inside the chunk.  D a multiple of 64: chunk ^ (r % 8) within
+ * each 128-byte group.  D = 96 (FA2's layout when D % 64 != 0): 64-byte groups,
+ * chunk ^ f(r % 8), f(x) = (x ^ x / 4) % 4, which maps the 8 rows of an
+ * ldmatrix (192-byte row stride) onto 8 bank groups too (f of the even rows
+ * 0, 2, 1, 3; of the odd rows 1, 3, 0, 2). */
 template <int D> __device__ __forceinline__ uint32_t swz(int r, int c) {
-    return (uint32_t)(r * D + ((((c >> 3) ^ (r & 7))) << 3) + (c & 7)) * 2u;
+    if constexpr (D % 64 == 0) {
+        return (uint32_t)(r * D + ((((c >> 3) ^ (r & 7))) << 3) + (c & 7)) * 2u;
+    } else {
+        static_assert(D == 96, "head dim");
+        const int f = (r ^ ((r >> 2) & 1)) & 3;
+        return (uint32_t)(r * D + ((c >> 5) << 5) + ((((c >> 3) & 3) ^ f) << 3) + (c & 7)) * 2u;
+    }
 }
 
 /* The address of the 16-byte chunk pair j (columns 16j .. 16j + 15) that a
@@ -90,9 +102,15 @@ template <int D> __device__ __forceinline__ uint32_t swz(int r, int c) {
  * swizzled chunk is 2j ^ y with y = lane % 8 ^ (the lane's half chunk), a
  * per-lane constant: four distinct values over j, the rest immediate
  * offsets.  (Swizzled per call, the addresses were hoisted one register
- * each: 227 registers at d128, spills at d256.) */
-__device__ __forceinline__ uint32_t ldsm_addr(uint32_t tile, uint32_t row_bytes, int j, uint32_t y) {
-    return tile + row_bytes + (uint32_t)(j >> 2) * 128u + ((((uint32_t)(j & 3) << 1) ^ y) << 4);
+ * each: 227 registers at d128, spills at d256.)  D is the tile's row length
+ * (64 for the backward's P^T, dS^T); at D = 96, two distinct values. */
+template <int D> __device__ __forceinline__ uint32_t ldsm_addr(uint32_t tile, uint32_t row_bytes, int j, uint32_t y) {
+    if constexpr (D % 64 == 0) {
+        return tile + row_bytes + (uint32_t)(j >> 2) * 128u + ((((uint32_t)(j & 3) << 1) ^ y) << 4);
+    } else { /* D = 96: y = x ^ h (x = lane % 8) gives h ^ f(x) = (y ^ y / 4) % 4 */
+        const uint32_t y4 = (y ^ (y >> 2)) & 3u;
+        return tile + row_bytes + (uint32_t)(j >> 1) * 64u + ((((uint32_t)(j & 1) << 1) ^ y4) << 4);
+    }
 }
 
 /* R rows of D elements from `src` (row stride in elements) into the swizzled
@@ -111,7 +129,7 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const uint16_t *src, int
             const bool ok = r < nvalid;
             cp_async_16(dst + swz<D>(r, c), ok ? s + (int64_t)r * stride : src, ok);
         }
-    } else { /* d192: 24 chunks a row */
+    } else { /* d96, d192: 12, 24 chunks a row */
 #pragma unroll 1
         for (int i = tid; i < R * CPR; i += NT) {
             const int r = i / CPR, c = (i % CPR) * 8;
@@ -236,8 +254,8 @@ __device__ __forceinline__ void fwd_portable_tile(const PortableFwdParams &p) {
     using namespace portable;
     constexpr int BM = 16 * MT * NW, NT = NW * 32;
     constexpr int NT_S = BN / 8, NT_O = D / 8; /* 8-column accumulator tiles of S and O per warp */
-    /* D a multiple of 64: the swizzle permutes chunks within each 128-byte group of a row */
-    static_assert(D % 64 == 0 && BN % 16 == 0, "tile shape");
+    /* the swizzle permutes chunks within 128-byte groups of a row (64-byte at d96) */
+    static_assert((D % 64 == 0 || D == 96) && BN % 16 == 0, "tile shape");
     extern __shared__ __align__(128) uint8_t smem[];
     const uint32_t sQ = smem_u32(smem);
     const uint32_t sK = sQ + BM * D * 2, sV = sK + NS * BN * D * 2;
@@ -326,11 +344,11 @@ __device__ __forceinline__ void fwd_portable_tile(const PortableFwdParams &p) {
         for (int kk = 0; kk < D / 16; ++kk) {
             uint32_t qa[MT][4];
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt) ldsm_x4(qa[mt], ldsm_addr(sQ, q_row + mt * 16 * D * 2, kk, q_y));
+            for (int mt = 0; mt < MT; ++mt) ldsm_x4(qa[mt], ldsm_addr<D>(sQ, q_row + mt * 16 * D * 2, kk, q_y));
 #pragma unroll
             for (int nn = 0; nn < BN / 16; ++nn) {
                 uint32_t kb[4];
-                ldsm_x4(kb, ldsm_addr(kS + nn * 16 * D * 2, k_row, kk, k_y));
+                ldsm_x4(kb, ldsm_addr<D>(kS + nn * 16 * D * 2, k_row, kk, k_y));
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     mma_m16n8k16<BF16>(s[mt][2 * nn], qa[mt], kb[0], kb[1]);
@@ -401,7 +419,7 @@ __device__ __forceinline__ void fwd_portable_tile(const PortableFwdParams &p) {
 #pragma unroll
             for (int dn = 0; dn < D / 16; ++dn) {
                 uint32_t vb[4];
-                ldsm_x4_trans(vb, ldsm_addr(vS + kk * 16 * D * 2, v_row, dn, v_y));
+                ldsm_x4_trans(vb, ldsm_addr<D>(vS + kk * 16 * D * 2, v_row, dn, v_y));
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     mma_m16n8k16<BF16>(acc[mt][2 * dn], pa[mt], vb[0], vb[1]);
