@@ -134,9 +134,9 @@ typedef enum fattn_status {
      * output (see Conventions), int32 overflow of a size product, ... */
     FATTN_ERROR_INVALID_ARGUMENT = 1,
     /* A valid request this build, engine or device cannot serve (a head dim or
-     * dtype the kernel lacks, FP8 or a variant on the portable engine, a CUDA
-     * context on a GPU older than sm_80, ...); the message names the engine
-     * and, for the CUDA engine, the architecture. */
+     * dtype the kernel lacks, FP8 or a variant's backward on the portable
+     * engine, a CUDA context on a GPU older than sm_80, ...); the message
+     * names the engine and, for the CUDA engine, the architecture. */
     FATTN_ERROR_UNSUPPORTED = 2,
     /* FATTN_BACKEND_CUDA asked for, but no usable CUDA device (or the library
      * was built without CUDA). */
@@ -196,12 +196,13 @@ typedef struct fattn_ctx fattn_ctx;
  * The Hopper engine is what the rest of this header calls the CUDA engine
  * (FP8, decoding, paged caches, the variants).  The portable engine
  * (FlashAttention-2's design, mma.sync) serves the 16-bit forward (head
- * dims 64, 128, 192, 256 with head_dim_v equal; causal, GQA, varlen,
- * seqused_k, LSE), the 16-bit backward (the same head dims; causal, GQA,
- * varlen with seqused_q / seqused_k, deterministic), fattn_merge and fattn_kv_append; every other
- * request (e4m3 inputs, fattn_fwd_fp8, fattn_quantize, an FP8 KV cache,
- * block_table, window, softcap, learnable_sink, other head dims, the
- * serving fields) returns UNSUPPORTED with a message naming "the portable
+ * dims 64, 96, 128, 192, 256 with head_dim_v equal; causal, GQA, varlen,
+ * seqused_k, LSE; window, softcap, learnable_sink), the 16-bit backward
+ * (the same head dims; causal, GQA, varlen with seqused_q / seqused_k,
+ * deterministic), fattn_merge and fattn_kv_append; every other request
+ * (e4m3 inputs, fattn_fwd_fp8, fattn_quantize, an FP8 KV cache,
+ * block_table, the backward's window, softcap and dsink, other head dims,
+ * the serving fields) returns UNSUPPORTED with a message naming "the portable
  * CUDA engine (sm_NN)", and writes nothing.  A call is never moved to
  * another engine: an AUTO context is a CUDA context once created (its
  * pointers are device pointers), so the caller decides (Python:
@@ -501,6 +502,9 @@ typedef struct fattn_problem {
  *          seqlen_q + seqlen_k < 2^30.  The softcap uses the GPU's
  *          approximate tanh (relative error <= 2^-11: a capped score within
  *          softcap x 2^-11 of the exact one, as in FlashAttention-3).
+ *          CUDA (portable engine): f16/bf16 take every variant (window,
+ *          softcap, learnable_sink), fixed-length and variable-length, with
+ *          the same semantics and limit (compiled, not yet run on a GPU).
  *          f16/bf16, and e4m3 with f16/bf16 output (q's scale
  *          blocks any size, k's 1 or a multiple of 128, v's a multiple of 128,
  *          or at head_dim 128 both multiples of 192 (then 192-key kernels
@@ -520,10 +524,10 @@ typedef struct fattn_problem {
  *          total_k): f16/bf16 only (e4m3 UNSUPPORTED), seqused_k allowed
  *          (below), batch x ceil(seqlen_q / 64) x heads_q < 2^31.
  *          CUDA (portable engine, sm_80 on but Hopper): f16/bf16,
- *          head_dim == head_dim_v in {64, 128, 192, 256}, fixed-length
- *          and variable-length, causal, GQA, seqused_k, lse, batch and
- *          heads_q <= 65535, the same alignment rules; e4m3, the
- *          variants, block_table, an FP8 KV cache and the serving fields
+ *          head_dim == head_dim_v in {64, 96, 128, 192, 256}, fixed-length
+ *          and variable-length, causal, GQA, seqused_k, lse, the variants
+ *          (above), batch and heads_q <= 65535, the same alignment rules;
+ *          e4m3, block_table, an FP8 KV cache and the serving fields
  *          UNSUPPORTED (fattn_ctx_create).
  * FP8 KV cache (0.5; FlashInfer's and vLLM's fp8 cache with 16-bit
  * queries): q f16, bf16 or f32 with k and v e4m3 (both; o.dtype ==
@@ -950,7 +954,7 @@ FATTN_API fattn_status fattn_kv_append(fattn_ctx *ctx, const fattn_kv_append_arg
  *          call before the capture).  Calls on one context share it and run
  *          one after another, whatever stream each was issued on.
  *          CUDA (portable engine, sm_80 on): bf16 / f16, head_dim ==
- *          head_dim_v in {64, 128, 192, 256} (192 and 256 need the shared
+ *          head_dim_v in {64, 96, 128, 192, 256} (192 and 256 need the shared
  *          memory of an A100 or Hopper: UNSUPPORTED where a block gets
  *          99 KB, sm_86/89/120), causal,
  *          GQA, fixed-length or variable-length batches, deterministic,

@@ -16,7 +16,7 @@ Inputs are torch tensors (CUDA, or CPU through the CPU engine) or NumPy arrays
 heads.  fp8=True or fp8=fattn.FP8(...) runs FP8 attention (forward only).
 On torch tensors the call is the custom op torch.ops.fattn.fwd (fwd_fp8):
 differentiable (CPU engine; on Hopper at head dims 64, 96, 128, 192, 256 and 192/128, on every other
-GPU from sm_80 on, the portable engine, at 64, 128, 192, 256) and traceable by torch.compile.
+GPU from sm_80 on, the portable engine, at 64, 96, 128, 192, 256) and traceable by torch.compile.
 Context(...).engine names the engine and architecture ("cuda portable sm_86", ...).  window_size, softcap and learnable_sink (FA3's and
 FA4's names) are arguments of every entry point, with their gradients.  Library errors raise FattnError (with the
 library's message) or a subclass: FattnInvalidArgumentError (a ValueError)

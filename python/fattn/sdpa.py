@@ -12,8 +12,8 @@ _flash_attention_forward, their backwards, and _flash_attention_forward_no_dropo
 become fattn's, so SDPA's flash backend, torch.nn.attention.varlen.varlen_attn and
 context_parallel (which intercepts those ops) run fattn.  SDPA still picks its
 backend first (flash for 16-bit CUDA inputs it accepts).  Inputs fattn cannot serve
-(a GPU older than sm_80, head dims other than 64/96/128/192/256 and 192/128 on Hopper and 64/128/192/256
-on the portable engine of other GPUs, a variant on that engine, a sliding window with a backward, ...) are computed by a plain float32 torch composite (matmul and softmax,
+(a GPU older than sm_80, head dims other than 64/96/128/192/256 and 192/128 on Hopper and 64/96/128/192/256
+on the portable engine of other GPUs, a variant's backward on that engine, a sliding window with a backward, ...) are computed by a plain float32 torch composite (matmul and softmax,
 O(s^2) memory) instead: torch's original flash kernel is shadowed by the registration
 and cannot be called.  dropout_p != 0, alibi_slopes, block_table and
 return_debug_mask raise NotImplementedError (disable() gives torch's kernel back).

@@ -2817,9 +2817,11 @@ class CudaPortable(unittest.TestCase):
     def test_refusals_name_the_engine(self):
         # fattn.h: what the portable engine does not serve is UNSUPPORTED (NotImplementedError here),
         # its message naming the engine and the architecture; nothing falls back silently
+        # (the variants' forward is served: gpu_portable_test_fwd_variants; their backward is not)
         q, k, v = (x.cuda() for x in inputs(d=64, sq=64, sk=64, dtype=torch.bfloat16))
-        for what, call in (("window", lambda: fattn.attention(q, k, v, window_size=(16, 0))),
-                           ("softcap", lambda: fattn.attention(q, k, v, softcap=10.0)),
+        qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
+        for what, call in (("window backward",
+                            lambda: fattn.attention(qg, kg, vg, window_size=(16, 0)).float().sum().backward()),
                            ("fp8", lambda: fattn.attention(q, k, v, fp8=True))):
             with self.assertRaises(NotImplementedError, msg=what) as cm:
                 call()

@@ -215,10 +215,11 @@ static fattn_status portable_shape_check(fattn_ctx *ctx, const fattn_problem *p,
 }
 
 /* The portable engine (portable/fwd_portable.cuh) on this context's GPU:
- * 16-bit inputs, head_dim == head_dim_v of fwd_portable_head_dims (64, 128,
- * 192, 256), causal,
- * GQA, varlen and seqused_k; no FP8, paged KV or variants yet.  Its grid is
- * (query tiles, heads_q, batch). */
+ * 16-bit inputs, head_dim == head_dim_v of fwd_portable_head_dims (64, 96,
+ * 128, 192, 256), causal, GQA, varlen and seqused_k, the variants (window,
+ * softcap, learnable sink: its LOCAL instances, with check_fwd_variants'
+ * int limit); no FP8 or paged KV.  Its grid is (query tiles, heads_q,
+ * batch). */
 static fattn_status portable_fwd_check(fattn_ctx *ctx, const fattn_fwd_args *a) {
     const fattn_problem *p = &a->p;
     const int sm = ((const fattn_cuda_state *)ctx->cuda)->sm;
@@ -227,14 +228,11 @@ static fattn_status portable_fwd_check(fattn_ctx *ctx, const fattn_fwd_args *a) 
                           "q.dtype %s is not supported by the portable CUDA engine (sm_%d)%s; supported: bf16, f16",
                           fattn_dtype_name(a->q.dtype), sm,
                           a->q.dtype == FATTN_DTYPE_E4M3 ? ": it has no FP8 forward yet" : "");
-    if (p->window || p->softcap != 0.0f || a->learnable_sink)
-        return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
-                          "%s: the portable CUDA engine (sm_%d) has no variants (window, softcap, learnable_sink) "
-                          "yet",
-                          p->window ? "window" : p->softcap != 0.0f ? "softcap" : "learnable_sink", sm);
     if (a->block_table)
         return fattn_fail(ctx, FATTN_ERROR_UNSUPPORTED,
                           "block_table: the portable CUDA engine (sm_%d) has no paged KV cache yet", sm);
+    const fattn_status vs = check_fwd_variants(ctx, a);
+    if (vs != FATTN_OK) return vs;
     return portable_shape_check(ctx, p, false);
 }
 

@@ -66,7 +66,7 @@ static inline fattn_ctx *gpu_ctx_any_engine_or_skip(void) { return gpu_ctx_make_
 /* Whether FATTN_CUDA_ENGINE=portable forces the portable engine (issue 41)
  * on this run: ctest runs the forward and backward tests again so
  * (tests/CMakeLists.txt), and they skip what that engine refuses (FP8,
- * variants, head dim 96, head_dim_v != head_dim). */
+ * the backward's variants, head dim 96, head_dim_v != head_dim). */
 static inline int gpu_portable_forced(void) {
     const char *e = getenv("FATTN_CUDA_ENGINE");
     return e && strcmp(e, "portable") == 0;

@@ -6,13 +6,14 @@
  *
  * Shapes with tails (seqlen 1, 17, 1000, 4097), causal with unequal lengths
  * both ways (rows that see no key: O = 0, LSE = -inf), GQA and MQA, head
- * dims 64, 128, 192, 256, bf16 and f16, q, k, v and o as padded views (BSHD and
+ * dims 64, 96, 128, 192, 256, bf16 and f16, q, k, v and o as padded views (BSHD and
  * BHSD strides with gaps between heads, rows and batch entries): every
  * element of O's buffer poisoned with 0xFF bytes before the call, the view
  * checked against the oracle with gpu_check_fwd's tolerances (the Hopper
  * forward's), the gaps checked untouched.  Then what the engine refuses
- * (UNSUPPORTED, nothing written): a window, softcap, head dim 96, in the
- * forward and (a window) the backward; and FATTN_CUDA_ENGINE values.  Its
+ * (UNSUPPORTED, nothing written): head dim 80 in the forward (whose
+ * variants are gpu_portable_test_fwd_variants'), a window in the backward;
+ * and FATTN_CUDA_ENGINE values.  Its
  * backward is checked by test_bwd, test_bwd_hdims and test_varlen, which
  * ctest reruns with FATTN_CUDA_ENGINE=portable.  Exit 77 without an sm_80+ GPU
  * (FATTN_REQUIRE_GPU=1: a failure); FATTN_TEST_SMALL=1: small shapes only
@@ -176,15 +177,12 @@ static void refusals(fattn_ctx *ctx) {
     a.lse = lse;
     struct {
         const char *name;
-        int window, d96;
-        float softcap;
-    } fw[] = {{"window", 1, 0, 0.f}, {"softcap", 0, 0, 30.f}, {"head_dim 96", 0, 1, 0.f}};
+        int d80;
+    } fw[] = {{"head_dim 80", 1}};
     std::vector<uint16_t> h(n * 2);
     for (const auto &f : fw) {
         fattn_fwd_args b = a;
-        b.p.window = f.window, b.p.window_left = f.window ? 8 : 0;
-        b.p.softcap = f.softcap;
-        if (f.d96) b.p.head_dim = 96;
+        if (f.d80) b.p.head_dim = 80;
         const fattn_status st = fattn_fwd(ctx, &b);
         TU_CHECK(st == FATTN_ERROR_UNSUPPORTED && strstr(fattn_last_error(ctx), "portable"),
                  "portable fwd with %s: %s (%s), expected UNSUPPORTED naming the portable engine", f.name,
@@ -200,7 +198,7 @@ static void refusals(fattn_ctx *ctx) {
     g.p = a.p, g.q = a.q, g.k = a.k, g.v = a.v, g.o = a.o, g.lse = lse;
     g.dout = fattn_tensor_bshd(buf[4], BF);
     g.dq = fattn_tensor_bshd(buf[5], BF), g.dk = fattn_tensor_bshd(buf[6], BF), g.dv = fattn_tensor_bshd(buf[7], BF);
-    g.p.window = 1, g.p.window_left = 8, g.p.window_right = -1; /* the backward has no variants either */
+    g.p.window = 1, g.p.window_left = 8, g.p.window_right = -1; /* the backward has no variants */
     const fattn_status sb = fattn_bwd(ctx, &g);
     TU_CHECK(sb == FATTN_ERROR_UNSUPPORTED && strstr(fattn_last_error(ctx), "portable"),
              "portable bwd with a window: %s (%s), expected UNSUPPORTED naming the portable engine",
@@ -258,6 +256,11 @@ int main(void) {
         {1, 1000, 4097, 2, 1, 256, 0, H, PACKED},
         {1, 4097, 4097, 1, 1, 64, 1, B, PAD_BSHD},
         {1, 2000, 4097, 2, 1, 128, 1, B, PACKED},
+        /* head dim 96: rows of 96 elements in 64-byte swizzle groups (padded views: loads stop at 96 columns) */
+        {1, 17, 17, 2, 1, 96, 1, B, PAD_BSHD},
+        {2, 257, 1000, 4, 2, 96, 1, H, PACKED},
+        {1, 1000, 300, 2, 2, 96, 0, B, PAD_BHSD},
+        {1, 4097, 4097, 1, 1, 96, 1, H, PAD_BSHD},
         /* head dim 192: the portable engine's only (no Hopper kernel) */
         {1, 17, 17, 2, 1, 192, 1, B, PAD_BSHD},
         {2, 257, 1000, 4, 2, 192, 1, H, PACKED},

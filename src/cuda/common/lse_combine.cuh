@@ -8,7 +8,8 @@
  *   end in (FwdEpilogue::finish_row, finish_row_sink).  The portable engine
  *   has no combine of its own (its fattn_merge is merge.cu built for sm_80);
  *   its forward's row finalize has form (b)'s rule (l == 0: O = 0, LSE
- *   -inf; a NaN l divides) in log2 units, an expression of its own.
+ *   -inf; a NaN l divides) in log2 units, an expression of its own, and
+ *   with a learnable sink lse_finish_sink (fwd_portable_store).
  *
  * Two forms of partial, one rule each for what "empty" means:
  *

@@ -9,7 +9,7 @@
 #include "bwd_portable.cuh"
 #include "bwd_portable.h"
 
-const int bwd_portable_head_dims[4] = {64, 128, 192, 256};
+const int bwd_portable_head_dims[5] = {64, 96, 128, 192, 256};
 
 /* the shallowest ring's bytes when even they exceed optin (bwd_portable_run's
  * rule: NS_SMALL 0 has no shallower ring) */
@@ -22,6 +22,7 @@ template <int D> static int bwd_smem_need(int optin) {
 int bwd_portable_smem_need(int head_dim, int optin) {
     switch (head_dim) {
     case 64: return bwd_smem_need<64>(optin);
+    case 96: return bwd_smem_need<96>(optin);
     case 128: return bwd_smem_need<128>(optin);
     case 192: return bwd_smem_need<192>(optin);
     default: return bwd_smem_need<256>(optin);
@@ -31,6 +32,7 @@ int bwd_portable_smem_need(int head_dim, int optin) {
 static fattn_status pbwd_main(fattn_ctx *ctx, const PortableBwdParams &p, bool bf16, int d, dim3 grid) {
     switch (d) {
     case 64: return bwd_portable_hdim64(ctx, p, bf16, grid);
+    case 96: return bwd_portable_hdim96(ctx, p, bf16, grid);
     case 128: return bwd_portable_hdim128(ctx, p, bf16, grid);
     case 192: return bwd_portable_hdim192(ctx, p, bf16, grid);
     case 256: return bwd_portable_hdim256(ctx, p, bf16, grid);

@@ -24,8 +24,8 @@
  * The preprocess (D, LSE in log2 units) and the postprocess (dQ to 16 bits,
  * times softmax_scale) are the Hopper backward's (hopper/bwd/bwd_prepost.cuh),
  * on the same workspace layout (64-row blocks, bwd_layout.cuh).  Shared
- * tiles are swizzled as the forward's (portable::swz); P^T and dS^T rows are
- * 64 elements, one 128-byte group. */
+ * tiles are swizzled as the forward's (portable::swz, d96's 64-byte groups
+ * included); P^T and dS^T rows are 64 elements, one 128-byte group. */
 #pragma once
 #include "../common/bwd_layout.cuh"
 #include "fwd_portable.cuh"
@@ -52,14 +52,17 @@ struct PortableBwdParams {
 /* The tile shape of a head dim: 64 keys a CTA, 64 queries an iteration, 8
  * warps; NS ring slots of Q and dO where the device's shared memory per
  * block holds them, NS_SMALL else (0: none smaller).  Bytes
- * (portable_bwd_smem_bytes): d64 66,560; d128 115,712 (NS 2) or 82,432
- * (sm_86/89's 99 KB); d192 164,864 (A100's 163 KB); d256 214,016 (H100/H200)
- * or 147,968 (A100); d192 and d256 do not fit sm_86/89.  MINB: CTAs per SM
- * for the register bound (d128 at 2, 128 registers, spills).  RP_NS: the
- * ring of bwd_portable_rp_kernel (128 keys a CTA, bwd_portable_rp.cuh),
- * taken where it fits (d128: 145 KB; not sm_86/89), 0: none. */
+ * (portable_bwd_smem_bytes): d64 66,560; d96 91,136; d128 115,712 (NS 2) or
+ * 82,432 (sm_86/89's 99 KB); d192 164,864 (A100's 163 KB); d256 214,016
+ * (H100/H200) or 147,968 (A100); d192 and d256 do not fit sm_86/89.  MINB:
+ * CTAs per SM for the register bound (d128 at 2, 128 registers, spills; d96's
+ * 64-key kernel runs on 99 KB GPUs only, one CTA an SM there by shared memory).
+ * RP_NS: the ring of bwd_portable_rp_kernel (128 keys a CTA,
+ * bwd_portable_rp.cuh), taken where it fits (d96: 113 KB, d128: 145 KB; not
+ * sm_86/89), 0: none. */
 template <int D> struct PortableBwdCfg;
 template <> struct PortableBwdCfg<64> { static constexpr int NS = 2, NS_SMALL = 2, MINB = 2, RP_NS = 2; };
+template <> struct PortableBwdCfg<96> { static constexpr int NS = 2, NS_SMALL = 2, MINB = 1, RP_NS = 2; };
 template <> struct PortableBwdCfg<128> { static constexpr int NS = 2, NS_SMALL = 1, MINB = 1, RP_NS = 2; };
 template <> struct PortableBwdCfg<192> { static constexpr int NS = 2, NS_SMALL = 0, MINB = 1, RP_NS = 0; };
 template <> struct PortableBwdCfg<256> { static constexpr int NS = 2, NS_SMALL = 1, MINB = 1, RP_NS = 0; };
@@ -98,7 +101,7 @@ template <int D, int NS> struct PbwdShape {
     static constexpr uint32_t KV_B = BN * D * 2, QT_B = BM * D * 2, PT_B = BN * BM * 2;
     static constexpr uint32_t O_K = 0, O_V = KV_B, O_Q = 2 * KV_B, O_DO = O_Q + NS * QT_B, O_P = O_DO + NS * QT_B,
                               O_DS = O_P + PT_B, O_LSE = O_DS + PT_B, O_DSUM = O_LSE + NS * BM * 4;
-    static_assert(D % 64 == 0 && NW % WK == 0 && NW % WM == 0, "tile shape");
+    static_assert((D % 64 == 0 || D == 96) && NW % WK == 0 && NW % WM == 0, "tile shape");
     static_assert(DW % 16 == 0 && QS % 16 == 0 && CW % PW == 0 && PW % 16 == 0, "warp tiles");
 };
 
@@ -330,11 +333,11 @@ __device__ __forceinline__ void pbwd_dq(const PortableBwdParams &p, const PbwdRo
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
             uint32_t da[4];
-            ldsm_x4_trans(da, ldsm_addr(s0 + S::O_DS, (kk * 16 + l.pb_r) * BM * 2, mg, l.pb_y));
+            ldsm_x4_trans(da, ldsm_addr<BM>(s0 + S::O_DS, (kk * 16 + l.pb_r) * BM * 2, mg, l.pb_y));
 #pragma unroll
             for (int dn = 0; dn < PW / 16; ++dn) {
                 uint32_t kb[4];
-                ldsm_x4_trans(kb, ldsm_addr(s0 + S::O_K, (kk * 16 + l.pa_r) * D * 2, (cg * CW + pc * PW) / 16 + dn, l.pa_y));
+                ldsm_x4_trans(kb, ldsm_addr<D>(s0 + S::O_K, (kk * 16 + l.pa_r) * D * 2, (cg * CW + pc * PW) / 16 + dn, l.pa_y));
                 mma_m16n8k16<BF16>(dq[2 * dn], da, kb[0], kb[1]);
                 mma_m16n8k16<BF16>(dq[2 * dn + 1], da, kb[2], kb[3]);
             }
@@ -395,15 +398,15 @@ __global__ void __launch_bounds__(PBWD_NW * 32, PortableBwdCfg<D>::MINB) bwd_por
 #pragma unroll
             for (int kk = 0; kk < D / 16; ++kk) {
                 uint32_t ka[4], va[4];
-                ldsm_x4(ka, ldsm_addr(s0 + O_K, (kg * 16 + pa_r) * D * 2, kk, pa_y));
-                ldsm_x4(va, ldsm_addr(s0 + O_V, (kg * 16 + pa_r) * D * 2, kk, pa_y));
+                ldsm_x4(ka, ldsm_addr<D>(s0 + O_K, (kg * 16 + pa_r) * D * 2, kk, pa_y));
+                ldsm_x4(va, ldsm_addr<D>(s0 + O_V, (kg * 16 + pa_r) * D * 2, kk, pa_y));
 #pragma unroll
                 for (int nn = 0; nn < QS / 16; ++nn) {
                     uint32_t qb[4], ob[4];
-                    ldsm_x4(qb, ldsm_addr(sQ, (qw0 + nn * 16 + pb_r) * D * 2, kk, pb_y));
+                    ldsm_x4(qb, ldsm_addr<D>(sQ, (qw0 + nn * 16 + pb_r) * D * 2, kk, pb_y));
                     mma_m16n8k16<BF16>(st[2 * nn], ka, qb[0], qb[1]);
                     mma_m16n8k16<BF16>(st[2 * nn + 1], ka, qb[2], qb[3]);
-                    ldsm_x4(ob, ldsm_addr(sDO, (qw0 + nn * 16 + pb_r) * D * 2, kk, pb_y));
+                    ldsm_x4(ob, ldsm_addr<D>(sDO, (qw0 + nn * 16 + pb_r) * D * 2, kk, pb_y));
                     mma_m16n8k16<BF16>(dpt[2 * nn], va, ob[0], ob[1]);
                     mma_m16n8k16<BF16>(dpt[2 * nn + 1], va, ob[2], ob[3]);
                 }
@@ -431,16 +434,16 @@ __global__ void __launch_bounds__(PBWD_NW * 32, PortableBwdCfg<D>::MINB) bwd_por
 #pragma unroll
         for (int kk = 0; kk < BM / 16; ++kk) {
             uint32_t pa[4], sa[4];
-            ldsm_x4(pa, ldsm_addr(s0 + O_P, (kg * 16 + pa_r) * BM * 2, kk, pa_y));
-            ldsm_x4(sa, ldsm_addr(s0 + O_DS, (kg * 16 + pa_r) * BM * 2, kk, pa_y));
+            ldsm_x4(pa, ldsm_addr<BM>(s0 + O_P, (kg * 16 + pa_r) * BM * 2, kk, pa_y));
+            ldsm_x4(sa, ldsm_addr<BM>(s0 + O_DS, (kg * 16 + pa_r) * BM * 2, kk, pa_y));
 #pragma unroll
             for (int dn = 0; dn < DW / 16; ++dn) {
                 const int cj = qg * (DW / 16) + dn;
                 uint32_t ob[4], qb[4];
-                ldsm_x4_trans(ob, ldsm_addr(sDO, (kk * 16 + pa_r) * D * 2, cj, pa_y));
+                ldsm_x4_trans(ob, ldsm_addr<D>(sDO, (kk * 16 + pa_r) * D * 2, cj, pa_y));
                 mma_m16n8k16<BF16>(dv[2 * dn], pa, ob[0], ob[1]);
                 mma_m16n8k16<BF16>(dv[2 * dn + 1], pa, ob[2], ob[3]);
-                ldsm_x4_trans(qb, ldsm_addr(sQ, (kk * 16 + pa_r) * D * 2, cj, pa_y));
+                ldsm_x4_trans(qb, ldsm_addr<D>(sQ, (kk * 16 + pa_r) * D * 2, cj, pa_y));
                 mma_m16n8k16<BF16>(dk[2 * dn], sa, qb[0], qb[1]);
                 mma_m16n8k16<BF16>(dk[2 * dn + 1], sa, qb[2], qb[3]);
             }

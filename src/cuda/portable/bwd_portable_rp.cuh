@@ -1,4 +1,4 @@
-/* bwd_portable_rp.cuh - the portable backward at d64 / d128 in FlashAttention-2's
+/* bwd_portable_rp.cuh - the portable backward at d64 / d96 / d128 in FlashAttention-2's
  * shape: one CTA of 8 warps per 128 keys (twice bwd_portable_kernel's), so each
  * Q / dO tile loaded and each dQ tile added serves twice the FLOPs, and P^T,
  * dS^T stay in registers for dV, dK.  Warp w owns keys 16 w .. 16 w + 15 of
@@ -33,7 +33,7 @@ template <int D, int NS> struct PbwdRpShape {
     static constexpr uint32_t KV_B = BN * D * 2, QT_B = BM * D * 2;
     static constexpr uint32_t O_K = 0, O_V = KV_B, O_Q = 2 * KV_B, O_DO = O_Q + NS * QT_B, O_DS = O_DO + NS * QT_B,
                               O_LSE = O_DS + BN * BM * 2, O_DSUM = O_LSE + NS * BM * 4;
-    static_assert(BN == 16 * NW && (D == 64 || D == 128), "tile shape");
+    static_assert(BN == 16 * NW && (D == 64 || D == 96 || D == 128), "tile shape");
 };
 
 template <int D, int NS, bool BF16>
@@ -78,15 +78,15 @@ __global__ void __launch_bounds__(256, 1) bwd_portable_rp_kernel(const PortableB
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
             uint32_t ka[4], va[4];
-            ldsm_x4(ka, ldsm_addr(s0 + O_K, (warp * 16 + pa_r) * D * 2, kk, pa_y));
-            ldsm_x4(va, ldsm_addr(s0 + O_V, (warp * 16 + pa_r) * D * 2, kk, pa_y));
+            ldsm_x4(ka, ldsm_addr<D>(s0 + O_K, (warp * 16 + pa_r) * D * 2, kk, pa_y));
+            ldsm_x4(va, ldsm_addr<D>(s0 + O_V, (warp * 16 + pa_r) * D * 2, kk, pa_y));
 #pragma unroll
             for (int nn = 0; nn < BM / 16; ++nn) {
                 uint32_t qb[4], ob[4];
-                ldsm_x4(qb, ldsm_addr(sQ, (nn * 16 + pb_r) * D * 2, kk, pb_y));
+                ldsm_x4(qb, ldsm_addr<D>(sQ, (nn * 16 + pb_r) * D * 2, kk, pb_y));
                 mma_m16n8k16<BF16>(st[2 * nn], ka, qb[0], qb[1]);
                 mma_m16n8k16<BF16>(st[2 * nn + 1], ka, qb[2], qb[3]);
-                ldsm_x4(ob, ldsm_addr(sDO, (nn * 16 + pb_r) * D * 2, kk, pb_y));
+                ldsm_x4(ob, ldsm_addr<D>(sDO, (nn * 16 + pb_r) * D * 2, kk, pb_y));
                 mma_m16n8k16<BF16>(dpt[2 * nn], va, ob[0], ob[1]);
                 mma_m16n8k16<BF16>(dpt[2 * nn + 1], va, ob[2], ob[3]);
             }
@@ -116,10 +116,10 @@ __global__ void __launch_bounds__(256, 1) bwd_portable_rp_kernel(const PortableB
 #pragma unroll
             for (int dn = 0; dn < D / 16; ++dn) {
                 uint32_t ob[4], qb[4];
-                ldsm_x4_trans(ob, ldsm_addr(sDO, (kk * 16 + pa_r) * D * 2, dn, pa_y));
+                ldsm_x4_trans(ob, ldsm_addr<D>(sDO, (kk * 16 + pa_r) * D * 2, dn, pa_y));
                 mma_m16n8k16<BF16>(dv[2 * dn], pf[kk], ob[0], ob[1]);
                 mma_m16n8k16<BF16>(dv[2 * dn + 1], pf[kk], ob[2], ob[3]);
-                ldsm_x4_trans(qb, ldsm_addr(sQ, (kk * 16 + pa_r) * D * 2, dn, pa_y));
+                ldsm_x4_trans(qb, ldsm_addr<D>(sQ, (kk * 16 + pa_r) * D * 2, dn, pa_y));
                 mma_m16n8k16<BF16>(dk[2 * dn], sf[kk], qb[0], qb[1]);
                 mma_m16n8k16<BF16>(dk[2 * dn + 1], sf[kk], qb[2], qb[3]);
             }

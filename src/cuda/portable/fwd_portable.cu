@@ -1,11 +1,13 @@
 /* fwd_portable.cu - the portable forward's host side: fattn_fwd_args into
- * PortableFwdParams, the head dim's instance, on the context's device. */
+ * PortableFwdParams, the head dim's instance (a window, softcap or sink: the
+ * LOCAL one), on the context's device. */
 #include <math.h>
 
+#include "../hopper/launch.cuh" /* hopper_window_of: the window every CUDA kernel takes (host code only) */
 #include "fwd_portable.cuh"
 #include "fwd_portable.h"
 
-const int fwd_portable_head_dims[4] = {64, 128, 192, 256};
+const int fwd_portable_head_dims[5] = {64, 96, 128, 192, 256};
 
 /* the shallower ring's bytes when even they exceed optin (fwd_portable_run's rule) */
 template <int D> static int fwd_smem_need(int optin) {
@@ -17,9 +19,22 @@ template <int D> static int fwd_smem_need(int optin) {
 int fwd_portable_smem_need(int head_dim, int optin) {
     switch (head_dim) {
     case 64: return fwd_smem_need<64>(optin);
+    case 96: return fwd_smem_need<96>(optin);
     case 128: return fwd_smem_need<128>(optin);
     case 192: return fwd_smem_need<192>(optin);
     default: return fwd_smem_need<256>(optin);
+    }
+}
+
+/* head dim head_dim's instance file, plain or LOCAL (the variants) */
+using fwd_portable_fn = fattn_status (*)(fattn_ctx *, const PortableFwdParams &, bool, int);
+static fwd_portable_fn fwd_portable_instance(int head_dim, bool local) {
+    switch (head_dim) {
+    case 64: return local ? fwd_portable_local_hdim64 : fwd_portable_hdim64;
+    case 96: return local ? fwd_portable_local_hdim96 : fwd_portable_hdim96;
+    case 128: return local ? fwd_portable_local_hdim128 : fwd_portable_hdim128;
+    case 192: return local ? fwd_portable_local_hdim192 : fwd_portable_hdim192;
+    default: return local ? fwd_portable_local_hdim256 : fwd_portable_hdim256;
     }
 }
 
@@ -46,18 +61,19 @@ fattn_status fwd_portable_launch(fattn_ctx *ctx, const fattn_fwd_args *a) {
     p.seqused_k = a->seqused_k;
     p.scale_log2 = pr->softmax_scale * 1.4426950408889634f;
     p.causal = pr->causal != 0;
+    /* the variants as the Hopper forward takes them (fwd_local_of, fwd_sm90_launch.cuh) */
+    const bool local = pr->window || pr->softcap > 0.f || a->learnable_sink;
+    const hopper_window w = hopper_window_of(pr);
+    p.win_left = w.left, p.win_right = w.right, p.cap_b = w.cap_b;
+    p.sink = a->learnable_sink;
+    if (pr->softcap > 0.f) p.scale_log2 = pr->softcap * 1.4426950408889634f;
     const bool bf16 = a->q.dtype == FATTN_DTYPE_BF16;
     /* varlen: the grid covers the longest sequence; nothing to do without rows */
     if (pr->seqlen_q <= 0 || (p.cu_q && p.total_q <= 0)) return FATTN_OK;
     int prev;
     fattn_status s = cuda_ctx_enter(ctx, &prev);
     if (s != FATTN_OK) return s;
-    switch (pr->head_dim) {
-    case 64: s = fwd_portable_hdim64(ctx, p, bf16, pr->batch); break;
-    case 128: s = fwd_portable_hdim128(ctx, p, bf16, pr->batch); break;
-    case 192: s = fwd_portable_hdim192(ctx, p, bf16, pr->batch); break;
-    default: s = fwd_portable_hdim256(ctx, p, bf16, pr->batch); break;
-    }
+    s = fwd_portable_instance(pr->head_dim, local)(ctx, p, bf16, pr->batch);
     cuda_device_leave(prev);
     return s;
 }

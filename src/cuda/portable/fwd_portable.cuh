@@ -24,6 +24,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "../common/lse_combine.cuh"
 #include "../common/varlen.cuh"
 #include "mma_sm80.cuh"
 
@@ -38,8 +39,18 @@ struct PortableFwdParams {
     const int *cu_q, *cu_k; /* both or neither */
     int total_q, total_k;   /* varlen: the packed rows */
     const int *seqused_k;   /* NULL or int32[batch] */
-    float scale_log2;       /* softmax_scale x log2(e) */
+    float scale_log2;       /* softmax_scale x log2(e); softcap: cap x log2(e) */
     int causal;
+    /* The variants, read by fwd_portable_local_kernel only (appended, so the
+     * other fields keep their offsets): the window as hopper_window_of gives
+     * it (causal folded into win_right = 0, -1 unbounded), key j visible to
+     * row i iff i + off - win_left <= j <= i + off + win_right; softcap: the
+     * raw score x becomes tanh(cap_b x), cap_b = scale / cap, and scale_log2
+     * is cap log2(e) (the Hopper forward's folding, perf-notes f8), 0 off;
+     * sink: NULL or float[heads_q], natural-log units. */
+    int win_left, win_right;
+    float cap_b;
+    const float *sink;
 };
 
 /* The tile shape of a head dim: warps, 16-row tiles per warp (rows per CTA
@@ -50,6 +61,8 @@ struct PortableFwdParams {
  * NW_BIG (0: none): the wider CTA, with the NS ring, taken where it fits. */
 template <int D> struct PortableCfg;
 template <> struct PortableCfg<64> { static constexpr int NW = 4, MT = 2, BN = 64, NS = 3, NS_SMALL = 2, NW_BIG = 0; };
+/* d96: FA2's 128 rows; keys 32 a block, as d128 (64 spilled 64 bytes on sm_80); 60 / 48 KB */
+template <> struct PortableCfg<96> { static constexpr int NW = 4, MT = 2, BN = 32, NS = 3, NS_SMALL = 2, NW_BIG = 0; };
 template <> struct PortableCfg<128> { static constexpr int NW = 4, MT = 2, BN = 32, NS = 3, NS_SMALL = 2, NW_BIG = 0; };
 template <> struct PortableCfg<192> { static constexpr int NW = 8, MT = 1, BN = 64, NS = 2, NS_SMALL = 1, NW_BIG = 0; };
 /* d256 at 8 warps (FA2's 128-row CTA; 4 warps leave one per scheduler: p7) needs 192 KB: Hopper, not A100 */
@@ -68,9 +81,19 @@ namespace portable {
 using namespace sm80;
 
 /* Byte offset of element (r, c) in a swizzled [rows][D] tile; c a multiple of 8
- * or any column inside the chunk. */
+ * or any column inside the chunk.  D a multiple of 64: chunk ^ (r % 8) within
+ * each 128-byte group.  D = 96 (FA2's layout when D % 64 != 0): 64-byte groups,
+ * chunk ^ f(r % 8), f(x) = (x ^ x / 4) % 4, which maps the 8 rows of an
+ * ldmatrix (192-byte row stride) onto 8 bank groups too (f of the even rows
+ * 0, 2, 1, 3; of the odd rows 1, 3, 0, 2). */
 template <int D> __device__ __forceinline__ uint32_t swz(int r, int c) {
-    return (uint32_t)(r * D + ((((c >> 3) ^ (r & 7))) << 3) + (c & 7)) * 2u;
+    if constexpr (D % 64 == 0) {
+        return (uint32_t)(r * D + ((((c >> 3) ^ (r & 7))) << 3) + (c & 7)) * 2u;
+    } else {
+        static_assert(D == 96, "head dim");
+        const int f = (r ^ ((r >> 2) & 1)) & 3;
+        return (uint32_t)(r * D + ((c >> 5) << 5) + ((((c >> 3) & 3) ^ f) << 3) + (c & 7)) * 2u;
+    }
 }
 
 /* The address of the 16-byte chunk pair j (columns 16j .. 16j + 15) that a
@@ -79,9 +102,15 @@ template <int D> __device__ __forceinline__ uint32_t swz(int r, int c) {
  * swizzled chunk is 2j ^ y with y = lane % 8 ^ (the lane's half chunk), a
  * per-lane constant: four distinct values over j, the rest immediate
  * offsets.  (Swizzled per call, the addresses were hoisted one register
- * each: 227 registers at d128, spills at d256.) */
-__device__ __forceinline__ uint32_t ldsm_addr(uint32_t tile, uint32_t row_bytes, int j, uint32_t y) {
-    return tile + row_bytes + (uint32_t)(j >> 2) * 128u + ((((uint32_t)(j & 3) << 1) ^ y) << 4);
+ * each: 227 registers at d128, spills at d256.)  D is the tile's row length
+ * (64 for the backward's P^T, dS^T); at D = 96, two distinct values. */
+template <int D> __device__ __forceinline__ uint32_t ldsm_addr(uint32_t tile, uint32_t row_bytes, int j, uint32_t y) {
+    if constexpr (D % 64 == 0) {
+        return tile + row_bytes + (uint32_t)(j >> 2) * 128u + ((((uint32_t)(j & 3) << 1) ^ y) << 4);
+    } else { /* D = 96: y = x ^ h (x = lane % 8) gives h ^ f(x) = (y ^ y / 4) % 4 */
+        const uint32_t y4 = (y ^ (y >> 2)) & 3u;
+        return tile + row_bytes + (uint32_t)(j >> 1) * 64u + ((((uint32_t)(j & 1) << 1) ^ y4) << 4);
+    }
 }
 
 /* R rows of D elements from `src` (row stride in elements) into the swizzled
@@ -100,7 +129,7 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const uint16_t *src, int
             const bool ok = r < nvalid;
             cp_async_16(dst + swz<D>(r, c), ok ? s + (int64_t)r * stride : src, ok);
         }
-    } else { /* d192: 24 chunks a row */
+    } else { /* d96, d192: 12, 24 chunks a row */
 #pragma unroll 1
         for (int i = tid; i < R * CPR; i += NT) {
             const int r = i / CPR, c = (i % CPR) * 8;
@@ -123,8 +152,10 @@ __device__ __forceinline__ float quad_sum(float x) {
 
 /* The epilogue: O / l, LSE = (m + log2 l) ln 2 of the thread's rows r_lo +
  * 16 mt (+ 8); a row with l = 0 (no key, or every score -inf) gets O = 0 and
- * LSE = -inf; NaN stays NaN */
-template <int MT, int NT_O, bool BF16>
+ * LSE = -inf; NaN stays NaN.  LOCAL with a sink: lse_finish_sink (the
+ * Hopper epilogue's and the CPU engine's arithmetic: O = 0 and LSE = sink
+ * for a row with no key). */
+template <int MT, int NT_O, bool BF16, bool LOCAL = false>
 __device__ __forceinline__ void fwd_portable_store(const PortableFwdParams &p, int b, int h, int q0, int len_q, int r_lo,
                                                    int t, const float (&acc)[MT][NT_O][4], const float (&row_max)[MT][2],
                                                    const float (&row_sum)[MT][2]) {
@@ -137,7 +168,9 @@ __device__ __forceinline__ void fwd_portable_store(const PortableFwdParams &p, i
         const int row = r_lo + 16 * mt + 8 * r;
         if (row >= len_q) continue;
         const bool empty = l == 0.f;
-        const float inv = empty ? 0.f : 1.f / l;
+        float inv = empty ? 0.f : 1.f / l, lse_sink = 0.f;
+        const bool sunk = LOCAL && p.sink != nullptr;
+        if (sunk) lse_finish_sink(l, row_max[mt][r], 0.69314718055994531f, p.sink + h, inv, lse_sink);
         uint16_t *og = p.o + bo * p.o_sb + (int64_t)(q0 + row) * p.o_ss + (int64_t)h * p.o_sh;
 #pragma unroll
         for (int j = 0; j < NT_O; ++j) {
@@ -145,7 +178,9 @@ __device__ __forceinline__ void fwd_portable_store(const PortableFwdParams &p, i
             *reinterpret_cast<uint32_t *>(og + 8 * j + 2 * t) = w;
         }
         if (p.lse && t == 0) {
-            const float lse = empty ? -INFINITY : (row_max[mt][r] + __log2f(l)) * 0.69314718055994531f;
+            const float lse = sunk    ? lse_sink
+                              : empty ? -INFINITY
+                                      : (row_max[mt][r] + __log2f(l)) * 0.69314718055994531f;
             const int64_t at = p.cu_q ? (int64_t)h * p.total_q + q0 + row
                                       : ((int64_t)b * p.heads_q + h) * p.seqlen_q + row;
             p.lse[at] = lse;
@@ -153,13 +188,74 @@ __device__ __forceinline__ void fwd_portable_store(const PortableFwdParams &p, i
     }
 }
 
-template <int D, int NW, int BN, int NS, bool BF16, int MT = 1>
-__global__ void __launch_bounds__(NW * 32, 1) fwd_portable_kernel(const PortableFwdParams p) {
+/* LOCAL: the window of a tile as bounds on key - query, dl <= j - i <= dr
+ * (an unbounded side a bound every pair meets; entry.cu keeps seqlen_q +
+ * seqlen_k < 2^30, so no sum overflows), and the key blocks it visits: from
+ * the first row's first visible key to the last row's last one (the Hopper
+ * forward's fwd_window_diag and fwd_tile_blocks).  K, V, len_k and the
+ * bounds are then moved to the first visited block, so that the loop runs
+ * over blocks 0 .. n_blocks - 1 as without a window. */
+template <int BN>
+__device__ __forceinline__ void fwd_portable_window(const PortableFwdParams &p, int len_q, int m0, int row_last,
+                                                    int &len_k, int &n_blocks, int &dl, int &dr, const uint16_t *&kg,
+                                                    const uint16_t *&vg) {
+    const int off = len_k - len_q;
+    dl = p.win_left < 0 ? -len_q : off - p.win_left;
+    dr = p.win_right < 0 ? len_k : off + p.win_right;
+    const int first = m0 + dl, last = row_last + dr;
+    const int lo = first <= 0 ? 0 : first / BN;
+    const int hi = last < 0 ? 0 : min(last / BN + 1, (len_k + BN - 1) / BN);
+    n_blocks = hi > lo ? hi - lo : 0;
+    const int shift = lo * BN;
+    kg += (int64_t)shift * p.k_ss;
+    vg += (int64_t)shift * p.v_ss;
+    len_k -= shift, dl -= shift, dr -= shift;
+}
+
+/* LOCAL: the scores of the key block at kbase into log2 units, softcap
+ * first (a uniform branch: tanh.approx.f32, as the Hopper forward's
+ * fwd_softcap), masked to -inf past the sequence and outside the window
+ * (dl <= key - row <= dr) on the blocks that cross an edge for some row of
+ * this warp (rows w0 .. w0 + 16 MT - 1; the Hopper FwdMask::apply_window's
+ * test, per warp). */
+template <int MT, int NT_S>
+__device__ __forceinline__ void fwd_portable_local_scores(float (&s)[MT][NT_S][4], const PortableFwdParams &p,
+                                                          int kbase, int len_k, int r_lo, int t, int w0, int dl,
+                                                          int dr) {
+    using namespace portable;
+    if (p.cap_b != 0.f) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int j = 0; j < NT_S; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[mt][j][e] = tanh_approx(s[mt][j][e] * p.cap_b);
+    }
+    const bool need_mask =
+        kbase + 8 * NT_S > len_k || kbase + 8 * NT_S - 1 - w0 > dr || kbase - (w0 + 16 * MT - 1) < dl;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int j = 0; j < NT_S; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[mt][j][e] *= p.scale_log2;
+                if (need_mask) {
+                    const int key = kbase + 8 * j + 2 * t + (e & 1), row = r_lo + 16 * mt + (e >> 1) * 8;
+                    const int d = key - row;
+                    if (!(key < len_k && d >= dl && d <= dr)) s[mt][j][e] = -INFINITY;
+                }
+            }
+}
+
+/* One CTA's query tile: the kernels below (LOCAL: the variants). */
+template <int D, int NW, int BN, int NS, bool BF16, int MT, bool LOCAL>
+__device__ __forceinline__ void fwd_portable_tile(const PortableFwdParams &p) {
     using namespace portable;
     constexpr int BM = 16 * MT * NW, NT = NW * 32;
     constexpr int NT_S = BN / 8, NT_O = D / 8; /* 8-column accumulator tiles of S and O per warp */
-    /* D a multiple of 64: the swizzle permutes chunks within each 128-byte group of a row */
-    static_assert(D % 64 == 0 && BN % 16 == 0, "tile shape");
+    /* the swizzle permutes chunks within 128-byte groups of a row (64-byte at d96) */
+    static_assert((D % 64 == 0 || D == 96) && BN % 16 == 0, "tile shape");
     extern __shared__ __align__(128) uint8_t smem[];
     const uint32_t sQ = smem_u32(smem);
     const uint32_t sK = sQ + BM * D * 2, sV = sK + NS * BN * D * 2;
@@ -190,6 +286,8 @@ __global__ void __launch_bounds__(NW * 32, 1) fwd_portable_kernel(const Portable
         const int last_key = row_last + off;
         n_blocks = last_key < 0 ? 0 : min(n_blocks, last_key / BN + 1);
     }
+    int dl = 0, dr = 0; /* LOCAL: the window, from the first visited block's first key */
+    if constexpr (LOCAL) fwd_portable_window<BN>(p, len_q, m0, row_last, len_k, n_blocks, dl, dr, kg, vg);
 
     float acc[MT][NT_O][4];
 #pragma unroll
@@ -246,11 +344,11 @@ __global__ void __launch_bounds__(NW * 32, 1) fwd_portable_kernel(const Portable
         for (int kk = 0; kk < D / 16; ++kk) {
             uint32_t qa[MT][4];
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt) ldsm_x4(qa[mt], ldsm_addr(sQ, q_row + mt * 16 * D * 2, kk, q_y));
+            for (int mt = 0; mt < MT; ++mt) ldsm_x4(qa[mt], ldsm_addr<D>(sQ, q_row + mt * 16 * D * 2, kk, q_y));
 #pragma unroll
             for (int nn = 0; nn < BN / 16; ++nn) {
                 uint32_t kb[4];
-                ldsm_x4(kb, ldsm_addr(kS + nn * 16 * D * 2, k_row, kk, k_y));
+                ldsm_x4(kb, ldsm_addr<D>(kS + nn * 16 * D * 2, k_row, kk, k_y));
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     mma_m16n8k16<BF16>(s[mt][2 * nn], qa[mt], kb[0], kb[1]);
@@ -259,21 +357,25 @@ __global__ void __launch_bounds__(NW * 32, 1) fwd_portable_kernel(const Portable
             }
         }
 
-        /* scale into log2 units; mask keys past the sequence and past the diagonal */
+        /* scale into log2 units; mask keys past the sequence and past the diagonal (LOCAL: the window) */
         const int kbase = n * BN;
-        const bool need_mask = kbase + BN > len_k || (p.causal && kbase + BN - 1 > m0 + off);
+        if constexpr (LOCAL) {
+            fwd_portable_local_scores<MT, NT_S>(s, p, kbase, len_k, r_lo, t, r_lo - g, dl, dr);
+        } else {
+            const bool need_mask = kbase + BN > len_k || (p.causal && kbase + BN - 1 > m0 + off);
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
+            for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int j = 0; j < NT_S; ++j)
+                for (int j = 0; j < NT_S; ++j)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    s[mt][j][e] *= p.scale_log2;
-                    if (need_mask) {
-                        const int key = kbase + 8 * j + 2 * t + (e & 1), row = r_lo + 16 * mt + (e >> 1) * 8;
-                        if (key >= len_k || (p.causal && key > row + off)) s[mt][j][e] = -INFINITY;
+                    for (int e = 0; e < 4; ++e) {
+                        s[mt][j][e] *= p.scale_log2;
+                        if (need_mask) {
+                            const int key = kbase + 8 * j + 2 * t + (e & 1), row = r_lo + 16 * mt + (e >> 1) * 8;
+                            if (key >= len_k || (p.causal && key > row + off)) s[mt][j][e] = -INFINITY;
+                        }
                     }
-                }
+        }
 
         /* running max; P = exp2(S - m); rescale O and l by exp2(m_old - m_new) */
 #pragma unroll
@@ -317,7 +419,7 @@ __global__ void __launch_bounds__(NW * 32, 1) fwd_portable_kernel(const Portable
 #pragma unroll
             for (int dn = 0; dn < D / 16; ++dn) {
                 uint32_t vb[4];
-                ldsm_x4_trans(vb, ldsm_addr(vS + kk * 16 * D * 2, v_row, dn, v_y));
+                ldsm_x4_trans(vb, ldsm_addr<D>(vS + kk * 16 * D * 2, v_row, dn, v_y));
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     mma_m16n8k16<BF16>(acc[mt][2 * dn], pa[mt], vb[0], vb[1]);
@@ -329,5 +431,18 @@ __global__ void __launch_bounds__(NW * 32, 1) fwd_portable_kernel(const Portable
     }
     cp_async_wait<0>();
 
-    fwd_portable_store<MT, NT_O, BF16>(p, b, h, q0, len_q, r_lo, t, acc, row_max, row_sum);
+    fwd_portable_store<MT, NT_O, BF16, LOCAL>(p, b, h, q0, len_q, r_lo, t, acc, row_max, row_sum);
+}
+
+template <int D, int NW, int BN, int NS, bool BF16, int MT = 1>
+__global__ void __launch_bounds__(NW * 32, 1) fwd_portable_kernel(const PortableFwdParams p) {
+    fwd_portable_tile<D, NW, BN, NS, BF16, MT, false>(p);
+}
+
+/* The variants (window, softcap, learnable sink): instances of their own
+ * (instances/fwd_portable_local_hdim*.cu), so that the kernels above keep
+ * their code. */
+template <int D, int NW, int BN, int NS, bool BF16, int MT = 1>
+__global__ void __launch_bounds__(NW * 32, 1) fwd_portable_local_kernel(const PortableFwdParams p) {
+    fwd_portable_tile<D, NW, BN, NS, BF16, MT, true>(p);
 }

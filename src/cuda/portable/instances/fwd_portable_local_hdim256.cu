@@ -1,0 +1,10 @@
+/* The portable forward's variants (window, softcap, learnable sink) at head
+ * dim 256: fwd_portable_local_kernel, bf16 and f16, 8 warps where 192 KB of
+ * shared memory fit, else 4 warps at two ring depths (fwd_portable_launch.cuh).  A file of its own so that the plain instances
+ * keep their code and both compile in parallel.  Built for sm_80 (SASS and
+ * PTX) and sm_90a: CMakeLists.txt. */
+#include "../fwd_portable_launch.cuh"
+
+fattn_status fwd_portable_local_hdim256(fattn_ctx *ctx, const PortableFwdParams &p, bool bf16, int batch) {
+    return fwd_portable_run<256, true>(ctx, p, bf16, batch);
+}
