@@ -191,8 +191,10 @@ static fattn_status decode_run(fattn_ctx *ctx, const fattn_fwd_args *a, const fw
 template <int D, bool BF16, bool PAGED, bool LOCAL, bool KV8>
 static fattn_status decode_rows(fattn_ctx *ctx, const fattn_fwd_args *a, const fwd_variant &v) {
     const int rows = a->p.heads_q / a->p.heads_kv * a->p.seqlen_q;
-    if constexpr (KV8 && !LOCAL) /* the swapped tile (fwd_decode_t8.cuh) */
+    if constexpr (KV8 && !LOCAL) { /* the swapped tile (fwd_decode_t8.cuh), one or two n-tiles of 8 rows */
         if (rows <= 8) return decode_run<DecCfg<D, 1, BF16, PAGED, LOCAL, KV8, 1>>(ctx, a, v);
+        if (rows <= 16) return decode_run<DecCfg<D, 1, BF16, PAGED, LOCAL, KV8, 2>>(ctx, a, v);
+    }
     if (rows <= 16) return decode_run<DecCfg<D, 1, BF16, PAGED, LOCAL, KV8>>(ctx, a, v);
     if constexpr (!KV8 || D < 256) /* fwd_decode_max_rows_of */
         if (rows <= 32) return decode_run<DecCfg<D, 2, BF16, PAGED, LOCAL, KV8>>(ctx, a, v);
