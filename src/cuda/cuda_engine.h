@@ -43,7 +43,7 @@ struct fattn_cuda_state {
      * backward's dQ accumulator and row statistics (cuda_bwd_workspace) */
     cuda_owned_ws fp8, bwd;
     cuda_owned_ws merge; /* fattn_merge's running sums across launches (cuda_merge_workspace) */
-    cuda_owned_ws dec; /* the decoding forward's split partials (cuda_decode_workspace) */
+    cuda_owned_ws dec; /* a fixed-length KV-cache call's cu_seqlens_q and LSE (cuda_decode_workspace) */
 };
 
 /* The split forward's workspace (v30): at least `bytes` of slots
@@ -72,9 +72,10 @@ fattn_status cuda_bwd_workspace_done(fattn_ctx *ctx);
  * as the backward's (UNSUPPORTED during graph capture when too small). */
 fattn_status cuda_merge_workspace(fattn_ctx *ctx, size_t bytes, void **ws);
 fattn_status cuda_merge_workspace_done(fattn_ctx *ctx);
-/* The decoding forward's split partials: as the backward's, except that
- * during graph capture a workspace too small gives *ws NULL and FATTN_OK
- * (the caller then runs one split); context.cu. */
+/* A fixed-length KV-cache call's cu_seqlens_q and moved LSE
+ * (fwd_kvcache_fixed.cu; the decoding kernel's split partials live in the
+ * split workspace since d11): as the backward's, except that during graph
+ * capture a workspace too small gives *ws NULL and FATTN_OK; context.cu. */
 fattn_status cuda_decode_workspace(fattn_ctx *ctx, size_t bytes, void **ws);
 fattn_status cuda_decode_workspace_done(fattn_ctx *ctx);
 /* Hopper 16-bit backward (hopper/instances/bwd_sm90.cu). */

@@ -12,9 +12,11 @@
  *     4-16 rows to 64 on every block), the online softmax per warp, and the
  *     warps' (max, sum, O) merged through shared memory at the end;
  *   - with more than one split each CTA writes its normalised partial O and
- *     LSE (fp32) to the context's workspace and fwd_decode_combine merges
- *     them with fattn_merge's arithmetic (common/lse_combine.cuh, form (a));
- *     the warps' merge and the final normalisation are its form (b).
+ *     LSE (fp32) to the context's split workspace, and the unit's last CTA
+ *     to finish (a counter per (batch, kv head)) merges them in split order
+ *     with fattn_merge's arithmetic (dec_combine_row; common/lse_combine.cuh,
+ *     form (a)): no second kernel; the warps' merge and the final
+ *     normalisation are its form (b).
  * Keys past a sequence's length (seqused_k, or the block's tail) are masked
  * in S, and their V rows zeroed in shared memory before the PV product, so
  * whatever the cache holds there (NaN included) cannot reach O.
@@ -50,6 +52,7 @@ struct DecParams {
     int page_size, page_shift, max_pages, num_pages;
     int splits, blocks_per_split;
     float *ws_o, *ws_lse; /* splits > 1: [split][batch][kv head][rows] x D, and x 1 */
+    unsigned *ws_cnt;     /* splits > 1: a counter per (batch, kv head), zero between calls */
     float softmax_scale, scale_log2;
     /* LOCAL only (after the fields the other instances read): the window
      * (FwdLocal's convention: -1 unbounded, causal folded into right = 0),
@@ -250,8 +253,146 @@ __device__ __forceinline__ void dec_pv(float (&oacc)[C::D / 8][4], const float (
     }
 }
 
+/* columns lane * PER .. + PER - 1 of a partial (16-byte loads where PER allows) */
+template <int PER>
+__device__ __forceinline__ void dec_combine_load(float (&x)[PER], const float *src) {
+    if constexpr (PER % 4 == 0) {
+#pragma unroll
+        for (int j = 0; j < PER; j += 4) {
+            const float4 v = __ldcg((const float4 *)(src + j));
+            x[j] = v.x, x[j + 1] = v.y, x[j + 2] = v.z, x[j + 3] = v.w;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < PER; j += 2) {
+            const float2 v = __ldcg((const float2 *)(src + j));
+            x[j] = v.x, x[j + 1] = v.y;
+        }
+    }
+}
+
+/* splits > 1: one warp merges row gw (of batch x kv head x rows) over the
+ * splits' partials with fattn_merge's arithmetic (common/lse_combine.cuh,
+ * form (a)): lane k reads the LSE of splits k, k + 32, ... for the max and
+ * computes their weights (in double, one exp a split), the weights go round
+ * by shuffles, and each lane sums its D / 32 columns over the splits in
+ * split order by f32 fma, U splits' loads in flight.  A split that saw no
+ * key of the row (LSE -inf) is not read.  LOCAL: the sink is one more part,
+ * with O = 0.  Reads go through L2 (__ldcg): other CTAs of this grid wrote
+ * the partials. */
+template <int D, bool BF16, bool LOCAL>
+__device__ __forceinline__ void dec_combine_row(const DecParams &p, int gw, int lane) {
+    constexpr unsigned FULL = 0xffffffffu;
+    constexpr int PER = D / 32, U = 4;
+    const int row = gw % p.rows, bh = gw / p.rows, hk = bh % p.heads_kv, b = bh / p.heads_kv;
+    const int sq = row / p.group, h = hk * p.group + (row - sq * p.group);
+    const int64_t sstride = (int64_t)p.batch * p.heads_kv * p.rows;
+    const int n = p.splits;
+    const float *lse_at = p.ws_lse + gw; /* split i: lse_at[i * sstride] */
+
+    /* the max over the live splits (and the sink) */
+    float m = -INFINITY;
+    int any = 0;
+    for (int i = lane; i < n; i += 32) {
+        const float l = __ldcg(lse_at + i * sstride);
+        if (lse_part_live(l)) any = 1, m = lse_running_max(m, l);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        m = lse_running_max(m, __shfl_xor_sync(FULL, m, off));
+        any |= __shfl_xor_sync(FULL, any, off);
+    }
+    float sink = -INFINITY; /* not live: no sink */
+    if constexpr (LOCAL) {
+        if (p.sink) {
+            sink = __ldg(p.sink + h);
+            if (lse_part_live(sink)) any = 1, m = lse_running_max(m, sink);
+        }
+    }
+    const double M = (double)m;
+
+    float acc[PER];
+#pragma unroll
+    for (int j = 0; j < PER; ++j) acc[j] = 0.f;
+    double lsum = 0.0;
+    for (int t0 = 0; t0 < n; t0 += 32) {
+        /* lane k: the weight of split t0 + k */
+        const int i = t0 + lane;
+        float w = 0.f;
+        int live = 0;
+        if (i < n) {
+            const float l = __ldcg(lse_at + i * sstride);
+            if (lse_part_live(l)) {
+                live = 1;
+                const double wd = lse_part_weight(l, M);
+                w = (float)wd;
+                lsum += wd;
+            }
+        }
+        const uint32_t lm = __ballot_sync(FULL, live);
+        const int cnt = min(32, n - t0);
+        for (int j0 = 0; j0 < cnt; j0 += U) {
+            float wj[U], x[U][PER];
+            bool go[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                wj[u] = __shfl_sync(FULL, w, (j0 + u) & 31);
+                go[u] = j0 + u < cnt && ((lm >> (j0 + u)) & 1u);
+#pragma unroll
+                for (int j = 0; j < PER; ++j) x[u][j] = 0.f;
+                if (go[u]) dec_combine_load<PER>(x[u], p.ws_o + ((t0 + j0 + u) * sstride + gw) * D + lane * PER);
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+                if (go[u])
+#pragma unroll
+                    for (int j = 0; j < PER; ++j) acc[j] = lse_accumulate(acc[j], wj[u], x[u][j]);
+        }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) lsum += __shfl_xor_sync(FULL, lsum, off);
+    if (lse_part_live(sink)) lsum += lse_part_weight(sink, M); /* LOCAL: the sink's weight, O = 0 */
+    const float inv = lse_out_scale(any, lsum), lse = lse_out_lse(any, M, lsum);
+    uint16_t *o = (uint16_t *)p.o + b * p.o_sb + (int64_t)sq * p.o_ss + (int64_t)h * p.o_sh + lane * PER;
+#pragma unroll
+    for (int j = 0; j < PER; j += 2) {
+        const float lo = lse_out(any, acc[j], inv), hi = lse_out(any, acc[j + 1], inv);
+        ((uint32_t *)o)[j / 2] = BF16 ? pack_bf16x2(lo, hi) : pack_f16x2(lo, hi);
+    }
+    if (lane == 0 && p.lse) p.lse[((int64_t)b * p.heads_q + h) * p.seqlen_q + sq] = lse;
+}
+
+/* splits > 1, once this CTA's partial is written (by its 128 consumer
+ * threads): the unit's counter counts the finished splits; the CTA that
+ * finishes last merges the unit's rows, a warp a row, in split order (the
+ * bits do not depend on which CTA was last), and zeroes the counter for the
+ * next call.  ml's first word carries the count to the 4 warps. */
 template <class C>
-__device__ __forceinline__ void dec_epilogue_merge(const DecParams &p, uint8_t *sm, const float *ml, int split, int hk,
+__device__ __forceinline__ void dec_merge_last(const DecParams &p, float *ml, int hk, int b) {
+    __threadfence();
+    named_bar_sync(1, 128);
+    unsigned *cnt = p.ws_cnt + (int64_t)b * p.heads_kv + hk;
+    volatile unsigned *done = (volatile unsigned *)ml;
+    if (threadIdx.x == 0) *done = atomicAdd(cnt, 1u);
+    named_bar_sync(1, 128);
+    if (*done != (unsigned)p.splits - 1) return;
+    __threadfence();
+    if (threadIdx.x == 0) *cnt = 0u;
+    const int unit = b * p.heads_kv + hk;
+    for (int r = threadIdx.x / 32; r < p.rows; r += 4)
+        dec_combine_row<C::D, C::BF16, C::LOCAL>(p, unit * p.rows + r, threadIdx.x % 32);
+}
+
+/* the same, a call of its own: inlined, it made the FP8 d256 instances spill
+ * 52 bytes (255 registers, not 254); the 16-bit d128 64-row ones spill
+ * when it is not inlined */
+template <class C>
+__device__ __noinline__ void dec_merge_last_call(const DecParams &p, float *ml, int hk, int b) {
+    dec_merge_last<C>(p, ml, hk, b);
+}
+
+template <class C>
+__device__ __forceinline__ void dec_epilogue_merge(const DecParams &p, uint8_t *sm, float *ml, int split, int hk,
                                                    int b);
 
 /* The consumers' end: the WN warps of each row block merged through shared
@@ -293,7 +434,7 @@ __device__ __forceinline__ void dec_epilogue(const DecParams &p, uint8_t *sm, fl
 /* The epilogue's second half, once every warp's (max, sum) are in ml and its
  * O in the scratch (rows warp * 16 + r, D floats each, columns as stored) */
 template <class C>
-__device__ __forceinline__ void dec_epilogue_merge(const DecParams &p, uint8_t *sm, const float *ml, int split, int hk,
+__device__ __forceinline__ void dec_epilogue_merge(const DecParams &p, uint8_t *sm, float *ml, int split, int hk,
                                                    int b) {
     constexpr int D = C::D;
     const float sl2 = p.scale_log2;
@@ -344,6 +485,10 @@ __device__ __forceinline__ void dec_epilogue_merge(const DecParams &p, uint8_t *
             ((uint32_t *)o)[1] = hi;
             if (c4 == 0 && p.lse) p.lse[((int64_t)b * p.heads_q + h) * p.seqlen_q + sq] = lse;
         }
+    }
+    if (p.splits > 1) {
+        if constexpr (C::KV8 && C::D == 256) dec_merge_last_call<C>(p, ml, hk, b);
+        else dec_merge_last<C>(p, ml, hk, b);
     }
 }
 
@@ -540,117 +685,4 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_CTAS)
     if constexpr (C::KV8) dec_vunit_out<C>(oacc, vU);
 
     dec_epilogue<C>(p, sm, ml, oacc, mrow, lrow, warp, g, t, split, hk, b);
-}
-
-/* splits > 1: one warp per row merges the splits' partials with
- * fattn_merge's arithmetic (common/lse_combine.cuh, form (a)): lane k reads
- * the LSE of splits k, k + 32, ... for the max and computes their weights
- * (in double, one exp a split), the weights go round by shuffles, and each
- * lane sums its D / 32 columns over the splits in split order by f32 fma,
- * DEC_COMBINE_U splits' loads in flight.  A split that saw no key of the
- * row (LSE -inf) is not read.  LOCAL: the sink is one more part, with O = 0. */
-#define DEC_COMBINE_U 4
-
-/* columns lane * PER .. + PER - 1 of a partial (16-byte loads where PER allows) */
-template <int PER>
-__device__ __forceinline__ void dec_combine_load(float (&x)[PER], const float *src) {
-    if constexpr (PER % 4 == 0) {
-#pragma unroll
-        for (int j = 0; j < PER; j += 4) {
-            const float4 v = *(const float4 *)(src + j);
-            x[j] = v.x, x[j + 1] = v.y, x[j + 2] = v.z, x[j + 3] = v.w;
-        }
-    } else {
-#pragma unroll
-        for (int j = 0; j < PER; j += 2) {
-            const float2 v = *(const float2 *)(src + j);
-            x[j] = v.x, x[j + 1] = v.y;
-        }
-    }
-}
-
-template <int D, bool BF16, bool LOCAL = false>
-__global__ void __launch_bounds__(128) fwd_decode_combine(const __grid_constant__ DecParams p) {
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-    constexpr unsigned FULL = 0xffffffffu;
-    constexpr int PER = D / 32, U = DEC_COMBINE_U;
-    const int gw = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int nrow = p.batch * p.heads_kv * p.rows;
-    if (gw >= nrow) return; /* the whole warp: gw is the warp's */
-    const int row = gw % p.rows, bh = gw / p.rows, hk = bh % p.heads_kv, b = bh / p.heads_kv;
-    const int sq = row / p.group, h = hk * p.group + (row - sq * p.group);
-    const int64_t sstride = (int64_t)p.batch * p.heads_kv * p.rows;
-    const int n = p.splits;
-    const float *lse_at = p.ws_lse + gw; /* split i: lse_at[i * sstride] */
-
-    /* the max over the live splits (and the sink) */
-    float m = -INFINITY;
-    int any = 0;
-    for (int i = lane; i < n; i += 32) {
-        const float l = lse_at[i * sstride];
-        if (lse_part_live(l)) any = 1, m = lse_running_max(m, l);
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-        m = lse_running_max(m, __shfl_xor_sync(FULL, m, off));
-        any |= __shfl_xor_sync(FULL, any, off);
-    }
-    float sink = -INFINITY; /* not live: no sink */
-    if constexpr (LOCAL) {
-        if (p.sink) {
-            sink = __ldg(p.sink + h);
-            if (lse_part_live(sink)) any = 1, m = lse_running_max(m, sink);
-        }
-    }
-    const double M = (double)m;
-
-    float acc[PER];
-#pragma unroll
-    for (int j = 0; j < PER; ++j) acc[j] = 0.f;
-    double lsum = 0.0;
-    for (int t0 = 0; t0 < n; t0 += 32) {
-        /* lane k: the weight of split t0 + k */
-        const int i = t0 + lane;
-        float w = 0.f;
-        int live = 0;
-        if (i < n) {
-            const float l = lse_at[i * sstride];
-            if (lse_part_live(l)) {
-                live = 1;
-                const double wd = lse_part_weight(l, M);
-                w = (float)wd;
-                lsum += wd;
-            }
-        }
-        const uint32_t lm = __ballot_sync(FULL, live);
-        const int cnt = min(32, n - t0);
-        for (int j0 = 0; j0 < cnt; j0 += U) {
-            float wj[U], x[U][PER];
-            bool go[U];
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                wj[u] = __shfl_sync(FULL, w, (j0 + u) & 31);
-                go[u] = j0 + u < cnt && ((lm >> (j0 + u)) & 1u);
-#pragma unroll
-                for (int j = 0; j < PER; ++j) x[u][j] = 0.f;
-                if (go[u]) dec_combine_load<PER>(x[u], p.ws_o + ((t0 + j0 + u) * sstride + gw) * D + lane * PER);
-            }
-#pragma unroll
-            for (int u = 0; u < U; ++u)
-                if (go[u])
-#pragma unroll
-                    for (int j = 0; j < PER; ++j) acc[j] = lse_accumulate(acc[j], wj[u], x[u][j]);
-        }
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) lsum += __shfl_xor_sync(FULL, lsum, off);
-    if (lse_part_live(sink)) lsum += lse_part_weight(sink, M); /* LOCAL: the sink's weight, O = 0 */
-    const float inv = lse_out_scale(any, lsum), lse = lse_out_lse(any, M, lsum);
-    uint16_t *o = (uint16_t *)p.o + b * p.o_sb + (int64_t)sq * p.o_ss + (int64_t)h * p.o_sh + lane * PER;
-#pragma unroll
-    for (int j = 0; j < PER; j += 2) {
-        const float lo = lse_out(any, acc[j], inv), hi = lse_out(any, acc[j + 1], inv);
-        ((uint32_t *)o)[j / 2] = BF16 ? pack_bf16x2(lo, hi) : pack_f16x2(lo, hi);
-    }
-    if (lane == 0 && p.lse) p.lse[((int64_t)b * p.heads_q + h) * p.seqlen_q + sq] = lse;
 }

@@ -155,17 +155,24 @@ static fattn_status decode_run(fattn_ctx *ctx, const fattn_fwd_args *a, const fw
     /* KV8's 16-row tile unsplit: split, its O changed from call to call at 16
      * rows x 20000 keys (run s30-4; unsplit bitwise stable; cause not found) */
     const bool split_ok = v.split && (!C::KV8 || C::T8);
-    int splits = split_ok ? decode_splits(pr->batch * pr->heads_kv, nblocks, slots, &bps) : 1;
+    /* a merge counter per (batch, kv head): more units than counters run
+     * unsplit (thousands of CTAs, where decode_splits picks one split anyway) */
+    const int units = pr->batch * pr->heads_kv;
+    int splits = split_ok && units <= CUDA_SPLIT_COUNTERS ? decode_splits(units, nblocks, slots, &bps) : 1;
     void *ws = NULL;
+    unsigned *cnt = NULL;
     if (splits > 1) {
-        const size_t bytes = (size_t)splits * pr->batch * pr->heads_kv * p.rows * (C::D + 1) * 4;
-        if ((s = cuda_decode_workspace(ctx, bytes, &ws)) != FATTN_OK) return s;
-        if (!ws) splits = 1, bps = nblocks; /* none now (graph capture): one split */
+        const size_t bytes = (size_t)splits * units * p.rows * (C::D + 1) * 4;
+        if ((s = cuda_split_workspace(ctx, bytes, &ws, &cnt)) != FATTN_OK) return s;
+        if (!ws) splits = 1, bps = nblocks; /* none now (graph capture, out of memory): one split */
     }
     p.splits = splits, p.blocks_per_split = bps;
     if (splits > 1) {
         p.ws_o = (float *)ws;
-        p.ws_lse = p.ws_o + (size_t)splits * pr->batch * pr->heads_kv * p.rows * C::D;
+        p.ws_lse = p.ws_o + (size_t)splits * units * p.rows * C::D;
+        p.ws_cnt = cnt;
+        /* the counters and partials are shared with the other launches of the split workspace */
+        if ((s = cuda_order_before(ctx)) != FATTN_OK) return s;
     }
     if ((s = decode_smem_attr<C>(ctx)) != FATTN_OK) return s;
     hopper_launch L;
@@ -176,16 +183,7 @@ static fattn_status decode_run(fattn_ctx *ctx, const fattn_fwd_args *a, const fw
     void *args[3] = {&tk, &tv, &p};
     if ((s = hopper_launch_kernel(ctx, L, (const void *)fwd_decode_kernel<C>, args, "decoding kernel")) != FATTN_OK)
         return s;
-    if (splits > 1) { /* the splits' merge, a warp per row */
-        const int rows = pr->batch * pr->heads_kv * p.rows;
-        L.grid = dim3((rows + 3) / 4);
-        L.block = dim3(128);
-        L.smem = 0;
-        if ((s = hopper_launch_kernel(ctx, L, (const void *)fwd_decode_combine<C::D, C::BF16, C::LOCAL>, args + 2,
-                                      "decoding kernel")) != FATTN_OK)
-            return s;
-    }
-    return splits > 1 ? cuda_decode_workspace_done(ctx) : FATTN_OK;
+    return splits > 1 ? cuda_order_after(ctx) : FATTN_OK;
 }
 
 template <int D, bool BF16, bool PAGED, bool LOCAL, bool KV8>
